@@ -1,0 +1,17 @@
+"""packer: pre-decode, pre-resize and pack datasets offline; stream them back fast."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "PackedDataset", "PackerError"]
+
+from .errors import PackerError
+
+
+def __getattr__(name: str):
+    # The training-side classes import torch; load them on first use so the CLI starts fast.
+    if name == "PackedDataset":
+        from .data.datasets import PackedDataset
+
+        return PackedDataset
+    raise AttributeError(f"module 'packer' has no attribute {name!r}")

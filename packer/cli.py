@@ -1,0 +1,172 @@
+"""The ``packer`` command line: each command parses, calls one library function, and turns
+``PackerError`` into a one-line ``click`` error. No logic lives here."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import PackerError
+
+__all__ = ["main"]
+
+
+def _library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command body, mapping PackerError to a clean one-line ClickException."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+def _split_paths(paths: tuple[str, ...], list_file: str | None, root: str | None) -> tuple[str, str]:
+    """``SRC OUT``, or just ``OUT`` with ``--list FILE --root DIR``."""
+    if root is not None and len(paths) == 1:
+        return root, paths[0]
+    if len(paths) == 2 and root is None:
+        return paths[0], paths[1]
+    raise click.UsageError("expected SRC OUT (or OUT with --root DIR)")
+
+
+def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that choose the input items."""
+    fn = click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
+                      help="Comma-separated file extensions to take (case-insensitive).")(fn)
+    fn = click.option("--root", type=click.Path(file_okay=False), default=None,
+                      help="Folder the --list paths are relative to (then give only OUT).")(fn)
+    fn = click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+                      help="List file of 'relative/path label' lines instead of an ImageFolder tree.")(fn)
+    return fn
+
+
+def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every conversion command shares."""
+    fn = click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+                      help="Where the per-item work runs.")(fn)
+    fn = click.option("--shard-index", type=int, default=0, show_default=True,
+                      help="Which part of the input this job converts (with --num-shards).")(fn)
+    fn = click.option("--num-shards", type=int, default=1, show_default=True,
+                      help="Split the sorted input into N parts across jobs.")(fn)
+    fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
+    fn = click.option("--resume", is_flag=True,
+                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+    fn = click.option("--max-failures", type=int, default=0, show_default=True,
+                      help="Bad inputs tolerated before the exit status is 1.")(fn)
+    fn = click.option("--workers", type=int, default=None,
+                      help="Worker processes (default: all cores; 0 = in this process).")(fn)
+    return fn
+
+
+def _finish(report: Any, max_failures: int) -> None:
+    click.echo(report.summary())
+    for f in report.failures[:10]:
+        click.echo(f"  failed [{f['stage']}] {f['source']}: {f['reason']}", err=True)
+    if len(report.failures) > 10:
+        click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
+    if report.failed > max_failures:
+        click.echo(f"error: {report.failed} inputs failed (--max-failures {max_failures})", err=True)
+        sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="packer")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command("to-lmdb")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@input_options
+@conversion_options
+@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
+              help="How much of each image to decode to decide it is good.")
+@_library_call
+def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
+            shard_index, executor, check):
+    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+    from .pack import pack_images
+
+    src, out = _split_paths(paths, list_file, root)
+    report = pack_images(src, out, format="lmdb", list_path=list_file, exts=ext, workers=workers,
+                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
+                         num_shards=num_shards, shard_index=shard_index, executor=executor)
+    _finish(report, max_failures)
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--grid", type=click.Path(dir_okay=False), default=None,
+              help="Write a contact sheet PNG of a seeded random sample.")
+@click.option("--show", type=int, default=5, show_default=True, help="How many samples to list.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --grid sample.")
+@_library_call
+def inspect(path, as_json, grid, show, seed):
+    """Show what a packed dataset holds (format, count, classes, size, samples)."""
+    from .inspection import inspect_dataset, render_grid
+
+    info = inspect_dataset(path, show=show)
+    if grid:
+        info["grid"] = {"path": grid, "positions": render_grid(path, grid, seed=seed)}
+    if as_json:
+        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
+        return
+    click.echo(f"{info['path']}: {info['format']} v{info['format_version']}, {info['kind']}, "
+               f"{info['count']} samples, {len(info['classes'])} classes, "
+               f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
+    if info["classes"]:
+        shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
+        click.echo(f"classes: {shown}")
+    for s in info["samples"]:
+        click.echo(f"  [{s['index']}] {s['key']}  label={s['label']}  {s['format']} "
+                   f"{s['width']}x{s['height']}x{s['channels']}  {s['bytes']} bytes")
+    if grid:
+        click.echo(f"contact sheet: {grid}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--no-decode", is_flag=True, help="Check structure and checksums only.")
+@_library_call
+def verify(path, no_decode):
+    """Read every sample, check checksums and structure; exit 1 on any problem."""
+    from .inspection import verify_dataset
+
+    result = verify_dataset(path, decode_images=not no_decode)
+    for p in result.problems[:50]:
+        click.echo(f"  {p}", err=True)
+    if not result.ok:
+        click.echo(f"{path}: {len(result.problems)} problems in {result.count} samples", err=True)
+        sys.exit(1)
+    click.echo(f"{path}: OK ({result.checked} samples checked)")
+
+
+@main.command()
+@click.argument("workdir", type=click.Path(file_okay=False), default="packer-demo")
+@click.option("--count", type=int, default=200, show_default=True, help="Images to generate.")
+@click.option("--workers", type=int, default=None, help="Worker processes for packing.")
+@_library_call
+def demo(workdir, count, workers):
+    """Generate sample images, pack them to LMDB and read them back (no download)."""
+    from .demo import run_demo
+
+    r = run_demo(workdir, count=count, workers=workers)
+    click.echo(f"generated {r['samples']} images in {r['source']}")
+    click.echo(r["pack"])
+    click.echo(f"read back with PackedDataset: {r['read_samples_per_s']:.0f} samples/s "
+               f"(first: {r['first']['key']} {r['first']['shape']} {r['first']['dtype']} "
+               f"label {r['first']['label']})")
+    click.echo(f"next: packer inspect {r['output']} --grid preview.png && packer verify {r['output']}")

@@ -1,0 +1,4 @@
+"""Training side: datasets over packed outputs. Never imports the conversion side."""
+from .datasets import PackedDataset
+
+__all__ = ["PackedDataset"]

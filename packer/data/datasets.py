@@ -1,0 +1,92 @@
+"""Map-style datasets over any packed output."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..errors import CorruptData, UsageError
+from ..formats import Reader, open_reader
+from ..imaging import decode
+
+__all__ = ["PackedDataset", "DECODE_MODES", "decode_record"]
+
+DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
+
+
+def decode_record(data: bytes, mode: str, *, where: str = "") -> Any:
+    """Encoded bytes -> PIL image, HxWx3 uint8 array, 3xHxW uint8 tensor, or the bytes."""
+    if mode == "bytes":
+        return data
+    try:
+        arr = decode(data)
+    except ValueError as e:
+        raise CorruptData(where, str(e)) from None
+    if mode == "numpy":
+        return arr
+    if mode == "tensor":
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    return Image.fromarray(arr)
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Random access to any packed output (format read from its manifest).
+
+    Returns ``(image, label)``; images are decoded with EXIF orientation applied and as
+    3-channel uint8 RGB (see ``packer.imaging``). Safe with DataLoader workers under ``fork``
+    and ``spawn``: storage opens lazily in each process, never pickled open.
+
+    Args:
+        path: the packed output.
+        decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``.
+        transform: applied to the decoded image.
+        target_transform: applied to the label.
+        check_crc: verify each sample's CRC32C on read.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, decode: str = "pil",
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, check_crc: bool = True):
+        if decode not in DECODE_MODES:
+            raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
+        self.reader: Reader = open_reader(path, check_crc=check_crc)
+        self.path = str(path)
+        self.decode = decode
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, index = label."""
+        return self.reader.classes
+
+    @property
+    def keys(self) -> list[str]:
+        """Sample keys (source paths relative to the input root) by position."""
+        return self.reader.keys
+
+    @property
+    def manifest(self):
+        """The dataset's manifest."""
+        return self.reader.manifest
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        rec = self.reader.read(index)
+        if rec.fmt == "raw":
+            image = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
+            image = {"numpy": image, "tensor": torch.from_numpy(image.transpose(2, 0, 1).copy()),
+                     "pil": Image.fromarray(image), "bytes": rec.data}[self.decode]
+        else:
+            image = decode_record(rec.data, self.decode, where=f"{self.path} sample {index}")
+        label = rec.label
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label

@@ -1,0 +1,54 @@
+"""Exceptions raised by packer. Every error names the file and what is wrong."""
+from __future__ import annotations
+
+__all__ = [
+    "PackerError",
+    "UsageError",
+    "CorruptSample",
+    "CorruptData",
+    "FormatError",
+    "WriteError",
+]
+
+
+class PackerError(Exception):
+    """Base class of every error packer raises on purpose."""
+
+
+class UsageError(PackerError):
+    """Bad arguments, caught before any work starts."""
+
+
+class CorruptSample(PackerError):
+    """One input sample cannot be read or decoded (skipped and recorded during conversion)."""
+
+    def __init__(self, key: str, source: str, reason: str, stage: str = "decode"):
+        self.key = key
+        self.source = source
+        self.reason = reason
+        self.stage = stage
+        super().__init__(f"{source}: {reason}")
+
+
+class CorruptData(PackerError):
+    """Packed data on disk is damaged: bad magic, CRC mismatch, truncation, missing key."""
+
+    def __init__(self, path: str, reason: str, *, key: str | None = None, position: object = None):
+        self.path = str(path)
+        self.reason = reason
+        self.key = key
+        self.position = position
+        where = self.path
+        if position is not None:
+            where += f" at {position}"
+        if key is not None:
+            where += f" (key {key!r})"
+        super().__init__(f"{where}: {reason}")
+
+
+class FormatError(PackerError):
+    """The path is not a packed dataset packer can read (unknown format or version)."""
+
+
+class WriteError(PackerError):
+    """Writing the output failed (disk full, permissions); names the path."""

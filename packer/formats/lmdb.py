@@ -1,0 +1,212 @@
+"""LMDB format: Caffe ``Datum`` values under ``%08d`` keys, as NVIDIA DALI's Caffe reader expects.
+
+Directory layout: ``data.mdb`` (+ ``lock.mdb``), ``packer.json``, ``keys.json`` (keys by
+position), ``checksums.bin`` (little-endian u32 CRC32C of each stored value, by position),
+``failures.jsonl``. Nothing but samples lives in the main database.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+import lmdb
+import numpy as np
+
+from ..errors import CorruptData
+from ..imaging import sniff_format
+from ..integrity import crc32c
+from ..manifest import Manifest, atomic_write_bytes
+from ..protowire import decode_datum, encode_datum
+from .base import Reader, Record, Sample, Writer
+
+__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env"]
+
+KEYS_FILE = "keys.json"
+CHECKSUMS_FILE = "checksums.bin"
+_INITIAL_MAP = 64 << 20
+
+# One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
+# in a process, and a forked child inherits its parent's handle, which it must drop first.
+_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+
+
+def lmdb_key(index: int) -> bytes:
+    """The LMDB key of the sample at ``index`` (cursor order = index order)."""
+    return b"%08d" % index
+
+
+def open_env(path: str | os.PathLike) -> lmdb.Environment:
+    """The shared read-only environment of ``path`` for this process (opened on first use)."""
+    path = os.path.abspath(path)
+    pid = os.getpid()
+    entry = _ENVS.get(path)
+    if entry is not None:
+        if entry[0] == pid:
+            return entry[1]
+        try:  # inherited across fork: close our copy of the parent's handle
+            entry[1].close()
+        except lmdb.Error:
+            pass
+        del _ENVS[path]
+    try:
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
+                        max_readers=1024, subdir=True)
+    except lmdb.Error as e:
+        raise CorruptData(path, f"cannot open LMDB environment ({e})") from None
+    _ENVS[path] = (pid, env)
+    return env
+
+
+class LmdbWriter(Writer):
+    """Writes Caffe ``Datum`` values in batched transactions; the map grows on ``MapFullError``."""
+
+    format_name = "lmdb"
+
+    def _open(self, resume_samples: int) -> None:
+        self._batch: list[tuple[bytes, bytes]] = []
+        data = self.workdir / "data.mdb"
+        size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
+        self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=False,
+                              max_dbs=0, readahead=False)
+        if resume_samples:
+            with self._env.begin(write=True) as txn:
+                cur = txn.cursor()
+                if cur.set_range(lmdb_key(resume_samples)):
+                    while cur.delete():
+                        pass
+
+    def _write(self, index: int, sample: Sample) -> int:
+        value = encode_datum(sample.data, sample.label, sample.height, sample.width,
+                             sample.channels, encoded=sample.fmt != "raw")
+        self._batch.append((lmdb_key(index), value))
+        return crc32c(value)
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    txn.cursor().putmulti(self._batch, append=True)
+                break
+            except lmdb.MapFullError:
+                new = self._env.info()["map_size"] * 2
+                self._env.set_mapsize(new)
+        self._batch = []
+
+    def _finish(self, manifest: Manifest) -> None:
+        atomic_write_bytes(self.workdir / KEYS_FILE,
+                           json.dumps(self.keys, ensure_ascii=False).encode("utf-8"))
+        atomic_write_bytes(self.workdir / CHECKSUMS_FILE,
+                           np.asarray(self.crcs, dtype="<u4").tobytes())
+        manifest.save(self.workdir)
+
+    def _close_handles(self) -> None:
+        env = getattr(self, "_env", None)
+        if env is not None:
+            env.close()
+            self._env = None
+
+
+class LmdbReader(Reader):
+    """Random access to a packer LMDB (or any Caffe-Datum LMDB with a packer manifest)."""
+
+    format_name = "lmdb"
+
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
+        super().__init__(path, check_crc=check_crc)
+        self._keys: list[str] | None = None
+        self._crcs: np.ndarray | None = None
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        return (path / "data.mdb").is_file()
+
+    @property
+    def keys(self) -> list[str]:
+        if self._keys is None:
+            p = self.path / KEYS_FILE
+            try:
+                keys = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise CorruptData(str(p), f"cannot read keys ({e})") from None
+            if not isinstance(keys, list) or len(keys) != len(self):
+                raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
+                                          f"manifest says {len(self)}")
+            self._keys = keys
+        return self._keys
+
+    def _checksums(self) -> np.ndarray:
+        if self._crcs is None:
+            p = self.path / CHECKSUMS_FILE
+            try:
+                raw = p.read_bytes()
+            except OSError as e:
+                raise CorruptData(str(p), f"cannot read checksums ({e})") from None
+            if len(raw) != 4 * len(self):
+                raise CorruptData(str(p), f"{len(raw)} bytes, expected {4 * len(self)} "
+                                          f"(one u32 per sample)")
+            self._crcs = np.frombuffer(raw, dtype="<u4")
+        return self._crcs
+
+    def _env(self) -> lmdb.Environment:
+        return open_env(self.path)
+
+    def read_value(self, index: int) -> bytes:
+        """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
+        index = self._check_index(index)
+        try:
+            with self._env().begin(buffers=False) as txn:
+                value = txn.get(lmdb_key(index))
+        except lmdb.Error as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
+                              position=f"sample {index}") from None
+        if value is None:
+            raise CorruptData(str(self.path / "data.mdb"), "missing key", position=f"sample {index}",
+                              key=lmdb_key(index).decode())
+        if self.check_crc and crc32c(value) != int(self._checksums()[index]):
+            raise CorruptData(str(self.path / "data.mdb"), "CRC32C mismatch",
+                              position=f"sample {index}", key=self._key_name(index))
+        return value
+
+    def _key_name(self, index: int) -> str:
+        try:
+            return self.keys[index]
+        except CorruptData:
+            return lmdb_key(index).decode()
+
+    def read(self, index: int) -> Record:
+        value = self.read_value(index)
+        try:
+            d = decode_datum(value)
+        except ValueError as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"malformed Datum ({e})",
+                              position=f"sample {index}", key=self._key_name(index)) from None
+        fmt = sniff_format(d.data) if d.encoded else "raw"
+        return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
+
+    def verify_structure(self) -> Iterator[CorruptData]:
+        try:
+            _ = self.keys
+        except CorruptData as e:
+            yield e
+        try:
+            self._checksums()
+        except CorruptData as e:
+            yield e
+        try:
+            entries = self._env().stat()["entries"]
+        except CorruptData as e:
+            yield e
+            return
+        if entries != len(self):
+            yield CorruptData(str(self.path / "data.mdb"),
+                              f"{entries} entries, manifest says {len(self)}")
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        return ()
+
+    def close(self) -> None:
+        entry = _ENVS.pop(os.path.abspath(self.path), None)
+        if entry is not None and entry[0] == os.getpid():
+            entry[1].close()

@@ -1,0 +1,165 @@
+"""Check, probe and decode one image.
+
+Decoding rule (the same for every decoder, so ``decode="pil"|"numpy"|"tensor"`` agree):
+EXIF orientation is applied; grey, CMYK, palette and 16-bit sources become 3-channel uint8
+RGB; an alpha channel is dropped (the colour under it is kept, as OpenCV and Pillow's
+``convert("RGB")`` both do); 16-bit samples are scaled to 8 bits by taking the high byte.
+The fastest decoder available at run time is used (OpenCV's libjpeg-turbo ``imdecode``,
+else Pillow); both give identical pixels on baseline JPEGs.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from .errors import CorruptSample
+
+try:  # OpenCV is a dependency, but keep the Pillow path working without it.
+    import cv2
+
+    cv2.setNumThreads(1)
+    _CV_FLAG = getattr(cv2, "IMREAD_COLOR_RGB", None)
+except ImportError:  # pragma: no cover - exercised only where OpenCV is absent
+    cv2 = None
+    _CV_FLAG = None
+
+__all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER"]
+
+log = logging.getLogger(__name__)
+
+CHECK_MODES = ("full", "header", "none")
+
+_PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "WEBP": "webp", "BMP": "bmp",
+                "GIF": "gif", "TIFF": "tiff"}
+_MODE_CHANNELS = {"1": 1, "L": 1, "I": 1, "F": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "I;16N": 1,
+                  "LA": 2, "La": 2, "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3, "RGBA": 4,
+                  "RGBa": 4, "RGBX": 4, "CMYK": 4}
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the stored bytes are: format name and size as stored (before EXIF rotation)."""
+
+    fmt: str
+    height: int
+    width: int
+    channels: int
+
+
+def sniff_format(data: bytes | memoryview) -> str:
+    """The format of encoded bytes from their magic number (``"unknown"`` when not recognised)."""
+    head = bytes(data[:12])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:2] == b"BM":
+        return "bmp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    return "unknown"
+
+
+def _channels(im: Image.Image) -> int:
+    if im.mode == "P":
+        return 4 if "transparency" in im.info else 3
+    return _MODE_CHANNELS.get(im.mode, len(im.getbands()))
+
+
+def probe(data: bytes, *, check: str = "full", key: str = "", source: str = "",
+          ext_fmt: str | None = None) -> ImageInfo:
+    """Check ``data`` as ``check`` says and return its stored format and size.
+
+    ``full`` decodes every pixel with Pillow (truncated images are failures), ``header``
+    parses the header only, ``none`` trusts the file (size recorded as 0, format from
+    ``ext_fmt``). Raises ``CorruptSample`` for a bad image. Decoder warnings are not failures.
+    """
+    if check not in CHECK_MODES:
+        raise ValueError(f"check must be one of {CHECK_MODES}, not {check!r}")
+    if not data:
+        raise CorruptSample(key, source, "empty file (0 bytes)")
+    if check == "none":
+        return ImageInfo(ext_fmt or sniff_format(data), 0, 0, 0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            im = Image.open(io.BytesIO(data))
+            if check == "full":
+                im.load()
+    except Image.DecompressionBombError as e:
+        raise CorruptSample(key, source, f"decompression bomb refused ({e})") from None
+    except Exception as e:  # Pillow raises many types for bad data
+        reason = str(e) or type(e).__name__
+        raise CorruptSample(key, source, f"not a readable image: {reason}") from None
+    fmt = _PIL_FORMATS.get(im.format or "", (im.format or "unknown").lower())
+    return ImageInfo(fmt, im.height, im.width, _channels(im))
+
+
+def _to_rgb_array(im: Image.Image) -> np.ndarray:
+    """Pillow image -> HxWx3 uint8 RGB under the module's decoding rule."""
+    im = ImageOps.exif_transpose(im)
+    if im.mode.startswith("I;16") or im.mode == "I":
+        arr = np.asarray(im, dtype=np.uint32)
+        if im.mode == "I" and arr.max(initial=0) <= 255:
+            arr8 = arr.astype(np.uint8)
+        else:
+            arr8 = (arr >> 8).astype(np.uint8)
+        return np.repeat(arr8[:, :, None], 3, axis=2)
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return np.asarray(im)
+
+
+def decode_pil(data: bytes | memoryview) -> np.ndarray:
+    """Decode with Pillow only (the reference path). Raises ValueError on undecodable bytes."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            im = Image.open(io.BytesIO(bytes(data)))
+            return np.ascontiguousarray(_to_rgb_array(im))
+    except Exception as e:
+        raise ValueError(f"cannot decode image: {e}") from None
+
+
+def _decode_cv2(data: bytes | memoryview) -> np.ndarray | None:
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if _CV_FLAG is not None:
+        return cv2.imdecode(buf, _CV_FLAG)
+    arr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    return None if arr is None else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+
+
+# CMYK JPEGs (Adobe inverted) and a few exotic modes decode differently in OpenCV; route
+# anything that is not a plain baseline 8-bit image through Pillow so every path agrees.
+def _cv2_safe(data: bytes | memoryview) -> bool:
+    fmt = sniff_format(data)
+    if fmt == "jpeg":
+        # Adobe APP14 marker => possibly CMYK/YCCK: let Pillow do it.
+        return b"Adobe" not in bytes(data[:4096])
+    if fmt == "png":
+        # colour type byte of IHDR: 3 = palette (transparency via tRNS), bit depth 16.
+        head = bytes(data[:33])
+        return len(head) >= 26 and head[24] == 8 and head[25] in (0, 2) and b"tRNS" not in bytes(data[:4096])
+    return fmt in ("bmp", "webp")
+
+
+DECODER = "opencv" if cv2 is not None else "pillow"
+
+
+def decode(data: bytes | memoryview) -> np.ndarray:
+    """Decode encoded image bytes to an HxWx3 uint8 RGB array (EXIF orientation applied).
+
+    Raises ValueError when the bytes are not a decodable image.
+    """
+    if cv2 is not None and _cv2_safe(data):
+        arr = _decode_cv2(data)
+        if arr is not None:
+            return arr
+    return decode_pil(data)

@@ -1,0 +1,123 @@
+"""``packer inspect`` and ``packer verify``: what a packed output holds, and whether it is intact."""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from .errors import CorruptData, PackerError
+from .formats import open_reader
+from .imaging import decode
+
+__all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
+
+
+def disk_usage(path: str | os.PathLike) -> int:
+    """Bytes on disk of a file or every file below a folder."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]:
+    """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes."""
+    reader = open_reader(path, check_crc=False)
+    m = reader.manifest
+    n = len(reader)
+    samples = []
+    for i in range(min(show, n)):
+        rec = reader.read(i)
+        samples.append({"index": i, "key": reader.keys[i], "label": rec.label, "bytes": len(rec.data),
+                        "format": rec.fmt, "height": rec.height, "width": rec.width,
+                        "channels": rec.channels})
+    info = {"path": str(path), "format": m.format, "format_version": m.format_version, "kind": m.kind,
+            "count": n, "classes": m.classes, "bytes_on_disk": disk_usage(path), "failures": m.failures,
+            "created_by": m.created_by, "samples": samples}
+    if m.videos:
+        info["videos"] = len(m.videos)
+    if m.shards:
+        info["shards"] = len(m.shards)
+    return info
+
+
+def render_grid(path: str | os.PathLike, out_png: str | os.PathLike, *, count: int = 16,
+                seed: int = 0, tile: int = 160) -> list[int]:
+    """A contact sheet of a seeded random sample, each tile captioned with key and class.
+
+    Returns the sample positions shown.
+    """
+    reader = open_reader(path)
+    n = len(reader)
+    if n == 0:
+        raise PackerError(f"{path}: empty dataset, nothing to draw")
+    picks = sorted(random.Random(seed).sample(range(n), min(count, n)))
+    cols = int(np.ceil(np.sqrt(len(picks))))
+    rows = int(np.ceil(len(picks) / cols))
+    caption = 28
+    sheet = Image.new("RGB", (cols * tile, rows * (tile + caption)), (32, 32, 32))
+    draw = ImageDraw.Draw(sheet)
+    for k, i in enumerate(picks):
+        rec = reader.read(i)
+        try:
+            im = Image.fromarray(decode(rec.data))
+        except ValueError:
+            im = Image.new("RGB", (tile, tile), (128, 0, 0))
+        im.thumbnail((tile, tile))
+        x, y = (k % cols) * tile, (k // cols) * (tile + caption)
+        sheet.paste(im, (x + (tile - im.width) // 2, y + (tile - im.height) // 2))
+        cls = reader.classes[rec.label] if 0 <= rec.label < len(reader.classes) else str(rec.label)
+        key = reader.keys[i]
+        draw.text((x + 3, y + tile + 1), key[-26:], fill=(230, 230, 230))
+        draw.text((x + 3, y + tile + 14), f"[{rec.label}] {cls}"[:26], fill=(120, 200, 255))
+    sheet.save(out_png)
+    return picks
+
+
+@dataclass
+class VerifyResult:
+    """What ``verify_dataset`` found."""
+
+    path: str
+    count: int = 0
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> VerifyResult:
+    """Check structure against the manifest, every checksum, and (by default) decode every image."""
+    try:
+        reader = open_reader(path)
+    except PackerError as e:
+        return VerifyResult(str(path), problems=[str(e)])
+    result = VerifyResult(str(path), count=len(reader))
+    seen: set[str] = set()
+
+    def report(problem: Exception) -> None:
+        text = str(problem)
+        if text not in seen:
+            seen.add(text)
+            result.problems.append(text)
+
+    for problem in reader.verify_structure():
+        report(problem)
+    for i in range(len(reader)):  # one pass: read (CRC-checked) and decode each sample
+        try:
+            rec = reader.read(i)
+            if decode_images and rec.fmt != "raw":
+                decode(rec.data)
+        except CorruptData as e:
+            report(e)
+        except ValueError as e:
+            report(CorruptData(str(path), f"undecodable image ({e})", position=f"sample {i}"))
+        result.checked += 1
+    return result

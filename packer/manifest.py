@@ -1,0 +1,101 @@
+"""The ``packer.json`` manifest: a dataclass model with load/save and versioning."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatError
+
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "Manifest", "created_by", "atomic_write_bytes"]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "packer.json"
+FAILURES_NAME = "failures.jsonl"
+
+
+@dataclass
+class Manifest:
+    """What a packed output holds; a reader needs nothing but this and the path."""
+
+    format: str
+    kind: str = "images"
+    count: int = 0
+    classes: list[str] = field(default_factory=list)
+    fields: list[str] = field(default_factory=lambda: ["image", "label", "key"])
+    created_by: dict[str, Any] = field(default_factory=dict)
+    failures: int = 0
+    format_version: int = FORMAT_VERSION
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    videos: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Serialize with stable key order (empty per-format lists are left out)."""
+        d = dataclasses.asdict(self)
+        for k in ("shards", "videos", "extra"):
+            if not d[k]:
+                d.pop(k)
+        return json.dumps(d, indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> "Manifest":
+        """Parse and validate; a bad or unknown-version manifest raises FormatError naming ``source``."""
+        try:
+            d = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(f"{source}: manifest is not valid JSON ({e})") from None
+        if not isinstance(d, dict) or "format" not in d:
+            raise FormatError(f"{source}: manifest has no 'format' field")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise FormatError(f"{source}: unknown format_version {version!r} (this packer reads {FORMAT_VERSION})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            m = cls(**{k: v for k, v in d.items() if k in known})
+            m.count = int(m.count)
+            m.failures = int(m.failures)
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"{source}: malformed manifest ({e})") from None
+        if not isinstance(m.classes, list) or m.count < 0:
+            raise FormatError(f"{source}: malformed manifest (classes/count)")
+        return m
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write ``packer.json`` into ``directory`` atomically."""
+        atomic_write_bytes(Path(directory) / MANIFEST_NAME, self.to_json().encode())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "Manifest":
+        """Read ``packer.json`` from ``directory``."""
+        p = Path(directory) / MANIFEST_NAME
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise FormatError(f"{directory}: no {MANIFEST_NAME} (not a packer output)") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise FormatError(f"{p}: cannot read manifest ({e})") from None
+        return cls.from_json(text, str(p))
+
+
+def created_by(options: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``created_by`` block: packer version, command line and options."""
+    from . import __version__
+
+    return {"packer": __version__, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+            "options": options}
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync, then rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,78 @@
+"""Pack an image dataset into any packed format: the library call behind ``to-lmdb`` & co."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .convert import Report, check_output_arg, run
+from .errors import CorruptSample, UsageError
+from .executors import make_executor
+from .formats import writer_class
+from .formats.base import Sample
+from .imaging import CHECK_MODES, probe
+from .manifest import created_by
+from .sources import Item, image_items, partition
+
+__all__ = ["ImageJob", "pack_images", "read_item_bytes"]
+
+log = logging.getLogger(__name__)
+
+_EXT_FMT = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "bmp": "bmp"}
+
+
+def read_item_bytes(item: Item) -> bytes:
+    """Read an input file; an unreadable file is a ``CorruptSample`` at stage ``read``."""
+    try:
+        with open(item.path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
+
+
+@dataclass(frozen=True)
+class ImageJob:
+    """The per-image work (picklable; runs in worker processes): read, check, describe.
+
+    Encoded bytes pass through unchanged.
+    """
+
+    check: str = "full"
+
+    def __call__(self, item: Item) -> Sample:
+        data = read_item_bytes(item)
+        ext = item.key.rsplit(".", 1)[-1].lower()
+        info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
+        return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
+
+
+def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
+                list_path: str | os.PathLike | None = None, exts: str | None = None,
+                workers: int | None = None, check: str = "full", max_failures: int = 0,
+                resume: bool = False, overwrite: bool = False, num_shards: int = 1,
+                shard_index: int = 0, executor: str = "local",
+                writer_options: dict[str, Any] | None = None) -> Report:
+    """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
+
+    Bad images are skipped and recorded in ``failures.jsonl``; see ``convert.run``.
+    Arguments are validated before any work starts.
+    """
+    if check not in CHECK_MODES:
+        raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
+    if max_failures < 0:
+        raise UsageError("--max-failures must be >= 0")
+    writer_cls = writer_class(format)
+    check_output_arg(out, resume=resume, overwrite=overwrite)
+    items, classes = image_items(src, list_path=list_path, exts=exts)
+    items = partition(items, num_shards, shard_index)
+    if not items:
+        raise UsageError(f"{src}: no input images found")
+    options = {"format": format, "check": check, "src": str(Path(src).resolve()),
+               "list": str(list_path) if list_path else None, "num_shards": num_shards,
+               "shard_index": shard_index}
+    writer = writer_cls(out, classes=classes, created_by=created_by(options), **(writer_options or {}))
+    with make_executor(executor, workers=workers) as ex:
+        return run(items, ImageJob(check=check), writer, executor=ex, max_failures=max_failures,
+                   resume=resume, overwrite=overwrite, desc=f"to-{format}")

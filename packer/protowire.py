@@ -1,0 +1,148 @@
+"""A minimal protobuf wire-format codec: enough for Caffe ``Datum`` and ``tf.train.Example``.
+
+Hand-written so that reading a packed file never needs generated code or a protobuf runtime,
+and so that malformed bytes raise ``ValueError`` (readers turn that into ``CorruptData``).
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+__all__ = [
+    "encode_varint",
+    "decode_varint",
+    "field_varint",
+    "field_bytes",
+    "iter_fields",
+    "Datum",
+    "encode_datum",
+    "decode_datum",
+]
+
+VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode a non-negative int (or a negative int32/int64 as its 64-bit two's complement)."""
+    if value < 0:
+        value &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while True:
+        bits = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(bits | 0x80)
+        else:
+            out.append(bits)
+            return bytes(out)
+
+
+def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a varint at ``pos``; return (value, new position). Raises ValueError if malformed."""
+    result = 0
+    shift = 0
+    n = len(buf)
+    while True:
+        if pos >= n:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def field_varint(number: int, value: int) -> bytes:
+    """One varint field (tag + value)."""
+    return encode_varint(number << 3 | VARINT) + encode_varint(value)
+
+
+def field_bytes(number: int, value: bytes) -> bytes:
+    """One length-delimited field (tag + length + bytes)."""
+    return encode_varint(number << 3 | LENGTH) + encode_varint(len(value)) + value
+
+
+def iter_fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, object]]:
+    """Yield (field number, wire type, value) for each field; value is int or a memoryview."""
+    mv = memoryview(buf)
+    pos = 0
+    n = len(mv)
+    while pos < n:
+        tag, pos = decode_varint(mv, pos)
+        number, wtype = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wtype == VARINT:
+            value, pos = decode_varint(mv, pos)
+        elif wtype == LENGTH:
+            length, pos = decode_varint(mv, pos)
+            if pos + length > n:
+                raise ValueError("length-delimited field runs past the end")
+            value = mv[pos:pos + length]
+            pos += length
+        elif wtype == FIXED64:
+            if pos + 8 > n:
+                raise ValueError("truncated fixed64")
+            value = int.from_bytes(mv[pos:pos + 8], "little")
+            pos += 8
+        elif wtype == FIXED32:
+            if pos + 4 > n:
+                raise ValueError("truncated fixed32")
+            value = int.from_bytes(mv[pos:pos + 4], "little")
+            pos += 4
+        else:
+            raise ValueError(f"unsupported wire type {wtype}")
+        yield number, wtype, value
+
+
+def _int32(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+class Datum(NamedTuple):
+    """Caffe ``Datum``: channels=1, height=2, width=3, data=4, label=5, encoded=7."""
+
+    data: bytes
+    label: int
+    height: int
+    width: int
+    channels: int
+    encoded: bool
+
+
+def encode_datum(data: bytes, label: int, height: int, width: int, channels: int,
+                 encoded: bool = True) -> bytes:
+    """Serialize a Caffe ``Datum`` in field-number order, as protobuf's own serializer does."""
+    return b"".join((
+        field_varint(1, channels),
+        field_varint(2, height),
+        field_varint(3, width),
+        field_bytes(4, data),
+        field_varint(5, label),
+        field_varint(7, 1 if encoded else 0),
+    ))
+
+
+def decode_datum(buf: bytes | memoryview) -> Datum:
+    """Parse a Caffe ``Datum``; unknown fields are skipped, malformed bytes raise ValueError."""
+    channels = height = width = label = 0
+    encoded = False
+    data: bytes | memoryview = b""
+    for number, wtype, value in iter_fields(buf):
+        if number == 4 and wtype == LENGTH:
+            data = value
+        elif wtype == VARINT:
+            if number == 1:
+                channels = _int32(value)
+            elif number == 2:
+                height = _int32(value)
+            elif number == 3:
+                width = _int32(value)
+            elif number == 5:
+                label = _int32(value)
+            elif number == 7:
+                encoded = bool(value)
+    return Datum(bytes(data), label, height, width, channels, encoded)
