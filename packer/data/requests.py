@@ -1,0 +1,31 @@
+"""The per-sample request a batch sampler may send to a dataset instead of a plain index.
+
+``MultigridBatchSampler`` yields lists of ``ClipRequest``; the video datasets
+(``FrameDataset``, ``PackedVideoDataset``) accept either an ``int`` or a ``ClipRequest`` in
+``__getitem__`` and then sample ``num_frames`` frames ``frame_interval`` apart and crop to
+``crop_size`` (random-resized crop in training), so one plain ``DataLoader(dataset,
+batch_sampler=...)`` yields batches whose shape changes batch by batch.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+__all__ = ["ClipRequest", "split_request"]
+
+
+class ClipRequest(NamedTuple):
+    """Fetch sample ``index`` as a clip of ``num_frames`` x ``crop_size``^2 (None = dataset default)."""
+
+    index: int
+    num_frames: Optional[int] = None
+    frame_interval: Optional[int] = None
+    crop_size: Optional[int] = None
+
+
+def split_request(key: "int | ClipRequest") -> ClipRequest:
+    """Normalise a dataset key: an int becomes a request with every field left to the dataset."""
+    if isinstance(key, ClipRequest):
+        return key
+    if isinstance(key, tuple) and len(key) == 4:  # DataLoader may hand tuples back as tuples
+        return ClipRequest(*key)
+    return ClipRequest(int(key))
