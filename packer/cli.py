@@ -106,6 +106,43 @@ def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrit
     _finish(report, max_failures)
 
 
+@main.command("to-records")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@input_options
+@conversion_options
+@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
+              help="How much of each image to decode to decide it is good.")
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Bytes per shard (KB/MB/GB decimal, KiB/MiB/GiB binary).")
+@click.option("--samples-per-shard", type=int, default=None,
+              help="Records per shard (wins over --shard-size).")
+@click.option("--name", default="train", show_default=True, help="Shard names: {name}-{i:05d}.tfrecord.")
+@_library_call
+def to_records(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
+               shard_index, executor, check, shard_size, samples_per_shard, name):
+    """Pack an image folder into TFRecord shards with DALI .idx indexes."""
+    from .pack import pack_images
+
+    src, out = _split_paths(paths, list_file, root)
+    report = pack_images(src, out, format="records", list_path=list_file, exts=ext, workers=workers,
+                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
+                         num_shards=num_shards, shard_index=shard_index, executor=executor,
+                         writer_options={"shard_size": shard_size, "samples_per_shard": samples_per_shard,
+                                         "name": name})
+    _finish(report, max_failures)
+
+
+@main.command("index")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@_library_call
+def index(paths):
+    """Write a DALI .idx beside each TFRecord file (a folder: each one in it), as tfrecord2idx does."""
+    from .formats.records import index_tfrecords
+
+    for path, count in index_tfrecords(paths):
+        click.echo(f"{path}.idx: {count} records")
+
+
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")

@@ -12,12 +12,14 @@ from ..errors import FormatError
 from ..manifest import MANIFEST_NAME, Manifest
 from .base import Reader, Record, Sample, Writer
 from .lmdb import LmdbReader, LmdbWriter
+from .records import RecordsReader, RecordsWriter
 
 __all__ = ["FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class", "open_reader",
            "detect_format"]
 
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
+    "records": (RecordsWriter, RecordsReader),
 }
 
 
@@ -45,6 +47,11 @@ def detect_format(path: str | os.PathLike) -> str:
     raise FormatError(f"{path}: not a packed dataset (no {MANIFEST_NAME}, format not recognised)")
 
 
-def open_reader(path: str | os.PathLike, *, check_crc: bool = True) -> Reader:
-    """Open any packed output by path; the manifest chooses the reader."""
+def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True) -> Reader:
+    """Open any packed output by path; the manifest chooses the reader.
+
+    A list of paths is a set of TFRecord files written by other tools (with ``.idx`` indexes).
+    """
+    if isinstance(path, (list, tuple)):
+        return FORMATS["records"][1](path, check_crc=check_crc)
     return FORMATS[detect_format(path)][1](path, check_crc=check_crc)

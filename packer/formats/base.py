@@ -128,6 +128,8 @@ class Writer(abc.ABC):
                 self._journal_dir().mkdir(parents=True, exist_ok=True)
                 self._open(0)
             else:
+                for stale in self._journal_dir().glob(".*.tmp-*"):  # atomic writes cut short by a kill
+                    stale.unlink()
                 self.keys = self._read_keys_journal(resume_samples)
                 self.crcs = self._read_crc_journal(resume_samples)
                 self._open(resume_samples)
@@ -195,6 +197,7 @@ class Writer(abc.ABC):
                     raise UsageError(f"{self.out}: exists (use --overwrite or --resume)")
                 self._remove(self.out)
                 self._remove(self.failures_path(self.out))
+            self._remove(self.resume_state_path())
             if self.single_file:
                 os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
             os.replace(self.workdir, self.out)
