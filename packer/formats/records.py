@@ -219,10 +219,10 @@ def sample_features(sample: Sample) -> dict[str, Any]:
 _FMT_ALIASES = {"jpg": "jpeg", "tif": "tiff"}
 
 
-def _record_of(feats: dict[str, list], where: str, position: object) -> Record:
+def _record_of(feats: dict[str, list]) -> Record:
     data = feats.get("image/encoded")
     if not data or not isinstance(data[0], bytes):
-        raise CorruptData(where, "no image/encoded bytes feature", position=position)
+        raise ValueError("no image/encoded bytes feature")
     fmt_value = feats.get("image/format")
     if fmt_value and isinstance(fmt_value[0], bytes) and fmt_value[0]:
         fmt = fmt_value[0].decode("ascii", "replace").lower()
@@ -583,7 +583,10 @@ class RecordsReader(Reader):
 
     def read(self, index: int) -> Record:
         feats, k, local = self._features(index)
-        return _record_of(feats, str(self.shard_path(k)), f"record {local}")
+        try:
+            return _record_of(feats)
+        except ValueError as e:
+            raise CorruptData(str(self.shard_path(k)), str(e), position=f"record {local}") from None
 
     @property
     def keys(self) -> Sequence[str]:

@@ -1,0 +1,226 @@
+#!/usr/bin/env python
+"""Packed formats side by side against the in-memory decode ceiling, in one run.
+
+One generated set of natural-looking JPEGs (~0.25 MP, cached under --workdir), packed once
+per format; then, for each ``num_workers``, a real DataLoader epoch over each of:
+
+* ``ceiling``        the encoded bytes already in memory (a list), decoded the same way
+* ``lmdb``           PackedDataset over LMDB, shuffled random access
+* ``records``        PackedDataset over the TFRecord shards, shuffled random access via .idx
+* ``records-nocrc``  the same with CRC checking off
+* ``stream``         StreamingDataset over the same shards (shard shuffle + buffer)
+* ``hdf5``           PackedDataset over HDF5 (only when the hdf5 format is registered)
+
+Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``)
+and batches with a list collate (images differ in size). Rows are interleaved over
+``--reps`` rounds and the best round is kept, so a burst of load on the shared machine hits
+every row alike. Also measured in-process: the CRC check's cost per record against
+read + decode of the same record.
+
+    python scripts/bench_formats.py --workdir bench-out/formats
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from packer import PackedDataset, StreamingDataset
+from packer.data.datasets import decode_record
+from packer.formats import FORMATS, open_reader
+from packer.imaging import DECODER, decode
+from packer.pack import pack_images
+from packer.synth import make_image_folder
+
+
+def _make_part(args: tuple[str, int, int, tuple[int, int], int]) -> str:
+    root, count, classes, size, seed = args
+    make_image_folder(root, count=count, classes=classes, size=size, seed=seed)
+    return root
+
+
+def image_set(workdir: Path, count: int, classes: int, size: tuple[int, int], jobs: int) -> Path:
+    """The ImageFolder of generated JPEGs, made once (in ``jobs`` parts) and reused."""
+    src = workdir / "images"
+    spec = {"count": count, "classes": classes, "size": list(size), "parts": jobs}
+    marker = workdir / "images.json"
+    if src.is_dir() and marker.is_file() and json.loads(marker.read_text()) == spec:
+        return src
+    shutil.rmtree(src, ignore_errors=True)
+    parts = workdir / "images.parts"
+    shutil.rmtree(parts, ignore_errors=True)
+    per = [count // jobs + (1 if k < count % jobs else 0) for k in range(jobs)]
+    t = time.perf_counter()
+    with ProcessPoolExecutor(jobs) as ex:
+        roots = list(ex.map(_make_part, [(str(parts / str(k)), n, classes, size, 1000 + k)
+                                         for k, n in enumerate(per)]))
+    for k, root in enumerate(roots):  # merge the parts into one ImageFolder
+        for f in Path(root).rglob("*.jpg"):
+            dest = src / f.parent.name / f"p{k}_{f.name}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            f.rename(dest)
+    shutil.rmtree(parts)
+    marker.write_text(json.dumps(spec))
+    print(f"generated {count} images in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+    return src
+
+
+def packed(src: Path, out: Path, fmt: str, count: int, **writer_options) -> Path:
+    """Pack ``src`` as ``fmt`` unless a complete output with ``count`` samples is already there."""
+    try:
+        if len(open_reader(out)) == count:
+            return out
+    except Exception:
+        pass
+    t = time.perf_counter()
+    report = pack_images(src, out, format=fmt, workers=2, overwrite=True, writer_options=writer_options or None)
+    print(f"packed {fmt}: {report.summary()} ({time.perf_counter() - t:.0f}s)", file=sys.stderr)
+    return out
+
+
+def warm(path: Path) -> None:
+    """Read every file once so each row starts from the page cache."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+
+
+class InMemory(Dataset):
+    """The ceiling: encoded bytes in a list, decoded exactly as the packed rows decode."""
+
+    def __init__(self, reader):
+        self.items = [(reader.read(i).data, reader.read(i).label) for i in range(len(reader))]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i):
+        data, label = self.items[i]
+        return decode_record(data, "tensor"), label
+
+
+def as_list(batch):
+    return batch
+
+
+def epoch_rate(dataset, workers: int, batch: int, map_style: bool) -> float:
+    """Samples/s of one full DataLoader epoch (worker start-up included)."""
+    gen = torch.Generator().manual_seed(0)
+    loader = DataLoader(dataset, batch_size=batch, num_workers=workers, collate_fn=as_list,
+                        shuffle=map_style, generator=gen if map_style else None)
+    t = time.perf_counter()
+    n = sum(len(b) for b in loader)
+    return n / (time.perf_counter() - t)
+
+
+def crc_cost(path: Path, limit: int) -> dict[str, float]:
+    """Per-record µs of read+parse with CRC on and off (interleaved passes, best kept), and
+    of read+decode, in this process."""
+    readers = {True: open_reader(path, check_crc=True), False: open_reader(path, check_crc=False)}
+    n = min(limit, len(readers[True]))
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(7):
+        for check, reader in readers.items():
+            t = time.perf_counter()
+            for i in range(n):
+                reader.read(i)
+            best[check] = min(best[check], (time.perf_counter() - t) / n)
+    m = min(n, 500)
+    full = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in range(m):
+            decode(readers[True].read(i).data)
+        full = min(full, (time.perf_counter() - t) / m)
+    out = {"read_crc_us": best[True] * 1e6, "read_nocrc_us": best[False] * 1e6, "read_decode_us": full * 1e6}
+    out["crc_us"] = out["read_crc_us"] - out["read_nocrc_us"]
+    out["crc_share"] = out["crc_us"] / out["read_decode_us"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path("bench-out/formats"))
+    ap.add_argument("--count", type=int, default=5000)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--size", default="432x576", help="HxW of the generated images (~0.25 MP)")
+    ap.add_argument("--workers", default="0,2", help="num_workers settings, comma-separated")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=2, help="interleaved rounds; the best is kept")
+    ap.add_argument("--shard-size", default="32MB", help="records shard size (several shards to shuffle)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+    h, w = (int(x) for x in args.size.lower().split("x"))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+
+    src = image_set(args.workdir, args.count, args.classes, (h, w), jobs=os.cpu_count() or 1)
+    paths = {"lmdb": packed(src, args.workdir / "images.lmdb", "lmdb", args.count),
+             "records": packed(src, args.workdir / "images.records", "records", args.count,
+                               shard_size=args.shard_size)}
+    if "hdf5" in FORMATS:
+        paths["hdf5"] = packed(src, args.workdir / "images.h5", "hdf5", args.count)
+    for p in paths.values():
+        warm(p)
+
+    rows = {
+        "ceiling": (lambda: InMemory(open_reader(paths["records"])), True),
+        "lmdb": (lambda: PackedDataset(paths["lmdb"], decode="tensor"), True),
+        "records": (lambda: PackedDataset(paths["records"], decode="tensor"), True),
+        "records-nocrc": (lambda: PackedDataset(paths["records"], decode="tensor", check_crc=False), True),
+        "stream": (lambda: StreamingDataset(paths["records"], decode="tensor", batch_size=args.batch_size), False),
+    }
+    if "hdf5" in paths:
+        rows["hdf5"] = (lambda: PackedDataset(paths["hdf5"], decode="tensor"), True)
+    datasets = {name: make() for name, (make, _) in rows.items()}
+    workers = [int(x) for x in args.workers.split(",")]
+    rates: dict[tuple[str, int], list[float]] = {}
+    for rep in range(args.reps):
+        for nw in workers:
+            for name, (_, map_style) in rows.items():
+                ds = datasets[name]
+                if isinstance(ds, StreamingDataset):
+                    ds.set_epoch(rep)
+                rate = epoch_rate(ds, nw, args.batch_size, map_style)
+                rates.setdefault((name, nw), []).append(rate)
+                print(f"  round {rep + 1}: {name:14s} workers={nw}: {rate:7.0f} samples/s", file=sys.stderr)
+    crc = crc_cost(paths["records"], limit=2000)
+    load_after = os.getloadavg()
+
+    print(f"\n{args.count} JPEGs ~{h}x{w} (jitter ±1/8), batch {args.batch_size}, decoder {DECODER}, "
+          f"best of {args.reps} interleaved rounds; load average {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after, {os.cpu_count()} cores")
+    print(f"{'row':14s} {'workers':>7s} {'samples/s':>10s} {'x ceiling':>10s} {'rounds':>18s}")
+    result = {"count": args.count, "size": [h, w], "batch_size": args.batch_size, "decoder": DECODER,
+              "load": [load_before[0], load_after[0]], "rows": [], "crc": crc}
+    for nw in workers:
+        ceiling = max(rates[("ceiling", nw)])
+        for name in rows:
+            best = max(rates[(name, nw)])
+            spread = "/".join(f"{r:.0f}" for r in rates[(name, nw)])
+            print(f"{name:14s} {nw:7d} {best:10.0f} {best / ceiling:10.3f} {spread:>18s}")
+            result["rows"].append({"row": name, "workers": nw, "samples_per_s": best,
+                                   "ratio_to_ceiling": best / ceiling, "rounds": rates[(name, nw)]})
+    print(f"\nCRC32C check per record: {crc['crc_us']:.1f} µs (read+parse {crc['read_crc_us']:.1f} µs with CRC, "
+          f"{crc['read_nocrc_us']:.1f} µs without); read+decode {crc['read_decode_us']:.0f} µs per record "
+          f"-> CRC costs {100 * crc['crc_share']:.2f}% of read+decode")
+    for nw in workers:
+        on, off = max(rates[("records", nw)]), max(rates[("records-nocrc", nw)])
+        print(f"records CRC on/off throughput at workers={nw}: {on / off:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
