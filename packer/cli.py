@@ -164,6 +164,8 @@ def inspect(path, as_json, grid, show, seed):
     click.echo(f"{info['path']}: {info['format']} v{info['format_version']}, {info['kind']}, "
                f"{info['count']} samples, {len(info['classes'])} classes, "
                f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
+    if "shards" in info:
+        click.echo(f"shards: {info['shards']}")
     if info["classes"]:
         shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
         click.echo(f"classes: {shown}")

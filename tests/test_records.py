@@ -182,6 +182,26 @@ def test_writer_resume_keeps_complete_shards_and_cuts_inside_one(tmp_path, resum
     assert data_files(out) == data_files(ref)
 
 
+def test_resume_refuses_other_shard_options(tmp_path):
+    samples = _samples(5)
+    w = RecordsWriter(tmp_path / "out", classes=["a", "b", "c"], samples_per_shard=2)
+    w.open()
+    for s in samples:
+        w.add(s)
+    w.abort()
+    other = RecordsWriter(tmp_path / "out", classes=["a", "b", "c"], samples_per_shard=3)
+    with pytest.raises(UsageError, match="same --shard-size"):
+        other.open(resume_samples=4)
+
+
+def test_empty_output(tmp_path):
+    with RecordsWriter(tmp_path / "empty", classes=[]) as w:
+        w.close()
+    reader = open_reader(tmp_path / "empty")
+    assert len(reader) == 0 and reader.manifest.shards == [] and list(reader.verify()) == []
+    assert verify_dataset(tmp_path / "empty").ok
+
+
 def _slow_image_folder(root: Path, count: int) -> Path:
     """Many copies of one large JPEG: a full check decodes each, so a run takes seconds."""
     big = jpeg_bytes(natural_image(np.random.default_rng(0), 1100, 1400), quality=95)
@@ -246,6 +266,7 @@ def test_flipped_payload_byte_names_shard_and_record(packed, tmp_path):
     with pytest.raises(CorruptData) as e:
         reader.read(5 + 2)
     assert "train-00001.tfrecord" in str(e.value) and "record 2" in str(e.value) and "CRC32C" in str(e.value)
+    assert e.value.key == reader.keys[7] and e.value.key in str(e.value)
     reader.read(5 + 1), reader.read(5 + 3)  # neighbours are intact
     assert open_reader(out, check_crc=False).read(5 + 2).label >= 0  # only the CRC catches it
     result = cli("verify", out, ok=False)

@@ -36,7 +36,7 @@ from ..example import decode_example, encode_example, int64_feature
 from ..imaging import sniff_format
 from ..integrity import crc32c, masked_crc32c
 from ..manifest import MANIFEST_NAME, Manifest, atomic_write_bytes
-from .base import Reader, Record, Sample, Writer
+from .base import Reader, Record, Sample, Writer, load_keys, write_keys
 
 __all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "parse_size", "shard_name",
            "index_path", "frame_record", "unframe_record", "scan_tfrecord", "write_index",
@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 256 * 10**6
 INDEX_SUFFIX = ".idx"
-KEYS_FILE = "keys.json"
 SHARDS_JOURNAL = ".shards.json"
 FRAMING = 16  # u64 length + u32 length CRC + u32 payload CRC
 _HEAD = struct.Struct("<QI")
@@ -320,7 +319,10 @@ class RecordsWriter(Writer):
                 offsets, sizes = read_index(index_path(path))
                 n = len(offsets)
                 if kept + n <= resume_samples:  # a complete shard inside the checkpoint: keep it
-                    self.shards.append(journal.get(path.name) or self._entry(path, n))
+                    entry = journal.get(path.name)
+                    if not entry or entry.get("count") != n or entry.get("bytes") != path.stat().st_size:
+                        entry = self._entry(path, n)
+                    self.shards.append(entry)
                     kept += n
                     continue
                 k = resume_samples - kept  # the checkpoint falls inside this shard
@@ -343,11 +345,19 @@ class RecordsWriter(Writer):
             if m and int(m.group(1)) >= first:
                 p.unlink()
 
+    def _options(self) -> dict[str, Any]:
+        return {"shard_size": self.shard_size, "samples_per_shard": self.samples_per_shard, "name": self.name}
+
     def _load_journal(self) -> dict[str, dict[str, Any]]:
+        """Entries of the shards completed so far (their sha256 need not be recomputed)."""
         try:
-            entries = json.loads((self.workdir / SHARDS_JOURNAL).read_text())
-        except (OSError, ValueError):
+            journal = json.loads((self.workdir / SHARDS_JOURNAL).read_text())
+            options, entries = journal["options"], journal["shards"]
+        except (OSError, ValueError, KeyError, TypeError):
             return {}
+        if options != self._options():
+            raise UsageError(f"{self.out}: the interrupted run used {options}; resume with the same "
+                             "--shard-size/--samples-per-shard/--name (or --overwrite)")
         return {e["file"]: e for e in entries if isinstance(e, dict) and "file" in e}
 
     def _entry(self, path: Path, count: int) -> dict[str, Any]:
@@ -384,12 +394,13 @@ class RecordsWriter(Writer):
         _fsync_dir(self.workdir)
         self.shards.append({"file": final.name, "index": index_path(final).name, "count": len(self._offsets),
                             "bytes": self._shard_bytes, "sha256": self._hash.hexdigest()})
-        atomic_write_bytes(self.workdir / SHARDS_JOURNAL, json.dumps(self.shards).encode())
+        atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
+                           json.dumps({"options": self._options(), "shards": self.shards}).encode())
         self._offsets, self._sizes, self._shard_bytes = [], [], 0
 
     def _finish(self, manifest: Manifest) -> None:
         manifest.shards = list(self.shards)
-        atomic_write_bytes(self.workdir / KEYS_FILE, json.dumps(self.keys, ensure_ascii=False).encode("utf-8"))
+        write_keys(self.workdir, self.keys)
         manifest.save(self.workdir)
         self._remove(self.workdir / SHARDS_JOURNAL)
 
@@ -545,24 +556,35 @@ class RecordsReader(Reader):
         k = int(np.searchsorted(starts, index, side="right")) - 1
         return k, index - int(starts[k])
 
+    def _key_hint(self, index: int) -> str | None:
+        """The key of sample ``index`` for an error message, when known without reading it."""
+        if self._foreign is not None:
+            return None
+        try:
+            return self.keys[index]
+        except (CorruptData, IndexError):
+            return None
+
+    def _corrupt(self, index: int, k: int, reason: str, position: str) -> CorruptData:
+        return CorruptData(str(self.shard_path(k)), reason, position=position, key=self._key_hint(index))
+
     def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
         index = self._check_index(index)
         offsets, sizes, starts = self._load_index()
         k = int(np.searchsorted(starts, index, side="right")) - 1
         local = index - int(starts[k])
         offset, size = int(offsets[index]), int(sizes[index])
+        where = f"record {local} (byte {offset})"
         try:
             buf = os.pread(self._fd(k), size, offset)
         except OSError as e:
-            raise CorruptData(str(self.shard_path(k)), f"read failed ({e.strerror or e})",
-                              position=f"record {local} (byte {offset})") from None
+            raise self._corrupt(index, k, f"read failed ({e.strerror or e})", where) from None
         if len(buf) != size:
-            raise CorruptData(str(self.shard_path(k)), f"truncated shard: record needs {size} bytes, "
-                                                       f"{len(buf)} left", position=f"record {local} (byte {offset})")
+            raise self._corrupt(index, k, f"truncated shard: record needs {size} bytes, {len(buf)} left", where)
         try:
             payload = unframe_record(buf, check_crc=self.check_crc)
         except CorruptData as e:
-            raise CorruptData(str(self.shard_path(k)), e.reason, position=f"record {local} (byte {offset})") from None
+            raise self._corrupt(index, k, e.reason, where) from None
         return payload, k, local
 
     def read_payload(self, index: int) -> memoryview:
@@ -574,8 +596,8 @@ class RecordsReader(Reader):
         try:
             return decode_example(payload), k, local
         except ValueError as e:
-            raise CorruptData(str(self.shard_path(k)), f"malformed Example ({e})",
-                              position=f"record {local}") from None
+            index = self._check_index(index)
+            raise self._corrupt(index, k, f"malformed Example ({e})", f"record {local}") from None
 
     def read_features(self, index: int) -> dict[str, list]:
         """Every feature of sample ``index``'s Example."""
@@ -586,7 +608,7 @@ class RecordsReader(Reader):
         try:
             return _record_of(feats)
         except ValueError as e:
-            raise CorruptData(str(self.shard_path(k)), str(e), position=f"record {local}") from None
+            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from None
 
     @property
     def keys(self) -> Sequence[str]:
@@ -594,15 +616,7 @@ class RecordsReader(Reader):
             if self._foreign is not None:
                 self._keys = _ForeignKeys(self)
             else:
-                p = self.path / KEYS_FILE
-                try:
-                    keys = json.loads(p.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as e:
-                    raise CorruptData(str(p), f"cannot read keys ({e})") from None
-                if not isinstance(keys, list) or len(keys) != len(self):
-                    raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
-                                              f"manifest says {len(self)}")
-                self._keys = keys
+                self._keys = load_keys(self.path, len(self))
         return self._keys
 
     # -- integrity -------------------------------------------------------------------------------
