@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES, REPO, needs_fixture_images
+from conftest import FIXTURE_IMAGES, REPO, needs_fixture_images, write_image_folder
 from packer.cli import main
+from packer.convert import run
 from packer.data.datasets import PackedDataset
 from packer.errors import CorruptData, FormatError, UsageError
 from packer.formats import open_reader
@@ -29,6 +31,7 @@ from packer.formats.records import (RecordsReader, RecordsWriter, frame_record, 
                                     read_index, scan_tfrecord, unframe_record)
 from packer.imaging import decode
 from packer.inspection import verify_dataset
+from packer.pack import ImageJob
 from packer.sources import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
 
@@ -179,6 +182,74 @@ def test_writer_resume_keeps_complete_shards_and_cuts_inside_one(tmp_path, resum
     for s in samples[resume_at:]:
         w.add(s)
     w.close()
+    assert data_files(out) == data_files(ref)
+
+
+def test_writer_resume_twice_inside_a_reopened_shard(tmp_path):
+    """A resume cut shard 1 back and reopened it; killed again before it completed (a torn
+    record at its end), the next resume at the same point still ends equal to one run."""
+    samples = _samples(10)
+    ref = tmp_path / "ref"
+    with RecordsWriter(ref, classes=["a", "b", "c"], samples_per_shard=4) as w:
+        for s in samples:
+            w.add(s)
+        w.close()
+    out = tmp_path / "out"
+    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
+    w.open()
+    for s in samples[:9]:
+        w.add(s)
+    w.abort()
+    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
+    w.open(resume_samples=6)
+    w.add(samples[6])
+    w.abort()
+    tmp = tmp_path / "out.partial" / ".train-00001.tfrecord.partial"
+    assert tmp.is_file() and not (tmp_path / "out.partial" / "train-00001.tfrecord").exists()
+    with open(tmp, "ab") as f:
+        f.write(frame_record(b"torn record")[:9])
+    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
+    w.open(resume_samples=6)
+    for s in samples[6:]:
+        w.add(s)
+    w.close()
+    assert data_files(out) == data_files(ref)
+
+
+@dataclass(frozen=True)
+class _InterruptAt:
+    """The image work, interrupted (Ctrl-C) when it reaches ``key``."""
+
+    key: str
+
+    def __call__(self, item):
+        if item.key == self.key:
+            raise KeyboardInterrupt
+        return ImageJob()(item)
+
+
+def test_resume_after_a_retried_failure_and_a_second_interrupt(tmp_path):
+    """The checkpoint follows a cut-back at once, so an interrupt right after it loses nothing."""
+    src = write_image_folder(tmp_path / "src", count=12, classes=2, size=(20, 24))
+    items, classes = walk_folder(src)
+    good = Path(items[3].path).read_bytes()
+    Path(items[3].path).write_bytes(b"")  # bad on the first run
+    out = tmp_path / "out"
+
+    def go(job):
+        writer = RecordsWriter(out, classes=classes, samples_per_shard=4)
+        return run(items, job, writer, resume=True, max_failures=5)
+
+    with pytest.raises(KeyboardInterrupt):
+        go(_InterruptAt(items[10].key))  # shards 0, 1 complete; item 3 recorded as failed
+    Path(items[3].path).write_bytes(good)  # fixed: the resume retries it and cuts back to it
+    with pytest.raises(KeyboardInterrupt):
+        go(_InterruptAt(items[4].key))  # ...and is interrupted again before any shard completes
+    Path(items[3].path).write_bytes(good[:40])  # a flaky input: bad again on the last run
+    report = go(ImageJob())
+    assert report.count == 11 and [f["key"] for f in report.failures] == [items[3].key]
+    ref = tmp_path / "ref"
+    run(items, ImageJob(), RecordsWriter(ref, classes=classes, samples_per_shard=4))
     assert data_files(out) == data_files(ref)
 
 

@@ -118,8 +118,9 @@ def looks_like_tfrecord(path: str | os.PathLike) -> bool:
     return len(head) == 12 and masked_crc32c(head[:8]) == _HEAD.unpack(head)[1]
 
 
-def scan_tfrecord(path: str | os.PathLike) -> tuple[list[int], list[int]]:
-    """Walk a TFRecord file's framing (seeking past payloads): the (offsets, sizes) of its records.
+def scan_tfrecord(path: str | os.PathLike, limit: int | None = None) -> tuple[list[int], list[int]]:
+    """Walk a TFRecord file's framing (seeking past payloads): the (offsets, sizes) of its records
+    (of its first ``limit`` records when given).
 
     Raises CorruptData naming the file and record on a bad length CRC or a truncated record.
     """
@@ -129,7 +130,7 @@ def scan_tfrecord(path: str | os.PathLike) -> tuple[list[int], list[int]]:
     sizes: list[int] = []
     pos = 0
     with open(path, "rb") as f:
-        while pos < size:
+        while pos < size and (limit is None or len(offsets) < limit):
             where = f"record {len(offsets)} (byte {pos})"
             f.seek(pos)
             head = f.read(12)
@@ -160,7 +161,8 @@ def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     except OSError as e:
         raise CorruptData(str(path), f"cannot read index ({e.strerror or e})") from None
     lines = [ln.split() for ln in raw.splitlines() if ln.strip()]
-    bad = next((k for k, ln in enumerate(lines) if len(ln) != 2 or not (ln[0].isdigit() and ln[1].isdigit())), None)
+    bad = next((k for k, ln in enumerate(lines)
+                if len(ln) != 2 or not (ln[0].isdigit() and ln[1].isdigit())), None)
     if bad is not None:
         raise CorruptData(str(path), f"malformed index line {bad + 1} (expected 'offset size')")
     try:
@@ -312,28 +314,35 @@ class RecordsWriter(Writer):
             journal = self._load_journal()
             kept = 0
             while kept < resume_samples:
-                path = self._shard_path(len(self.shards))
-                if not path.is_file() or not index_path(path).is_file():
+                i = len(self.shards)
+                path, tmp, need = self._shard_path(i), self._tmp_path(i), resume_samples - kept
+                if path.is_file() and index_path(path).is_file():
+                    offsets, sizes = read_index(index_path(path))
+                    if len(offsets) <= need:  # a complete shard inside the checkpoint: keep it
+                        entry = journal.get(path.name)
+                        if (not entry or entry.get("count") != len(offsets)
+                                or entry.get("bytes") != path.stat().st_size):
+                            entry = self._entry(path, len(offsets))
+                        self.shards.append(entry)
+                        kept += len(offsets)
+                        continue
+                    # the checkpoint falls inside this shard: cut it (idempotent), make it the open one
+                    with open(path, "r+b") as f:
+                        f.truncate(int(offsets[need]))
+                    os.replace(path, tmp)
+                elif tmp.is_file():  # reopened by an earlier resume, killed before it completed
+                    offsets, sizes = scan_tfrecord(tmp, limit=need)
+                    if len(offsets) < need:
+                        raise CorruptData(str(tmp), f"holds {len(offsets)} whole records, the checkpoint "
+                                                    f"needs {need}")
+                    with open(tmp, "r+b") as f:
+                        f.truncate(int(offsets[-1] + sizes[-1]) if need else 0)
+                else:
                     raise CorruptData(str(path), f"missing: the checkpoint says {resume_samples} samples "
                                                  f"are stored, complete shards hold {kept}")
-                offsets, sizes = read_index(index_path(path))
-                n = len(offsets)
-                if kept + n <= resume_samples:  # a complete shard inside the checkpoint: keep it
-                    entry = journal.get(path.name)
-                    if not entry or entry.get("count") != n or entry.get("bytes") != path.stat().st_size:
-                        entry = self._entry(path, n)
-                    self.shards.append(entry)
-                    kept += n
-                    continue
-                k = resume_samples - kept  # the checkpoint falls inside this shard
-                index_path(path).unlink()
-                if k == 0:
-                    path.unlink()
-                else:
-                    with open(path, "r+b") as f:
-                        f.truncate(int(offsets[k]))
-                    os.replace(path, self._tmp_path(len(self.shards)))
-                    self._start_shard(offsets[:k].tolist(), sizes[:k].tolist())
+                index_path(path).unlink(missing_ok=True)
+                if need:
+                    self._start_shard(list(map(int, offsets[:need])), list(map(int, sizes[:need])))
                     reopened = True
                 kept = resume_samples
         self._remove_shards_from(len(self.shards) + (1 if reopened else 0))
