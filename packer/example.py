@@ -157,8 +157,91 @@ def decode_example(buf: bytes | memoryview) -> dict[str, list]:
     Unknown fields are skipped; a repeated key keeps its last value (protobuf map semantics).
     Raises ValueError on malformed bytes.
     """
+    mv = memoryview(buf)
+    try:
+        return _decode_canonical(mv)
+    except (_NotCanonical, IndexError, UnicodeDecodeError):
+        return _decode_any(mv)
+
+
+class _NotCanonical(Exception):
+    """The bytes are not laid out as protobuf serializers write an Example: take the general path."""
+
+
+def _varint_at(mv: memoryview, pos: int) -> tuple[int, int]:
+    b = mv[pos]
+    if b < 0x80:
+        return b, pos + 1
+    return decode_varint(mv, pos)
+
+
+def _decode_canonical(mv: memoryview) -> dict[str, list]:
+    """The fast path: one ``features`` field; entries of key then value; one kind per feature;
+    numbers packed. Anything else raises _NotCanonical (never a wrong answer)."""
     out: dict[str, list] = {}
-    for number, wtype, features in _fields(memoryview(buf)):
+    n = len(mv)
+    if n == 0:
+        return out
+    if mv[0] != 0x0A:
+        raise _NotCanonical
+    length, pos = _varint_at(mv, 1)
+    if pos + length != n:
+        raise _NotCanonical
+    while pos < n:
+        if mv[pos] != 0x0A:
+            raise _NotCanonical
+        length, pos = _varint_at(mv, pos + 1)
+        end = pos + length
+        if end > n or mv[pos] != 0x0A:
+            raise _NotCanonical
+        length, p = _varint_at(mv, pos + 1)
+        key = str(mv[p:p + length], "utf-8")
+        p += length
+        if p >= end or mv[p] != 0x12:
+            raise _NotCanonical
+        length, p = _varint_at(mv, p + 1)
+        if p + length != end:
+            raise _NotCanonical
+        if p == end:  # a Feature with no kind set
+            out[key] = []
+            pos = end
+            continue
+        kind = mv[p]
+        length, q = _varint_at(mv, p + 1)
+        if q + length != end:
+            raise _NotCanonical
+        values: list = []
+        if kind == 0x0A:  # BytesList: repeated bytes
+            while q < end:
+                if mv[q] != 0x0A:
+                    raise _NotCanonical
+                length, q = _varint_at(mv, q + 1)
+                if q + length > end:
+                    raise _NotCanonical
+                values.append(bytes(mv[q:q + length]))
+                q += length
+        elif kind in (0x1A, 0x12) and q < end:  # Int64List / FloatList, packed
+            if mv[q] != 0x0A:
+                raise _NotCanonical
+            length, q = _varint_at(mv, q + 1)
+            if q + length != end:
+                raise _NotCanonical
+            if kind == 0x1A:
+                values = _packed_varints(mv[q:end])
+            elif length % 4:
+                raise _NotCanonical
+            else:
+                values = list(struct.unpack(f"<{length // 4}f", mv[q:end]))
+        elif kind not in (0x1A, 0x12):
+            raise _NotCanonical
+        out[key] = values
+        pos = end
+    return out
+
+
+def _decode_any(mv: memoryview) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for number, wtype, features in _fields(mv):
         if number != 1 or wtype != LENGTH:
             continue
         for n1, w1, entry in _fields(features):

@@ -16,8 +16,9 @@ and batches with a list collate (images differ in size). Rows are interleaved ov
 ``--reps`` rounds and the best round is kept, so a burst of load on the shared machine hits
 every row alike; the table gives samples per wall second and per CPU second (the process
 and its DataLoader workers), the second being what a shared machine measures faithfully.
-Also measured in-process: the CRC check's cost per record against read + decode of the
-same record.
+Also measured in one process, interleaved: each reader's CPU cost per sample next to the
+decode it feeds (the format overhead with the noise of a shared machine taken out), and the
+CRC check's share of read + decode.
 
     python scripts/bench_formats.py --workdir bench-out/formats
 """
@@ -139,28 +140,36 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def crc_cost(path: Path, limit: int) -> dict[str, float]:
-    """Per-record CPU µs of read+parse with CRC on and off (interleaved passes, best kept),
-    and of read+decode, in this process."""
-    readers = {True: open_reader(path, check_crc=True), False: open_reader(path, check_crc=False)}
-    n = min(limit, len(readers[True]))
-    best = {True: float("inf"), False: float("inf")}
-    for _ in range(7):
-        for check, reader in readers.items():
+def read_costs(paths: dict[str, Path], limit: int, rounds: int = 7) -> dict[str, float]:
+    """CPU µs per sample, in this process, of each reader's ``read`` (random order, CRC on
+    unless the row says nocrc) and of decoding the same samples: the format's overhead next to
+    the decode it feeds. Rows run interleaved in chunks; the best round of each is kept."""
+    readers = {name: open_reader(path) for name, path in paths.items()}
+    readers["records-nocrc"] = open_reader(paths["records"], check_crc=False)
+    memory = [readers["records"].read(i).data for i in range(min(limit, len(readers["records"])))]
+    order = torch.randperm(len(memory), generator=torch.Generator().manual_seed(0)).tolist()
+    best = {name: float("inf") for name in ["memory", *readers]}
+    for _ in range(rounds):
+        for name in best:
             t = time.process_time()
-            for i in range(n):
-                reader.read(i)
-            best[check] = min(best[check], (time.process_time() - t) / n)
-    m = min(n, 500)
-    full = float("inf")
+            if name == "memory":
+                for i in order:
+                    _ = memory[i]
+            else:
+                reader = readers[name]
+                for i in order:
+                    reader.read(i)
+            best[name] = min(best[name], (time.process_time() - t) / len(order))
+    dec = float("inf")
     for _ in range(3):
         t = time.process_time()
-        for i in range(m):
-            decode(readers[True].read(i).data)
-        full = min(full, (time.process_time() - t) / m)
-    out = {"read_crc_us": best[True] * 1e6, "read_nocrc_us": best[False] * 1e6, "read_decode_us": full * 1e6}
-    out["crc_us"] = out["read_crc_us"] - out["read_nocrc_us"]
-    out["crc_share"] = out["crc_us"] / out["read_decode_us"]
+        for i in order[:500]:
+            decode_record(memory[i], "tensor")
+        dec = min(dec, (time.process_time() - t) / len(order[:500]))
+    out = {f"{name}_read_us": v * 1e6 for name, v in best.items()}
+    out["decode_us"] = dec * 1e6
+    out["crc_us"] = out["records_read_us"] - out["records-nocrc_read_us"]
+    out["crc_share"] = out["crc_us"] / (out["records_read_us"] + out["decode_us"])
     return out
 
 
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates.setdefault((name, nw), []).append((wall, cpu))
                 print(f"  round {rep + 1}: {name:14s} workers={nw}: {wall:7.0f} samples/s, "
                       f"{cpu:7.0f} samples/CPU-s", file=sys.stderr)
-    crc = crc_cost(paths["records"], limit=2000)
+    crc = read_costs(paths, limit=2000)
     load_after = os.getloadavg()
 
     print(f"\n{args.count} JPEGs ~{h}x{w} (jitter ±1/8), batch {args.batch_size}, decoder {DECODER}, "
@@ -231,9 +240,14 @@ def main(argv: list[str] | None = None) -> int:
             result["rows"].append({"row": name, "workers": nw, "samples_per_s": wall,
                                    "ratio_to_ceiling": wall / wall0, "samples_per_cpu_s": cpu,
                                    "cpu_ratio_to_ceiling": cpu / cpu0, "rounds": rates[(name, nw)]})
-    print(f"\nCRC32C check per record: {crc['crc_us']:.1f} µs (read+parse {crc['read_crc_us']:.1f} µs with CRC, "
-          f"{crc['read_nocrc_us']:.1f} µs without); read+decode {crc['read_decode_us']:.0f} µs per record "
-          f"-> CRC costs {100 * crc['crc_share']:.2f}% of read+decode")
+    print(f"\nin one process, CPU µs per sample (random order): decode to a CHW tensor "
+          f"{crc['decode_us']:.0f}; read:", end="")
+    for name in ["memory", *paths, "records-nocrc"]:
+        r = crc[f"{name}_read_us"]
+        print(f"  {name} {r:.1f} (x ceiling {(crc['decode_us'] + crc['memory_read_us']) / (crc['decode_us'] + r):.3f})",
+              end="")
+    print(f"\nCRC32C checking costs {crc['crc_us']:.1f} µs per record = {100 * crc['crc_share']:.2f}% "
+          f"of read+decode")
     for nw in workers:
         on = max(r[1] for r in rates[("records", nw)])
         off = max(r[1] for r in rates[("records-nocrc", nw)])
