@@ -9,10 +9,12 @@ else Pillow); both give identical pixels on baseline JPEGs.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -28,7 +30,8 @@ except ImportError:  # pragma: no cover - exercised only where OpenCV is absent
     cv2 = None
     _CV_FLAG = None
 
-__all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER"]
+__all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER",
+           "format_name", "reading_image", "grey_to_8bit"]
 
 log = logging.getLogger(__name__)
 
@@ -87,31 +90,51 @@ def probe(data: bytes, *, check: str = "full", key: str = "", source: str = "",
         raise CorruptSample(key, source, "empty file (0 bytes)")
     if check == "none":
         return ImageInfo(ext_fmt or sniff_format(data), 0, 0, 0)
+    with reading_image(key, source):
+        im = Image.open(io.BytesIO(data))
+        if check == "full":
+            im.load()
+    return ImageInfo(format_name(im), im.height, im.width, _channels(im))
+
+
+def format_name(im: Image.Image) -> str:
+    """packer's lower-case format name of an opened Pillow image (``jpeg`` for JPEG and MPO)."""
+    return _PIL_FORMATS.get(im.format or "", (im.format or "unknown").lower())
+
+
+@contextlib.contextmanager
+def reading_image(key: str, source: str) -> Iterator[None]:
+    """Turn whatever Pillow raises for bad data into one ``CorruptSample``; silence its warnings.
+
+    Decoder warnings (corrupt-data warnings that still decode, odd EXIF) are not failures.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            im = Image.open(io.BytesIO(data))
-            if check == "full":
-                im.load()
+            yield
+    except CorruptSample:
+        raise
     except Image.DecompressionBombError as e:
         raise CorruptSample(key, source, f"decompression bomb refused ({e})") from None
     except Exception as e:  # Pillow raises many types for bad data
         reason = str(e) or type(e).__name__
         raise CorruptSample(key, source, f"not a readable image: {reason}") from None
-    fmt = _PIL_FORMATS.get(im.format or "", (im.format or "unknown").lower())
-    return ImageInfo(fmt, im.height, im.width, _channels(im))
+
+
+def grey_to_8bit(im: Image.Image) -> Image.Image:
+    """A 16/32-bit grey image (``I;16*``, ``I``) as ``L`` by the decoding rule: the high byte,
+    except that an ``I`` image whose values all fit in 0..255 is taken as it is."""
+    arr = np.asarray(im, dtype=np.uint32)
+    if im.mode == "I" and arr.max(initial=0) <= 255:
+        return Image.fromarray(arr.astype(np.uint8), "L")
+    return Image.fromarray((arr >> 8).astype(np.uint8), "L")
 
 
 def _to_rgb_array(im: Image.Image) -> np.ndarray:
     """Pillow image -> HxWx3 uint8 RGB under the module's decoding rule."""
     im = ImageOps.exif_transpose(im)
     if im.mode.startswith("I;16") or im.mode == "I":
-        arr = np.asarray(im, dtype=np.uint32)
-        if im.mode == "I" and arr.max(initial=0) <= 255:
-            arr8 = arr.astype(np.uint8)
-        else:
-            arr8 = (arr >> 8).astype(np.uint8)
-        return np.repeat(arr8[:, :, None], 3, axis=2)
+        return np.repeat(np.asarray(grey_to_8bit(im))[:, :, None], 3, axis=2)
     if im.mode != "RGB":
         im = im.convert("RGB")
     return np.asarray(im)

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import FormatError
 from ..manifest import MANIFEST_NAME, Manifest
 from .base import Reader, Record, Sample, Writer
+from .hdf5 import HDF5Reader, HDF5Writer
 from .lmdb import LmdbReader, LmdbWriter
 
 __all__ = ["FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class", "open_reader",
@@ -18,6 +19,7 @@ __all__ = ["FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class", "o
 
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
+    "hdf5": (HDF5Writer, HDF5Reader),
 }
 
 
