@@ -126,6 +126,14 @@ def _tasks(items: Sequence[Item], out: Path, spec: ResizeSpec) -> list[MirrorTas
     return tasks
 
 
+def _changed(path: Path, failures: list[dict[str, Any]]) -> bool:
+    """False when ``path`` already lists exactly ``failures`` (a rerun then rewrites nothing)."""
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] != failures
+    except (OSError, ValueError):
+        return True
+
+
 def _load_state(out: Path) -> dict[str, Any] | None:
     try:
         return json.loads((out / STATE_NAME).read_text(encoding="utf-8"))
@@ -175,8 +183,10 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
                                             "stage": outcome.stage, "reason": outcome.reason})
                     log.warning("%s: %s", task.item.path, outcome.reason)
                 bar.update(1)
-    write_failures(out / FAILURES_NAME, report.failures)
-    atomic_write_bytes(out / STATE_NAME, json.dumps(state, sort_keys=True).encode())
+    if _changed(out / FAILURES_NAME, report.failures):
+        write_failures(out / FAILURES_NAME, report.failures)
+    if previous != state:
+        atomic_write_bytes(out / STATE_NAME, json.dumps(state, sort_keys=True).encode())
     report.count = report.items - report.failed
     report.elapsed = time.monotonic() - start
     return report

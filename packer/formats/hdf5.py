@@ -271,7 +271,7 @@ class HDF5Reader(Reader):
         if not _has_signature(self.path):
             raise CorruptData(str(self.path), "not an HDF5 file (no HDF5 signature)")
         try:
-            with h5py.File(self.path, "r", locking=False) as f:
+            with h5py.File(self.path, "r") as f:
                 text = f.attrs.get(MANIFEST_ATTR)
         except _H5_ERRORS as e:
             raise CorruptData(str(self.path), f"cannot open HDF5 file ({e})") from None
@@ -289,7 +289,7 @@ class HDF5Reader(Reader):
             return self._h
         self._h = None  # inherited across fork: never use the parent's handle
         try:
-            f = h5py.File(self.path, "r", locking=False, rdcc_nbytes=0)
+            f = h5py.File(self.path, "r", rdcc_nbytes=0)
             raw = "pixels" in f
             n = len(self)
             labels = f["labels"][:]
@@ -325,7 +325,7 @@ class HDF5Reader(Reader):
     def keys(self) -> list[str]:
         if self._keys is None:
             try:
-                with h5py.File(self.path, "r", locking=False) as f:
+                with h5py.File(self.path, "r") as f:
                     keys = list(f["keys"].asstr()[:])
             except _H5_ERRORS as e:
                 raise CorruptData(str(self.path), f"cannot read keys ({e})") from None
