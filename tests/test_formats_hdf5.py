@@ -234,15 +234,16 @@ def _collect(ds, ctx: str) -> list:
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_dataloader_workers(packed, ctx):
     _, enc, raw = packed
-    for path, mode in ((enc, "bytes"), (raw, "tensor")):
-        ds = PackedDataset(path, decode=mode)
-        first = ds[0]  # the parent opens the file before the workers start
-        got = _collect(ds, ctx)
-        assert len(got) == len(ds) == 24
-        direct = [ds[i] for i in range(len(ds))]
-        for (x, y), (dx, dy) in zip(got, direct):
-            assert y == dy and (torch.equal(x, dx) if mode == "tensor" else x == dx)
-        assert ds[0][1] == first[1]
+    parts = [PackedDataset(enc, decode="bytes"), PackedDataset(raw, decode="tensor")]
+    first = [d[0] for d in parts]  # the parent opens both files before the workers start
+    ds = torch.utils.data.ConcatDataset(parts)  # one loader: spawn pays for its workers once
+    got = _collect(ds, ctx)
+    assert len(got) == len(ds) == 48
+    direct = [ds[i] for i in range(len(ds))]
+    for (x, y), (dx, dy) in zip(got, direct):
+        assert y == dy and (torch.equal(x, dx) if isinstance(x, torch.Tensor) else x == dx)
+    assert [d[0][1] for d in parts] == [f[1] for f in first]
+    assert isinstance(got[0][0], bytes) and tuple(got[30][0].shape) == (3, 32, 40)
 
 
 # -- damaged files ----------------------------------------------------------------------------------
@@ -315,3 +316,31 @@ def test_damaged_index_is_corrupt_data(packed, tmp_path):
     with pytest.raises(CorruptData, match="outside the"):
         reader.read(4)
     assert any("offsets" in str(p) for p in reader.verify_structure())
+
+
+@pytest.mark.parametrize("pixels", [False, True])
+def test_direct_reads_equal_reads_through_hdf5(tmp_path, pixels):
+    """Positioned reads from the chunk table (samples crossing chunk boundaries included)
+    return what HDF5 itself returns."""
+    rng = np.random.default_rng(0)
+    shape = (4, 5, 3)
+    if pixels:
+        samples = [Sample(f"k{i}", rng.integers(0, 256, 60, dtype=np.uint8).tobytes(), "raw", i % 3, *shape)
+                   for i in range(30)]
+    else:
+        samples = [Sample(f"k{i}", rng.integers(0, 256, int(rng.integers(0, 700)), dtype=np.uint8).tobytes(),
+                          "jpeg", i % 3, 1, 1, 3) for i in range(30)]
+    out = tmp_path / "d.h5"
+    w = HDF5Writer(out, classes=["a", "b", "c"], commit_every=7, chunk_bytes=1000,
+                   pixels_shape=shape if pixels else None)
+    w.open()
+    for s in samples:
+        w.add(s)
+    w.close()
+    direct = open_reader(out)
+    assert direct._open().chunk_offsets is not None  # the fast path is in use
+    hdf5 = open_reader(out)
+    hdf5._open().chunk_offsets = None
+    for i, s in enumerate(samples):
+        a, b = direct.read(i), hdf5.read(i)
+        assert a.data == b.data == s.data and a.label == b.label == s.label

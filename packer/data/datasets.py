@@ -10,7 +10,7 @@ from PIL import Image
 
 from ..errors import CorruptData, UsageError
 from ..formats import Reader, Record, open_reader
-from ..imaging import decode
+from ..imaging import decode, to_chw
 
 __all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record"]
 
@@ -28,7 +28,7 @@ def decode_record(data: bytes, mode: str, *, where: str = "") -> Any:
     if mode == "numpy":
         return arr
     if mode == "tensor":
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+        return torch.from_numpy(to_chw(arr))
     return Image.fromarray(arr)
 
 
@@ -45,7 +45,7 @@ def raw_record(rec: Record, mode: str, *, where: str = "") -> Any:
         view = np.broadcast_to(view, (rec.height, rec.width, 3))
     view = view[:, :, :3]
     if mode == "tensor":  # one copy, straight into CHW
-        return torch.from_numpy(np.ascontiguousarray(view.transpose(2, 0, 1)))
+        return torch.from_numpy(to_chw(view))
     arr = np.array(view)  # one copy, writable
     return arr if mode == "numpy" else Image.fromarray(arr)
 

@@ -241,9 +241,27 @@ def _iter_stored(f: h5py.File, n: int, slab: int = 64 << 20) -> Iterator[memoryv
         i = j
 
 
+def _chunk_table(dset: h5py.Dataset) -> np.ndarray | None:
+    """File offsets of the chunks of ``dset``, by chunk number along axis 0, when its stored
+    bytes can be read straight from the file: no filters, chunked along axis 0 only, every
+    chunk allocated. None otherwise (then reads go through HDF5)."""
+    chunks = dset.chunks
+    if (chunks is None or tuple(chunks[1:]) != tuple(dset.shape[1:]) or not hasattr(dset.id, "chunk_iter")
+            or dset.id.get_create_plist().get_nfilters() != 0):
+        return None
+    table = np.full(-(-dset.shape[0] // chunks[0]), -1, dtype=np.int64)
+
+    def visit(info: Any) -> None:
+        table[info.chunk_offset[0] // chunks[0]] = info.byte_offset
+
+    dset.id.chunk_iter(visit)
+    return table if table.size == 0 or table.min() >= 0 else None
+
+
 @dataclass
 class _Open:
-    """This process's open file and the small per-sample tables, loaded once."""
+    """This process's open file, the small per-sample tables (loaded once) and, for direct
+    positioned reads, a plain file descriptor and the data chunks' file offsets."""
 
     file: h5py.File
     data: h5py.Dataset
@@ -251,6 +269,39 @@ class _Open:
     crcs: np.ndarray
     offsets: np.ndarray | None
     shapes: np.ndarray | None
+    fd: int = -1
+    chunk_offsets: np.ndarray | None = None
+
+    def __post_init__(self) -> None:  # h5py property lookups cost microseconds: ask once
+        self.shape = tuple(self.data.shape)
+        self.chunk_len = self.data.chunks[0] if self.data.chunks else 0
+        self.sample_bytes = int(np.prod(self.shape[1:]))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.file.close()
+
+    def read_bytes(self, index: int, start: int, end: int) -> bytes:
+        """The stored bytes of a sample: ``pixels[index]``, or ``blobs[start:end]``."""
+        if self.chunk_offsets is None:  # through HDF5
+            return (self.data[index] if self.offsets is None else self.data[start:end]).tobytes()
+        if self.offsets is None:  # one chunk per sample: one positioned read
+            return self._pread(self.sample_bytes, int(self.chunk_offsets[index]))
+        parts = []
+        while start < end:  # one positioned read, two where a sample crosses a chunk boundary
+            k, at = divmod(start, self.chunk_len)
+            n = min(end - start, self.chunk_len - at)
+            parts.append(self._pread(n, int(self.chunk_offsets[k]) + at))
+            start += n
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _pread(self, n: int, at: int) -> bytes:
+        data = os.pread(self.fd, n, at)
+        if len(data) != n:
+            raise ValueError(f"short read: {len(data)} of {n} bytes at file offset {at} (file truncated?)")
+        return data
 
 
 class HDF5Reader(Reader):
@@ -287,7 +338,9 @@ class HDF5Reader(Reader):
         pid = os.getpid()
         if self._h is not None and self._pid == pid:
             return self._h
-        self._h = None  # inherited across fork: never use the parent's handle
+        if self._h is not None and self._h.fd >= 0:  # inherited across fork: drop the parent's
+            os.close(self._h.fd)  # (this process's copy of the descriptor only)
+        self._h = None
         try:
             f = h5py.File(self.path, "r", rdcc_nbytes=0)
             raw = "pixels" in f
@@ -308,16 +361,23 @@ class HDF5Reader(Reader):
         if raw and data.shape[0] != n:
             f.close()
             raise CorruptData(str(self.path), f"dataset 'pixels' holds {data.shape[0]} samples, manifest says {n}")
-        self._h = _Open(f, data, labels, crcs, offsets, shapes)
+        h = _Open(f, data, labels, crcs, offsets, shapes)
+        if raw and data.chunks != (1,) + data.shape[1:]:
+            table = None  # several samples per chunk: read through HDF5
+        else:
+            table = _chunk_table(data)
+        if table is not None:
+            h.fd, h.chunk_offsets = os.open(self.path, os.O_RDONLY), table
+        self._h = h
         self._pid = pid
-        return self._h
+        return h
 
     def _handle_attrs(self) -> tuple[str, ...]:
         return ("_h",)
 
     def close(self) -> None:
         if self._h is not None and self._pid == os.getpid():
-            self._h.file.close()
+            self._h.close()
         self._h = None
 
     # -- reading ------------------------------------------------------------------------------
@@ -345,16 +405,16 @@ class HDF5Reader(Reader):
         h = self._open()
         try:
             if h.offsets is None:
-                data = h.data[index].tobytes()
-                height, width, channels = h.data.shape[1:]
+                data = h.read_bytes(index, 0, 0)
+                height, width, channels = h.shape[1:]
                 fmt = "raw"
             else:
                 start, end = int(h.offsets[index]), int(h.offsets[index + 1])
-                if not 0 <= start <= end <= h.data.shape[0]:
-                    raise CorruptData(str(self.path), f"offsets {start}..{end} outside the {h.data.shape[0]}-byte "
+                if not 0 <= start <= end <= h.shape[0]:
+                    raise CorruptData(str(self.path), f"offsets {start}..{end} outside the {h.shape[0]}-byte "
                                                       "blobs dataset", position=f"sample {index}",
                                       key=self._key_name(index))
-                data = h.data[start:end].tobytes()
+                data = h.read_bytes(index, start, end)
                 height, width, channels = (int(v) for v in h.shapes[index])
                 fmt = sniff_format(data)
         except _H5_ERRORS as e:
