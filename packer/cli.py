@@ -120,46 +120,43 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-@main.command("to-lmdb")
-@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
-@input_options
-@conversion_options
-@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
-              help="How much of each image to decode to decide it is good.")
-@resize_options
-@_library_call
-def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
-            shard_index, executor, check, resize):
-    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
+    fn = resize_options(fn)
+    fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
+                      show_default=True, help="How much of each image to decode to decide it is good "
+                                              "(with a resize every image is fully decoded).")(fn)
+    return input_options(conversion_options(fn))
+
+
+def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
+          max_failures: int, **options: Any) -> None:
+    """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
-    report = pack_images(src, out, format="lmdb", list_path=list_file, exts=ext, workers=workers,
-                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                         num_shards=num_shards, shard_index=shard_index, executor=executor, resize=resize)
+    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
+                         **options)
     _finish(report, max_failures)
+
+
+@main.command("to-lmdb")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@_library_call
+def to_lmdb(paths, **options):
+    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+    _pack("lmdb", paths, **options)
 
 
 @main.command("to-hdf5")
 @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT.h5")
-@input_options
-@conversion_options
-@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
-              help="How much of each image to decode to decide it is good.")
 @click.option("--raw", is_flag=True, help="Store decoded HxWx3 uint8 pixels (needs --size WxH).")
-@resize_options
+@image_pack_options
 @_library_call
-def to_hdf5(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
-            shard_index, executor, check, raw, resize):
+def to_hdf5(paths, **options):
     """Pack an image folder into one HDF5 file (encoded blobs, or raw pixels with --raw --size WxH)."""
-    from .pack import pack_images
-
-    src, out = _split_paths(paths, list_file, root)
-    report = pack_images(src, out, format="hdf5", list_path=list_file, exts=ext, workers=workers,
-                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                         num_shards=num_shards, shard_index=shard_index, executor=executor, resize=resize,
-                         raw=raw)
-    _finish(report, max_failures)
+    _pack("hdf5", paths, **options)
 
 
 @main.command("resize")
