@@ -289,12 +289,11 @@ def _working_mode(im: Image.Image) -> Image.Image:
     return im.convert("RGBA" if "A" in im.getbands() else "RGB")
 
 
-def _load(data: bytes, spec: ResizeSpec, key: str, source: str) -> tuple[Image.Image, Plan, str, int, bool]:
+def _load(data: bytes, spec: ResizeSpec, key: str, source: str) -> tuple[Image.Image, str, bool]:
     """Open, plan, decode (through the DCT fast path when it helps), resample and make upright.
 
-    Returns the processed image (working mode, output size), the plan, the source format, the
-    source's orientation, and whether the source bytes can be kept as they are (then the image
-    is only decoded to check it).
+    Returns the processed image (working mode, output size), the source format, and whether the
+    source bytes can be kept as they are (then the image is only decoded, to check it).
     """
     if not data:
         raise CorruptSample(key, source, "empty file (0 bytes)")
@@ -315,7 +314,7 @@ def _load(data: bytes, spec: ResizeSpec, key: str, source: str) -> tuple[Image.I
                 box = drafted[1]
         im.load()
         if keepable:
-            return im, plan, fmt, orient, True
+            return im, fmt, True
         icc = im.info.get("icc_profile")
         family = _FAMILY.get(im.mode) if im.mode not in ("P", "PA") else "rgb"
         im = _working_mode(im)
@@ -330,7 +329,7 @@ def _load(data: bytes, spec: ResizeSpec, key: str, source: str) -> tuple[Image.I
             canvas.paste(im, plan.paste_at)
             im = canvas
         im.info = {"icc_profile": icc} if icc and family == _FAMILY[im.mode] else {}
-    return im, plan, fmt, orient, False
+    return im, fmt, False
 
 
 def resize_image(data: bytes, spec: ResizeSpec, *, key: str = "", source: str = "") -> Resized:
@@ -339,7 +338,7 @@ def resize_image(data: bytes, spec: ResizeSpec, *, key: str = "", source: str = 
     The whole image is always decoded, so a truncated or unreadable image raises
     ``CorruptSample`` (decoder warnings are not failures).
     """
-    im, plan, fmt, _, keepable = _load(data, spec, key, source)
+    im, fmt, keepable = _load(data, spec, key, source)
     if keepable:
         return Resized(data, fmt, im.width, im.height, stored_channels(im), True)
     out_fmt = output_format(fmt, spec)
@@ -366,7 +365,7 @@ def resize_image(data: bytes, spec: ResizeSpec, *, key: str = "", source: str = 
 
 def resize_pixels(data: bytes, spec: ResizeSpec, *, key: str = "", source: str = "") -> np.ndarray:
     """Resize encoded image bytes by ``spec`` to an upright HxWx3 uint8 RGB array."""
-    im, _, _, orient, keepable = _load(data, spec, key, source)
+    im, _, keepable = _load(data, spec, key, source)
     if keepable:  # nothing to resample, but still the training decode's mode rule
         im = _working_mode(im)
     if im.mode != "RGB":
