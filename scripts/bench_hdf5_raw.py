@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--distinct", type=int, default=250)
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--workdir", type=Path, default=Path("bench-hdf5-data"))
+    ap.add_argument("--workdir", type=Path, default=Path("bench-out/hdf5-raw"))
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f} "
           f"(timings are noisy on a shared machine; compare the ratios)")

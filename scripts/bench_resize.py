@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--short-side", type=int, default=256)
     ap.add_argument("--loader-images", type=int, default=96, help="images in the loader benchmark's LMDBs")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--workdir", type=Path, default=Path("bench-resize-data"))
+    ap.add_argument("--workdir", type=Path, default=Path("bench-out/resize"))
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f} "
           f"(timings are noisy on a shared machine; compare the ratios)")
