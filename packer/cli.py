@@ -93,16 +93,19 @@ def main(verbose: int) -> None:
 @conversion_options
 @click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
               help="How much of each image to decode to decide it is good.")
+@click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Samples per LMDB transaction (what a --resume after a kill redoes at most).")
 @_library_call
 def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
-            shard_index, executor, check):
+            shard_index, executor, check, commit_every):
     """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
     report = pack_images(src, out, format="lmdb", list_path=list_file, exts=ext, workers=workers,
                          check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                         num_shards=num_shards, shard_index=shard_index, executor=executor)
+                         num_shards=num_shards, shard_index=shard_index, executor=executor,
+                         writer_options={"commit_every": commit_every})
     _finish(report, max_failures)
 
 

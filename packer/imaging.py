@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -95,8 +96,11 @@ def probe(data: bytes, *, check: str = "full", key: str = "", source: str = "",
                 im.load()
     except Image.DecompressionBombError as e:
         raise CorruptSample(key, source, f"decompression bomb refused ({e})") from None
+    except Image.UnidentifiedImageError:
+        raise CorruptSample(key, source, "not a readable image: unknown or damaged header") from None
     except Exception as e:  # Pillow raises many types for bad data
-        reason = str(e) or type(e).__name__
+        # no object reprs (memory addresses) in reasons: failures.jsonl must be deterministic
+        reason = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "data", str(e)) or type(e).__name__
         raise CorruptSample(key, source, f"not a readable image: {reason}") from None
     fmt = _PIL_FORMATS.get(im.format or "", (im.format or "unknown").lower())
     return ImageInfo(fmt, im.height, im.width, _channels(im))
