@@ -192,6 +192,7 @@ def test_at_and_stage_index():
     (dict(short_cycle_factors=(1.5,)), "short_cycle_factors"),
     (dict(epoch_factor=0), "epoch_factor"),
     (dict(num_frames=1, long_cycle_factors=((0.25, 1), (1, 1))), "empty clip"),
+    (dict(crop_size=1), "empty crop"),
 ])
 def test_schedule_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -196,6 +196,8 @@ class MultigridSchedule:
         multiplier = max(1, round(self.num_frames * self.crop_size ** 2 / (frames * side ** 2)))
         batch = self.base_batch_size * multiplier
         factors = self.short_cycle_factors if self.short_cycle else ()
+        if any(round(f * self.crop_size) < 1 for f in factors):
+            raise ValueError(f"short_cycle_factors {factors} give an empty crop for crop_size={self.crop_size}")
         return {"batch_size": batch, "num_frames": frames, "crop_size": side,
                 "sampling_rate": self.sampling_rate * max(1, self.num_frames // frames),
                 "lr_multiplier": multiplier,
