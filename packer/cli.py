@@ -129,20 +129,28 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return input_options(conversion_options(fn))
 
 
+def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--commit-every``: the durable-commit granularity of a single-output pack command."""
+    return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+                        help="Samples per durable commit (what a --resume after a kill redoes at most).")(fn)
+
+
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
-          max_failures: int, **options: Any) -> None:
+          max_failures: int, commit_every: int | None = None, **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
+    writer_options = {"commit_every": commit_every} if commit_every is not None else None
     report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
-                         **options)
+                         writer_options=writer_options, **options)
     _finish(report, max_failures)
 
 
 @main.command("to-lmdb")
 @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
 @image_pack_options
+@commit_option
 @_library_call
 def to_lmdb(paths, **options):
     """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
@@ -153,6 +161,7 @@ def to_lmdb(paths, **options):
 @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT.h5")
 @click.option("--raw", is_flag=True, help="Store decoded HxWx3 uint8 pixels (needs --size WxH).")
 @image_pack_options
+@commit_option
 @_library_call
 def to_hdf5(paths, **options):
     """Pack an image folder into one HDF5 file (encoded blobs, or raw pixels with --raw --size WxH)."""

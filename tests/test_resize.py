@@ -261,7 +261,7 @@ def test_mode_rules():
         assert r.channels == len(mode)
     # alpha is dropped for JPEG keeping the colour under it, as the training decode does
     r = resize_image(encode(rgba, "PNG"), ResizeSpec(max_side=96, format="jpeg"))
-    assert psnr(np.asarray(opened(r.data)), rgb) > 35
+    assert psnr(np.asarray(opened(r.data)), rgb) > 30  # (composited on black it would be < 10)
 
 
 def test_16bit_grey_takes_the_high_byte():
