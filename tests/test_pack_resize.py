@@ -1,6 +1,8 @@
 """Resizing while packing: the same code path for every format, recorded in the manifest."""
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -71,10 +73,7 @@ def test_small_images_are_packed_as_they_are(image_folder, tmp_path):
 
 @needs_fixture_images
 def test_fixture_images_pack_upright_with_failures(tmp_path):
-    src = tmp_path / "src" / "only"
-    src.mkdir(parents=True)
-    for p in FIXTURE_IMAGES.iterdir():
-        (src / p.name).write_bytes(p.read_bytes())
+    shutil.copytree(FIXTURE_IMAGES, tmp_path / "src" / "only")
     out = tmp_path / "fx.h5"
     report = pack_images(tmp_path / "src", out, format="hdf5", workers=0, max_failures=5, raw=True,
                          resize=ResizeSpec(size=(32, 32)))
