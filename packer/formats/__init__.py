@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import FormatError
 from ..manifest import MANIFEST_NAME, Manifest
 from .base import Reader, Record, Sample, Writer
+from .hdf5 import HDF5Reader, HDF5Writer
 from .lmdb import LmdbReader, LmdbWriter
 from .records import RecordsReader, RecordsWriter
 
@@ -20,6 +21,7 @@ __all__ = ["FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class", "o
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
     "records": (RecordsWriter, RecordsReader),
+    "hdf5": (HDF5Writer, HDF5Reader),
 }
 
 

@@ -137,7 +137,7 @@ class Writer(abc.ABC):
     def open(self, resume_samples: int | None = None) -> None:
         """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""
         try:
-            if resume_samples is None:
+            if not resume_samples:  # nothing durable yet: a clean start is the exact resume
                 self._remove(self.workdir)
                 if self.single_file:
                     self._remove(self._journal_dir())
@@ -148,7 +148,7 @@ class Writer(abc.ABC):
                 self._journal_dir().mkdir(parents=True, exist_ok=True)
                 self._open(0)
             else:
-                for stale in self._journal_dir().glob(".*.tmp-*"):  # atomic writes cut short by a kill
+                for stale in self._journal_dir().glob(".*.tmp-*"):  # a write cut short by a kill
                     stale.unlink()
                 self.keys = self._read_keys_journal(resume_samples)
                 self.crcs = self._read_crc_journal(resume_samples)
@@ -211,13 +211,13 @@ class Writer(abc.ABC):
             write_failures(self.failures_path(self.workdir), failures)
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
+            self._remove(self.resume_state_path())
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:
                     raise UsageError(f"{self.out}: exists (use --overwrite or --resume)")
                 self._remove(self.out)
                 self._remove(self.failures_path(self.out))
-            self._remove(self.resume_state_path())
             if self.single_file:
                 os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
             os.replace(self.workdir, self.out)
