@@ -25,6 +25,7 @@ CRC check's share of read + decode.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -54,7 +55,10 @@ def _make_part(args: tuple[str, int, int, tuple[int, int], int]) -> str:
 def image_set(workdir: Path, count: int, classes: int, size: tuple[int, int], jobs: int) -> Path:
     """The ImageFolder of generated JPEGs, made once (in ``jobs`` parts) and reused."""
     src = workdir / "images"
-    spec = {"count": count, "classes": classes, "size": list(size), "parts": jobs}
+    import packer.synth
+
+    synth = hashlib.sha256(Path(packer.synth.__file__).read_bytes()).hexdigest()[:16]
+    spec = {"count": count, "classes": classes, "size": list(size), "parts": jobs, "synth": synth}
     marker = workdir / "images.json"
     if src.is_dir() and marker.is_file() and json.loads(marker.read_text()) == spec:
         return src
@@ -78,9 +82,9 @@ def image_set(workdir: Path, count: int, classes: int, size: tuple[int, int], jo
 
 
 def packed(src: Path, out: Path, fmt: str, count: int, **writer_options) -> Path:
-    """Pack ``src`` as ``fmt`` unless a complete output with ``count`` samples is already there."""
+    """Pack ``src`` as ``fmt`` unless an output packed from this very image set is there."""
     try:
-        if len(open_reader(out)) == count:
+        if len(open_reader(out)) == count and out.stat().st_mtime > (src.parent / "images.json").stat().st_mtime:
             return out
     except Exception:
         pass

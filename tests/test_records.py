@@ -157,16 +157,25 @@ def _samples(n: int) -> list[Sample]:
     return out
 
 
+def _writer(out: Path) -> RecordsWriter:
+    return RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
+
+
+def _write(out: Path, samples: list[Sample], *, resume_at: int | None = None, finish: bool) -> RecordsWriter:
+    """Write ``samples`` (from ``resume_at`` on, when resuming); finish, or stop as a kill would."""
+    w = _writer(out)
+    w.open(resume_samples=resume_at)
+    for s in samples[resume_at or 0:]:
+        w.add(s)
+    w.close() if finish else w.abort()
+    return w
+
+
 @pytest.mark.parametrize("resume_at", [0, 4, 6, 8])
 def test_writer_resume_keeps_complete_shards_and_cuts_inside_one(tmp_path, resume_at):
     samples = _samples(11)
-    ref = tmp_path / "ref"
-    with RecordsWriter(ref, classes=["a", "b", "c"], samples_per_shard=4) as w:
-        for s in samples:
-            w.add(s)
-        w.close()
-    out = tmp_path / "out"
-    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
+    _write(tmp_path / "ref", samples, finish=True)
+    w = _writer(tmp_path / "out")
     w.open()
     durable = []
     w.on_durable = durable.append
@@ -176,44 +185,28 @@ def test_writer_resume_keeps_complete_shards_and_cuts_inside_one(tmp_path, resum
     assert durable == [4, 8]
     partial = tmp_path / "out.partial"
     assert (partial / "train-00001.tfrecord").is_file() and (partial / ".train-00002.tfrecord.partial").is_file()
-    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
-    w.open(resume_samples=resume_at)
-    assert w.count == resume_at and len(w.shards) == resume_at // 4
-    for s in samples[resume_at:]:
-        w.add(s)
-    w.close()
-    assert data_files(out) == data_files(ref)
+    first = (partial / "train-00000.tfrecord").stat().st_ino
+    w = _write(tmp_path / "out", samples, resume_at=resume_at, finish=True)
+    assert w.count == 11
+    assert data_files(tmp_path / "out") == data_files(tmp_path / "ref")
+    kept = (tmp_path / "out" / "train-00000.tfrecord").stat().st_ino == first
+    assert kept == (resume_at >= 4)  # a complete shard inside the checkpoint is kept, not rewritten
 
 
 def test_writer_resume_twice_inside_a_reopened_shard(tmp_path):
     """A resume cut shard 1 back and reopened it; killed again before it completed (a torn
     record at its end), the next resume at the same point still ends equal to one run."""
     samples = _samples(10)
-    ref = tmp_path / "ref"
-    with RecordsWriter(ref, classes=["a", "b", "c"], samples_per_shard=4) as w:
-        for s in samples:
-            w.add(s)
-        w.close()
+    _write(tmp_path / "ref", samples, finish=True)
     out = tmp_path / "out"
-    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
-    w.open()
-    for s in samples[:9]:
-        w.add(s)
-    w.abort()
-    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
-    w.open(resume_samples=6)
-    w.add(samples[6])
-    w.abort()
+    _write(out, samples[:9], finish=False)
+    _write(out, samples[:7], resume_at=6, finish=False)
     tmp = tmp_path / "out.partial" / ".train-00001.tfrecord.partial"
     assert tmp.is_file() and not (tmp_path / "out.partial" / "train-00001.tfrecord").exists()
     with open(tmp, "ab") as f:
         f.write(frame_record(b"torn record")[:9])
-    w = RecordsWriter(out, classes=["a", "b", "c"], samples_per_shard=4)
-    w.open(resume_samples=6)
-    for s in samples[6:]:
-        w.add(s)
-    w.close()
-    assert data_files(out) == data_files(ref)
+    _write(out, samples, resume_at=6, finish=True)
+    assert data_files(out) == data_files(tmp_path / "ref")
 
 
 @dataclass(frozen=True)
