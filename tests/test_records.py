@@ -185,11 +185,13 @@ def test_writer_resume_keeps_complete_shards_and_cuts_inside_one(tmp_path, resum
     assert durable == [4, 8]
     partial = tmp_path / "out.partial"
     assert (partial / "train-00001.tfrecord").is_file() and (partial / ".train-00002.tfrecord.partial").is_file()
-    first = (partial / "train-00000.tfrecord").stat().st_ino
+    st = (partial / "train-00000.tfrecord").stat()
+    first = (st.st_ino, st.st_mtime_ns)
     w = _write(tmp_path / "out", samples, resume_at=resume_at, finish=True)
     assert w.count == 11
     assert data_files(tmp_path / "out") == data_files(tmp_path / "ref")
-    kept = (tmp_path / "out" / "train-00000.tfrecord").stat().st_ino == first
+    st = (tmp_path / "out" / "train-00000.tfrecord").stat()
+    kept = (st.st_ino, st.st_mtime_ns) == first
     assert kept == (resume_at >= 4)  # a complete shard inside the checkpoint is kept, not rewritten
 
 
