@@ -11,14 +11,14 @@ per format; then, for each ``num_workers``, a real DataLoader epoch over each of
 * ``stream``         StreamingDataset over the same shards (shard shuffle + buffer)
 * ``hdf5``           PackedDataset over HDF5 (only when the hdf5 format is registered)
 
-Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``)
-and batches with a list collate (images differ in size). Rows are interleaved over
-``--reps`` rounds and the best round is kept, so a burst of load on the shared machine hits
-every row alike; the table gives samples per wall second and per CPU second (the process
-and its DataLoader workers), the second being what a shared machine measures faithfully.
-Also measured in one process, interleaved: each reader's CPU cost per sample next to the
-decode it feeds (the format overhead with the noise of a shared machine taken out), and the
-CRC check's share of read + decode.
+Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``),
+takes a fixed-size centre view of it (free) so batches stack, and uses the default collate.
+Rows are interleaved over ``--reps`` rounds and the best round is kept, so a burst of load on
+the shared machine hits every row alike; the table gives samples per wall second and per CPU
+second (the process and its DataLoader workers), the second being what a shared machine
+measures faithfully. Also measured in one process, interleaved: each reader's CPU cost per
+sample next to the decode it feeds (the format overhead with the noise of a shared machine
+taken out), and the CRC check's share of read + decode.
 
     python scripts/bench_formats.py --workdir bench-out/formats
 """
@@ -103,6 +103,17 @@ def warm(path: Path) -> None:
                 pass
 
 
+CROP = (368, 496)  # every generated image is at least 378x504 (432x576 minus 1/8 jitter)
+
+
+def center_crop(image: torch.Tensor) -> torch.Tensor:
+    """A fixed-size view of a CHW tensor, so that batches stack into one tensor (one shared-memory
+    segment per batch from a worker, as in training; cropping itself costs nothing)."""
+    h, w = image.shape[1:]
+    top, left = (h - CROP[0]) // 2, (w - CROP[1]) // 2
+    return image[:, top:top + CROP[0], left:left + CROP[1]]
+
+
 class InMemory(Dataset):
     """The ceiling: encoded bytes in a list, decoded exactly as the packed rows decode."""
 
@@ -114,11 +125,7 @@ class InMemory(Dataset):
 
     def __getitem__(self, i):
         data, label = self.items[i]
-        return decode_record(data, "tensor"), label
-
-
-def as_list(batch):
-    return batch
+        return center_crop(decode_record(data, "tensor")), label
 
 
 def epoch_rate(dataset, workers: int, batch: int, map_style: bool) -> tuple[float, float]:
@@ -129,11 +136,11 @@ def epoch_rate(dataset, workers: int, batch: int, map_style: bool) -> tuple[floa
     measures how much of the machine the row happened to get.
     """
     gen = torch.Generator().manual_seed(0)
-    loader = DataLoader(dataset, batch_size=batch, num_workers=workers, collate_fn=as_list,
-                        shuffle=map_style, generator=gen if map_style else None)
+    loader = DataLoader(dataset, batch_size=batch, num_workers=workers, shuffle=map_style,
+                        generator=gen if map_style else None)
     cpu0 = time.process_time() + _children_cpu()
     t = time.perf_counter()
-    n = sum(len(b) for b in loader)  # exhausting the loader joins its workers
+    n = sum(len(labels) for _, labels in loader)  # exhausting the loader joins its workers
     wall = time.perf_counter() - t
     cpu = time.process_time() + _children_cpu() - cpu0
     return n / wall, n / cpu
@@ -202,15 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     for p in paths.values():
         warm(p)
 
+    tensor = {"decode": "tensor", "transform": center_crop}
     rows = {
         "ceiling": (lambda: InMemory(open_reader(paths["records"])), True),
-        "lmdb": (lambda: PackedDataset(paths["lmdb"], decode="tensor"), True),
-        "records": (lambda: PackedDataset(paths["records"], decode="tensor"), True),
-        "records-nocrc": (lambda: PackedDataset(paths["records"], decode="tensor", check_crc=False), True),
-        "stream": (lambda: StreamingDataset(paths["records"], decode="tensor", batch_size=args.batch_size), False),
+        "lmdb": (lambda: PackedDataset(paths["lmdb"], **tensor), True),
+        "records": (lambda: PackedDataset(paths["records"], **tensor), True),
+        "records-nocrc": (lambda: PackedDataset(paths["records"], check_crc=False, **tensor), True),
+        "stream": (lambda: StreamingDataset(paths["records"], batch_size=args.batch_size, **tensor), False),
     }
     if "hdf5" in paths:
-        rows["hdf5"] = (lambda: PackedDataset(paths["hdf5"], decode="tensor"), True)
+        rows["hdf5"] = (lambda: PackedDataset(paths["hdf5"], **tensor), True)
     datasets = {name: make() for name, (make, _) in rows.items()}
     workers = [int(x) for x in args.workers.split(",")]
     rates: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -248,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{crc['decode_us']:.0f}; read:", end="")
     for name in ["memory", *paths, "records-nocrc"]:
         r = crc[f"{name}_read_us"]
-        print(f"  {name} {r:.1f} (x ceiling {(crc['decode_us'] + crc['memory_read_us']) / (crc['decode_us'] + r):.3f})",
-              end="")
+        ratio = (crc["decode_us"] + crc["memory_read_us"]) / (crc["decode_us"] + r)
+        print(f"  {name} {r:.1f} (x ceiling {ratio:.3f})", end="")
     print(f"\nCRC32C checking costs {crc['crc_us']:.1f} µs per record = {100 * crc['crc_share']:.2f}% "
           f"of read+decode")
     for nw in workers:
