@@ -12,7 +12,7 @@ per format; then, for each ``num_workers``, a real DataLoader epoch over each of
 * ``hdf5``           PackedDataset over HDF5 (only when the hdf5 format is registered)
 
 Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``),
-takes a fixed-size centre view of it (free) so batches stack, and uses the default collate.
+takes the same fixed-size centre crop so batches stack, and uses the default collate.
 Rows are interleaved over ``--reps`` rounds and the best round is kept, so a burst of load on
 the shared machine hits every row alike; the table gives samples per wall second and per CPU
 second (the process and its DataLoader workers), the second being what a shared machine
@@ -107,11 +107,12 @@ CROP = (368, 496)  # every generated image is at least 378x504 (432x576 minus 1/
 
 
 def center_crop(image: torch.Tensor) -> torch.Tensor:
-    """A fixed-size view of a CHW tensor, so that batches stack into one tensor (one shared-memory
-    segment per batch from a worker, as in training; cropping itself costs nothing)."""
+    """A fixed-size centre crop of a CHW tensor, so that batches stack into one tensor (one
+    shared-memory segment per batch from a worker, as in training). Made contiguous here:
+    torch stacks strided uint8 views several times slower than a copy plus a plain stack."""
     h, w = image.shape[1:]
     top, left = (h - CROP[0]) // 2, (w - CROP[1]) // 2
-    return image[:, top:top + CROP[0], left:left + CROP[1]]
+    return image[:, top:top + CROP[0], left:left + CROP[1]].contiguous()
 
 
 class InMemory(Dataset):
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-size", default="32MB", help="records shard size (several shards to shuffle)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # as in DataLoader workers; idle OpenMP threads spin on a loaded machine
     h, w = (int(x) for x in args.size.lower().split("x"))
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
