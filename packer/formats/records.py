@@ -12,7 +12,8 @@ also holds ``packer.json`` (``shards: [{file, index, count, bytes, sha256}]``), 
 
 Writing: a shard is written under ``.{shard}.partial`` and renamed when complete; a durable
 commit (what ``--resume`` keeps) is a completed shard. Reading: random access through the
-index with positioned reads (no scanning), the CRCs checked by default. Folders or lists of
+index into the shard mapped read-only (no scanning, no read syscall; a record past the end of
+the file is refused before the mapping is touched), the CRCs checked by default. Folders or lists of
 TFRecord files written by other tools read the same way once ``packer index`` gave them
 ``.idx`` files (no ``packer.json`` needed).
 """
@@ -22,6 +23,7 @@ import collections
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import struct
@@ -50,7 +52,7 @@ SHARDS_JOURNAL = ".shards.json"
 FRAMING = 16  # u64 length + u32 length CRC + u32 payload CRC
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
-_MAX_OPEN = 64  # shard files a reader keeps open per process
+_MAX_OPEN = 64  # shard files a reader keeps mapped per process
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -462,7 +464,7 @@ class RecordsReader(Reader):
         elif not (Path(path) / MANIFEST_NAME).is_file():
             self._foreign = _foreign_files(Path(path))
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._fds: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._maps: collections.OrderedDict[int, tuple[mmap.mmap | None, memoryview]] = collections.OrderedDict()
         self._keys: Sequence[str] | None = None
         self._root: Path | None = None
         super().__init__(path, check_crc=check_crc)
@@ -538,25 +540,31 @@ class RecordsReader(Reader):
             self._index = index
         return self._index
 
-    def _fd(self, k: int) -> int:
-        if self._pid != os.getpid():  # inherited across fork: drop the parent's, open our own
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds = collections.OrderedDict()
+    def _view(self, k: int) -> memoryview:
+        """Shard ``k`` mapped read-only (opened lazily in each process, at most _MAX_OPEN at once)."""
+        if self._pid != os.getpid():  # inherited across fork: map our own
+            self._unmap_all()
             self._pid = os.getpid()
-        fd = self._fds.get(k)
-        if fd is not None:
-            self._fds.move_to_end(k)
-            return fd
+        entry = self._maps.get(k)
+        if entry is not None:
+            self._maps.move_to_end(k)
+            return entry[1]
         path = self.shard_path(k)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as e:
             raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from None
-        self._fds[k] = fd
-        if len(self._fds) > _MAX_OPEN:
-            os.close(self._fds.popitem(last=False)[1])
-        return fd
+        self._maps[k] = (m, memoryview(m) if m is not None else memoryview(b""))
+        if len(self._maps) > _MAX_OPEN:
+            _unmap(self._maps.popitem(last=False)[1])
+        return self._maps[k][1]
+
+    def _unmap_all(self) -> None:
+        for entry in self._maps.values():
+            _unmap(entry)
+        self._maps = collections.OrderedDict()
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard, record within the shard) of sample ``index``."""
@@ -584,12 +592,11 @@ class RecordsReader(Reader):
         local = index - int(starts[k])
         offset, size = int(offsets[index]), int(sizes[index])
         where = f"record {local} (byte {offset})"
-        try:
-            buf = os.pread(self._fd(k), size, offset)
-        except OSError as e:
-            raise self._corrupt(index, k, f"read failed ({e.strerror or e})", where) from None
-        if len(buf) != size:
-            raise self._corrupt(index, k, f"truncated shard: record needs {size} bytes, {len(buf)} left", where)
+        view = self._view(k)
+        if offset + size > len(view):  # checked before touching the mapping: no SIGBUS
+            left = max(0, len(view) - offset)
+            raise self._corrupt(index, k, f"truncated shard: record needs {size} bytes, {left} left", where)
+        buf = view[offset:offset + size]
         try:
             payload = unframe_record(buf, check_crc=self.check_crc)
         except CorruptData as e:
@@ -675,23 +682,32 @@ class RecordsReader(Reader):
 
     # -- handles ---------------------------------------------------------------------------------
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_fds",)
+        return ("_maps",)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._fds = collections.OrderedDict()
+        self._maps = collections.OrderedDict()
 
     def close(self) -> None:
         if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = collections.OrderedDict()
+            self._unmap_all()
+        self._maps = collections.OrderedDict()
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _unmap(entry: tuple[mmap.mmap | None, memoryview]) -> None:
+    m, view = entry
+    try:
+        view.release()
+        if m is not None:
+            m.close()
+    except BufferError:  # a caller still holds a slice: the mapping goes when it does
+        pass
 
 
 def _join_index(offsets: list[np.ndarray], sizes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
