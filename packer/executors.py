@@ -7,16 +7,21 @@ exceptions never escape: each becomes a failed ``Outcome`` for that item.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import multiprocessing as mp
 import os
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import CorruptSample, UsageError
 
-__all__ = ["Outcome", "Executor", "InlineExecutor", "LocalExecutor", "make_executor", "call_safely"]
+__all__ = ["Outcome", "Executor", "InlineExecutor", "LocalExecutor", "RayExecutor", "EXECUTORS",
+           "make_executor", "call_safely"]
+
+EXECUTORS = ("local", "ray")  # the names make_executor and --executor take
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +145,129 @@ class LocalExecutor(Executor):
         self._pool.join()
 
 
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray: pip install 'packer[ray]'") from None
+    return ray
+
+
+class RayExecutor(Executor):
+    """Runs the work as Ray tasks, on a Ray cluster or a local Ray instance, with the local pool's
+    contract: outcomes in input order, a bounded window in flight, a work function's exceptions
+    become failed Outcomes (``call_safely`` runs inside the task). Only the per-item work moves;
+    the caller keeps writing, so output, progress, failures and ``--resume`` are the same. Every
+    node needs packer installed and the input paths readable (a shared file system).
+
+    A task whose worker dies (a decoder segfault, a lost node) is retried once by Ray; a chunk
+    that still fails is rerun one item per task, so only the items that crash fail (stage
+    ``crash``).
+
+    Args:
+        workers: tasks running at once (default: the cluster's CPUs).
+        address: the cluster to join (``auto``, ``ray://head:10001``, ``host:6379``); None
+            follows ``ray.init`` (``RAY_ADDRESS``, else a new local instance). Ignored when
+            Ray is already initialised in this process (its cluster is used as it is).
+        timeout: seconds one item may take, counted from its submission; at most ``workers``
+            single-item tasks are then in flight so each starts at once on a free CPU. An item
+            past it is cancelled (its worker killed) and fails with stage ``timeout``.
+        chunk_size: items per task without a timeout (amortises scheduling overhead).
+        window: chunks in flight per worker.
+        init_options: extra ``ray.init`` keywords (``num_cpus``, ``runtime_env``, ...).
+    """
+
+    name = "ray"
+
+    def __init__(self, *, workers: int | None = None, address: str | None = None,
+                 timeout: float | None = None, chunk_size: int = 8, window: int = 4,
+                 init_options: dict[str, Any] | None = None):
+        if workers is not None and workers < 1:
+            raise ValueError("workers must be >= 1 (or None for the cluster's CPUs)")
+        if chunk_size < 1 or window < 1:
+            raise ValueError("chunk_size and window must be >= 1")
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be > 0 seconds (or None)")
+        ray = _import_ray()
+        self._started = False
+        if not ray.is_initialized():
+            options = {"include_dashboard": False, "log_to_driver": False,
+                       "logging_level": logging.WARNING, **(init_options or {})}
+            try:
+                ray.init(address=address, **options)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise UsageError(f"cannot start or join Ray at {address or 'RAY_ADDRESS/local'}: {e}") from None
+            self._started = True
+        elif address is not None:
+            log.info("Ray is already initialised in this process; --ray-address %s is not used", address)
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = workers or max(1, cpus)
+        self.timeout = timeout
+        self.chunk_size = 1 if timeout else chunk_size
+        self.window = 1 if timeout else window
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_run_chunk)
+        log.info("Ray executor: %d tasks at once on a cluster of %d CPUs", self.workers, cpus)
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        ray = _import_ray()
+        fn_ref = ray.put(fn)  # shipped once, not with every task
+        it = iter(items)
+        inflight: collections.deque = collections.deque()  # (ref, chunk, deadline)
+
+        def submit() -> bool:
+            chunk = list(itertools.islice(it, self.chunk_size))
+            if not chunk:
+                return False
+            deadline = time.monotonic() + self.timeout if self.timeout else None
+            inflight.append((self._task.remote(fn_ref, chunk), chunk, deadline))
+            return True
+
+        more = True
+        try:
+            while more and len(inflight) < self.workers * self.window:
+                more = submit()
+            while inflight:
+                ref, chunk, deadline = inflight[0]
+                outcomes = self._collect(ray, fn_ref, ref, chunk, deadline)
+                inflight.popleft()
+                if more:
+                    more = submit()
+                yield from outcomes
+        finally:
+            for ref, _, _ in inflight:  # abandoned (Ctrl-C, a writer error): stop the work
+                ray.cancel(ref, force=True)
+
+    def _collect(self, ray: Any, fn_ref: Any, ref: Any, chunk: list[Any],
+                 deadline: float | None) -> list[Outcome]:
+        if deadline is not None:
+            ready, _ = ray.wait([ref], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                ray.cancel(ref, force=True)
+                return [Outcome(False, stage="timeout", reason=f"took longer than {self.timeout:g}s")]
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as e:
+            if len(chunk) > 1:  # find the item(s) that crash: rerun one item per task
+                refs = [self._task.remote(fn_ref, [item]) for item in chunk]
+                return [o for r, item in zip(refs, chunk) for o in self._collect(ray, fn_ref, r, [item], None)]
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            return [Outcome(False, stage="crash", reason=f"Ray task failed ({type(e).__name__}: {reason})")]
+
+    def close(self) -> None:
+        if self._started:
+            _import_ray().shutdown()
+            self._started = False
+
+
 def make_executor(name: str = "local", *, workers: int | None = None, **options: Any) -> Executor:
-    """Build an executor by name: ``local`` (process pool; inline when workers <= 1)."""
+    """Build an executor by name: ``local`` (process pool; inline when workers <= 1) or ``ray``
+    (``ray:ADDRESS`` or ``address=`` joins a cluster; workers None or 0 = the cluster's CPUs)."""
+    name, _, address = name.partition(":")
+    if name == "ray":
+        if workers is not None and workers < 0:
+            raise UsageError("--workers must be >= 0")
+        return RayExecutor(workers=workers or None, address=options.pop("address", None) or address or None,
+                           **options)
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 0:
@@ -150,4 +276,4 @@ def make_executor(name: str = "local", *, workers: int | None = None, **options:
         if workers <= 1:
             return InlineExecutor()
         return LocalExecutor(workers=workers)
-    raise UsageError(f"unknown executor {name!r} (known: local)")
+    raise UsageError(f"unknown executor {name!r} (known: {', '.join(EXECUTORS)})")
