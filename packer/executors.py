@@ -153,6 +153,24 @@ def _import_ray() -> Any:
     return ray
 
 
+def _run_timed(fn: Callable[[Any], Any], item: Any) -> Iterator[Any]:
+    """A Ray generator task: first a start marker (a timeout counts from it), then the Outcome."""
+    yield None
+    yield call_safely(fn, item)
+
+
+class _Timed:
+    """One single-item task of RayExecutor's timeout mode."""
+
+    def __init__(self, gen: Any):
+        self.gen = gen
+        self.started: float | None = None  # when its start marker was seen
+        self.outcome: Outcome | None = None  # set early when it died before starting
+
+
+_CRASH = "worker process died (a crash or a kill)"
+
+
 class RayExecutor(Executor):
     """Runs the work as Ray tasks, on a Ray cluster or a local Ray instance, with the local pool's
     contract: outcomes in input order, a bounded window in flight, a work function's exceptions
@@ -167,11 +185,13 @@ class RayExecutor(Executor):
     Args:
         workers: tasks running at once (default: the cluster's CPUs).
         address: the cluster to join (``auto``, ``ray://head:10001``, ``host:6379``); None
-            follows ``ray.init`` (``RAY_ADDRESS``, else a new local instance). Ignored when
-            Ray is already initialised in this process (its cluster is used as it is).
-        timeout: seconds one item may take, counted from its submission; at most ``workers``
-            single-item tasks are then in flight so each starts at once on a free CPU. An item
-            past it is cancelled (its worker killed) and fails with stage ``timeout``.
+            follows ``ray.init`` (``RAY_ADDRESS``, else a cluster ``ray start`` runs on this
+            machine, else a new local instance). Ignored when Ray is already initialised in this
+            process (its cluster is used as it is).
+        timeout: seconds one item may run, counted from when it starts on a worker (so queueing
+            and worker start-up do not count). Items then go one per task, ``workers`` at once;
+            an item past its time is cancelled (its worker killed) and fails with stage
+            ``timeout``; one whose worker dies fails with stage ``crash`` (not retried).
         chunk_size: items per task without a timeout (amortises scheduling overhead).
         window: chunks in flight per worker.
         init_options: extra ``ray.init`` keywords (``num_cpus``, ``runtime_env``, ...).
@@ -203,55 +223,91 @@ class RayExecutor(Executor):
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, cpus)
         self.timeout = timeout
-        self.chunk_size = 1 if timeout else chunk_size
-        self.window = 1 if timeout else window
+        self.chunk_size = chunk_size
+        self.window = window
         self._task = ray.remote(num_cpus=1, max_retries=1)(_run_chunk)
-        log.info("Ray executor: %d tasks at once on a cluster of %d CPUs", self.workers, cpus)
+        self._timed = ray.remote(num_cpus=1, max_retries=0)(_run_timed)
+        log.info("Ray executor: %d tasks at once on the cluster at %s (%d CPUs)", self.workers,
+                 ray.get_runtime_context().gcs_address, cpus)
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         ray = _import_ray()
         fn_ref = ray.put(fn)  # shipped once, not with every task
         it = iter(items)
-        inflight: collections.deque = collections.deque()  # (ref, chunk, deadline)
+        inflight: collections.deque = collections.deque()
+        timed = self.timeout is not None
 
         def submit() -> bool:
-            chunk = list(itertools.islice(it, self.chunk_size))
-            if not chunk:
+            if timed:
+                for item in it:
+                    inflight.append(_Timed(self._timed.remote(fn_ref, item)))
+                    return True
                 return False
-            deadline = time.monotonic() + self.timeout if self.timeout else None
-            inflight.append((self._task.remote(fn_ref, chunk), chunk, deadline))
-            return True
+            chunk = list(itertools.islice(it, self.chunk_size))
+            if chunk:
+                inflight.append((self._task.remote(fn_ref, chunk), chunk))
+            return bool(chunk)
 
         more = True
         try:
-            while more and len(inflight) < self.workers * self.window:
+            while more and len(inflight) < self.workers * (1 if timed else self.window):
                 more = submit()
             while inflight:
-                ref, chunk, deadline = inflight[0]
-                outcomes = self._collect(ray, fn_ref, ref, chunk, deadline)
+                head = inflight[0]
+                outcomes = ([self._await_timed(ray, inflight)] if timed
+                            else self._collect(ray, fn_ref, *head))
                 inflight.popleft()
                 if more:
                     more = submit()
                 yield from outcomes
         finally:
-            for ref, _, _ in inflight:  # abandoned (Ctrl-C, a writer error): stop the work
-                ray.cancel(ref, force=True)
+            for entry in inflight:  # abandoned (Ctrl-C, a writer error): stop the work
+                ray.cancel(entry.gen if timed else entry[0], force=True)
 
-    def _collect(self, ray: Any, fn_ref: Any, ref: Any, chunk: list[Any],
-                 deadline: float | None) -> list[Outcome]:
-        if deadline is not None:
-            ready, _ = ray.wait([ref], timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                ray.cancel(ref, force=True)
-                return [Outcome(False, stage="timeout", reason=f"took longer than {self.timeout:g}s")]
+    def _collect(self, ray: Any, fn_ref: Any, ref: Any, chunk: list[Any]) -> list[Outcome]:
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as e:
             if len(chunk) > 1:  # find the item(s) that crash: rerun one item per task
                 refs = [self._task.remote(fn_ref, [item]) for item in chunk]
-                return [o for r, item in zip(refs, chunk) for o in self._collect(ray, fn_ref, r, [item], None)]
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            return [Outcome(False, stage="crash", reason=f"Ray task failed ({type(e).__name__}: {reason})")]
+                return [o for r, item in zip(refs, chunk) for o in self._collect(ray, fn_ref, r, [item])]
+            log.warning("Ray task failed: %s", e)  # the details (pid, traceback) go to the log only
+            if isinstance(e, ray.exceptions.WorkerCrashedError):
+                return [Outcome(False, stage="crash", reason=_CRASH)]
+            return [Outcome(False, stage="crash", reason=f"Ray task failed ({type(e).__name__})")]
+
+    def _await_timed(self, ray: Any, inflight: collections.deque) -> Outcome:
+        """The head task's Outcome; meanwhile note when each task in flight starts."""
+        head = inflight[0]
+        while head.outcome is None:
+            waiting = [t for t in inflight if t.started is None and t.outcome is None]
+            remaining = None
+            if head.started is not None:
+                remaining = head.started + self.timeout - time.monotonic()
+                if remaining <= 0:
+                    ray.cancel(head.gen, force=True)
+                    return Outcome(False, stage="timeout", reason=f"took longer than {self.timeout:g}s")
+                waiting.append(head)
+            ready, _ = ray.wait([t.gen for t in waiting], num_returns=1, timeout=remaining)
+            for t in waiting:
+                if any(r is t.gen for r in ready):
+                    value = self._next(ray, t.gen)
+                    if t.started is None and value is None:
+                        t.started = time.monotonic()
+                    else:  # the result, or a crash before or after the start marker
+                        t.outcome = value if isinstance(value, Outcome) else Outcome(
+                            False, stage="crash", reason=_CRASH)
+        return head.outcome
+
+    @staticmethod
+    def _next(ray: Any, gen: Any) -> Any:
+        try:
+            return ray.get(next(gen))
+        except StopIteration:
+            return False
+        except ray.exceptions.RayError as e:
+            log.warning("Ray task failed: %s", e)
+            return False
 
     def close(self) -> None:
         if self._started:
