@@ -1,0 +1,140 @@
+"""Training across ranks: 2 gloo ranks x 2 DataLoader workers (real ``torch.distributed`` on the
+CPU, ``torch.multiprocessing.spawn``) see, in one epoch, the whole dataset between them, with the
+same number of samples on every rank.
+
+One ``DistCase`` per dataset class: how to write its data and how to open it. Map-style datasets
+get a ``DistributedSampler``; iterable ones (``sampler=False``) split themselves by rank and worker.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+from torch.utils.data import DataLoader, DistributedSampler
+
+from conftest import write_image_folder
+from packer import PackedDataset
+from packer.formats import FORMATS
+from packer.pack import pack_images
+
+WORLD = 2
+WORKERS = 2
+EPOCH = 3  # a shuffled epoch other than the first
+
+
+@dataclass(frozen=True)
+class DistCase:
+    """A dataset class under test: ``prepare(dir)`` writes its data once, ``make(dir)`` opens it
+    (in the test process and in every rank); ``sampler``: map-style, give it a DistributedSampler."""
+
+    prepare: Callable[[Path], None]
+    make: Callable[[Path], Any]
+    sampler: bool = True
+
+
+def _pack_images(data: Path, fmt: str) -> None:
+    src = write_image_folder(data / "src", count=25, classes=3)  # odd: the sampler pads a rank
+    pack_images(src, data / "packed", format=fmt, workers=0)
+
+
+def _open_packed(data: Path) -> PackedDataset:
+    return PackedDataset(data / "packed", decode="bytes")
+
+
+CASES: dict[str, DistCase] = {
+    f"PackedDataset-{fmt}": DistCase(functools.partial(_pack_images, fmt=fmt), _open_packed)
+    for fmt in sorted(FORMATS)
+}
+# Every dataset class joins with one line, e.g.:
+#   CASES["StreamingDataset"] = DistCase(_pack_records, lambda d: StreamingDataset(d / "packed"), sampler=False)
+#   CASES["FrameDataset"] = DistCase(_decode_frames, lambda d: FrameDataset(d / "frames", test_mode=True))
+
+
+def fingerprint(sample: Any) -> str:
+    """A stable hash of one sample, whatever its types (bytes, tensors, arrays, numbers, tuples)."""
+    h = hashlib.sha1()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            h.update(b"b" + bytes(x))
+        elif isinstance(x, torch.Tensor):
+            feed(x.detach().cpu().numpy())
+        elif isinstance(x, np.ndarray):
+            h.update(f"a{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, (tuple, list)):
+            h.update(b"(")
+            for y in x:
+                feed(y)
+            h.update(b")")
+        elif isinstance(x, dict):
+            for k in sorted(x):
+                feed(k)
+                feed(x[k])
+        else:
+            h.update(repr(x).encode())
+
+    feed(sample)
+    return h.hexdigest()
+
+
+def _rank_main(rank: int, case_name: str, data: str, init_file: str, result: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        case = CASES[case_name]
+        ds = case.make(Path(data))
+        sampler = None
+        if case.sampler:
+            sampler = DistributedSampler(ds, num_replicas=WORLD, rank=rank, shuffle=True, seed=7)
+            sampler.set_epoch(EPOCH)
+        elif hasattr(ds, "set_epoch"):
+            ds.set_epoch(EPOCH)
+        loader = DataLoader(ds, batch_size=None, sampler=sampler, num_workers=WORKERS,
+                            persistent_workers=False)
+        seen = [fingerprint(s) for s in loader]
+        everyone: list[Any] = [None] * WORLD
+        dist.all_gather_object(everyone, seen)  # the ranks' views, through gloo
+        if rank == 0:
+            Path(result).write_text(json.dumps(everyone))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_name", sorted(CASES))
+def test_ranks_cover_the_dataset_equally(case_name, tmp_path):
+    case = CASES[case_name]
+    data = tmp_path / "data"
+    data.mkdir()
+    case.prepare(data)
+    ds = case.make(data)
+    expected = [fingerprint(s) for s in (ds if not case.sampler else (ds[i] for i in range(len(ds))))]
+    assert len(set(expected)) == len(expected)  # samples are distinguishable
+    result = tmp_path / "seen.json"
+    tmp.spawn(_rank_main, args=(case_name, str(data), str(tmp_path / "init"), str(result)), nprocs=WORLD,
+              join=True)
+    per_rank = json.loads(result.read_text())
+    counts = [len(seen) for seen in per_rank]
+    assert counts[0] > 0 and len(set(counts)) == 1, f"samples per rank differ: {counts}"
+    union = collections.Counter(f for seen in per_rank for f in seen)
+    assert set(union) == set(expected), "the ranks together did not see the whole dataset"
+    extra = sum(union.values()) - len(expected)  # padding so that every rank gets as many
+    assert 0 <= extra < WORLD
+    for seen in per_rank:
+        assert len(set(seen)) == len(seen), "a rank saw a sample twice in one epoch"
+    if case.sampler:  # exactly DistributedSampler's split: the DataLoader workers added nothing odd
+        want = []
+        for r in range(WORLD):
+            s = DistributedSampler(range(len(expected)), num_replicas=WORLD, rank=r, shuffle=True, seed=7)
+            s.set_epoch(EPOCH)
+            want.append([expected[i] for i in s])
+        assert per_rank == want
