@@ -1,4 +1,4 @@
-"""Executors share one contract (ordered outcomes, failures as Outcomes); the Ray executor runs on
+"""The Ray executor keeps the executors' contract (ordered outcomes, failures as Outcomes) on
 a real local Ray instance (``ray.init(num_cpus=2)``) and packs byte-identical output."""
 from __future__ import annotations
 

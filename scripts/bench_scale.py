@@ -1,0 +1,196 @@
+"""Per-item cost of a conversion with 1 and 2 workers, a 2-part sharded run + merge, and Ray;
+then the projection for Kinetics-400 on N machines from the measured per-item cost.
+
+Videos when ``packer decode-frames`` exists (synthetic short videos written with
+``cv2.VideoWriter``, plus copies of the real 300-frame fixture ``mmaction2_test.mp4`` to
+calibrate the per-frame cost of a Kinetics-like clip); images (``to-lmdb``) otherwise.
+Everything runs side by side in one process, so the figures to quote are the ratios.
+
+    python scripts/bench_scale.py                    # 1,000 videos (or 2,000 images)
+    python scripts/bench_scale.py --mode images --images 2000 --ray
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from packer.merge import merge_parts  # noqa: E402
+from packer.pack import pack_images  # noqa: E402
+from packer.synth import jpeg_bytes, natural_image  # noqa: E402
+
+FIXTURE_VIDEO = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "videos" / "mmaction2_test.mp4"
+# Kinetics-400 as commonly downloaded (mmaction2's data preparation): train + val videos,
+# ~10 s clips at ~30 fps.
+K400_VIDEOS = 240_436 + 19_796
+K400_FRAMES = 300
+
+
+def have_decode_frames() -> bool:
+    try:
+        import packer.decode_frames  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_videos(root: Path, count: int, frames: int, size: tuple[int, int], classes: int = 10) -> Path:
+    """``count`` synthetic videos (a moving natural-looking image) in class folders (cached)."""
+    import cv2
+
+    done = root / ".done"
+    if done.exists() and done.read_text() == f"{count} {frames} {size}":
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    h, w = size
+    base = natural_image(rng, h + frames * 2, w + frames * 2)
+    for i in range(count):
+        d = root / f"class_{i % classes:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        vw = cv2.VideoWriter(str(d / f"video_{i:05d}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 25.0, (w, h))
+        dy, dx = int(rng.integers(0, 2 * frames)), int(rng.integers(0, 2 * frames))
+        for t in range(frames):  # pan across the image: real motion for the codec
+            vw.write(np.ascontiguousarray(base[dy + t // 2:dy + t // 2 + h, dx + t:dx + t + w, ::-1]))
+        vw.release()
+    done.write_text(f"{count} {frames} {size}")
+    return root
+
+
+def make_fixture_copies(root: Path, count: int) -> Path | None:
+    """``count`` links to the real Kinetics-like fixture (340x256, 300 frames)."""
+    if not FIXTURE_VIDEO.exists():
+        return None
+    shutil.rmtree(root, ignore_errors=True)
+    d = root / "class_0"
+    d.mkdir(parents=True)
+    for i in range(count):
+        os.symlink(FIXTURE_VIDEO, d / f"clip_{i:03d}.mp4")
+    return root
+
+
+def make_images(root: Path, count: int, classes: int = 10) -> Path:
+    done = root / ".done"
+    if done.exists() and done.read_text() == str(count):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        d = root / f"class_{i % classes:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img_{i:05d}.jpg").write_bytes(jpeg_bytes(natural_image(rng, 256, 320)))
+    done.write_text(str(count))
+    return root
+
+
+def convert(mode: str, src: Path, out: Path, **kw) -> tuple[float, object]:
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    if mode == "videos":
+        from packer.decode_frames import decode_frames
+
+        report = decode_frames(src, out, to="lmdb", **kw)
+    else:
+        report = pack_images(src, out, format="lmdb", **kw)
+    return time.perf_counter() - t, report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["auto", "videos", "images"], default="auto")
+    ap.add_argument("--videos", type=int, default=1000)
+    ap.add_argument("--frames", type=int, default=25, help="frames per synthetic video")
+    ap.add_argument("--size", default="240x320", help="synthetic video HxW")
+    ap.add_argument("--fixture-copies", type=int, default=8, help="copies of the real 300-frame clip")
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--ray", action="store_true", help="also run on a local Ray instance (2 CPUs)")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench-scale"))
+    ap.add_argument("--cores-per-machine", type=int, default=32)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = ap.parse_args()
+    mode = args.mode if args.mode != "auto" else ("videos" if have_decode_frames() else "images")
+    if mode == "videos" and not have_decode_frames():
+        sys.exit("--mode videos needs packer decode-frames (not in this checkout)")
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"mode: {mode}; load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if mode == "videos":
+        h, w = map(int, args.size.split("x"))
+        src = make_videos(work / "videos", args.videos, args.frames, (h, w))
+        n, unit = args.videos, "video"
+    else:
+        src = make_images(work / "images", args.images)
+        n, unit = args.images, "image"
+
+    fig: dict[str, object] = {"mode": mode, "items": n}
+    t1, r1 = convert(mode, src, work / "out-w1", workers=1)
+    t2, r2 = convert(mode, src, work / "out-w2", workers=2)
+    fig.update(w1_s=t1, w2_s=t2, per_item_ms_w1=1e3 * t1 / n, per_item_ms_w2=1e3 * t2 / n,
+               speedup_2_workers=t1 / t2, samples=r1.count)
+    # The cluster recipe on one machine: two parts (as two jobs would), then the merge.
+    parts, part_s = [], []
+    for i in range(2):
+        t, _ = convert(mode, src, work / f"part-{i}", workers=1, num_shards=2, shard_index=i)
+        parts.append(work / f"part-{i}")
+        part_s.append(t)
+    shutil.rmtree(work / "merged", ignore_errors=True)
+    t = time.perf_counter()
+    merge_parts(parts, work / "merged")
+    merge_s = time.perf_counter() - t
+    fig.update(part_s=part_s, merge_s=merge_s, merge_vs_single_w1=merge_s / t1)
+    if args.ray:
+        import ray
+
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING")
+        convert(mode, src, work / "out-ray-warm", workers=2, executor="ray")  # worker start-up
+        tr, _ = convert(mode, src, work / "out-ray", workers=2, executor="ray")
+        ray.shutdown()
+        fig.update(ray_w2_s=tr, per_item_ms_ray_w2=1e3 * tr / n, ray_vs_local_w2=tr / t2)
+    if mode == "videos":
+        fixture = make_fixture_copies(work / "fixture", args.fixture_copies)
+        if fixture is not None:
+            tf, rf = convert(mode, fixture, work / "out-fixture", workers=1)
+            fig.update(fixture_videos=args.fixture_copies, fixture_frames=rf.count,
+                       per_frame_ms_fixture=1e3 * tf / rf.count)
+        per_frame_ms = fig.get("per_frame_ms_fixture", 1e3 * t1 / r1.count)
+        per_video_s = per_frame_ms * K400_FRAMES / 1e3
+        basis = (f"{per_frame_ms:.2f} ms/frame x {K400_FRAMES} frames "
+                 f"({'real 340x256 clip' if 'per_frame_ms_fixture' in fig else 'synthetic videos'})")
+    else:
+        per_video_s, basis = None, "images: no video cost measured"
+    fig["load_after"] = os.getloadavg()[0]
+
+    print(f"\n{n} {unit}s -> {fig['samples']} samples")
+    print(f"1 worker : {t1:7.1f}s  {fig['per_item_ms_w1']:7.2f} ms/{unit}")
+    print(f"2 workers: {t2:7.1f}s  {fig['per_item_ms_w2']:7.2f} ms/{unit}   speedup x{fig['speedup_2_workers']:.2f}")
+    print(f"2 parts (--num-shards 2, 1 worker each): {part_s[0]:.1f}s + {part_s[1]:.1f}s; "
+          f"merge {merge_s:.1f}s = {100 * merge_s / t1:.0f}% of the 1-worker conversion")
+    if args.ray:
+        print(f"Ray (local, 2 CPUs): {fig['ray_w2_s']:.1f}s  {fig['per_item_ms_ray_w2']:.2f} ms/{unit}"
+              f"  = x{fig['ray_vs_local_w2']:.2f} the local pool's time")
+    if per_video_s is not None:
+        eff = fig["speedup_2_workers"] / 2
+        fig.update(k400_videos=K400_VIDEOS, per_video_s_projection=per_video_s, parallel_efficiency=eff)
+        print(f"\nprojection for Kinetics-400 ({K400_VIDEOS:,} videos, {basis} = {per_video_s:.1f} "
+              f"core-s/video, {eff:.0%} parallel efficiency as measured with 2 workers):")
+        total = K400_VIDEOS * per_video_s / eff
+        fig["k400_core_hours"] = total / 3600
+        print(f"  {total / 3600:,.0f} core-hours")
+        for machines in (1, 4, 16, 64):
+            hours = total / (machines * args.cores_per_machine) / 3600
+            print(f"  {machines:3d} machines x {args.cores_per_machine} cores: {hours:8.1f} h")
+    if args.json:
+        args.json.write_text(json.dumps(fig, indent=1))
+
+
+if __name__ == "__main__":
+    main()
