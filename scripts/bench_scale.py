@@ -30,9 +30,9 @@ from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
 FIXTURES = Path(os.environ.get("PACKER_FIXTURES", Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"))
 FIXTURE_VIDEO = FIXTURES / "videos" / "mmaction2_test.mp4"
-# Kinetics-400 as commonly downloaded (mmaction2's data preparation): train + val videos,
-# ~10 s clips at ~30 fps.
-K400_VIDEOS = 240_436 + 19_796
+# Kinetics-400 as released (Kay et al. 2017: 306,245 clips over train/val/test; fewer are still
+# downloadable), ~10 s clips at ~30 fps.
+K400_VIDEOS = 306_245
 K400_FRAMES = 300
 
 
