@@ -175,13 +175,19 @@ class Writer(abc.ABC):
             self.on_durable(self.durable)
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
-              videos: list[dict[str, Any]] | None = None, overwrite: bool = False) -> Manifest:
-        """Finish the output: manifest, failures file, then the atomic rename to ``out``."""
+              videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
+              counted: int | None = None) -> Manifest:
+        """Finish the output: manifest, failures file, then the atomic rename to ``out``.
+
+        ``counted``: the manifest's failure count (default: every record but partial decodes).
+        """
         failures = failures or []
         self.flush()
+        if counted is None:
+            counted = sum(1 for f in failures if f.get("stage") != "partial")
         manifest = Manifest(format=self.format_name, kind=self.kind, count=self.count,
                             classes=self.classes, created_by=self.created_by,
-                            failures=sum(1 for f in failures if f.get("stage") != "partial"),
+                            failures=counted,
                             videos=list(videos or []))
         try:
             self._finish(manifest)
@@ -189,6 +195,7 @@ class Writer(abc.ABC):
             write_failures(self.failures_path(self.workdir), failures)
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
+            self._remove(self.resume_state_path())  # a finished output holds no resume marker
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:
