@@ -71,7 +71,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
-        click.echo(f"  failed [{f['stage']}] {f['source']}: {f['reason']}", err=True)
+        what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed
+        click.echo(f"  {what} [{f['stage']}] {f['source']}: {f['reason']}", err=True)
     if len(report.failures) > 10:
         click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
     if report.failed > max_failures:

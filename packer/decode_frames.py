@@ -23,9 +23,9 @@ from .formats import FORMATS, VIDEO_FORMATS, open_reader
 from .formats.base import Sample, partial_path
 from .formats.frames import DEFAULT_TEMPLATE, LIST_NAME, check_template, rawframes_lines
 from .manifest import atomic_write_bytes, created_by
-from .space import check_space, estimate_frames, human_bytes
+from .space import Estimate, check_space, estimate_output, human_bytes, sample_items
 from .sources import VideoItem, partition, video_items
-from .video import BACKENDS, FrameSelection, Resize, parse_size, read_video
+from .video import BACKENDS, FrameSelection, Resize, middle_frame, parse_size, probe_video, read_video
 
 __all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 
@@ -59,6 +59,21 @@ class FrameJob:
         if not ok:
             raise ValueError(f"cannot encode a {frame.shape} frame as {self.fmt}")
         return buf.tobytes()
+
+    def probe(self, item: VideoItem) -> tuple[int, float]:
+        """(frames this job would keep, bytes of one encoded frame) from the container's
+        count and one middle frame: for the disk space estimate, without decoding it all."""
+        info = probe_video(item.path)
+        frame = middle_frame(item.path)
+        if frame is None or not info.container_frames:
+            raise ValueError(f"{item.path}: nothing to probe")
+        h, w = frame.shape[:2]
+        th, tw = self.resize.target(h, w) if self.resize is not None else (h, w)
+        if th * tw > h * w:  # encode at the source size and scale: no giant frames here
+            size = len(self.encode(frame)) * th * tw / (h * w)
+        else:
+            size = len(self.encode(self.resize(frame) if self.resize is not None else frame))
+        return self.selection.count(info.container_frames, info.fps), float(size)
 
     def __call__(self, item: VideoItem) -> WorkResult:
         v = read_video(item.path, backend=self.backend, selection=self.selection, resize=self.resize,
@@ -193,15 +208,14 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
         writer_options.update(filename_tmpl=tmpl, start_index=start_index)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(options),
                         **writer_options)
-    estimate = ""
-    if not (resume and out.exists() and not partial_path(out).exists()):  # not already complete
-        est = estimate_frames(_remaining(items, writer.resume_state_path() if resume else None),
-                              selection=selection, resize=job.resize, encode=job.encode,
-                              per_file_files=frame_folders)
-        estimate = est.describe()
-        log.info("%s: the output needs %s", out, estimate)
-        check_space(out, est, force=force)
     with make_executor(executor, workers=workers, timeout=timeout, isolate=True) as ex:
+        estimate = ""
+        if not (resume and out.exists() and not partial_path(out).exists()):  # not already complete
+            todo = _remaining(items, writer.resume_state_path() if resume else None)
+            est = _estimate(todo, job, ex, per_file=frame_folders)
+            estimate = est.describe()
+            log.info("%s: the output needs %s", out, estimate)
+            check_space(out, est, force=force)
         report = run(items, job, writer, executor=ex, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, unit="video", desc="decode-frames",
                      sample_unit="frames")
@@ -211,6 +225,13 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
                         videos=len(videos), partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
                         disk_bytes=disk_used(out), estimate=estimate)
+
+
+def _estimate(items: list[VideoItem], job: FrameJob, executor, *, per_file: bool) -> Estimate:
+    """Probe a sample of the videos in the workers (a hanging file costs its timeout there,
+    not the job) and extrapolate."""
+    probes = [o.value for o in executor.map(job.probe, sample_items(items)) if o.ok]
+    return estimate_output(probes, len(items), per_file=per_file)
 
 
 def _remaining(items: list[VideoItem], state: Path | None) -> list[VideoItem]:

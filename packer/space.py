@@ -6,16 +6,12 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
-
-import cv2
-import numpy as np
+from typing import Optional, Sequence
 
 from .errors import UsageError
 from .sources import Item
-from .video import FrameSelection, Resize, probe_video
 
-__all__ = ["Estimate", "estimate_frames", "free_space", "check_space", "human_bytes"]
+__all__ = ["Estimate", "estimate_output", "sample_items", "free_space", "check_space", "human_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -45,60 +41,30 @@ class Estimate:
                 f"estimated from {self.sampled} of {self.videos} videos)")
 
 
-def _sample_frame(path: str) -> Optional[np.ndarray]:
-    """A frame from the middle of the video (BGR), or None."""
-    cap = cv2.VideoCapture(path)
-    try:
-        n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-        if n > 2:
-            cap.set(cv2.CAP_PROP_POS_FRAMES, n // 2)
-        ok, frame = cap.read()
-        return frame if ok else None
-    finally:
-        cap.release()
+def estimate_output(probes: Sequence[tuple[int, float]], items: int, *, per_file: bool,
+                    block: int = 4096) -> Estimate:
+    """Extrapolate probed items, each ``(frames, bytes per frame)``, to ``items`` items.
 
-
-def estimate_frames(items: Sequence[Item], *, selection: FrameSelection, resize: Optional[Resize],
-                    encode: Callable[[np.ndarray], bytes], per_file_files: bool = True,
-                    sample: int = 24, block: int = 4096, seed: int = 0) -> Estimate:
-    """Estimate what decoding ``items`` writes: probe a seeded sample of videos (container
-    frame count and fps through the selection, one middle frame resized and encoded) and
-    extrapolate to all. With ``per_file_files`` every frame is a file rounded up to ``block``
-    bytes plus one folder per video (frame folders); else one packed stream."""
-    picks = random.Random(seed).sample(list(items), min(sample, len(items)))
-    frames, sizes, probed = [], [], 0
-    for it in picks:
-        try:
-            info = probe_video(it.path)
-        except ValueError:
-            continue
-        frame = _sample_frame(it.path)
-        if frame is None or not info.container_frames:
-            continue
-        probed += 1
-        n = selection.count(info.container_frames, info.fps)
-        h, w = frame.shape[:2]
-        th, tw = resize.target(h, w) if resize is not None else (h, w)
-        scale = 1.0
-        if th * tw > h * w:  # encode at the source size and scale: no giant frames here
-            scale, small = th * tw / (h * w), frame
-        else:
-            small = resize(frame) if resize is not None else frame
-        size = len(encode(small)) * scale
-        if per_file_files:
+    With ``per_file`` every frame is one file rounded up to ``block`` bytes and every item
+    one folder (frame folders); else the frames go into a few packed files."""
+    if not probes:
+        return Estimate(0, 0, 0, 0, items)
+    mean_frames = sum(n for n, _ in probes) / len(probes)
+    per_item = []
+    for n, size in probes:
+        if per_file:
             size = -(-size // block) * block
-        frames.append(n)
-        sizes.append(size * n)
-    n_videos = len(items)
-    if not probed:
-        return Estimate(0, 0, 0, 0, n_videos)
-    mean_frames = sum(frames) / probed
-    total_frames = int(mean_frames * n_videos)
-    total = sum(sizes) / probed * n_videos
-    files = total_frames + n_videos if per_file_files else 0  # packed: a handful of files
-    if per_file_files:
-        total += n_videos * block  # one folder per video
-    return Estimate(int(total), int(files), total_frames, probed, n_videos)
+        per_item.append(n * size)
+    total = sum(per_item) / len(probes) * items
+    frames = int(mean_frames * items)
+    if per_file:
+        total += items * block  # one folder per item
+    return Estimate(int(total), frames + items if per_file else 0, frames, len(probes), items)
+
+
+def sample_items(items: Sequence[Item], count: int = 24, seed: int = 0) -> list[Item]:
+    """A seeded sample of ``items`` to probe for an estimate."""
+    return random.Random(seed).sample(list(items), min(count, len(items)))
 
 
 def free_space(path: str | os.PathLike) -> tuple[int, Optional[int], Path]:

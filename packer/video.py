@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -26,7 +27,7 @@ import numpy as np
 from .errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
-           "read_video", "probe_video", "decord_available", "parse_size"]
+           "read_video", "probe_video", "middle_frame", "decord_available", "parse_size"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ BACKENDS = ("auto", "decord", "opencv")
 # this slack: OpenCV estimates the count of containers without one (duration x fps), which
 # overshoots by one on ordinary files (e.g. 311 claimed for 310 frames in a Matroska file).
 PARTIAL_SLACK = 1
+# A target time half-way between two frames goes to the earlier one; timestamps carry float32
+# noise (decord), so "half-way" is judged to within this many seconds.
+_TIE = 1e-4
 
 
 def decord_available() -> bool:
@@ -76,7 +80,8 @@ class FrameSelection:
     def count(self, frames: int, source_fps: float) -> int:
         """How many frames the selection keeps from ``frames`` evenly spaced source frames."""
         if self.fps is not None and source_fps > 0:
-            n = int(math.floor((frames - 0.5) / source_fps * self.fps + 1e-9)) + 1 if frames else 0
+            last = (frames - 0.5) / source_fps + _TIE  # the last target the last frame takes
+            n = int(math.floor(last * self.fps)) + 1 if frames else 0
         else:
             n = -(-frames // (self.stride or 1))
         return min(n, self.max_frames) if self.max_frames else n
@@ -102,7 +107,7 @@ class _Selector:
             # targets k/fps not yet emitted whose nearest frame is this one (pts within half a
             # source frame of the target, or later)
             n = 0
-            while (self.emitted + n) / self.sel.fps <= pts + self.half + 1e-9:
+            while (self.emitted + n) / self.sel.fps <= pts + self.half + _TIE:
                 n += 1
         else:
             n = 1 if i % (self.sel.stride or 1) == 0 else 0
@@ -233,6 +238,19 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
         cap.release()
 
 
+def middle_frame(path: str | os.PathLike) -> Optional[np.ndarray]:
+    """One frame from the middle of the video (BGR, upright) through OpenCV, or None."""
+    cap = _cv2_capture(str(path))
+    try:
+        n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        if n > 2:
+            cap.set(cv2.CAP_PROP_POS_FRAMES, n // 2)
+        ok, frame = cap.read()
+        return frame if ok else None
+    finally:
+        cap.release()
+
+
 class _Source:
     """One backend over one file: ``info`` and ``frames()`` -> (raw pts or None, fetch())."""
 
@@ -359,9 +377,14 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
     if backend not in BACKENDS:
         raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     path = str(path)
-    if not os.path.isfile(path):
-        raise CorruptSample(key, path, "file not found", stage="read")
-    if os.path.getsize(path) == 0:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CorruptSample(key, path, "file not found" if isinstance(e, FileNotFoundError)
+                            else f"cannot read file ({e.strerror or e})", stage="read") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise CorruptSample(key, path, "is a folder, not a video file", stage="read")
+    if stat.S_ISREG(st.st_mode) and st.st_size == 0:
         raise CorruptSample(key, path, "empty file (0 bytes)", stage="read")
     order = {"auto": ["decord", "opencv"] if decord_available() else ["opencv"],
              "decord": ["decord"], "opencv": ["opencv"]}[backend]
