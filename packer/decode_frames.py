@@ -21,7 +21,7 @@ from .errors import UsageError
 from .executors import make_executor
 from .formats import FORMATS, VIDEO_FORMATS, open_reader
 from .formats.base import Sample, partial_path
-from .formats.frames import DEFAULT_TEMPLATE, LIST_NAME, check_template, rawframes_lines
+from .formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from .manifest import atomic_write_bytes, created_by
 from .space import Estimate, check_space, estimate_output, human_bytes, sample_items
 from .sources import VideoItem, partition, video_items
@@ -223,7 +223,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     if list_out is not None:
         atomic_write_bytes(list_out, rawframes_lines(videos).encode("utf-8"))
     return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
-                        videos=len(videos), partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
+                        videos=len(videos),
+                        partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
                         disk_bytes=disk_used(out), estimate=estimate)
 
 

@@ -251,7 +251,8 @@ class IsolatedExecutor(Executor):
                         slot.conn.send((fn, item))
                     except (BrokenPipeError, OSError):
                         self._replace(slot)
-                        done[index] = Outcome(False, stage="crash", reason="worker died before the item started")
+                        done[index] = Outcome(False, stage="crash",
+                                              reason="worker died before the item started")
                         submitted += 1
                         continue
                     slot.task = index
@@ -279,8 +280,8 @@ class IsolatedExecutor(Executor):
                             pass  # died mid-send: a crash
                     if slot.conn in ready or slot.proc.sentinel in ready:
                         slot.proc.join()
-                        done[slot.task] = Outcome(False, stage="crash",
-                                                  reason=f"worker process died ({_exit_text(slot.proc.exitcode)})")
+                        why = _exit_text(slot.proc.exitcode)
+                        done[slot.task] = Outcome(False, stage="crash", reason=f"worker process died ({why})")
                         self._replace(slot)
                     elif now >= slot.deadline:
                         done[slot.task] = Outcome(False, stage="timeout",

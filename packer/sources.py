@@ -75,14 +75,20 @@ def safe_key(rel: str, where: str) -> str:
     return "/".join(p for p in parts if p not in ("", "."))
 
 
-def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> tuple[list[Item], list[str]]:
-    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index."""
-    root = Path(root)
+def _class_folders(root: Path, expected: str) -> list[str]:
+    """The sorted, non-hidden folders of ``root`` (one per class)."""
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise UsageError(f"{root}: no class folders (expected ROOT/<class>/<image>)")
+        raise UsageError(f"{root}: no class folders (expected {expected})")
+    return classes
+
+
+def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> tuple[list[Item], list[str]]:
+    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index."""
+    root = Path(root)
+    classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
     for label, cls in enumerate(classes):
         for rel in _walk_files(root / cls):
@@ -247,11 +253,7 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
     """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the
     sorted class folders, or from ``class_index`` (UCF-101's ``classInd.txt``)."""
     root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"{root}: input folder does not exist")
-    names = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not names:
-        raise UsageError(f"{root}: no class folders (expected ROOT/<class>/<video>, or --csv/--list)")
+    names = _class_folders(root, "ROOT/<class>/<video>, or --csv/--list")
     classes = _labels(names, class_index, str(root))
     entries = []
     for cls in names:

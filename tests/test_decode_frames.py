@@ -16,7 +16,6 @@ from click.testing import CliRunner
 
 from conftest import FIXTURE_VIDEOS, REPO, needs_fixture_videos, write_video, write_video_folder
 from packer.cli import main
-from packer.decode_frames import decode_frames
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
 from packer.imaging import decode

@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
 
 import cv2
 import numpy as np
@@ -38,7 +38,8 @@ RNG = Union[np.random.RandomState, Any]  # np.random.RandomState, or the np.rand
 
 
 # -- sampling ---------------------------------------------------------------------------------
-def _train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool, rng: RNG) -> np.ndarray:
+def _train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool,
+                   rng: RNG) -> np.ndarray:
     span = clip_len * interval
     if keep_tail:
         avg = (n - span + 1) / float(num_clips)
@@ -138,7 +139,8 @@ class ClipSampling:
 
 # -- cropping ---------------------------------------------------------------------------------
 def random_resized_crop_box(height: int, width: int, rng: RNG, *, area_range=(0.08, 1.0),
-                            aspect_ratio_range=(3 / 4, 4 / 3), max_attempts: int = 10) -> tuple[int, int, int, int]:
+                            aspect_ratio_range=(3 / 4, 4 / 3),
+                            max_attempts: int = 10) -> tuple[int, int, int, int]:
     """(top, left, h, w) of a random crop covering ``area_range`` of the frame with an aspect in
     ``aspect_ratio_range`` (log-uniform), as mmaction2's ``RandomResizedCrop``; center crop of
     the whole frame if no attempt fits."""
@@ -425,7 +427,8 @@ class PackedVideoDataset(_ClipDataset):
         for i in frame_inds:
             rec = self.reader.read(start + int(i))
             if rec.fmt == "raw":
-                frames.append(np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels))
+                pixels = np.frombuffer(rec.data, dtype=np.uint8)
+                frames.append(pixels.reshape(rec.height, rec.width, rec.channels))
                 continue
             try:
                 frames.append(decode(rec.data))

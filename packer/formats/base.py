@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterator
 from ..errors import CorruptData, UsageError, WriteError
 from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures"]
+__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,19 @@ def write_failures(path: Path, failures: list[dict[str, Any]]) -> None:
     """Write ``failures.jsonl`` (one JSON object per line) atomically."""
     text = "".join(json.dumps(f, ensure_ascii=False, sort_keys=True) + "\n" for f in failures)
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def load_checksums(path: Path, count: int) -> "np.ndarray":
+    """A ``checksums.bin`` sidecar: one little-endian u32 CRC32C per sample, ``count`` of them."""
+    import numpy as np
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CorruptData(str(path), f"cannot read checksums ({e})") from None
+    if len(raw) != 4 * count:
+        raise CorruptData(str(path), f"{len(raw)} bytes, expected {4 * count} (one u32 per sample)")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def _fsync_append(path: Path, data: bytes) -> None:

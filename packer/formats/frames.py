@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import CorruptData, UsageError, WriteError
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
-from .base import Reader, Record, Sample, Writer, _fsync_append
+from .base import Reader, Record, Sample, Writer, _fsync_append, load_checksums
 
 __all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
            "rawframes_lines"]
@@ -221,14 +221,7 @@ class FramesReader(Reader):
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
-            p = self.path / CHECKSUMS_FILE
-            try:
-                raw = p.read_bytes()
-            except OSError as e:
-                raise CorruptData(str(p), f"cannot read checksums ({e})") from None
-            if len(raw) != 4 * len(self):
-                raise CorruptData(str(p), f"{len(raw)} bytes, expected {4 * len(self)} (one u32 per frame)")
-            self._crcs = np.frombuffer(raw, dtype="<u4")
+            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
         return self._crcs
 
     def read(self, index: int) -> Record:
