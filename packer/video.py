@@ -213,7 +213,8 @@ class VideoFrames:
 
 # -- backends ---------------------------------------------------------------------------------
 def _cv2_capture(path: str) -> "cv2.VideoCapture":
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
+    # one decoding thread: decode-frames runs one video per worker process
+    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
     if cap.isOpened():
         cap.set(cv2.CAP_PROP_ORIENTATION_AUTO, 1)  # the default; frames come out upright
     return cap

@@ -95,7 +95,6 @@ class FramesWriter(Writer):
             raise ValueError("start_index must be >= 0")
         self.filename_tmpl = filename_tmpl
         self.start_index = start_index
-        self.disk_bytes = 0  # frame bytes rounded up to file-system blocks
 
     # -- the format's part of the seam --------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
@@ -112,7 +111,6 @@ class FramesWriter(Writer):
                 kept.append((frame_dir, start, count))
             atomic_write_bytes(journal, "".join(json.dumps(list(v)) + "\n" for v in kept).encode())
         self._drop_unlisted({v[0] for v in kept})
-        self._block = os.statvfs(self.workdir).f_bsize or 4096
         self._current: tuple[str, Path, int] | None = None  # frame_dir, temporary folder, start
         self._completed: list[tuple[str, int, int]] = []  # videos finished since the last commit
 
@@ -156,7 +154,6 @@ class FramesWriter(Writer):
         data = sample.data
         with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
             f.write(data)
-        self.disk_bytes += -(-len(data) // self._block) * self._block
         if j == total - 1:
             if final.exists():  # left by a killed run past the resume point
                 self._remove(final)
