@@ -25,7 +25,7 @@ from .formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from .manifest import atomic_write_bytes, created_by
 from .space import Estimate, check_space, estimate_output, human_bytes, sample_items
 from .sources import VideoItem, partition, video_items
-from .video import BACKENDS, FrameSelection, Resize, middle_frame, parse_size, probe_video, read_video
+from .video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 
 __all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 
@@ -62,9 +62,9 @@ class FrameJob:
 
     def probe(self, item: VideoItem) -> tuple[int, float]:
         """(frames this job would keep, bytes of one encoded frame) from the container's
-        count and one middle frame: for the disk space estimate, without decoding it all."""
+        count and one sample frame: for the disk space estimate, without decoding it all."""
         info = probe_video(item.path)
-        frame = middle_frame(item.path)
+        frame = sample_frame(item.path)
         if frame is None or not info.container_frames:
             raise ValueError(f"{item.path}: nothing to probe")
         h, w = frame.shape[:2]

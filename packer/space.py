@@ -63,8 +63,10 @@ def estimate_output(probes: Sequence[tuple[int, float]], items: int, *, per_file
 
 
 def sample_items(items: Sequence[Item], count: int = 24, seed: int = 0) -> list[Item]:
-    """A seeded sample of ``items`` to probe for an estimate."""
-    return random.Random(seed).sample(list(items), min(count, len(items)))
+    """A seeded sample of ``items`` to probe for an estimate: ``count``, or one in 20 of a small
+    input (at least 4), so probing stays a small part of the job."""
+    n = min(count, max(4, len(items) // 20), len(items))
+    return random.Random(seed).sample(list(items), n)
 
 
 def free_space(path: str | os.PathLike) -> tuple[int, Optional[int], Path]:

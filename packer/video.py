@@ -27,7 +27,7 @@ import numpy as np
 from .errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
-           "read_video", "probe_video", "middle_frame", "decord_available", "parse_size"]
+           "read_video", "probe_video", "sample_frame", "decord_available", "parse_size"]
 
 log = logging.getLogger(__name__)
 
@@ -239,13 +239,15 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
         cap.release()
 
 
-def middle_frame(path: str | os.PathLike) -> Optional[np.ndarray]:
-    """One frame from the middle of the video (BGR, upright) through OpenCV, or None."""
+def sample_frame(path: str | os.PathLike, seconds: float = 2.0) -> Optional[np.ndarray]:
+    """One typical frame (BGR, upright) through OpenCV, or None: ``seconds`` in (past fade-ins),
+    at most half-way, so that finding it decodes a few dozen frames, not half the video."""
     cap = _cv2_capture(str(path))
     try:
         n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-        if n > 2:
-            cap.set(cv2.CAP_PROP_POS_FRAMES, n // 2)
+        at = min(n // 2, int(seconds * (cap.get(cv2.CAP_PROP_FPS) or 25.0)))
+        if at > 0:
+            cap.set(cv2.CAP_PROP_POS_FRAMES, at)
         ok, frame = cap.read()
         return frame if ok else None
     finally:
