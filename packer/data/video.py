@@ -30,7 +30,7 @@ from ..imaging import decode
 from .requests import ClipRequest, split_request
 
 __all__ = ["sample_frames", "ClipSampling", "FrameDataset", "PackedVideoDataset", "parse_rawframes",
-           "RawframeInfo", "random_resized_crop_box", "LAYOUTS"]
+           "RawframeInfo", "random_resized_crop_box", "assemble_clip", "LAYOUTS"]
 
 LAYOUTS = ("TCHW", "CTHW")
 OUT_OF_BOUND = ("loop", "repeat_last")
@@ -159,19 +159,46 @@ def random_resized_crop_box(height: int, width: int, rng: RNG, *, area_range=(0.
     return (height - side) // 2, (width - side) // 2, side, side
 
 
-def _crop_resize(frames: np.ndarray, size: int, rng: Optional[RNG]) -> np.ndarray:
-    """Crop all frames (T,H,W,C) the same way and resize to size x size: a random-resized crop
-    in training (``rng`` given), the centre square in testing."""
-    t, h, w = frames.shape[:3]
-    if rng is not None:
-        top, left, ch, cw = random_resized_crop_box(h, w, rng)
+def assemble_clip(frames: list[np.ndarray], order: np.ndarray, *, clip_len: int, layout: str = "TCHW",
+                  crop_size: Optional[int] = None, rng: Optional[RNG] = None) -> np.ndarray:
+    """Frames (distinct HxWxC uint8 arrays) in ``order`` -> one channels-first uint8 array.
+
+    ``layout="TCHW"``: ``(len(order), C, H, W)``; ``"CTHW"``: ``(C, clip_len, H, W)`` for one
+    clip, ``(clips, C, clip_len, H, W)`` for several. With ``crop_size`` every frame is cropped
+    the same way and resized to a square: a random-resized crop when ``rng`` is given
+    (training), the centre square otherwise. Each distinct frame is cropped and split into
+    channel planes once (OpenCV's SIMD split beats a strided transpose copy by 2x).
+    """
+    h, w = frames[0].shape[:2]
+    if any(f.shape != frames[0].shape for f in frames):
+        raise ValueError("frames of one clip differ in size")
+    channels = frames[0].shape[2] if frames[0].ndim == 3 else 1
+    if crop_size:
+        if rng is not None:
+            top, left, ch, cw = random_resized_crop_box(h, w, rng)
+        else:
+            side = min(h, w)
+            top, left, ch, cw = (h - side) // 2, (w - side) // 2, side, side
+        interp = cv2.INTER_AREA if ch * cw > crop_size * crop_size else cv2.INTER_LINEAR
+        h = w = crop_size
+    t = len(order)
+    if layout == "TCHW":
+        out = np.empty((t, channels, h, w), dtype=np.uint8)
+        slots = [out[k] for k in range(t)]
     else:
-        side = min(h, w)
-        top, left, ch, cw = (h - side) // 2, (w - side) // 2, side, side
-    out = np.empty((t, size, size, frames.shape[3]), dtype=np.uint8)
-    interp = cv2.INTER_AREA if ch * cw > size * size else cv2.INTER_LINEAR
-    for i in range(t):
-        out[i] = cv2.resize(frames[i, top:top + ch, left:left + cw], (size, size), interpolation=interp)
+        out = np.empty((t // clip_len, channels, clip_len, h, w), dtype=np.uint8)
+        slots = [out[k // clip_len, :, k % clip_len] for k in range(t)]
+    planes: dict[int, list[np.ndarray]] = {}
+    for k, u in enumerate(order.tolist()):
+        if u not in planes:
+            img = frames[u]
+            if crop_size:
+                img = cv2.resize(img[top:top + ch, left:left + cw], (crop_size, crop_size), interpolation=interp)
+            planes[u] = cv2.split(img) if channels > 1 else [img.reshape(h, w)]
+        for c, plane in enumerate(planes[u]):
+            slots[k][c] = plane
+    if layout != "TCHW" and out.shape[0] == 1:
+        out = out[0]
     return out
 
 
@@ -241,22 +268,12 @@ class _ClipDataset(torch.utils.data.Dataset):
         unique, inverse = np.unique(inds, return_inverse=True)
         decoded = self._load(index, unique)
         try:
-            frames = np.stack([decoded[i] for i in inverse.reshape(-1)])
-        except ValueError:
-            raise CorruptData(self._where(index), "frames of one video differ in size") from None
-        crop = req.crop_size or self.crop_size
-        if crop:
-            frames = _crop_resize(frames, crop, None if self.sampling.test_mode else rng)
-        clip = torch.from_numpy(frames)  # T, H, W, C
-        if self.layout == "TCHW":
-            clip = clip.permute(0, 3, 1, 2)
-        else:
-            clip_len = req.num_frames or self.sampling.clip_len
-            clips = clip.shape[0] // clip_len
-            clip = clip.reshape(clips, clip_len, *clip.shape[1:]).permute(0, 4, 1, 2, 3)
-            if clips == 1:
-                clip = clip[0]
-        clip = clip.contiguous()
+            clip = assemble_clip(decoded, inverse.reshape(-1), clip_len=req.num_frames or self.sampling.clip_len,
+                                 layout=self.layout, crop_size=req.crop_size or self.crop_size,
+                                 rng=None if self.sampling.test_mode else rng)
+        except ValueError as e:
+            raise CorruptData(self._where(index), str(e)) from None
+        clip = torch.from_numpy(clip)
         _, label = self._video(index)
         if self.transform is not None:
             clip = self.transform(clip)
