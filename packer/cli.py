@@ -68,6 +68,39 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The resize options (``packer resize`` and every image pack command), passed to the
+    command as one ``resize`` argument: a ``packer.resize.ResizeSpec``, or None without them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, short_side: Any, max_side: Any, size: Any, fit: Any, upscale: bool,
+                out_format: Any, quality: Any, **kwargs: Any) -> Any:
+        from .resize import ResizeSpec
+
+        try:
+            kwargs["resize"] = ResizeSpec.from_options(short_side=short_side, max_side=max_side, size=size,
+                                                       fit=fit, upscale=upscale, format=out_format,
+                                                       quality=quality)
+        except PackerError as e:
+            raise click.UsageError(str(e)) from None
+        return fn(*args, **kwargs)
+
+    wrapper = click.option("--quality", type=int, default=None,
+                           help="JPEG/WebP quality of re-encoded images, 1-100.  [default: 90]")(wrapper)
+    wrapper = click.option("--format", "out_format", type=click.Choice(["keep", "jpeg", "png", "webp"]),
+                           default=None, help="Format of re-encoded images.  [default: keep]")(wrapper)
+    wrapper = click.option("--upscale", is_flag=True, help="Also enlarge images smaller than the target.")(wrapper)
+    wrapper = click.option("--fit", type=click.Choice(["crop", "pad", "stretch"]), default=None,
+                           help="With --size: cover and centre-crop, fit inside and pad, or stretch.  "
+                                "[default: crop]")(wrapper)
+    wrapper = click.option("--size", default=None, metavar="WxH",
+                           help="Resize to exactly WIDTHxHEIGHT (see --fit).")(wrapper)
+    wrapper = click.option("--max-side", type=int, default=None, help="Resize so the long side is N pixels.")(wrapper)
+    wrapper = click.option("--short-side", type=int, default=None,
+                           help="Resize so the short side is N pixels (aspect ratio kept).")(wrapper)
+    return wrapper
+
+
 def _finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
@@ -89,22 +122,76 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-@main.command("to-lmdb")
-@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
-@input_options
-@conversion_options
-@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
-              help="How much of each image to decode to decide it is good.")
-@_library_call
-def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
-            shard_index, executor, check):
-    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
+    fn = resize_options(fn)
+    fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
+                      show_default=True, help="How much of each image to decode to decide it is good "
+                                              "(with a resize every image is fully decoded).")(fn)
+    return input_options(conversion_options(fn))
+
+
+def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--commit-every``: the durable-commit granularity of a single-output pack command."""
+    return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+                        help="Samples per durable commit (what a --resume after a kill redoes at most).")(fn)
+
+
+def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
+          max_failures: int, commit_every: int | None = None, **options: Any) -> None:
+    """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
-    report = pack_images(src, out, format="lmdb", list_path=list_file, exts=ext, workers=workers,
-                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                         num_shards=num_shards, shard_index=shard_index, executor=executor)
+    writer_options = {"commit_every": commit_every} if commit_every is not None else None
+    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
+                         writer_options=writer_options, **options)
+    _finish(report, max_failures)
+
+
+@main.command("to-lmdb")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@commit_option
+@_library_call
+def to_lmdb(paths, **options):
+    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+    _pack("lmdb", paths, **options)
+
+
+@main.command("to-hdf5")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT.h5")
+@click.option("--raw", is_flag=True, help="Store decoded HxWx3 uint8 pixels (needs --size WxH).")
+@image_pack_options
+@commit_option
+@_library_call
+def to_hdf5(paths, **options):
+    """Pack an image folder into one HDF5 file (encoded blobs, or raw pixels with --raw --size WxH)."""
+    _pack("hdf5", paths, **options)
+
+
+@main.command("resize")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@resize_options
+@click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
+              help="Comma-separated file extensions to take (case-insensitive).")
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="Resize only the files of this list ('relative/path label' lines, relative to SRC).")
+@click.option("--workers", type=int, default=None, help="Worker processes (default: all cores; 0 = in this process).")
+@click.option("--max-failures", type=int, default=0, show_default=True,
+              help="Bad inputs tolerated before the exit status is 1.")
+@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where the per-image work runs.")
+@_library_call
+def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor):
+    """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
+    from .mirror import resize_tree
+
+    if resize is None:
+        raise click.UsageError("give --short-side N, --max-side N or --size WxH")
+    report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                         executor=executor, max_failures=max_failures)
     _finish(report, max_failures)
 
 

@@ -192,7 +192,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))
     cp = _Checkpointer(state_path, fp, items_done, samples, failures, entries, overwrite)
     writer.on_durable = cp.durable
-    if ckpt is None:
+    if not samples:
         cp.save()
     shown = start
     try:

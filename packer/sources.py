@@ -18,8 +18,8 @@ from typing import Iterable, Sequence
 from .errors import UsageError
 
 __all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
-           "image_items", "partition", "fingerprint", "safe_key", "VideoItem", "DEFAULT_VIDEO_EXTS",
-           "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
+           "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",
+           "DEFAULT_VIDEO_EXTS", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,17 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
                 items.append(Item(key, str(root / cls / rel), label))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
+
+
+def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> list[Item]:
+    """Every image file below ``root`` in any layout (ImageFolder or not), sorted by key; label 0."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{root}: input folder does not exist")
+    items = [Item(safe_key(rel, str(root)), str(root / rel), 0)
+             for rel in _walk_files(root) if _has_ext(rel, exts)]
+    items.sort(key=lambda it: it.key)
+    return items
 
 
 def list_file(list_path: str | os.PathLike, root: str | os.PathLike,

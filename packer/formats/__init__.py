@@ -12,6 +12,7 @@ from ..errors import FormatError
 from ..manifest import MANIFEST_NAME, Manifest
 from .base import Reader, Record, Sample, Writer
 from .frames import FramesReader, FramesWriter
+from .hdf5 import HDF5Reader, HDF5Writer
 from .lmdb import LmdbReader, LmdbWriter
 
 __all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
@@ -19,6 +20,7 @@ __all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "
 
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
+    "hdf5": (HDF5Writer, HDF5Reader),
 }
 
 # Outputs that hold video frames only (``decode-frames``' frame folders): opened by path like

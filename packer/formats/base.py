@@ -130,7 +130,7 @@ class Writer(abc.ABC):
     def open(self, resume_samples: int | None = None) -> None:
         """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""
         try:
-            if resume_samples is None:
+            if not resume_samples:  # nothing durable yet: a clean start is the exact resume
                 self._remove(self.workdir)
                 if self.single_file:
                     self._remove(self._journal_dir())
@@ -141,6 +141,8 @@ class Writer(abc.ABC):
                 self._journal_dir().mkdir(parents=True, exist_ok=True)
                 self._open(0)
             else:
+                for stale in self._journal_dir().glob(".*.tmp-*"):  # a write cut short by a kill
+                    stale.unlink()
                 self.keys = self._read_keys_journal(resume_samples)
                 self.crcs = self._read_crc_journal(resume_samples)
                 self._open(resume_samples)
