@@ -159,11 +159,11 @@ def main() -> None:
         parts.append(work / f"part-{i}")
         part_s.append(t)
     shutil.rmtree(work / "merged", ignore_errors=True)
-    t = time.perf_counter()
+    c, t = cpu_seconds(), time.perf_counter()
     merge_parts(parts, work / "merged")
-    merge_s = time.perf_counter() - t
+    merge_s, merge_cpu = time.perf_counter() - t, cpu_seconds() - c
     fig.update(part_s=part_s, merge_s=merge_s, merge_vs_single_w1=merge_s / t1,
-               merge_ms_per_sample=1e3 * merge_s / r1.count)
+               merge_cpu_ms_per_sample=1e3 * merge_cpu / r1.count)
     if args.ray:
         import ray
 
@@ -195,7 +195,8 @@ def main() -> None:
     print(f"2 workers: {t2:7.1f}s wall  {fig['per_item_ms_w2']:7.2f} ms/{unit}  "
           f"{fig['cpu_ms_per_item_w2']:7.2f} CPU-ms/{unit}   wall speedup x{fig['speedup_2_workers']:.2f}")
     print(f"2 parts (--num-shards 2, 1 worker each): {part_s[0]:.1f}s + {part_s[1]:.1f}s; "
-          f"merge {merge_s:.1f}s = {100 * merge_s / t1:.0f}% of the 1-worker conversion")
+          f"merge {merge_s:.1f}s = {100 * merge_s / t1:.0f}% of the 1-worker conversion, "
+          f"{fig['merge_cpu_ms_per_sample']:.3f} CPU-ms per sample")
     if args.ray:
         print(f"Ray (local, 2 CPUs): {fig['ray_w2_s']:.1f}s  {fig['per_item_ms_ray_w2']:.2f} ms/{unit}"
               f"  = x{fig['ray_vs_local_w2']:.2f} the local pool's time")
@@ -209,10 +210,10 @@ def main() -> None:
         total = K400_VIDEOS * per_video_s / eff
         fig["k400_core_hours"] = total / 3600
         print(f"  {total / 3600:,.0f} core-hours")
-        merge_h = K400_VIDEOS * K400_FRAMES * fig["merge_ms_per_sample"] / 1e3 / 3600
+        merge_h = K400_VIDEOS * K400_FRAMES * fig["merge_cpu_ms_per_sample"] / 1e3 / 3600
         fig["k400_merge_hours"] = merge_h
-        print(f"  merging the parts into one LMDB (a re-pack at {fig['merge_ms_per_sample']:.2f} ms/frame "
-              f"as measured, one process): {merge_h:.1f} h")
+        print(f"  merging the parts into one LMDB (a re-pack at {fig['merge_cpu_ms_per_sample']:.3f} CPU-ms "
+              f"per frame as measured, one process; more if the disk is slower): {merge_h:.1f} h")
         for machines in (1, 4, 16, 64):
             minutes = total / (machines * args.cores_per_machine) / 60
             print(f"  {machines:3d} machines x {args.cores_per_machine} cores: {minutes:8.0f} min "

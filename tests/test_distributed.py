@@ -23,7 +23,7 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, DistributedSampler
 
 from conftest import write_image_folder
-from packer import PackedDataset
+from packer import FrameDataset, PackedDataset, PackedVideoDataset
 from packer.formats import FORMATS
 from packer.pack import pack_images
 
@@ -51,13 +51,34 @@ def _open_packed(data: Path) -> PackedDataset:
     return PackedDataset(data / "packed", decode="bytes")
 
 
+def _decode_videos(data: Path) -> None:
+    """7 short videos of 6..12 frames in 2 classes, as frame folders and packed into LMDB."""
+    from conftest import write_video
+    from packer.decode_frames import decode_frames
+
+    for i in range(7):
+        write_video(data / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
+    decode_frames(data / "src", data / "frames", workers=0)
+    decode_frames(data / "src", data / "packed", to="lmdb", workers=0)
+
+
+def _frame_dataset(data: Path) -> FrameDataset:
+    return FrameDataset(data / "frames", test_mode=True, clip_len=2)
+
+
+def _packed_video_dataset(data: Path) -> PackedVideoDataset:
+    return PackedVideoDataset(data / "packed", test_mode=True, clip_len=2)
+
+
 CASES: dict[str, DistCase] = {
     f"PackedDataset-{fmt}": DistCase(functools.partial(_pack_images, fmt=fmt), _open_packed)
     for fmt in sorted(FORMATS)
 }
-# Every dataset class joins with one line, e.g.:
-#   CASES["StreamingDataset"] = DistCase(_pack_records, lambda d: StreamingDataset(d / "packed"), sampler=False)
-#   CASES["FrameDataset"] = DistCase(_decode_frames, lambda d: FrameDataset(d / "frames", test_mode=True))
+CASES["FrameDataset"] = DistCase(_decode_videos, _frame_dataset)
+CASES["PackedVideoDataset"] = DistCase(_decode_videos, _packed_video_dataset)
+# Every dataset class joins with one line; the iterable StreamingDataset splits itself:
+#   CASES["StreamingDataset"] = DistCase(functools.partial(_pack_images, fmt="records"),
+#                                        lambda d: StreamingDataset(d / "packed", decode="bytes"), sampler=False)
 
 
 def fingerprint(sample: Any) -> str:

@@ -1,4 +1,5 @@
 """Training side: datasets over packed outputs. Never imports the conversion side."""
 from .datasets import PackedDataset
+from .video import FrameDataset, PackedVideoDataset
 
-__all__ = ["PackedDataset"]
+__all__ = ["PackedDataset", "FrameDataset", "PackedVideoDataset"]
