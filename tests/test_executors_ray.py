@@ -150,3 +150,19 @@ def test_cli_ray_address_joins_a_running_cluster(ray_cluster, tmp_path, image_fo
     ref = tmp_path / "ref"
     pack_images(image_folder, ref, workers=0)
     assert packed_snapshot(out) == packed_snapshot(ref)
+
+
+@pytest.mark.slow
+def test_decode_frames_on_ray_matches_local(ray_cluster, tmp_path):
+    """decode-frames passes its per-video timeout: Ray runs one video per task, timed from its
+    start, and the frames packed are the local run's."""
+    from conftest import write_video_folder
+    from packer.decode_frames import decode_frames
+
+    src = write_video_folder(tmp_path / "videos", per_class=2, classes=2, frames=9)
+    (src / "class_0" / "broken.mp4").write_bytes(b"not a video")
+    local, on_ray = tmp_path / "local.lmdb", tmp_path / "ray.lmdb"
+    decode_frames(src, local, to="lmdb", workers=2, max_failures=1)
+    report = decode_frames(src, on_ray, to="lmdb", workers=2, max_failures=1, executor="ray", timeout=60)
+    assert report.failed == 1 and report.videos == 4
+    assert packed_snapshot(on_ray) == packed_snapshot(local)
