@@ -117,7 +117,10 @@ def _epoch(case: DistCase, data: Path, rank: int) -> list[str]:
         sampler.set_epoch(EPOCH)
     elif hasattr(ds, "set_epoch"):
         ds.set_epoch(EPOCH)
-    loader = DataLoader(ds, batch_size=None, sampler=sampler, num_workers=WORKERS)
+    # fork, as DataLoader does by default on Linux: a rank started by spawn would otherwise
+    # spawn its workers too (a fresh interpreter and torch import per worker and case)
+    loader = DataLoader(ds, batch_size=None, sampler=sampler, num_workers=WORKERS,
+                        multiprocessing_context="fork")
     return [fingerprint(s) for s in loader]
 
 
