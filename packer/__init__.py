@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError"]
+__all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
+           "PackedVideoDataset"]
 
 from .errors import PackerError
 
@@ -18,4 +19,8 @@ def __getattr__(name: str):
         from .data.streaming import StreamingDataset
 
         return StreamingDataset
+    if name in ("FrameDataset", "PackedVideoDataset"):
+        from .data import video
+
+        return getattr(video, name)
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -12,6 +12,8 @@ import click
 
 from . import __version__
 from .errors import PackerError
+from .executors import EXECUTORS
+from .sources import DEFAULT_VIDEO_EXTS
 
 __all__ = ["main"]
 
@@ -51,8 +53,12 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every conversion command shares."""
-    fn = click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
-                      help="Where the per-item work runs.")(fn)
+    fn = _with_ray_address(fn)
+    fn = click.option("--ray-address", default=None, metavar="ADDR",
+                      help="Ray cluster to join with --executor ray ('auto', 'ray://head:10001'; "
+                           "default: RAY_ADDRESS, else a local Ray instance).")(fn)
+    fn = click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                      help="Where the per-item work runs: local process pool or a Ray cluster.")(fn)
     fn = click.option("--shard-index", type=int, default=0, show_default=True,
                       help="Which part of the input this job converts (with --num-shards).")(fn)
     fn = click.option("--num-shards", type=int, default=1, show_default=True,
@@ -65,6 +71,20 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--workers", type=int, default=None,
                       help="Worker processes (default: all cores; 0 = in this process).")(fn)
     return fn
+
+
+def _with_ray_address(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Fold ``--ray-address`` into the ``executor`` spec (``ray:ADDR``) so commands pass one value."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, ray_address: str | None = None, **kwargs: Any) -> Any:
+        if ray_address is not None:
+            if kwargs.get("executor") != "ray":
+                raise click.UsageError("--ray-address needs --executor ray")
+            kwargs["executor"] = f"ray:{ray_address}"
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,7 +123,8 @@ def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
-        click.echo(f"  failed [{f['stage']}] {f['source']}: {f['reason']}", err=True)
+        what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed
+        click.echo(f"  {what} [{f['stage']}] {f['source']}: {f['reason']}", err=True)
     if len(report.failures) > 10:
         click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
     if report.failed > max_failures:
@@ -222,6 +243,59 @@ def index(paths):
         click.echo(f"{path}.idx: {count} records")
 
 
+@main.command("decode-frames")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
+              help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
+@click.option("--class-index", type=click.Path(dir_okay=False), default=None,
+              help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
+@click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+              help="Comma-separated video file extensions to take.")
+@click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
+              help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
+@click.option("--short-side", type=int, default=None, help="Rescale frames so the short side is N.")
+@click.option("--size", default=None, help="Rescale frames to fit WxH (0 on a side: from the aspect).")
+@click.option("--keep-aspect/--no-keep-aspect", default=True, show_default=True,
+              help="With --size: keep the aspect ratio (fit inside) or stretch to exactly WxH.")
+@click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")
+@click.option("--stride", type=int, default=None, help="Keep every K-th frame.")
+@click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
+@click.option("--ext", type=click.Choice(["jpg", "png"]), default="jpg", show_default=True,
+              help="Frame image format.")
+@click.option("--quality", type=int, default=95, show_default=True, help="JPEG quality.")
+@click.option("--tmpl", default=None, help="Frame file names (default img_{:05d}.EXT).")
+@click.option("--start-index", type=int, default=1, show_default=True, help="Number of the first frame file.")
+@click.option("--list-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the rawframes list here (default: OUT/rawframes.txt).")
+@click.option("--strict", is_flag=True, help="Partial decodes count toward --max-failures.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds one video may take before its worker is killed (0: no limit).")
+@click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
+              help="Video decoder (auto: decord, falling back to OpenCV).")
+@click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
+@conversion_options
+@_library_call
+def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
+                      keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
+                      strict, timeout, backend, force, workers, max_failures, resume, overwrite,
+                      num_shards, shard_index, executor):
+    """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
+    from .decode_frames import decode_frames
+
+    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
+                           class_index=class_index, video_exts=video_exts, short_side=short_side,
+                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
+                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
+                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
+                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
+                           overwrite=overwrite, force=force, num_shards=num_shards,
+                           shard_index=shard_index, executor=executor)
+    _finish(report, max_failures)
+
+
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
@@ -288,3 +362,20 @@ def demo(workdir, count, workers):
                f"(first: {r['first']['key']} {r['first']['shape']} {r['first']['dtype']} "
                f"label {r['first']['label']})")
     click.echo(f"next: packer inspect {r['output']} --grid preview.png && packer verify {r['output']}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, metavar="PART... OUT")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option("--any-parts", is_flag=True,
+              help="Merge any outputs of one format and class list in the order given, not only "
+                   "parts 0..N-1 of one --num-shards run.")
+@_library_call
+def merge(paths, overwrite, any_parts):
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    from .merge import merge_parts
+
+    if len(paths) < 2:
+        raise click.UsageError("expected PART... OUT")
+    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
+    click.echo(report.summary())

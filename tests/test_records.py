@@ -260,6 +260,21 @@ def test_resume_refuses_other_shard_options(tmp_path):
         other.open(resume_samples=4)
 
 
+def test_video_frame_features_round_trip(tmp_path):
+    samples = _samples(3)
+    for j, s in enumerate(samples):
+        s.extra = {"video_index": 7, "frame": j}  # what decode-frames and merge hand the writer
+    with RecordsWriter(tmp_path / "v", classes=["a", "b", "c"], kind="videos") as w:
+        for s in samples:
+            w.add(s)
+        w.close()
+    reader = open_reader(tmp_path / "v")
+    assert reader.read_features(2)["video/index"] == [7] and reader.read_features(2)["frame/index"] == [2]
+    again = reader.sample(1)
+    assert again.extra == {"video_index": 7, "frame_index": 1} and again.data == samples[1].data
+    assert again.key == samples[1].key and again.label == samples[1].label
+
+
 def test_empty_output(tmp_path):
     with RecordsWriter(tmp_path / "empty", classes=[]) as w:
         w.close()

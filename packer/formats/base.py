@@ -17,13 +17,13 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from ..errors import CorruptData, UsageError, WriteError
 from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "KEYS_FILE",
-           "write_keys", "load_keys"]
+__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
+           "KEYS_FILE", "write_keys", "load_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,19 @@ def load_keys(directory: Path, count: int) -> list[str]:
         raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
                                   f"manifest says {count}")
     return keys
+
+
+def load_checksums(path: Path, count: int) -> "np.ndarray":
+    """A ``checksums.bin`` sidecar: one little-endian u32 CRC32C per sample, ``count`` of them."""
+    import numpy as np
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CorruptData(str(path), f"cannot read checksums ({e})") from None
+    if len(raw) != 4 * count:
+        raise CorruptData(str(path), f"{len(raw)} bytes, expected {4 * count} (one u32 per sample)")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def _fsync_append(path: Path, data: bytes) -> None:
@@ -197,13 +210,19 @@ class Writer(abc.ABC):
             self.on_durable(self.durable)
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
-              videos: list[dict[str, Any]] | None = None, overwrite: bool = False) -> Manifest:
-        """Finish the output: manifest, failures file, then the atomic rename to ``out``."""
+              videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
+              counted: int | None = None) -> Manifest:
+        """Finish the output: manifest, failures file, then the atomic rename to ``out``.
+
+        ``counted``: the manifest's failure count (default: every record but partial decodes).
+        """
         failures = failures or []
         self.flush()
+        if counted is None:
+            counted = sum(1 for f in failures if f.get("stage") != "partial")
         manifest = Manifest(format=self.format_name, kind=self.kind, count=self.count,
                             classes=self.classes, created_by=self.created_by,
-                            failures=sum(1 for f in failures if f.get("stage") != "partial"),
+                            failures=counted,
                             videos=list(videos or []))
         try:
             self._finish(manifest)
@@ -211,7 +230,7 @@ class Writer(abc.ABC):
             write_failures(self.failures_path(self.workdir), failures)
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
-            self._remove(self.resume_state_path())
+            self._remove(self.resume_state_path())  # a finished output holds no resume marker
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:
@@ -234,6 +253,37 @@ class Writer(abc.ABC):
         except Exception:  # pragma: no cover - best effort on an error path
             log.debug("closing %s after an error failed", self.workdir, exc_info=True)
         self._opened = False
+
+    # -- merging parts (``packer merge``) ----------------------------------------------
+    @classmethod
+    def merge_parts(cls, parts: Sequence["Reader"], out: str | os.PathLike, *,
+                    created_by: dict[str, Any], failures: list[dict[str, Any]],
+                    videos: list[dict[str, Any]], overwrite: bool = False,
+                    progress: Callable[[int], None] | None = None, **writer_options: Any) -> Manifest:
+        """Combine complete outputs of this format, in order, into one output at ``out``.
+
+        ``packer.merge`` has already checked the parts and combined ``failures`` and ``videos``
+        (starts offset by the preceding parts' counts). This default re-packs every sample
+        through a new writer, so it works for any format (the data is read CRC-checked on the
+        way); a format may override it with a fast path (records: link the shards into one
+        sequence, no data rewritten) and call this one where the fast path does not apply.
+        ``progress(n)`` is called as samples are written.
+        """
+        first = parts[0]
+        writer = cls(out, classes=first.classes, kind=first.manifest.kind, created_by=created_by,
+                     **writer_options)
+        videos_before = 0
+        with writer:
+            for reader in parts:
+                for i in range(len(reader)):
+                    sample = reader.sample(i)
+                    if "video_index" in sample.extra:  # a position in the manifest's videos
+                        sample.extra["video_index"] += videos_before
+                    writer.add(sample)
+                    if progress is not None:
+                        progress(1)
+                videos_before += len(reader.manifest.videos)
+            return writer.close(failures=failures, videos=videos, overwrite=overwrite)
 
     # -- paths ---------------------------------------------------------------------------
     def _journal_dir(self) -> Path:
@@ -350,6 +400,15 @@ class Reader(abc.ABC):
     @abc.abstractmethod
     def read(self, index: int) -> Record:
         """The stored sample at ``index``; raises CorruptData naming the file and position."""
+
+    def sample(self, index: int) -> Sample:
+        """The stored sample at ``index`` as a writer takes it (what a re-pack needs).
+
+        Formats that keep per-sample ``extra`` fields (video frame numbers) override this.
+        """
+        rec = self.read(index)
+        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label,
+                      rec.height, rec.width, rec.channels)
 
     def _check_index(self, index: int) -> int:
         n = len(self)

@@ -18,7 +18,8 @@ from ..imaging import sniff_format
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
 from ..protowire import decode_datum, encode_datum
-from .base import KEYS_FILE, Reader, Record, Sample, Writer, load_keys, write_keys  # noqa: F401
+from .base import KEYS_FILE  # noqa: F401 (kept importable from here)
+from .base import Reader, Record, Sample, Writer, load_checksums, load_keys, write_keys
 
 __all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env"]
 
@@ -66,7 +67,9 @@ class LmdbWriter(Writer):
         self._batch: list[tuple[bytes, bytes]] = []
         data = self.workdir / "data.mdb"
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
-        self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=False,
+        # meminit=True: unused page bytes are zeroed, not leftover heap memory, so the same
+        # samples committed in the same batches give a byte-identical data.mdb.
+        self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=True,
                               max_dbs=0, readahead=False)
         if resume_samples:
             with self._env.begin(write=True) as txn:
@@ -127,15 +130,7 @@ class LmdbReader(Reader):
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
-            p = self.path / CHECKSUMS_FILE
-            try:
-                raw = p.read_bytes()
-            except OSError as e:
-                raise CorruptData(str(p), f"cannot read checksums ({e})") from None
-            if len(raw) != 4 * len(self):
-                raise CorruptData(str(p), f"{len(raw)} bytes, expected {4 * len(self)} "
-                                          f"(one u32 per sample)")
-            self._crcs = np.frombuffer(raw, dtype="<u4")
+            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
         return self._crcs
 
     def _env(self) -> lmdb.Environment:

@@ -203,7 +203,8 @@ def index_tfrecords(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, int]
 
 # -- sample <-> Example ------------------------------------------------------------------------
 def sample_features(sample: Sample) -> dict[str, Any]:
-    """The ImageNet-style features of one sample (video frames add ``video/index``, ``frame/index``)."""
+    """The ImageNet-style features of one sample; video frames add ``video/index`` (from
+    ``extra["video_index"]``) and ``frame/index`` (``extra["frame_index"]`` or ``["frame"]``)."""
     feats: dict[str, Any] = {
         "image/encoded": sample.data,
         "image/format": sample.fmt.encode("ascii"),
@@ -213,9 +214,10 @@ def sample_features(sample: Sample) -> dict[str, Any]:
         "image/channels": int(sample.channels),
         "image/filename": sample.key.encode("utf-8"),
     }
-    for extra, name in (("video_index", "video/index"), ("frame_index", "frame/index")):
-        if extra in sample.extra:
-            feats[name] = int(sample.extra[extra])
+    for extras, name in ((("video_index",), "video/index"), (("frame_index", "frame"), "frame/index")):
+        value = next((sample.extra[e] for e in extras if e in sample.extra), None)
+        if value is not None:
+            feats[name] = int(value)
     return feats
 
 
@@ -618,6 +620,18 @@ class RecordsReader(Reader):
     def read_features(self, index: int) -> dict[str, list]:
         """Every feature of sample ``index``'s Example."""
         return self._features(index)[0]
+
+    def sample(self, index: int) -> Sample:
+        """The stored sample as a writer takes it, with ``video_index``/``frame_index`` extras."""
+        feats, k, local = self._features(index)
+        try:
+            rec = _record_of(feats)
+        except ValueError as e:
+            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from None
+        names = (("video/index", "video_index"), ("frame/index", "frame_index"))
+        extra = {key: feats[name][0] for name, key in names if feats.get(name) and isinstance(feats[name][0], int)}
+        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label, rec.height, rec.width,
+                      rec.channels, extra)
 
     def read(self, index: int) -> Record:
         feats, k, local = self._features(index)
