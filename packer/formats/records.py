@@ -251,13 +251,16 @@ class RecordsWriter(Writer):
             record alone does.
         samples_per_shard: records per shard; when given it wins over ``shard_size``.
         name: shard name prefix (``{name}-{i:05d}.tfrecord``).
+        commit_every, commit_bytes: taken for the Writer interface and not used: a durable
+            commit here is a completed shard (what ``--resume`` keeps).
     """
 
     format_name = "records"
 
     def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "images",
                  created_by: dict[str, Any] | None = None, shard_size: int | str = DEFAULT_SHARD_SIZE,
-                 samples_per_shard: int | None = None, name: str = "train"):
+                 samples_per_shard: int | None = None, name: str = "train", commit_every: int | None = None,
+                 commit_bytes: int | None = None):
         self.shard_size = parse_size(shard_size)
         if samples_per_shard is not None and samples_per_shard < 1:
             raise UsageError(f"--samples-per-shard must be >= 1, not {samples_per_shard}")
