@@ -13,12 +13,13 @@ per format; then, for each ``num_workers``, a real DataLoader epoch over each of
 
 Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``),
 takes the same fixed-size centre crop so batches stack, and uses the default collate.
-Rows are interleaved over ``--reps`` rounds and the best round is kept, so a burst of load on
-the shared machine hits every row alike; the table gives samples per wall second and per CPU
-second (the process and its DataLoader workers), the second being what a shared machine
-measures faithfully. Also measured in one process, interleaved: each reader's CPU cost per
-sample next to the decode it feeds (the format overhead with the noise of a shared machine
-taken out), and the CRC check's share of read + decode.
+Rows are interleaved, in an order rotating by round, over ``--reps`` rounds and the best
+round is kept, so a burst of load on the shared machine hits every row alike; the table gives
+samples per wall second and per CPU second (the process and its DataLoader workers), the
+second being what a shared machine measures faithfully. Also measured in one process,
+interleaved: each reader's CPU cost per sample next to the decode it feeds (the format
+overhead with the noise of a shared machine taken out), and the CRC check's share of
+read + decode.
 
     python scripts/bench_formats.py --workdir bench-out/formats
 """
@@ -224,9 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     datasets = {name: make() for name, (make, _) in rows.items()}
     workers = [int(x) for x in args.workers.split(",")]
     rates: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    names = list(rows)
     for rep in range(args.reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]  # rotate: no row always runs first
         for nw in workers:
-            for name, (_, map_style) in rows.items():
+            for name in order:
+                map_style = rows[name][1]
                 ds = datasets[name]
                 if isinstance(ds, StreamingDataset):
                     ds.set_epoch(rep)
