@@ -208,7 +208,8 @@ def main() -> None:
     ap.add_argument("--crop", type=int, default=64, help="S of the full shape")
     ap.add_argument("--sampling-rate", type=int, default=4, help="frame interval of the full shape")
     ap.add_argument("--iters", type=int, default=24, help="timed iterations per block (plus one warm-up)")
-    ap.add_argument("--epoch-size", type=int, default=1024, help="clips per epoch (the videos, cycled)")
+    ap.add_argument("--epoch-size", type=int, default=None,
+                    help="clips per epoch, the videos cycled (default: enough for every block)")
     ap.add_argument("--num-samples", type=int, default=240_000,
                     help="clips an epoch for the whole-schedule estimate (Kinetics-400: 240k)")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers")
@@ -230,12 +231,15 @@ def main() -> None:
             print(f"  {f['stage']}: {f['key']}: {f['reason']}")
         kw = dict(clip_len=args.frames, frame_interval=args.sampling_rate, layout="CTHW", crop_size=args.crop)
         videos = FrameDataset(out, **kw) if args.format == "frames" else PackedVideoDataset(out, **kw)
-        dataset = Cycled(videos, args.epoch_size)
         steps, max_epoch = [0, 94, 154, 196], 239  # SlowFast's Kinetics steps
         common = (args.batch, args.frames, args.crop, steps, max_epoch)
         schedule = MultigridSchedule(*common, sampling_rate=args.sampling_rate)
         plain = MultigridSchedule(*common, long_cycle=False, short_cycle=False, sampling_rate=args.sampling_rate)
-        print(f"\nmultigrid schedule ({len(videos)} videos cycled to {args.epoch_size} clips an epoch; "
+        # the timed batches, the warm-up and the batches the workers prefetch, at the largest batch
+        largest = max(b for stage in schedule.plan for b, _ in stage["short_cycle"])
+        epoch_size = args.epoch_size or largest * (args.iters + 1 + 2 * max(args.workers, 1))
+        dataset = Cycled(videos, epoch_size)
+        print(f"\nmultigrid schedule ({len(videos)} videos cycled to {epoch_size} clips an epoch; "
               f"{torch.get_num_threads()} torch threads, {args.workers} loader workers):")
         print(schedule.describe())
 
