@@ -247,9 +247,17 @@ class _ClipDataset(torch.utils.data.Dataset):
 
     _start_index = 0
 
+    def _request(self, key: Union[int, ClipRequest]) -> ClipRequest:
+        """``key`` as a request for an index in ``[0, len)`` (negative ones count from the end)."""
+        req = split_request(key)
+        index = req.index + len(self) if req.index < 0 else req.index
+        if not 0 <= index < len(self):
+            raise IndexError(f"video index {req.index} out of range for {len(self)} videos")
+        return req._replace(index=index)
+
     def clip_indices(self, key: Union[int, ClipRequest]) -> np.ndarray:
         """The frame indices ``__getitem__(key)`` reads (consumes the same draws)."""
-        req = split_request(key)
+        req = self._request(key)
         return self._indices(req, self._rng(req.index, req.epoch))
 
     def _indices(self, req: ClipRequest, rng: RNG) -> np.ndarray:
@@ -258,13 +266,8 @@ class _ClipDataset(torch.utils.data.Dataset):
                                      clip_len=req.num_frames, frame_interval=req.frame_interval)
 
     def __getitem__(self, key: Union[int, ClipRequest]) -> tuple[Any, int]:
-        req = split_request(key)
+        req = self._request(key)
         index = req.index
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"video index {req.index} out of range for {len(self)} videos")
-        req = req._replace(index=index)
         rng = self._rng(index, req.epoch)
         inds = self._indices(req, rng)
         unique, inverse = np.unique(inds, return_inverse=True)
