@@ -611,7 +611,7 @@ def test_model_helpers_and_state_dict():
 
 
 def test_training_loop_with_schedule_sampler_and_sub_bn(videos):
-    """The loop of docs/notes/multigrid.md on a tiny 3D CNN: shapes, lr and BN splits follow the plan."""
+    """The loop of docs/multigrid.md on a tiny 3D CNN: shapes, lr and BN splits follow the plan."""
     torch.manual_seed(0)
     s = MultigridSchedule(**SMALL, sampling_rate=1)
     sampler = MultigridBatchSampler(len(videos), s, drop_last=True)
