@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "PackedDataset", "PackerError"]
+__all__ = ["__version__", "PackedDataset", "PackerError", "DevicePrefetcher"]
 
 from .errors import PackerError
 
@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from .data.datasets import PackedDataset
 
         return PackedDataset
+    if name == "DevicePrefetcher":
+        from .data.prefetch import DevicePrefetcher
+
+        return DevicePrefetcher
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -41,16 +41,18 @@ class PackedDataset(torch.utils.data.Dataset):
 
     Args:
         path: the packed output.
-        decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``.
+        decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``,
+            or a callable taking the encoded bytes (an HxWxC uint8 array for raw samples) and
+            returning the image, e.g. ``packer.data.transforms.DecodeResizeCrop(256, 224)``.
         transform: applied to the decoded image.
         target_transform: applied to the label.
         check_crc: verify each sample's CRC32C on read.
     """
 
-    def __init__(self, path: str | os.PathLike, *, decode: str = "pil",
+    def __init__(self, path: str | os.PathLike, *, decode: str | Callable[[Any], Any] = "pil",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True):
-        if decode not in DECODE_MODES:
+        if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         self.reader: Reader = open_reader(path, check_crc=check_crc)
         self.path = str(path)
@@ -78,7 +80,9 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         rec = self.reader.read(index)
-        if rec.fmt == "raw":
+        if callable(self.decode):
+            image = self._decode_with(self.decode, rec, index)
+        elif rec.fmt == "raw":
             image = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
             image = {"numpy": image, "tensor": torch.from_numpy(image.transpose(2, 0, 1).copy()),
                      "pil": Image.fromarray(image), "bytes": rec.data}[self.decode]
@@ -90,3 +94,12 @@ class PackedDataset(torch.utils.data.Dataset):
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
+
+    def _decode_with(self, fn: Callable[[Any], Any], rec: Any, index: int) -> Any:
+        data = rec.data
+        if rec.fmt == "raw":
+            data = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
+        try:
+            return fn(data)
+        except ValueError as e:
+            raise CorruptData(f"{self.path} sample {index}", str(e)) from None
