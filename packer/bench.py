@@ -214,7 +214,7 @@ def _recommend(result: dict[str, Any]) -> dict[str, Any]:
     if w > 0:
         epoch_s = result["count"] / max(pick["samples_per_s"], 1e-9)
         frac = pick["worker_startup_s"] / max(epoch_s, 1e-9)
-        persistent = frac > 0.01 or result["count"] <= 50 * result["batch_size"]
+        persistent = frac > 0.01
         reasons.append(f"worker start-up costs {pick['worker_startup_s']:.2f} s per epoch "
                        f"({100 * frac:.1f}% of a {epoch_s:.1f} s epoch): persistent_workers="
                        f"{'True' if persistent else 'False (not worth it)'}")

@@ -1,5 +1,9 @@
 """Training side: datasets over packed outputs. Never imports the conversion side."""
+from .cache import DeviceCache
 from .datasets import PackedDataset
+from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .prefetch import DevicePrefetcher, uint8_collate
+from .transforms import DecodeResizeCrop, PilResizeCrop
 
-__all__ = ["PackedDataset", "DevicePrefetcher", "uint8_collate"]
+__all__ = ["PackedDataset", "DevicePrefetcher", "DeviceCache", "uint8_collate", "DecodeResizeCrop",
+           "PilResizeCrop", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -227,7 +227,8 @@ class DevicePrefetcher:
                 return False
             # Pageable memory makes a non_blocking copy synchronous: pin it first (a no-op
             # when the DataLoader already pinned it with pin_memory=True).
-            host = _map_batch(host, lambda t, _: t if t.is_pinned() else t.pin_memory(), None)
+            host = _map_batch(host, lambda t, _: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned()
+                              else t, None)
 
             def to_device(t: torch.Tensor, is_image: bool) -> torch.Tensor:
                 d = t.to(device, non_blocking=True)

@@ -109,14 +109,22 @@ def _as_chw(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
 
-def _check_sizes(short_side: int, crop: int) -> None:
-    if short_side < 1 or crop < 1:
-        raise ValueError(f"short_side and crop must be positive, got {short_side} and {crop}")
-    if crop > short_side:
-        raise ValueError(f"crop ({crop}) cannot be larger than short_side ({short_side})")
+class _ResizeCrop:
+    """Shared arguments: resize the short side to ``short_side``, keep the centre ``crop`` square."""
+
+    def __init__(self, short_side: int = 256, crop: int = 224):
+        if short_side < 1 or crop < 1:
+            raise ValueError(f"short_side and crop must be positive, got {short_side} and {crop}")
+        if crop > short_side:
+            raise ValueError(f"crop ({crop}) cannot be larger than short_side ({short_side})")
+        self.short_side = short_side
+        self.crop = crop
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.short_side}, {self.crop})"
 
 
-class DecodeResizeCrop:
+class DecodeResizeCrop(_ResizeCrop):
     """Fast decode + resize(short side) + centre crop -> 3 x crop x crop uint8 tensor.
 
     Picklable (works in DataLoader workers). Accepts encoded image bytes or an HxWx3 uint8
@@ -126,14 +134,6 @@ class DecodeResizeCrop:
         short_side: the short side the image is (notionally) resized to.
         crop: the side of the centre square that is kept.
     """
-
-    def __init__(self, short_side: int = 256, crop: int = 224):
-        _check_sizes(short_side, crop)
-        self.short_side = short_side
-        self.crop = crop
-
-    def __repr__(self) -> str:
-        return f"DecodeResizeCrop({self.short_side}, {self.crop})"
 
     def __call__(self, data: Any) -> torch.Tensor:
         arr = data if isinstance(data, np.ndarray) else _decode_scaled(data, self.short_side)
@@ -151,20 +151,12 @@ class DecodeResizeCrop:
         return _as_chw(out)
 
 
-class PilResizeCrop:
+class PilResizeCrop(_ResizeCrop):
     """The reference pipeline: Pillow full decode, ``Resize(short_side)`` bilinear, centre crop.
 
     Matches torchvision's ``Resize(256) + CenterCrop(224) + PILToTensor`` on a PIL image
     (sizes rounded the way torchvision rounds them), without needing torchvision.
     """
-
-    def __init__(self, short_side: int = 256, crop: int = 224):
-        _check_sizes(short_side, crop)
-        self.short_side = short_side
-        self.crop = crop
-
-    def __repr__(self) -> str:
-        return f"PilResizeCrop({self.short_side}, {self.crop})"
 
     def __call__(self, data: Any) -> torch.Tensor:
         if isinstance(data, Image.Image):
