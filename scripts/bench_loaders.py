@@ -256,6 +256,91 @@ def time_loader(loader: Any, steps: int) -> dict[str, float]:
     return {"samples_per_s": rate, "first_batch_s": first, "samples": n, "cpu_us_per_sample": cpu_us}
 
 
+def _cpu_us_per_item(make_iter: Callable[[], Any], n: int, reps: int = 3) -> float:
+    """Least CPU time per item over ``reps`` passes of ``n`` items (in this process)."""
+    best = float("inf")
+    for _ in range(reps):
+        it = make_iter()
+        next(it)  # open files / start streams outside the timed part
+        t = time.process_time()
+        for _ in range(n):
+            next(it)
+        best = min(best, (time.process_time() - t) / n)
+        del it
+    return 1e6 * best
+
+
+def _fetch_iter(kind: str, env: dict[str, Any], order: list[int]):
+    """Encoded bytes of ``order`` samples from one source, without decoding."""
+    if kind == "ceiling":
+        return (env["blobs"][i] for i in order)
+    if kind == "folder":
+        return (Path(env["items"][i].path).read_bytes() for i in order)
+    if kind.startswith("packer/"):
+        ds = PackedDataset(env["packed"][kind.split("/", 1)[1]], decode="bytes")
+        return (ds[i][0] for i in order)
+    if kind == "webdataset":
+        import webdataset as wds
+
+        ds = wds.WebDataset(env["wds"], shardshuffle=len(env["wds"]), empty_check=False).shuffle(1000)
+        return (jpg for jpg, _ in ds.to_tuple("jpg", "cls"))
+    if kind == "litdata":
+        import litdata
+
+        return (item["image"] for item in litdata.StreamingDataset(
+            str(env["litdata"]), shuffle=True, cache_dir=str(env["cache"] / "litdata-cache")))
+    if kind == "mds":
+        import streaming
+
+        streaming.base.util.clean_stale_shared_memory()
+        ds = streaming.StreamingDataset(local=str(env["mds"]), shuffle=True, batch_size=env["batch_size"])
+        return (item["image"] for item in ds)
+    raise ValueError(kind)
+
+
+def component_costs(kinds: list[str], env: dict[str, Any], n: int = 400) -> dict[str, Any]:
+    """CPU us per sample of each part, one process, least of 3 passes: fetching the encoded
+    bytes from each source, and each decode pipeline on bytes held in memory. These hardly
+    move with machine load, and they add up to what a loader costs per image."""
+    order = np.random.default_rng(1).permutation(len(env["blobs"]))[: n + 1].tolist()
+    blobs = [env["blobs"][i] for i in order]
+    decode = {name: _cpu_us_per_item(lambda fn=fn: (fn(b) for b in blobs), n)
+              for name, fn in (("packer", DecodeResizeCrop(256, 224)), ("pillow", PilResizeCrop(256, 224)))}
+    fetch = {}
+    for kind in kinds:
+        try:
+            fetch[kind] = _cpu_us_per_item(lambda kind=kind: _fetch_iter(kind, env, order), n)
+        except Exception as e:
+            fetch[kind] = None
+            print(f"fetch cost of {kind} not measured: {type(e).__name__}: {e}", file=sys.stderr)
+    return {"samples": n, "decode_us": decode, "fetch_us": fetch}
+
+
+def format_components(c: dict[str, Any], formats: list[str]) -> str:
+    d = c["decode_us"]
+    lines = [f"CPU cost per sample (one process, least of 3 passes over {c['samples']} samples): decode + "
+             f"resize + crop: packer {d['packer']:.0f} us, pillow {d['pillow']:.0f} us "
+             f"({d['pillow'] / d['packer']:.2f}x)",
+             f"{'source':>16} {'fetch us':>9} {'img/cpu-s packer':>17} {'img/cpu-s pillow':>17}"]
+    for kind, f in c["fetch_us"].items():
+        if f is None:
+            lines.append(f"{kind:>16} {'n/a':>9}")
+            continue
+        lines.append(f"{kind:>16} {f:>9.0f} {1e6 / (f + d['packer']):>17.0f} {1e6 / (f + d['pillow']):>17.0f}")
+    peers = [k for k in c["fetch_us"] if k in PEERS and c["fetch_us"][k] is not None]
+    fastest = min(peers, key=lambda k: c["fetch_us"][k]) if peers else None
+    for f in formats:
+        mine = c["fetch_us"].get(f"packer/{f}")
+        if mine is None or fastest is None:
+            continue
+        cf, ceil = c["fetch_us"][fastest], c["fetch_us"]["ceiling"]
+        lines.append(f"  packer/{f} default vs fastest peer ({fastest}) default: "
+                     f"{(cf + d['pillow']) / (mine + d['packer']):.2f}x; same decode: "
+                     f"{(cf + d['packer']) / (mine + d['packer']):.2f}x; vs ceiling: "
+                     f"{(ceil + d['packer']) / (mine + d['packer']):.2f}x")
+    return "\n".join(lines)
+
+
 def host_cost(batch: torch.Tensor, reps: int = 15) -> dict[str, Any]:
     """Host-side cost per batch: the uint8 path against normalizing float32 on the CPU.
 
@@ -360,15 +445,19 @@ def main(argv: list[str] | None = None) -> int:
                                           DecodeResizeCrop(256, 224)), batch_size=args.batch_size,
                                  collate_fn=uint8_collate)))[0]
     cost = host_cost(batch)
+    components = component_costs(kinds, env, n=min(400, args.count - 1))
     summary = summarize(results, workers, formats, peers, skipped)
     report = {"count": args.count, "classes": args.classes, "mean_jpeg_bytes": mean_bytes,
               "batch_size": args.batch_size, "steps": args.steps, "repeats": args.repeats,
               "cpu_count": os.cpu_count(),
-              "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "torch": torch.__version__, "results": results,
-              "targets": summary["targets"], "host_cost": cost, "skipped": skipped}
+              "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "torch": torch.__version__,
+              "results": results,
+              "targets": summary["targets"], "host_cost": cost, "components": components,
+              "skipped": skipped}
     out = Path(args.json) if args.json else cache / "results.json"
     out.write_text(json.dumps(report, indent=1))
     print(summary["table"])
+    print(format_components(components, formats))
     print(format_host_cost(cost))
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
