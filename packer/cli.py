@@ -12,6 +12,7 @@ import click
 
 from . import __version__
 from .errors import PackerError
+from .sources import DEFAULT_VIDEO_EXTS
 
 __all__ = ["main"]
 
@@ -67,10 +68,44 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The resize options (``packer resize`` and every image pack command), passed to the
+    command as one ``resize`` argument: a ``packer.resize.ResizeSpec``, or None without them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, short_side: Any, max_side: Any, size: Any, fit: Any, upscale: bool,
+                out_format: Any, quality: Any, **kwargs: Any) -> Any:
+        from .resize import ResizeSpec
+
+        try:
+            kwargs["resize"] = ResizeSpec.from_options(short_side=short_side, max_side=max_side, size=size,
+                                                       fit=fit, upscale=upscale, format=out_format,
+                                                       quality=quality)
+        except PackerError as e:
+            raise click.UsageError(str(e)) from None
+        return fn(*args, **kwargs)
+
+    wrapper = click.option("--quality", type=int, default=None,
+                           help="JPEG/WebP quality of re-encoded images, 1-100.  [default: 90]")(wrapper)
+    wrapper = click.option("--format", "out_format", type=click.Choice(["keep", "jpeg", "png", "webp"]),
+                           default=None, help="Format of re-encoded images.  [default: keep]")(wrapper)
+    wrapper = click.option("--upscale", is_flag=True, help="Also enlarge images smaller than the target.")(wrapper)
+    wrapper = click.option("--fit", type=click.Choice(["crop", "pad", "stretch"]), default=None,
+                           help="With --size: cover and centre-crop, fit inside and pad, or stretch.  "
+                                "[default: crop]")(wrapper)
+    wrapper = click.option("--size", default=None, metavar="WxH",
+                           help="Resize to exactly WIDTHxHEIGHT (see --fit).")(wrapper)
+    wrapper = click.option("--max-side", type=int, default=None, help="Resize so the long side is N pixels.")(wrapper)
+    wrapper = click.option("--short-side", type=int, default=None,
+                           help="Resize so the short side is N pixels (aspect ratio kept).")(wrapper)
+    return wrapper
+
+
 def _finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
-        click.echo(f"  failed [{f['stage']}] {f['source']}: {f['reason']}", err=True)
+        what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed
+        click.echo(f"  {what} [{f['stage']}] {f['source']}: {f['reason']}", err=True)
     if len(report.failures) > 10:
         click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
     if report.failed > max_failures:
@@ -87,22 +122,129 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-@main.command("to-lmdb")
-@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
-@input_options
-@conversion_options
-@click.option("--check", type=click.Choice(["full", "header", "none"]), default="full", show_default=True,
-              help="How much of each image to decode to decide it is good.")
-@_library_call
-def to_lmdb(paths, list_file, root, ext, workers, max_failures, resume, overwrite, num_shards,
-            shard_index, executor, check):
-    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
+    fn = resize_options(fn)
+    fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
+                      show_default=True, help="How much of each image to decode to decide it is good "
+                                              "(with a resize every image is fully decoded).")(fn)
+    return input_options(conversion_options(fn))
+
+
+def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--commit-every``: the durable-commit granularity of a single-output pack command."""
+    return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+                        help="Samples per durable commit (what a --resume after a kill redoes at most).")(fn)
+
+
+def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
+          max_failures: int, commit_every: int | None = None, **options: Any) -> None:
+    """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
-    report = pack_images(src, out, format="lmdb", list_path=list_file, exts=ext, workers=workers,
-                         check=check, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                         num_shards=num_shards, shard_index=shard_index, executor=executor)
+    writer_options = {"commit_every": commit_every} if commit_every is not None else None
+    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
+                         writer_options=writer_options, **options)
+    _finish(report, max_failures)
+
+
+@main.command("to-lmdb")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@commit_option
+@_library_call
+def to_lmdb(paths, **options):
+    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+    _pack("lmdb", paths, **options)
+
+
+@main.command("to-hdf5")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT.h5")
+@click.option("--raw", is_flag=True, help="Store decoded HxWx3 uint8 pixels (needs --size WxH).")
+@image_pack_options
+@commit_option
+@_library_call
+def to_hdf5(paths, **options):
+    """Pack an image folder into one HDF5 file (encoded blobs, or raw pixels with --raw --size WxH)."""
+    _pack("hdf5", paths, **options)
+
+
+@main.command("resize")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@resize_options
+@click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
+              help="Comma-separated file extensions to take (case-insensitive).")
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="Resize only the files of this list ('relative/path label' lines, relative to SRC).")
+@click.option("--workers", type=int, default=None, help="Worker processes (default: all cores; 0 = in this process).")
+@click.option("--max-failures", type=int, default=0, show_default=True,
+              help="Bad inputs tolerated before the exit status is 1.")
+@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where the per-image work runs.")
+@_library_call
+def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor):
+    """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
+    from .mirror import resize_tree
+
+    if resize is None:
+        raise click.UsageError("give --short-side N, --max-side N or --size WxH")
+    report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                         executor=executor, max_failures=max_failures)
+    _finish(report, max_failures)
+
+
+@main.command("decode-frames")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
+              help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
+@click.option("--class-index", type=click.Path(dir_okay=False), default=None,
+              help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
+@click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+              help="Comma-separated video file extensions to take.")
+@click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
+              help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
+@click.option("--short-side", type=int, default=None, help="Rescale frames so the short side is N.")
+@click.option("--size", default=None, help="Rescale frames to fit WxH (0 on a side: from the aspect).")
+@click.option("--keep-aspect/--no-keep-aspect", default=True, show_default=True,
+              help="With --size: keep the aspect ratio (fit inside) or stretch to exactly WxH.")
+@click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")
+@click.option("--stride", type=int, default=None, help="Keep every K-th frame.")
+@click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
+@click.option("--ext", type=click.Choice(["jpg", "png"]), default="jpg", show_default=True,
+              help="Frame image format.")
+@click.option("--quality", type=int, default=95, show_default=True, help="JPEG quality.")
+@click.option("--tmpl", default=None, help="Frame file names (default img_{:05d}.EXT).")
+@click.option("--start-index", type=int, default=1, show_default=True, help="Number of the first frame file.")
+@click.option("--list-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the rawframes list here (default: OUT/rawframes.txt).")
+@click.option("--strict", is_flag=True, help="Partial decodes count toward --max-failures.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds one video may take before its worker is killed (0: no limit).")
+@click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
+              help="Video decoder (auto: decord, falling back to OpenCV).")
+@click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
+@conversion_options
+@_library_call
+def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
+                      keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
+                      strict, timeout, backend, force, workers, max_failures, resume, overwrite,
+                      num_shards, shard_index, executor):
+    """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
+    from .decode_frames import decode_frames
+
+    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
+                           class_index=class_index, video_exts=video_exts, short_side=short_side,
+                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
+                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
+                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
+                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
+                           overwrite=overwrite, force=force, num_shards=num_shards,
+                           shard_index=shard_index, executor=executor)
     _finish(report, max_failures)
 
 

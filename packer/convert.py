@@ -27,7 +27,7 @@ from .formats.base import Sample, partial_path
 from .manifest import atomic_write_bytes
 from .sources import Item, fingerprint
 
-__all__ = ["WorkResult", "Report", "run", "check_output_arg"]
+__all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,12 @@ class Report:
     elapsed: float = 0.0
     bytes: int = 0
     status: str = "done"  # done | resumed | complete
+    strict: bool = False  # partial decodes count as failures
 
     @property
     def failed(self) -> int:
-        """Failures that count toward --max-failures (partial decodes do not)."""
-        return sum(1 for f in self.failures if f.get("stage") != "partial")
+        """Failures that count toward --max-failures (partial decodes only with ``strict``)."""
+        return counted_failures(self.failures, strict=self.strict)
 
     def summary(self) -> str:
         """One line for the terminal."""
@@ -66,6 +67,12 @@ class Report:
             return f"{self.out}: already complete ({self.count} samples); nothing to do"
         return (f"{self.out}: {self.count} samples from {self.items} inputs, {self.failed} failed, "
                 f"{self.bytes / 1e6:.1f} MB in {self.elapsed:.1f}s ({rate:.0f} samples/s)")
+
+
+def counted_failures(failures: Sequence[dict[str, Any]], *, strict: bool = False) -> int:
+    """How many failure records count toward --max-failures: all but partial decodes,
+    which count only under ``strict`` (they stay ``stage: "partial"`` either way)."""
+    return sum(1 for f in failures if strict or f.get("stage") != "partial")
 
 
 def _as_result(value: Any) -> WorkResult:
@@ -123,13 +130,13 @@ class _Checkpointer:
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k not in ("index", "at")}
+    return {k: v for k, v in record.items() if k not in ("index", "at", "note")}
 
 
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, max_failures: int = 0, resume: bool = False,
         overwrite: bool = False, strict: bool = False, unit: str = "img",
-        desc: str = "packing") -> Report:
+        desc: str = "packing", sample_unit: str | None = None) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -142,7 +149,8 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
             the exit status; every good sample is packed either way).
         resume: continue a partial output, or check a finished one and do nothing.
         overwrite: replace an existing output when done.
-        strict: partial decodes count as failures.
+        strict: partial decodes (``WorkResult.note``) count as failures.
+        sample_unit: when given, the progress bar also shows packed samples per second.
     Returns:
         a Report.
     """
@@ -169,7 +177,8 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         items_done, samples = ckpt["items_done"], ckpt["samples"]
         failures, entries = ckpt["failures"], ckpt["entries"]
         # Retry the prefix's failures; the first that now succeeds cuts the output back to it.
-        retry = [f for f in failures if f.get("stage") != "partial"]
+        # Notes (partial decodes) were packed, so they are kept as they are.
+        retry = [f for f in failures if not f.get("note")]
         for f, outcome in zip(retry, executor.map(work_fn, [items[f["index"]] for f in retry])):
             if outcome.ok:
                 items_done, samples = f["index"], f["at"]
@@ -183,8 +192,9 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))
     cp = _Checkpointer(state_path, fp, items_done, samples, failures, entries, overwrite)
     writer.on_durable = cp.durable
-    if ckpt is None:
+    if not samples:
         cp.save()
+    shown = start
     try:
         with tqdm(total=len(items), initial=items_done, unit=unit, desc=desc, dynamic_ncols=True,
                   disable=None) as bar:
@@ -201,23 +211,27 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
                         entries.append({**result.entry, "start": first,
                                         "length": writer.count - first, "index": index})
                     if result.note is not None:
-                        note = {"key": item.key, "source": item.path, **result.note}
-                        if strict:
-                            note["stage"] = "strict-" + note.get("stage", "partial")
-                        failures.append({**note, "index": index, "at": first})
+                        failures.append({"key": item.key, "source": item.path, "stage": "partial",
+                                         **result.note, "index": index, "at": first, "note": True})
                 else:
                     failures.append({"key": item.key, "source": item.path, "stage": outcome.stage,
                                      "reason": outcome.reason, "index": index, "at": writer.count})
                     log.warning("%s: %s", item.path, outcome.reason)
                 cp.processed(index, writer.count)
                 bar.update(1)
+                if sample_unit is not None and time.monotonic() - shown > 0.5:
+                    shown = time.monotonic()
+                    bar.set_postfix_str(f"{(writer.count - samples) / (shown - start):.0f} {sample_unit}/s",
+                                        refresh=False)
             writer.flush()
         manifest = writer.close(failures=[_public(f) for f in failures],
-                                videos=[_public(e) for e in entries], overwrite=overwrite)
+                                videos=[_public(e) for e in entries], overwrite=overwrite,
+                                counted=counted_failures(failures, strict=strict))
     except BaseException:
         writer.abort()
         raise
     report = Report(str(out), count=manifest.count, items=len(items),
                     failures=[_public(f) for f in failures], elapsed=time.monotonic() - start,
-                    bytes=writer.bytes_written, status="resumed" if ckpt is not None else "done")
+                    bytes=writer.bytes_written, status="resumed" if ckpt is not None else "done",
+                    strict=strict)
     return report

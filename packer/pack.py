@@ -14,6 +14,7 @@ from .formats import writer_class
 from .formats.base import Sample
 from .imaging import CHECK_MODES, probe
 from .manifest import created_by
+from .resize import ResizeSpec, resize_image, resize_pixels
 from .sources import Item, image_items, partition
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
@@ -36,13 +37,24 @@ def read_item_bytes(item: Item) -> bytes:
 class ImageJob:
     """The per-image work (picklable; runs in worker processes): read, check, describe.
 
-    Encoded bytes pass through unchanged.
+    Encoded bytes pass through unchanged, unless ``resize`` is given (then they are resized
+    and re-encoded, or kept when already within bounds: see ``packer.resize``; every image is
+    then fully decoded, whatever ``check`` says) or ``raw`` (decoded, resized to
+    ``resize.size``, stored as HxWx3 RGB uint8 pixels).
     """
 
     check: str = "full"
+    resize: ResizeSpec | None = None
+    raw: bool = False
 
     def __call__(self, item: Item) -> Sample:
         data = read_item_bytes(item)
+        if self.raw:
+            arr = resize_pixels(data, self.resize, key=item.key, source=item.path)
+            return Sample(item.key, arr.tobytes(), "raw", item.label, arr.shape[0], arr.shape[1], arr.shape[2])
+        if self.resize is not None:
+            r = resize_image(data, self.resize, key=item.key, source=item.path)
+            return Sample(item.key, r.data, r.fmt, item.label, r.height, r.width, r.channels)
         ext = item.key.rsplit(".", 1)[-1].lower()
         info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
@@ -53,10 +65,13 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                 workers: int | None = None, check: str = "full", max_failures: int = 0,
                 resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, executor: str = "local",
-                writer_options: dict[str, Any] | None = None) -> Report:
+                writer_options: dict[str, Any] | None = None, resize: ResizeSpec | None = None,
+                raw: bool = False) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
     Bad images are skipped and recorded in ``failures.jsonl``; see ``convert.run``.
+    ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
+    ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
     Arguments are validated before any work starts.
     """
     if check not in CHECK_MODES:
@@ -64,6 +79,15 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     if max_failures < 0:
         raise UsageError("--max-failures must be >= 0")
     writer_cls = writer_class(format)
+    writer_options = dict(writer_options or {})
+    if raw:
+        if format != "hdf5":
+            raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
+        if resize is None or resize.size is None:
+            raise UsageError("--raw needs --size WIDTHxHEIGHT (every stored image has one shape)")
+        if resize.format != "keep":
+            raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
+        writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     check_output_arg(out, resume=resume, overwrite=overwrite)
     items, classes = image_items(src, list_path=list_path, exts=exts)
     items = partition(items, num_shards, shard_index)
@@ -72,7 +96,12 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     options = {"format": format, "check": check, "src": str(Path(src).resolve()),
                "list": str(list_path) if list_path else None, "num_shards": num_shards,
                "shard_index": shard_index}
-    writer = writer_cls(out, classes=classes, created_by=created_by(options), **(writer_options or {}))
+    if resize is not None:
+        options["resize"] = resize.to_dict()
+    if raw:
+        options["raw"] = True
+    writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
     with make_executor(executor, workers=workers) as ex:
-        return run(items, ImageJob(check=check), writer, executor=ex, max_failures=max_failures,
+        return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
+                   max_failures=max_failures,
                    resume=resume, overwrite=overwrite, desc=f"to-{format}")

@@ -1,12 +1,16 @@
-"""Walk inputs into ``Item``s: ImageFolder trees and ``relative/path label`` list files.
+"""Walk inputs into ``Item``s: ImageFolder trees, ``relative/path label`` list files and the
+video layouts (UCF-101/HMDB51/Kinetics class folders, the Kinetics CSV, mmaction2 video lists).
 
 Order is deterministic (sorted by key), hidden files and folders are skipped, symlinked
 folders are not followed (no loops), and list files may not point outside their root.
 """
 from __future__ import annotations
 
+import csv
 import hashlib
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -14,9 +18,13 @@ from typing import Iterable, Sequence
 from .errors import UsageError
 
 __all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
-           "image_items", "partition", "fingerprint", "safe_key"]
+           "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",
+           "DEFAULT_VIDEO_EXTS", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
+DEFAULT_VIDEO_EXTS = ("mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "wmv", "3gp", "ogv")
 
 
 @dataclass(frozen=True)
@@ -28,10 +36,11 @@ class Item:
     label: int
 
 
-def parse_exts(exts: str | Iterable[str] | None) -> tuple[str, ...]:
+def parse_exts(exts: str | Iterable[str] | None,
+               default: tuple[str, ...] = DEFAULT_IMAGE_EXTS) -> tuple[str, ...]:
     """Normalise an extension filter (``"jpg,PNG"`` or a list) to lower-case names without dots."""
     if exts is None:
-        return DEFAULT_IMAGE_EXTS
+        return default
     if isinstance(exts, str):
         exts = exts.split(",")
     out = tuple(e.strip().lower().lstrip(".") for e in exts if e.strip())
@@ -66,14 +75,20 @@ def safe_key(rel: str, where: str) -> str:
     return "/".join(p for p in parts if p not in ("", "."))
 
 
-def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> tuple[list[Item], list[str]]:
-    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index."""
-    root = Path(root)
+def _class_folders(root: Path, expected: str) -> list[str]:
+    """The sorted, non-hidden folders of ``root`` (one per class)."""
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise UsageError(f"{root}: no class folders (expected ROOT/<class>/<image>)")
+        raise UsageError(f"{root}: no class folders (expected {expected})")
+    return classes
+
+
+def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> tuple[list[Item], list[str]]:
+    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index."""
+    root = Path(root)
+    classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
     for label, cls in enumerate(classes):
         for rel in _walk_files(root / cls):
@@ -82,6 +97,17 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
                 items.append(Item(key, str(root / cls / rel), label))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
+
+
+def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> list[Item]:
+    """Every image file below ``root`` in any layout (ImageFolder or not), sorted by key; label 0."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{root}: input folder does not exist")
+    items = [Item(safe_key(rel, str(root)), str(root / rel), 0)
+             for rel in _walk_files(root) if _has_ext(rel, exts)]
+    items.sort(key=lambda it: it.key)
+    return items
 
 
 def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
@@ -148,3 +174,181 @@ def fingerprint(items: Sequence[Item]) -> str:
     for it in items:
         h.update(f"{it.key}\0{it.label}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+# -- videos -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VideoItem(Item):
+    """A video input plus its frame folder, relative to the output (``{class}/{video}``)."""
+
+    frame_dir: str = ""
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _dir_part(name: str) -> str:
+    # mmaction2 splits list lines on whitespace, so a frame_dir may not contain any.
+    return _SPACE.sub("_", name.strip())
+
+
+def _with_frame_dirs(entries: Sequence[tuple[str, str, int, str]], where: str) -> list[VideoItem]:
+    """(key, path, label, output folder) -> VideoItems with ``{folder}/{stem}`` frame dirs.
+
+    Two videos with the same stem in one folder both use ``{stem}_{ext}`` (DESIGN: frames).
+    """
+    def split(key: str) -> tuple[str, str]:
+        name = key.rsplit("/", 1)[-1]
+        stem, dot, ext = name.rpartition(".")
+        return (_dir_part(stem), _dir_part(ext)) if dot and stem else (_dir_part(name), "")
+
+    groups: dict[tuple[str, str], int] = {}
+    for key, _, _, folder in entries:
+        k = (folder, split(key)[0])
+        groups[k] = groups.get(k, 0) + 1
+    items, seen = [], {}
+    for key, path, label, folder in entries:
+        stem, ext = split(key)
+        name = f"{stem}_{ext}" if groups[(folder, stem)] > 1 and ext else stem
+        frame_dir = f"{folder}/{name}" if folder else name
+        if frame_dir in seen:
+            raise UsageError(f"{where}: {seen[frame_dir]!r} and {key!r} both map to frame folder "
+                             f"{frame_dir!r}; rename one of them")
+        seen[frame_dir] = key
+        items.append(VideoItem(key, path, label, frame_dir))
+    for frame_dir, key in seen.items():  # a frame folder holds frame files only
+        parts = frame_dir.split("/")
+        for k in range(1, len(parts)):
+            outer = "/".join(parts[:k])
+            if outer in seen:
+                raise UsageError(f"{where}: frame folder of {key!r} would lie inside the frame "
+                                 f"folder of {seen[outer]!r}; rename one of them")
+    return items
+
+
+def read_class_index(path: str | os.PathLike) -> list[str]:
+    """UCF-101's ``classInd.txt`` (``1 ApplyEyeMakeup`` lines, 1-based) -> class names by label."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: class index file does not exist")
+    found: dict[int, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            parts = line.split(None, 1)
+            if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) < 1:
+                raise UsageError(f"{path}:{lineno}: expected 'INDEX NAME' (1-based), got {line.strip()!r}")
+            index, name = int(parts[0]) - 1, parts[1].strip()
+            if index in found or name in found.values():
+                raise UsageError(f"{path}:{lineno}: {line.strip()!r} repeats an index or a name")
+            found[index] = name
+    if sorted(found) != list(range(len(found))):
+        raise UsageError(f"{path}: indices must run 1..{len(found)} without gaps")
+    return [found[i] for i in range(len(found))]
+
+
+def _labels(names: Iterable[str], class_index: str | os.PathLike | None, where: str) -> list[str]:
+    if class_index is None:
+        return sorted(set(names))
+    classes = read_class_index(class_index)
+    missing = sorted(set(names) - set(classes))
+    if missing:
+        raise UsageError(f"{where}: classes not in {class_index}: {', '.join(missing[:5])}"
+                         + (" ..." if len(missing) > 5 else ""))
+    return classes
+
+
+def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
+                 class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
+    """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the
+    sorted class folders, or from ``class_index`` (UCF-101's ``classInd.txt``)."""
+    root = Path(root)
+    names = _class_folders(root, "ROOT/<class>/<video>, or --csv/--list")
+    classes = _labels(names, class_index, str(root))
+    entries = []
+    for cls in names:
+        for rel in sorted(_walk_files(root / cls)):
+            if _has_ext(rel, exts):
+                key = safe_key(f"{cls}/{rel}", str(root))
+                folder = "/".join(_dir_part(p) for p in key.split("/")[:-1])
+                entries.append((key, str(root / cls / rel), classes.index(cls), folder))
+    entries.sort(key=lambda e: (e[2], e[0]))
+    return _with_frame_dirs(entries, str(root)), classes
+
+
+def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
+                 exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
+                 class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
+    """The official Kinetics CSV (``label,youtube_id,time_start,time_end,split``) over the
+    videos below ``root`` (flat or in class folders), named as the Kinetics downloader writes
+    them (``{youtube_id}_{start:06d}_{end:06d}.mp4``) or plainly ``{youtube_id}.mp4``.
+
+    A row whose video is not found stays an item (its decode fails as ``file not found``,
+    so missing downloads are counted in ``failures.jsonl``, not silently dropped).
+    """
+    csv_path, root = Path(csv_path), Path(root)
+    if not csv_path.is_file():
+        raise UsageError(f"{csv_path}: CSV file does not exist")
+    if not root.is_dir():
+        raise UsageError(f"{root}: input folder does not exist")
+    by_stem: dict[str, str] = {}
+    for rel in sorted(_walk_files(root)):
+        if _has_ext(rel, exts):
+            by_stem.setdefault(Path(rel).stem, rel)
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        need = {"label", "youtube_id", "time_start", "time_end"}
+        if reader.fieldnames is None or not need <= {n.strip() for n in reader.fieldnames}:
+            raise UsageError(f"{csv_path}: expected the Kinetics header "
+                             f"'label,youtube_id,time_start,time_end,split', got {reader.fieldnames}")
+        rows = []
+        for lineno, row in enumerate(reader, 2):
+            row = {k.strip(): (v or "").strip() for k, v in row.items() if k}
+            try:
+                start, end = int(float(row["time_start"])), int(float(row["time_end"]))
+            except ValueError:
+                raise UsageError(f"{csv_path}:{lineno}: time_start/time_end are not numbers") from None
+            if not row["youtube_id"] or not row["label"]:
+                raise UsageError(f"{csv_path}:{lineno}: empty label or youtube_id")
+            rows.append((row["label"], row["youtube_id"], start, end))
+    classes = _labels((r[0] for r in rows), class_index, str(csv_path))
+    entries, seen = [], set()
+    for label, yid, start, end in rows:
+        clip = f"{yid}_{start:06d}_{end:06d}"
+        rel = by_stem.get(clip) or by_stem.get(yid) or f"{clip}.mp4"
+        key = safe_key(rel, str(csv_path))
+        if key in seen:
+            log.warning("%s: %s is listed more than once; kept the first", csv_path, key)
+            continue
+        seen.add(key)
+        entries.append((key, str(root / rel), classes.index(label), _dir_part(label)))
+    entries.sort(key=lambda e: (e[2], e[0]))
+    return _with_frame_dirs(entries, str(csv_path)), classes
+
+
+def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
+               exts: Sequence[str] | None = None) -> tuple[list[VideoItem], list[str]]:
+    """An mmaction2 video list (``path label`` lines, paths relative to ``root``); order kept."""
+    items, classes = list_file(list_path, root, exts)
+    entries = [(it.key, it.path, it.label, "/".join(_dir_part(p) for p in it.key.split("/")[:-1]))
+               for it in items]
+    return _with_frame_dirs(entries, str(list_path)), classes
+
+
+def video_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None = None,
+                csv_path: str | os.PathLike | None = None,
+                class_index: str | os.PathLike | None = None,
+                exts: str | Sequence[str] | None = None) -> tuple[list[VideoItem], list[str]]:
+    """Items of a video dataset: class folders under ``src``, the Kinetics ``csv_path`` over
+    ``src``, or the mmaction2 video list ``list_path`` relative to ``src``."""
+    exts = parse_exts(exts, DEFAULT_VIDEO_EXTS)
+    if list_path is not None and csv_path is not None:
+        raise UsageError("--list and --csv exclude each other")
+    if list_path is not None:
+        if class_index is not None:
+            raise UsageError("--class-index applies to class folders and --csv, not --list")
+        return video_list(list_path, src, exts)
+    if csv_path is not None:
+        return kinetics_csv(csv_path, src, exts, class_index=class_index)
+    return video_folder(src, exts, class_index=class_index)

@@ -10,6 +10,7 @@ import io
 import os
 from pathlib import Path
 
+import cv2
 import numpy as np
 from PIL import Image
 
@@ -17,23 +18,27 @@ __all__ = ["natural_image", "jpeg_bytes", "make_image_folder"]
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """An HxWx3 uint8 image with the statistics of a photo (low-frequency structure + noise)."""
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    """An HxWx3 uint8 image with the statistics of a photo (low-frequency structure + noise).
+
+    The smooth content is built at a quarter of the resolution and upsampled (bicubic),
+    then fine texture and sensor noise are added at full resolution.
+    """
+    sh, sw = max(2, height // 4), max(2, width // 4)
+    yy, xx = np.mgrid[0:sh, 0:sw].astype(np.float32)
     base = rng.uniform(30, 220, size=3).astype(np.float32)
     grad = rng.uniform(-0.4, 0.4, size=(3, 2)).astype(np.float32)
-    img = base[None, None, :] + grad[:, 0] * yy[..., None] * 200 / height + grad[:, 1] * xx[..., None] * 200 / width
+    img = base + grad[:, 0] * yy[..., None] * (200 / sh) + grad[:, 1] * xx[..., None] * (200 / sw)
     for _ in range(int(rng.integers(3, 8))):
-        cy, cx = rng.uniform(0, height), rng.uniform(0, width)
-        ry, rx = rng.uniform(0.05, 0.35) * height, rng.uniform(0.05, 0.35) * width
+        cy, cx = rng.uniform(0, sh), rng.uniform(0, sw)
+        ry, rx = rng.uniform(0.05, 0.35) * sh, rng.uniform(0.05, 0.35) * sw
         mask = np.exp(-(((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2) * 2.0)
         img += mask[..., None] * rng.uniform(-90, 90, size=3).astype(np.float32)
-    # texture at a few scales, then per-pixel noise
-    for scale in (32, 8):
-        small = rng.normal(0, 12, size=(height // scale + 2, width // scale + 2, 3)).astype(np.float32)
-        tex = np.asarray(Image.fromarray(np.clip(small + 128, 0, 255).astype(np.uint8)).resize(
-            (width, height), Image.BILINEAR), dtype=np.float32) - 128
-        img += tex
-    img += rng.normal(0, 4, size=img.shape).astype(np.float32)
+    small = rng.normal(0, 12, size=(sh // 8 + 2, sw // 8 + 2, 3)).astype(np.float32)
+    img += cv2.resize(small, (sw, sh), interpolation=cv2.INTER_LINEAR)
+    img = cv2.resize(img, (width, height), interpolation=cv2.INTER_CUBIC)
+    fine = rng.normal(0, 10, size=(height // 4 + 1, width // 4 + 1, 3)).astype(np.float32)
+    img += cv2.resize(fine, (width, height), interpolation=cv2.INTER_LINEAR)
+    img += rng.standard_normal(size=img.shape, dtype=np.float32) * 4
     return np.clip(img, 0, 255).astype(np.uint8)
 
 

@@ -4,6 +4,7 @@ from .datasets import PackedDataset
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .prefetch import DevicePrefetcher, uint8_collate
 from .transforms import DecodeResizeCrop, PilResizeCrop
+from .video import FrameDataset, PackedVideoDataset
 
-__all__ = ["PackedDataset", "DevicePrefetcher", "DeviceCache", "uint8_collate", "DecodeResizeCrop",
-           "PilResizeCrop", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["PackedDataset", "FrameDataset", "PackedVideoDataset", "DevicePrefetcher", "DeviceCache",
+           "uint8_collate", "DecodeResizeCrop", "PilResizeCrop", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -9,10 +9,10 @@ import torch
 from PIL import Image
 
 from ..errors import CorruptData, UsageError
-from ..formats import Reader, open_reader
-from ..imaging import decode
+from ..formats import Reader, Record, open_reader
+from ..imaging import decode, to_chw
 
-__all__ = ["PackedDataset", "DECODE_MODES", "decode_record"]
+__all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record"]
 
 DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
 
@@ -28,8 +28,26 @@ def decode_record(data: bytes, mode: str, *, where: str = "") -> Any:
     if mode == "numpy":
         return arr
     if mode == "tensor":
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+        return torch.from_numpy(to_chw(arr))
     return Image.fromarray(arr)
+
+
+def raw_record(rec: Record, mode: str, *, where: str = "") -> Any:
+    """Raw HxWxC uint8 pixels -> what ``decode_record`` gives for encoded bytes (3-channel RGB;
+    grey is repeated, a fourth channel dropped; arrays are writable)."""
+    if mode == "bytes":
+        return rec.data
+    n = rec.height * rec.width * rec.channels
+    if rec.channels not in (1, 3, 4) or len(rec.data) != n:
+        raise CorruptData(where, f"{len(rec.data)} raw bytes do not make {rec.height}x{rec.width}x{rec.channels}")
+    view = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
+    if rec.channels == 1:
+        view = np.broadcast_to(view, (rec.height, rec.width, 3))
+    view = view[:, :, :3]
+    if mode == "tensor":  # one copy, straight into CHW
+        return torch.from_numpy(to_chw(view))
+    arr = np.array(view)  # one copy, writable
+    return arr if mode == "numpy" else Image.fromarray(arr)
 
 
 class PackedDataset(torch.utils.data.Dataset):
@@ -83,9 +101,7 @@ class PackedDataset(torch.utils.data.Dataset):
         if callable(self.decode):
             image = self._decode_with(self.decode, rec, index)
         elif rec.fmt == "raw":
-            image = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
-            image = {"numpy": image, "tensor": torch.from_numpy(image.transpose(2, 0, 1).copy()),
-                     "pil": Image.fromarray(image), "bytes": rec.data}[self.decode]
+            image = raw_record(rec, self.decode, where=f"{self.path} sample {index}")
         else:
             image = decode_record(rec.data, self.decode, where=f"{self.path} sample {index}")
         label = rec.label
@@ -95,11 +111,10 @@ class PackedDataset(torch.utils.data.Dataset):
             label = self.target_transform(label)
         return image, label
 
-    def _decode_with(self, fn: Callable[[Any], Any], rec: Any, index: int) -> Any:
-        data = rec.data
-        if rec.fmt == "raw":
-            data = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
+    def _decode_with(self, fn: Callable[[Any], Any], rec: Record, index: int) -> Any:
+        where = f"{self.path} sample {index}"
+        data = raw_record(rec, "numpy", where=where) if rec.fmt == "raw" else rec.data
         try:
             return fn(data)
         except ValueError as e:
-            raise CorruptData(f"{self.path} sample {index}", str(e)) from None
+            raise CorruptData(where, str(e)) from None

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..imaging import _cv2_safe, _to_rgb_array, cv2, decode, sniff_format
+from ..imaging import _cv2_safe, _to_rgb_array, cv2, decode, sniff_format, to_chw
 
 __all__ = ["DecodeResizeCrop", "PilResizeCrop", "jpeg_size", "reduction_factor"]
 
@@ -106,7 +106,7 @@ def _crop_box(height: int, width: int, short_side: int, crop: int) -> tuple[floa
 
 
 def _as_chw(arr: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    return torch.from_numpy(to_chw(np.ascontiguousarray(arr)))
 
 
 class _ResizeCrop:

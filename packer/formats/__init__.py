@@ -11,14 +11,27 @@ from pathlib import Path
 from ..errors import FormatError
 from ..manifest import MANIFEST_NAME, Manifest
 from .base import Reader, Record, Sample, Writer
+from .frames import FramesReader, FramesWriter
+from .hdf5 import HDF5Reader, HDF5Writer
 from .lmdb import LmdbReader, LmdbWriter
 
-__all__ = ["FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class", "open_reader",
-           "detect_format"]
+__all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
+           "open_reader", "detect_format"]
 
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
+    "hdf5": (HDF5Writer, HDF5Reader),
 }
+
+# Outputs that hold video frames only (``decode-frames``' frame folders): opened by path like
+# any format, but no target for packing images, so they stay out of FORMATS.
+VIDEO_FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
+    "frames": (FramesWriter, FramesReader),
+}
+
+
+def _known() -> dict[str, tuple[type[Writer], type[Reader]]]:
+    return {**FORMATS, **VIDEO_FORMATS}
 
 
 def writer_class(name: str) -> type[Writer]:
@@ -36,7 +49,7 @@ def detect_format(path: str | os.PathLike) -> str:
         raise FormatError(f"{path}: does not exist")
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         name = Manifest.load(path).format
-        if name not in FORMATS:
+        if name not in _known():
             raise FormatError(f"{path}: manifest names unknown format {name!r}")
         return name
     for name, (_, reader) in FORMATS.items():
@@ -47,4 +60,4 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def open_reader(path: str | os.PathLike, *, check_crc: bool = True) -> Reader:
     """Open any packed output by path; the manifest chooses the reader."""
-    return FORMATS[detect_format(path)][1](path, check_crc=check_crc)
+    return _known()[detect_format(path)][1](path, check_crc=check_crc)

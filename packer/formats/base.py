@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterator
 from ..errors import CorruptData, UsageError, WriteError
 from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures"]
+__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,19 @@ def write_failures(path: Path, failures: list[dict[str, Any]]) -> None:
     """Write ``failures.jsonl`` (one JSON object per line) atomically."""
     text = "".join(json.dumps(f, ensure_ascii=False, sort_keys=True) + "\n" for f in failures)
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def load_checksums(path: Path, count: int) -> "np.ndarray":
+    """A ``checksums.bin`` sidecar: one little-endian u32 CRC32C per sample, ``count`` of them."""
+    import numpy as np
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CorruptData(str(path), f"cannot read checksums ({e})") from None
+    if len(raw) != 4 * count:
+        raise CorruptData(str(path), f"{len(raw)} bytes, expected {4 * count} (one u32 per sample)")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def _fsync_append(path: Path, data: bytes) -> None:
@@ -117,7 +130,7 @@ class Writer(abc.ABC):
     def open(self, resume_samples: int | None = None) -> None:
         """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""
         try:
-            if resume_samples is None:
+            if not resume_samples:  # nothing durable yet: a clean start is the exact resume
                 self._remove(self.workdir)
                 if self.single_file:
                     self._remove(self._journal_dir())
@@ -128,6 +141,8 @@ class Writer(abc.ABC):
                 self._journal_dir().mkdir(parents=True, exist_ok=True)
                 self._open(0)
             else:
+                for stale in self._journal_dir().glob(".*.tmp-*"):  # a write cut short by a kill
+                    stale.unlink()
                 self.keys = self._read_keys_journal(resume_samples)
                 self.crcs = self._read_crc_journal(resume_samples)
                 self._open(resume_samples)
@@ -175,13 +190,19 @@ class Writer(abc.ABC):
             self.on_durable(self.durable)
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
-              videos: list[dict[str, Any]] | None = None, overwrite: bool = False) -> Manifest:
-        """Finish the output: manifest, failures file, then the atomic rename to ``out``."""
+              videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
+              counted: int | None = None) -> Manifest:
+        """Finish the output: manifest, failures file, then the atomic rename to ``out``.
+
+        ``counted``: the manifest's failure count (default: every record but partial decodes).
+        """
         failures = failures or []
         self.flush()
+        if counted is None:
+            counted = sum(1 for f in failures if f.get("stage") != "partial")
         manifest = Manifest(format=self.format_name, kind=self.kind, count=self.count,
                             classes=self.classes, created_by=self.created_by,
-                            failures=sum(1 for f in failures if f.get("stage") != "partial"),
+                            failures=counted,
                             videos=list(videos or []))
         try:
             self._finish(manifest)
@@ -189,6 +210,7 @@ class Writer(abc.ABC):
             write_failures(self.failures_path(self.workdir), failures)
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
+            self._remove(self.resume_state_path())  # a finished output holds no resume marker
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:

@@ -19,7 +19,7 @@ from ..imaging import sniff_format
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
 from ..protowire import decode_datum, encode_datum
-from .base import Reader, Record, Sample, Writer
+from .base import Reader, Record, Sample, Writer, load_checksums
 
 __all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env"]
 
@@ -138,15 +138,7 @@ class LmdbReader(Reader):
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
-            p = self.path / CHECKSUMS_FILE
-            try:
-                raw = p.read_bytes()
-            except OSError as e:
-                raise CorruptData(str(p), f"cannot read checksums ({e})") from None
-            if len(raw) != 4 * len(self):
-                raise CorruptData(str(p), f"{len(raw)} bytes, expected {4 * len(self)} "
-                                          f"(one u32 per sample)")
-            self._crcs = np.frombuffer(raw, dtype="<u4")
+            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
         return self._crcs
 
     def _env(self) -> lmdb.Environment:

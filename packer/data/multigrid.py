@@ -1,0 +1,604 @@
+"""Multigrid training: a batch-shape schedule, its batch sampler, and sub-batch BatchNorm.
+
+"A Multigrid Method for Efficiently Training Video Models" (Wu, Girshick, He, Feichtenhofer,
+Krähenbühl; CVPR 2020) trains a video model on a grid of mini-batch shapes that keeps
+``B x T x S^2`` (batch x frames x crop side^2) about constant:
+
+* the **long cycle** changes the shape every few epochs, inside each learning-rate stage,
+  from large batches of short small clips ``(T/4, S/sqrt2, 8B)`` to the full shape
+  ``(T, S, B)``, and scales the learning rate by the batch multiplier (8, 4, 2, 1);
+* the **short cycle** changes the crop side every iteration (``S/2`` with 4x batch,
+  ``S/sqrt2`` with 2x batch, ``S`` with 1x batch);
+* a short **fine-tune** stage at the full shape (short cycle only) ends training.
+
+Packed frames make this cheap: the loader can fetch any ``T`` and any crop per batch, so a
+plain ``DataLoader(dataset, batch_sampler=MultigridBatchSampler(...))`` over
+``FrameDataset`` / ``PackedVideoDataset`` gives batches whose shape follows the schedule (the
+sampler sends ``packer.data.requests.ClipRequest`` keys).
+
+The numbers follow facebookresearch/SlowFast (``slowfast/utils/multigrid.py``,
+``slowfast/datasets/multigrid_helper.py``, ``slowfast/models/batchnorm_helper.py``), whose
+rounding conventions are spelled out where they apply; the few places where packer differs
+on purpose are marked "Differs from SlowFast".
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+from fractions import Fraction
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, Sampler
+
+from .requests import ClipRequest
+
+__all__ = [
+    "MultigridSchedule",
+    "MultigridBatchSampler",
+    "SubBatchNorm3d",
+    "aggregate_sub_bn_stats",
+    "set_sub_bn_splits",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LONG_CYCLE_FACTORS = ((0.25, 0.7071), (0.5, 0.7071), (0.5, 1), (1, 1))
+DEFAULT_SHORT_CYCLE_FACTORS = (0.5, 0.7071)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    return value
+
+
+def _factor(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], not {value!r}")
+    return float(value)
+
+
+def _short_cycle_phases(batch_size: int, crop_size: int, full_crop: int,
+                        factors: Sequence[float]) -> list[tuple[int, int]]:
+    """The ``(batch_size, crop_size)`` of each short-cycle iteration for one long-cycle shape.
+
+    SlowFast's conventions: a short-cycle crop is a fraction of the *full* crop size (not of
+    the current long-cycle size), rounded with ``round()`` (``0.7071 * 224 = 158.39 -> 158``);
+    its batch multiplier is ``round((S / (f * S_full))^2)`` with the *unrounded* ``f * S_full``
+    (``(224 / 158.39)^2 = 2.0001 -> 2``). So at the long-cycle size 158 the short cycle is
+    112 px x 2B, 158 px x 1B, 158 px x 1B. The last phase is the long-cycle shape itself.
+    Differs from SlowFast: a multiplier that rounds to 0 (a short-cycle crop larger than the
+    long-cycle one) is clamped to 1.
+    """
+    phases = []
+    for f in factors:
+        side = f * full_crop
+        multiplier = max(1, round((crop_size / side) ** 2))
+        phases.append((batch_size * multiplier, int(round(side))))
+    phases.append((batch_size, crop_size))
+    return phases
+
+
+def _count_batches(num_samples: int, batch_sizes: Sequence[int], drop_last: bool) -> int:
+    """How many batches cycling through ``batch_sizes`` makes of ``num_samples`` indices."""
+    period = sum(batch_sizes)
+    full, rest = divmod(num_samples, period)
+    count = full * len(batch_sizes)
+    for size in batch_sizes:
+        if rest == 0:
+            break
+        if rest < size:
+            count += 0 if drop_last else 1
+            break
+        rest -= size
+        count += 1
+    return count
+
+
+class MultigridSchedule:
+    """The long/short-cycle schedule of multigrid training, as a list of stages.
+
+    Args:
+        base_batch_size: batch size of the full shape, per process (what you would give
+            ``DataLoader(batch_size=...)``); every batch size below is a multiple of it.
+        num_frames: ``T`` of the full shape (frames per clip).
+        crop_size: ``S`` of the full shape (side of the square crop).
+        lr_steps: epochs at which each learning-rate stage starts, first ``0``
+            (SlowFast's ``SOLVER.STEPS``, e.g. ``[0, 94, 154, 196]``).
+        max_epoch: length of the ordinary (non-multigrid) schedule, e.g. ``239``.
+        long_cycle: run the long cycle (shape changes every few epochs).
+        short_cycle: run the short cycle (crop changes every iteration).
+        long_cycle_factors: ``(t, s)`` per long-cycle shape: ``T' = round(T t)``,
+            ``S' = round(S s)``; the last must be ``(1, 1)`` (the full shape).
+        short_cycle_factors: crop fractions of the short cycle's smaller iterations.
+        epoch_factor: the whole multigrid schedule lasts ``max_epoch * epoch_factor`` epochs
+            (multigrid epochs are cheaper; 1.5 in the paper). Ignored when both cycles are off.
+        sampling_rate: frame interval of the full shape; a shape with fewer frames samples
+            them ``num_frames // T'`` times further apart, so a clip spans the same time.
+
+    Attributes:
+        plan: the stages in order, each a dict with ``start_epoch`` (inclusive),
+            ``end_epoch`` (exclusive), ``batch_size``, ``num_frames``, ``crop_size``,
+            ``sampling_rate`` and ``lr_multiplier`` (the long-cycle shape, per process), plus
+            ``lr_stage`` (index into ``lr_steps`` given), ``fine_tune`` and ``short_cycle``
+            (the ``(batch_size, crop_size)`` of each short-cycle iteration, in order; one
+            entry, the stage's own shape, when the short cycle is off).
+        total_epochs: number of epochs to train (the end of the last stage).
+        lr_steps: epochs at which the learning rate changes (SlowFast's rewritten
+            ``SOLVER.STEPS``): every stage start plus the middle of the fine-tune stage.
+
+    How the long cycle is laid out (SlowFast's ``get_long_cycle_schedule``): inside each
+    learning-rate stage of ``E`` epochs the long-cycle shapes get epochs in proportion to
+    their average batch multiplier ``a_i`` (averaged over the short cycle), ``E a_i / sum(a)``,
+    so each shape gets the same number of iterations. The fine-tune stage gets the last
+    ``max_epoch - lr_steps[-1]`` epochs shrunk by the same iteration saving. All epoch
+    counts are then scaled so the total is ``max_epoch * epoch_factor``, and each stage
+    boundary is the *cumulative* epoch count rounded with Python's ``round()`` (half to even:
+    with the SlowFast Kinetics numbers the total is exactly 358.5, which gives 358). packer
+    does this arithmetic in exact fractions, SlowFast in floats; they agree except on a
+    float that lands a hair off a .5 tie. The batch multiplier of a shape is
+    ``round(T S^2 / (T' S'^2))`` (4 x 158^2 -> 8.04 -> 8).
+    """
+
+    def __init__(self, base_batch_size: int, num_frames: int, crop_size: int,
+                 lr_steps: Sequence[int], max_epoch: int, *, long_cycle: bool = True,
+                 short_cycle: bool = True,
+                 long_cycle_factors: Sequence[tuple[float, float]] = DEFAULT_LONG_CYCLE_FACTORS,
+                 short_cycle_factors: Sequence[float] = DEFAULT_SHORT_CYCLE_FACTORS,
+                 epoch_factor: float = 1.5, sampling_rate: int = 1):
+        self.base_batch_size = _positive_int("base_batch_size", base_batch_size)
+        self.num_frames = _positive_int("num_frames", num_frames)
+        self.crop_size = _positive_int("crop_size", crop_size)
+        self.max_epoch = _positive_int("max_epoch", max_epoch)
+        self.sampling_rate = _positive_int("sampling_rate", sampling_rate)
+        steps = [int(s) for s in lr_steps]
+        if not steps or steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"lr_steps must start at 0 and increase strictly, not {list(lr_steps)!r}")
+        if steps[-1] >= self.max_epoch:
+            raise ValueError(f"lr_steps {steps} must all be before max_epoch={self.max_epoch}")
+        if long_cycle and len(steps) < 2:
+            raise ValueError("the long cycle needs at least two lr_steps (the last one starts "
+                             f"the fine-tune stage), not {steps}")
+        if isinstance(epoch_factor, bool) or not isinstance(epoch_factor, (int, float)) \
+                or not epoch_factor > 0:
+            raise ValueError(f"epoch_factor must be a positive number, not {epoch_factor!r}")
+        self.base_lr_steps = steps
+        self.long_cycle = bool(long_cycle)
+        self.short_cycle = bool(short_cycle)
+        self.epoch_factor = float(epoch_factor)
+        self.long_cycle_factors = tuple((_factor("long_cycle_factors t", t), _factor("long_cycle_factors s", s))
+                                        for t, s in long_cycle_factors)
+        if not self.long_cycle_factors or self.long_cycle_factors[-1] != (1.0, 1.0):
+            raise ValueError("the last of long_cycle_factors must be (1, 1), the full shape, "
+                             f"not {tuple(long_cycle_factors)!r}")
+        self.short_cycle_factors = tuple(_factor("short_cycle_factors", f) for f in short_cycle_factors)
+        self.plan: list[dict[str, Any]] = self._build_plan()
+        self.total_epochs: int = self.plan[-1]["end_epoch"]
+        starts = [s["start_epoch"] for s in self.plan]
+        if self.plan[-1]["fine_tune"]:
+            starts.append((self.plan[-1]["start_epoch"] + self.plan[-1]["end_epoch"]) // 2)
+        self.lr_steps: list[int] = sorted(set(starts))
+        log.debug("multigrid schedule:\n%s", self.describe())
+
+    # -- building --------------------------------------------------------------------------
+    def _shape(self, t_factor: float, s_factor: float) -> dict[str, Any]:
+        """One long-cycle shape (per process) with its short cycle."""
+        frames = int(round(self.num_frames * t_factor))
+        side = int(round(self.crop_size * s_factor))
+        if frames < 1 or side < 1:
+            raise ValueError(f"long-cycle factors ({t_factor}, {s_factor}) give an empty clip "
+                             f"({frames} frames of {side} px) for num_frames={self.num_frames}, "
+                             f"crop_size={self.crop_size}")
+        multiplier = max(1, round(self.num_frames * self.crop_size ** 2 / (frames * side ** 2)))
+        batch = self.base_batch_size * multiplier
+        factors = self.short_cycle_factors if self.short_cycle else ()
+        if any(round(f * self.crop_size) < 1 for f in factors):
+            raise ValueError(f"short_cycle_factors {factors} give an empty crop for crop_size={self.crop_size}")
+        return {"batch_size": batch, "num_frames": frames, "crop_size": side,
+                "sampling_rate": self.sampling_rate * max(1, self.num_frames // frames),
+                "lr_multiplier": multiplier,
+                "short_cycle": _short_cycle_phases(batch, side, self.crop_size, factors)}
+
+    def _build_plan(self) -> list[dict[str, Any]]:
+        full = self._shape(1.0, 1.0)
+        steps = self.base_lr_steps
+        if not self.long_cycle:
+            # SlowFast (short cycle only) truncates the stretched steps with int(); with
+            # neither cycle nothing is stretched.
+            factor = self.epoch_factor if self.short_cycle else 1.0
+            starts = [int(s * factor) for s in steps]
+            ends = starts[1:] + [int(self.max_epoch * factor)]
+            stages = [dict(full, lr_stage=i, fine_tune=False, start_epoch=a, end_epoch=b)
+                      for i, (a, b) in enumerate(zip(starts, ends))]
+            return self._finish(stages)
+
+        shapes = [self._shape(t, s) for t, s in self.long_cycle_factors]
+        # Average batch multiplier of each shape over its short cycle, exactly.
+        avg = [Fraction(sum(b for b, _ in sh["short_cycle"]), self.base_batch_size * len(sh["short_cycle"]))
+               for sh in shapes]
+        raw: list[tuple[int, dict[str, Any], Fraction]] = []  # (lr stage, shape, epochs)
+        iterations = Fraction(0)  # in units of (samples / base batch)
+        for stage, (start, end) in enumerate(zip(steps, steps[1:])):
+            for shape, a in zip(shapes, avg):
+                epochs = (end - start) * a / sum(avg)
+                iterations += epochs / a
+                raw.append((stage, shape, epochs))
+        saving = Fraction(steps[-1]) / iterations
+        raw.append((len(steps) - 1, full, (self.max_epoch - steps[-1]) / saving * avg[-1]))
+        scale = Fraction(self.max_epoch) * Fraction(self.epoch_factor) / sum(e for _, _, e in raw)
+        stages, cumulative, start_epoch = [], Fraction(0), 0
+        for i, (stage, shape, epochs) in enumerate(raw):
+            cumulative += epochs * scale
+            end_epoch = round(cumulative)
+            stages.append(dict(shape, lr_stage=stage, fine_tune=i == len(raw) - 1,
+                               start_epoch=start_epoch, end_epoch=end_epoch))
+            start_epoch = end_epoch
+        return self._finish(stages)
+
+    @staticmethod
+    def _finish(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Order the keys, drop stages that rounded to zero epochs."""
+        keys = ("start_epoch", "end_epoch", "batch_size", "num_frames", "crop_size", "sampling_rate",
+                "lr_multiplier", "lr_stage", "fine_tune", "short_cycle")
+        kept = [{k: s[k] for k in keys} for s in stages if s["end_epoch"] > s["start_epoch"]]
+        if not kept:
+            raise ValueError("the schedule has no epochs: raise max_epoch or epoch_factor")
+        return kept
+
+    # -- queries ---------------------------------------------------------------------------
+    def stage_index(self, epoch: int) -> int:
+        """Index in ``plan`` of the stage in force at ``epoch`` (the last one past the end)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        for i, stage in enumerate(self.plan):
+            if epoch < stage["end_epoch"]:
+                return i
+        return len(self.plan) - 1
+
+    def at(self, epoch: int) -> dict[str, Any]:
+        """The stage in force at ``epoch`` (a copy of its ``plan`` entry)."""
+        stage = self.plan[self.stage_index(epoch)]
+        return dict(stage, short_cycle=list(stage["short_cycle"]))
+
+    def lr_at(self, epoch: int, gamma: float = 0.1) -> float:
+        """Learning rate at ``epoch`` relative to the base one: ``gamma ** stage * multiplier``.
+
+        SlowFast's ``steps_with_relative_lrs`` policy: each long-cycle shape scales the
+        learning rate of its learning-rate stage by its batch multiplier; the fine-tune
+        stage keeps the previous stage's learning rate for its first half
+        (``(start + end) // 2``) and decays once more for the second half.
+        """
+        stage = self.plan[self.stage_index(epoch)]
+        decays = stage["lr_stage"]
+        if stage["fine_tune"] and epoch < (stage["start_epoch"] + stage["end_epoch"]) // 2:
+            decays -= 1
+        return gamma ** decays * stage["lr_multiplier"]
+
+    def iterations(self, num_samples: int, *, num_replicas: int = 1, drop_last: bool = False) -> list[int]:
+        """Iterations (batches per process) of each stage of ``plan`` over ``num_samples`` samples.
+
+        Counts exactly what ``MultigridBatchSampler`` yields: each process gets
+        ``ceil(num_samples / num_replicas)`` samples an epoch, batched through the short cycle.
+        """
+        per_rank = math.ceil(num_samples / num_replicas)
+        return [(s["end_epoch"] - s["start_epoch"])
+                * _count_batches(per_rank, [b for b, _ in s["short_cycle"]], drop_last)
+                for s in self.plan]
+
+    def relative_cost(self) -> float:
+        """Compute of the whole schedule as a fraction of plain training (``max_epoch`` epochs
+        at the full shape), counting a clip's cost as ``T x S^2`` (a 3D CNN's FLOPs).
+
+        Each epoch sees every sample once; within a stage a sample's expected ``S^2`` is the
+        short cycle's, weighted by batch size. ``1 / relative_cost()`` is the FLOP-equivalent
+        speedup: 3.4x for the SlowFast Kinetics schedule (8 x 16 x 224^2, steps 0/94/154/196,
+        239 epochs), 1.6x for its short cycle alone, 2.2x for its long cycle alone.
+        """
+        full = self.num_frames * self.crop_size ** 2
+        total = Fraction(0)
+        for s in self.plan:
+            per_sample = Fraction(sum(b * c * c for b, c in s["short_cycle"]), sum(b for b, _ in s["short_cycle"]))
+            total += (s["end_epoch"] - s["start_epoch"]) * s["num_frames"] * per_sample
+        return float(total / (self.max_epoch * full))
+
+    def describe(self) -> str:
+        """The plan as a small text table (one line per stage)."""
+        lines = ["epochs      T   S    B   lr x  rate  short cycle (B x S)"]
+        for s in self.plan:
+            cycle = ", ".join(f"{b}x{c}" for b, c in s["short_cycle"])
+            tag = "  fine-tune" if s["fine_tune"] else ""
+            lines.append(f"{s['start_epoch']:>4}-{s['end_epoch']:<4} {s['num_frames']:>3} "
+                         f"{s['crop_size']:>4} {s['batch_size']:>4} {s['lr_multiplier']:>4} "
+                         f"{s['sampling_rate']:>5}  {cycle}{tag}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"MultigridSchedule(base_batch_size={self.base_batch_size}, num_frames={self.num_frames}, "
+                f"crop_size={self.crop_size}, lr_steps={self.base_lr_steps}, max_epoch={self.max_epoch}, "
+                f"long_cycle={self.long_cycle}, short_cycle={self.short_cycle}, "
+                f"epoch_factor={self.epoch_factor}) -> {len(self.plan)} stages, {self.total_epochs} epochs")
+
+
+def _dist_default(value: Optional[int], what: str) -> int:
+    """``num_replicas`` / ``rank`` from torch.distributed when it is initialised, else 1 / 0."""
+    if value is not None:
+        return value
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size() if what == "num_replicas" else torch.distributed.get_rank()
+    return 1 if what == "num_replicas" else 0
+
+
+class MultigridBatchSampler(Sampler):
+    """Batches of ``ClipRequest`` whose size, frame count and crop follow a ``MultigridSchedule``.
+
+    Each batch is a list of ``ClipRequest(index, num_frames, frame_interval, crop_size)``;
+    the stage of the current epoch gives ``num_frames`` and ``frame_interval``, and the short
+    cycle gives batch size and crop, iteration by iteration (batch ``k`` uses short-cycle
+    phase ``k % len(phases)``, counting from 0 every epoch, as SlowFast's
+    ``ShortCycleBatchSampler`` does). Use it as ``DataLoader(dataset, batch_sampler=...)``
+    over a dataset that honours ``ClipRequest`` keys, and call ``set_epoch`` before each epoch.
+
+    Args:
+        source: the dataset length, or a sampler of indices to batch (e.g. a
+            ``DistributedSampler``, whose ``set_epoch`` is called along).
+        schedule: the ``MultigridSchedule``.
+        epoch: the first epoch (``set_epoch`` changes it).
+        shuffle: shuffle the indices each epoch (only with a length; a sampler orders itself).
+        seed: shuffle seed, the same on every process (and the seed of ``jitter_interval``).
+        num_replicas: number of processes (default: the torch.distributed world size, or 1).
+        rank: this process (default: the torch.distributed rank, or 0).
+        drop_last: drop the last, incomplete batch of each epoch (recommended with
+            ``SubBatchNorm3d``, whose batches must split evenly).
+        jitter_interval: draw each clip's frame interval uniformly from
+            ``[sampling_rate, stage sampling_rate]`` (SlowFast's ``get_random_sampling_rate``),
+            instead of always using the stage's (the default: a clip spans the same time
+            whatever its frame count).
+
+    Rank splitting is ``DistributedSampler``'s (drop_last=False): the epoch's permutation
+    (``torch.randperm`` seeded with ``seed + epoch``) is padded by repeating its start to a
+    multiple of ``num_replicas`` and process ``rank`` takes every ``num_replicas``-th index
+    from ``rank``, so every process yields the same number of batches of the same shapes.
+    Batch sizes are per process.
+    """
+
+    def __init__(self, source: Union[int, Iterable[int]], schedule: MultigridSchedule, *,
+                 epoch: int = 0, shuffle: Optional[bool] = None, seed: int = 0,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 drop_last: bool = False, jitter_interval: bool = False):
+        if not isinstance(schedule, MultigridSchedule):
+            raise ValueError(f"schedule must be a MultigridSchedule, not {type(schedule).__name__}")
+        if isinstance(source, bool) or isinstance(source, Dataset):
+            raise ValueError("source must be the dataset length or a sampler of indices; "
+                             "for a dataset pass len(dataset)")
+        if isinstance(source, int):
+            if source < 0:
+                raise ValueError(f"dataset length must be >= 0, not {source}")
+            self.sampler = None
+            self.num_samples_total = source
+            self.shuffle = True if shuffle is None else bool(shuffle)
+            self.num_replicas = _dist_default(num_replicas, "num_replicas")
+            self.rank = _dist_default(rank, "rank")
+            if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
+                raise ValueError(f"rank must be in [0, num_replicas), not rank={self.rank}, "
+                                 f"num_replicas={self.num_replicas}")
+        else:
+            if not hasattr(source, "__iter__") or not hasattr(source, "__len__"):
+                raise ValueError(f"source must be an int or a sampler with __iter__ and __len__, "
+                                 f"not {type(source).__name__}")
+            if shuffle is not None or num_replicas is not None or rank is not None:
+                raise ValueError("shuffle, num_replicas and rank belong to the wrapped sampler "
+                                 "(e.g. DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=...))")
+            self.sampler = source
+            self.num_samples_total = len(source)
+            self.shuffle = bool(getattr(source, "shuffle", False))
+            self.num_replicas = int(getattr(source, "num_replicas", 1))
+            self.rank = int(getattr(source, "rank", 0))
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, not {epoch!r}")
+        self.schedule = schedule
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.jitter_interval = bool(jitter_interval)
+        self.epoch = 0
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch: its stage (shapes) and its shuffle."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        self.epoch = int(epoch)
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+
+    @property
+    def stage(self) -> dict[str, Any]:
+        """The schedule stage of the current epoch."""
+        return self.schedule.at(self.epoch)
+
+    def _indices(self) -> list[int]:
+        """This process's indices for the current epoch, in order."""
+        if self.sampler is not None:
+            return [int(i) for i in self.sampler]
+        n = self.num_samples_total
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        per_rank = math.ceil(n / self.num_replicas)
+        padding = per_rank * self.num_replicas - n
+        if padding and order:
+            order += (order * math.ceil(padding / n))[:padding]
+        return order[self.rank::self.num_replicas]
+
+    def _per_rank(self) -> int:
+        return self.num_samples_total if self.sampler is not None \
+            else math.ceil(self.num_samples_total / self.num_replicas)
+
+    def __iter__(self) -> Iterator[list[ClipRequest]]:
+        stage = self.stage
+        phases = stage["short_cycle"]
+        frames, interval = stage["num_frames"], stage["sampling_rate"]
+        low = self.schedule.sampling_rate
+        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}") if self.jitter_interval else None
+        indices = self._indices()
+        pos, k = 0, 0
+        while pos < len(indices):
+            size, crop = phases[k % len(phases)]
+            chunk = indices[pos:pos + size]
+            if len(chunk) < size and self.drop_last:
+                break
+            yield [ClipRequest(i, frames, rng.randint(low, interval) if rng else interval, crop)
+                   for i in chunk]
+            pos += size
+            k += 1
+
+    def __len__(self) -> int:
+        return _count_batches(self._per_rank(), [b for b, _ in self.stage["short_cycle"]], self.drop_last)
+
+
+class SubBatchNorm3d(nn.Module):
+    """BatchNorm3d whose training statistics come from ``num_splits`` sub-batches.
+
+    Multigrid's long cycle multiplies the per-process batch by up to 8; normalising over
+    sub-batches of the base size keeps BatchNorm's noise what the model will see at the
+    full shape. In training, split ``s`` holds samples ``s, s + k, s + 2k, ...``
+    (``k = num_splits``; a free reshape of the batch to ``(n / k, k * C, T, H, W)``, as
+    SlowFast does) and has its own running statistics; one affine ``weight``/``bias`` is
+    shared by all splits. In evaluation the module is a plain BatchNorm3d over the
+    aggregated statistics, which ``aggregate_stats()`` computes; ``eval()`` calls it for you
+    when the module leaves training mode.
+
+    Aggregation (SlowFast's ``_get_aggregated_mean_std``): with split running means
+    ``m_s`` and variances ``v_s``, ``mean = avg_s m_s`` and
+    ``var = avg_s v_s + avg_s (m_s - mean)^2`` (within-split plus between-split variance).
+    For one batch this is the whole batch's variance exactly when ``v_s`` are the biased
+    split variances; BatchNorm keeps unbiased ones (``x m/(m-1)`` for ``m`` values per split
+    and channel), so the aggregate exceeds the whole batch's biased variance by
+    ``avg_s v_s / m``, which is negligible for video activations.
+
+    Args:
+        num_features: channels ``C`` of the ``(N, C, T, H, W)`` input.
+        num_splits: sub-batches per batch; a training batch must have a multiple of it.
+        eps, momentum, affine, track_running_stats, device, dtype: as ``nn.BatchNorm3d``.
+    """
+
+    def __init__(self, num_features: int, num_splits: int, *, eps: float = 1e-5,
+                 momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.num_features = _positive_int("num_features", num_features)
+        self.num_splits = _positive_int("num_splits", num_splits)
+        if momentum is not None and not 0 <= momentum <= 1:
+            raise ValueError(f"momentum must be in [0, 1] or None, not {momentum!r}")
+        self.eps = float(eps)
+        self.momentum = momentum
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        factory = {"device": device, "dtype": dtype}
+        if self.affine:
+            self.weight = nn.Parameter(torch.ones(num_features, **factory))
+            self.bias = nn.Parameter(torch.zeros(num_features, **factory))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if self.track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features, **factory))
+            self.register_buffer("running_var", torch.ones(num_features, **factory))
+            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device))
+            self.register_buffer("split_running_mean", torch.zeros(num_splits * num_features, **factory))
+            self.register_buffer("split_running_var", torch.ones(num_splits * num_features, **factory))
+        else:
+            for name in ("running_mean", "running_var", "num_batches_tracked",
+                         "split_running_mean", "split_running_var"):
+                self.register_buffer(name, None)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, num_splits={self.num_splits}, eps={self.eps}, "
+                f"momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+    def _average_factor(self) -> float:
+        """BatchNorm's running-average factor for this step (cumulative when momentum is None)."""
+        if not (self.training and self.track_running_stats):
+            return 0.0
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 5:
+            raise ValueError(f"SubBatchNorm3d expects (N, C, T, H, W) input, got shape {tuple(x.shape)}")
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"SubBatchNorm3d({self.num_features}) got {x.shape[1]} channels")
+        if not self.training:
+            # Without running statistics BatchNorm normalises by the batch, also in eval.
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                not self.track_running_stats, 0.0, self.eps)
+        n, c = x.shape[:2]
+        k = self.num_splits
+        if n % k:
+            raise ValueError(f"SubBatchNorm3d: a batch of {n} samples does not split into {k} "
+                             "equal sub-batches (use drop_last=True in the sampler)")
+        factor = self._average_factor()
+        y = F.batch_norm(x.reshape(n // k, k * c, *x.shape[2:]), self.split_running_mean,
+                         self.split_running_var, None, None, True, factor, self.eps)
+        y = y.reshape(x.shape)
+        if self.affine:
+            y = y * self.weight.view(1, -1, 1, 1, 1) + self.bias.view(1, -1, 1, 1, 1)
+        return y
+
+    @torch.no_grad()
+    def aggregate_stats(self) -> None:
+        """Fold the splits' running statistics into the evaluation ones (see the class doc)."""
+        if not self.track_running_stats:
+            return
+        means = self.split_running_mean.view(self.num_splits, self.num_features)
+        variances = self.split_running_var.view(self.num_splits, self.num_features)
+        mean = means.mean(0)
+        self.running_mean.copy_(mean)
+        self.running_var.copy_(variances.mean(0) + ((means - mean) ** 2).mean(0))
+
+    @torch.no_grad()
+    def set_num_splits(self, num_splits: int) -> None:
+        """Change the number of sub-batches (e.g. when the long cycle changes the batch size).
+
+        The statistics are aggregated first and every new split starts from them.
+        """
+        num_splits = _positive_int("num_splits", num_splits)
+        if self.track_running_stats:
+            self.aggregate_stats()
+            self.split_running_mean = self.running_mean.repeat(num_splits)
+            self.split_running_var = self.running_var.repeat(num_splits)
+        self.num_splits = num_splits
+
+    def train(self, mode: bool = True) -> "SubBatchNorm3d":
+        if self.training and not mode:
+            self.aggregate_stats()
+        return super().train(mode)
+
+
+def _sub_bns(module: nn.Module) -> list[SubBatchNorm3d]:
+    return [m for m in module.modules() if isinstance(m, SubBatchNorm3d)]
+
+
+def aggregate_sub_bn_stats(module: nn.Module) -> int:
+    """Call ``aggregate_stats()`` on every ``SubBatchNorm3d`` in ``module``; returns how many."""
+    found = _sub_bns(module)
+    for m in found:
+        m.aggregate_stats()
+    return len(found)
+
+
+def set_sub_bn_splits(module: nn.Module, num_splits: int) -> int:
+    """Set ``num_splits`` of every ``SubBatchNorm3d`` in ``module``; returns how many."""
+    found = _sub_bns(module)
+    for m in found:
+        m.set_num_splits(num_splits)
+    return len(found)

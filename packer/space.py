@@ -1,0 +1,97 @@
+"""Estimate an output's size and file count before a conversion, and refuse when it won't fit."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .errors import UsageError
+from .sources import Item
+
+__all__ = ["Estimate", "estimate_output", "sample_items", "free_space", "check_space", "human_bytes"]
+
+log = logging.getLogger(__name__)
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, as disk vendors and ``df -H`` count)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+@dataclass
+class Estimate:
+    """Expected output: bytes on disk and files (frames plus folders), from ``sampled`` videos."""
+
+    bytes: int
+    files: int
+    frames: int
+    sampled: int
+    videos: int
+
+    def describe(self) -> str:
+        files = f" in {self.files:,} files" if self.files else ""
+        return (f"about {human_bytes(self.bytes)}{files} ({self.frames:,} frames, "
+                f"estimated from {self.sampled} of {self.videos} videos)")
+
+
+def estimate_output(probes: Sequence[tuple[int, float]], items: int, *, per_file: bool,
+                    block: int = 4096) -> Estimate:
+    """Extrapolate probed items, each ``(frames, bytes per frame)``, to ``items`` items.
+
+    With ``per_file`` every frame is one file rounded up to ``block`` bytes and every item
+    one folder (frame folders); else the frames go into a few packed files."""
+    if not probes:
+        return Estimate(0, 0, 0, 0, items)
+    mean_frames = sum(n for n, _ in probes) / len(probes)
+    per_item = []
+    for n, size in probes:
+        if per_file:
+            size = -(-size // block) * block
+        per_item.append(n * size)
+    total = sum(per_item) / len(probes) * items
+    frames = int(mean_frames * items)
+    if per_file:
+        total += items * block  # one folder per item
+    return Estimate(int(total), frames + items if per_file else 0, frames, len(probes), items)
+
+
+def sample_items(items: Sequence[Item], count: int = 24, seed: int = 0) -> list[Item]:
+    """A seeded sample of ``items`` to probe for an estimate: ``count``, or one in 20 of a small
+    input (at least 4), so probing stays a small part of the job."""
+    n = min(count, max(4, len(items) // 20), len(items))
+    return random.Random(seed).sample(list(items), n)
+
+
+def free_space(path: str | os.PathLike) -> tuple[int, Optional[int], Path]:
+    """(free bytes, free inodes or None where the file system does not count them, the
+    existing folder measured) for where ``path`` would be created."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    st = os.statvfs(p)
+    inodes = st.f_favail if st.f_files > 0 else None
+    return st.f_bavail * st.f_frsize, inodes, p
+
+
+def check_space(out: str | os.PathLike, estimate: Estimate, *, force: bool = False,
+                margin: float = 1.05) -> None:
+    """Refuse (UsageError, with the numbers) when ``estimate`` does not fit where ``out`` goes."""
+    free, inodes, where = free_space(out)
+    need = int(estimate.bytes * margin)
+    short_bytes = need > free
+    short_files = inodes is not None and estimate.files > inodes
+    if not (short_bytes or short_files):
+        return
+    have = f"{human_bytes(free)}" + (f" and {inodes:,} inodes" if inodes is not None else "")
+    msg = f"{out}: the output needs {estimate.describe()}, but {where} has {have} free"
+    if force:
+        log.warning("%s; going on (--force)", msg)
+        return
+    raise UsageError(msg + "; free some space or pass --force")

@@ -1,0 +1,108 @@
+"""Kill a real ``packer to-lmdb`` with SIGKILL at many points; ``--resume`` must end identical."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import write_image_folder
+from packer.formats import open_reader
+from packer.formats.base import partial_path
+
+pytestmark = pytest.mark.slow
+
+
+def packer_cmd(*args):
+    return [sys.executable, "-c", "from packer.cli import main; main()", *map(str, args)]
+
+
+def snapshot(out: Path):
+    r = open_reader(out)
+    values = [r.read(i) for i in range(len(r))]
+    return {"keys": r.keys, "values": [(v.data, v.label, v.height, v.width, v.channels) for v in values],
+            "checksums": (out / "checksums.bin").read_bytes(),
+            "failures": (out / "failures.jsonl").read_text(), "count": r.manifest.count,
+            "classes": r.manifest.classes}
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    root = write_image_folder(tmp_path_factory.mktemp("resume") / "src", count=120, classes=3, size=(160, 200))
+    (root / "class_1" / "img_0050.jpg").write_bytes(b"broken")  # one bad input mid-way
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "ref.lmdb"
+    done = subprocess.run(packer_cmd("to-lmdb", src, out, "--workers", 0, "--max-failures", 1),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return snapshot(out)
+
+
+def run_and_kill(cmd, state: Path, at_samples: int, timeout: float = 60) -> bool:
+    """Start ``cmd``; SIGKILL it once its checkpoint records >= ``at_samples``. True if killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if json.loads(state.read_text())["samples"] >= at_samples:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.002)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+    return False
+
+
+@pytest.mark.parametrize("at", [0, 8, 40, 100])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
+    out = tmp_path / "out.lmdb"
+    state = partial_path(out) / ".resume.json"
+    base = ("to-lmdb", src, out, "--workers", workers, "--commit-every", 4, "--max-failures", 1)
+    killed = run_and_kill(packer_cmd(*base), state, at)
+    if killed:
+        assert not out.exists()  # nothing half-written is presented as a dataset
+        # kill the resumed run too, once, a little further on
+        run_and_kill(packer_cmd(*base, "--resume"), state, at + 12)
+    done = subprocess.run(packer_cmd(*base, "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert snapshot(out) == reference
+    assert not partial_path(out).exists()
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_resume_on_finished_output_does_nothing(src, reference, tmp_path):
+    out = tmp_path / "out.lmdb"
+    subprocess.run(packer_cmd("to-lmdb", src, out, "--workers", 0, "--max-failures", 1), check=True,
+                   capture_output=True)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    done = subprocess.run(packer_cmd("to-lmdb", src, out, "--resume", "--max-failures", 1),
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "nothing to do" in done.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_resume_refuses_a_changed_input(src, tmp_path):
+    out = tmp_path / "out.lmdb"
+    state = partial_path(out) / ".resume.json"
+    killed = run_and_kill(packer_cmd("to-lmdb", src, out, "--workers", 0, "--commit-every", 4,
+                                     "--max-failures", 1), state, 8)
+    assert killed
+    other = tmp_path / "other"
+    write_image_folder(other, count=5)
+    done = subprocess.run(packer_cmd("to-lmdb", other, out, "--resume"), capture_output=True, text=True)
+    assert done.returncode != 0 and "input changed" in done.stderr
