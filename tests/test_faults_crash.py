@@ -1,0 +1,75 @@
+"""Crash safety: SIGKILL every conversion command at many points, rerun with ``--resume``, and
+the output is identical to an uninterrupted run, with no temporary files left and
+``packer verify`` passing."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+from click.testing import CliRunner
+
+from faults import CONVERSIONS, Conversion, leftovers, make_source, snapshot
+from killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
+from packer.cli import main
+
+# Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
+# two journals of one commit, just before the final rename, right after it.
+FAST_POINTS = ["journal:3", "rename:0"]
+SLOW_POINTS = ["add:1", "add:6", "add:25", "journal:1", "journal:4", "journal:8", "renamed:0"]
+KILL_POINTS = FAST_POINTS + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW_POINTS]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("crash")
+    return {kind: make_source(kind, root / kind) for kind in ("images", "videos")}
+
+
+@pytest.fixture(scope="module")
+def references(sources, tmp_path_factory):
+    """Uninterrupted runs, made once per conversion."""
+    root, done = tmp_path_factory.mktemp("refs"), {}
+
+    def get(conv: Conversion):
+        if conv.id not in done:
+            out = conv.out(root, conv.id)
+            r = run_packer(*conv.argv(sources[conv.source], out, "--workers", 0))
+            assert r.returncode == 0, r.stderr
+            done[conv.id] = snapshot(conv, out)
+        return done[conv.id]
+
+    return get
+
+
+def finish_and_check(conv: Conversion, src, out, reference, workers: int = 0) -> None:
+    r = run_packer(*conv.argv(src, out, "--workers", workers, "--resume"))
+    assert r.returncode == 0, r.stderr
+    assert snapshot(conv, out) == reference
+    assert leftovers(conv, out) == []
+    v = CliRunner().invoke(main, ["verify", str(out)])
+    assert v.exit_code == 0, v.output
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+@pytest.mark.parametrize("conv", CONVERSIONS, ids=lambda c: c.id)
+def test_kill_at_a_writer_point_then_resume(conv, point, sources, references, tmp_path):
+    src, out = sources[conv.source], conv.out(tmp_path)
+    killed = run_packer(*conv.argv(src, out, "--workers", 0), kill_at=point)
+    assert killed.returncode == -signal.SIGKILL, f"the run ended before {point}: {killed.stderr}"
+    if point != "renamed:0":
+        assert not out.exists()  # nothing half-written is presented as a dataset
+    finish_and_check(conv, src, out, references(conv))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conv", CONVERSIONS, ids=lambda c: c.id)
+def test_kill_from_outside_with_workers_twice_then_resume(conv, sources, references, tmp_path):
+    """A user's ``kill -9`` of the whole process group (workers included), twice in a row."""
+    src, out = sources[conv.source], conv.out(tmp_path)
+    state = conv.state(out)
+    field = "samples"
+    assert run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 2)), checkpoint_at_least(state, 4, field))
+    run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 2, "--resume")),
+                 checkpoint_at_least(state, 16, field))
+    assert not out.exists()
+    finish_and_check(conv, src, out, references(conv), workers=2)
