@@ -50,6 +50,13 @@ CONVERSIONS: list[Conversion] = [
     *[Conversion(f"decode-frames-{to}", ("decode-frames",), "videos", _writer(to), ("--to", to, "--commit-every", "10"))
       for to in [*VIDEO_FORMATS, *FORMATS]],
 ]
+def one_fast(convs: list[Conversion]) -> list:
+    """``convs`` as pytest params: the first in the default run, the rest marked slow."""
+    import pytest
+
+    return [pytest.param(c, id=c.id, marks=() if i == 0 else pytest.mark.slow) for i, c in enumerate(convs)]
+
+
 # TODO(records): `to-records` joins through FORMATS; add `("--samples-per-shard", "7")` to its
 # options so kills land between shard rollovers, and an `index` row if it rewrites outputs.
 

@@ -14,7 +14,7 @@ from typing import Iterator
 import lmdb
 import numpy as np
 
-from ..errors import CorruptData
+from ..errors import CorruptData, WriteError
 from ..imaging import sniff_format
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
@@ -68,14 +68,17 @@ class LmdbWriter(Writer):
         self._batch: list[tuple[bytes, bytes]] = []
         data = self.workdir / "data.mdb"
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
-        self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=False,
-                              max_dbs=0, readahead=False)
-        if resume_samples:
-            with self._env.begin(write=True) as txn:
-                cur = txn.cursor()
-                if cur.set_range(lmdb_key(resume_samples)):
-                    while cur.delete():
-                        pass
+        try:
+            self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=False,
+                                  max_dbs=0, readahead=False)
+            if resume_samples:
+                with self._env.begin(write=True) as txn:
+                    cur = txn.cursor()
+                    if cur.set_range(lmdb_key(resume_samples)):
+                        while cur.delete():
+                            pass
+        except lmdb.Error as e:
+            raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from None
 
     def _write(self, index: int, sample: Sample) -> int:
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
@@ -92,6 +95,8 @@ class LmdbWriter(Writer):
             except lmdb.MapFullError:
                 new = self._env.info()["map_size"] * 2
                 self._env.set_mapsize(new)
+            except lmdb.Error as e:  # disk full, file size limit, I/O error: the txn is not committed
+                raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
         self._batch = []
 
     def _finish(self, manifest: Manifest) -> None:
