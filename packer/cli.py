@@ -12,6 +12,7 @@ import click
 
 from . import __version__
 from .errors import PackerError
+from .executors import EXECUTORS
 from .sources import DEFAULT_VIDEO_EXTS
 
 __all__ = ["main"]
@@ -52,8 +53,12 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every conversion command shares."""
-    fn = click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
-                      help="Where the per-item work runs.")(fn)
+    fn = _with_ray_address(fn)
+    fn = click.option("--ray-address", default=None, metavar="ADDR",
+                      help="Ray cluster to join with --executor ray ('auto', 'ray://head:10001'; "
+                           "default: RAY_ADDRESS, else a local Ray instance).")(fn)
+    fn = click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                      help="Where the per-item work runs: local process pool or a Ray cluster.")(fn)
     fn = click.option("--shard-index", type=int, default=0, show_default=True,
                       help="Which part of the input this job converts (with --num-shards).")(fn)
     fn = click.option("--num-shards", type=int, default=1, show_default=True,
@@ -66,6 +71,20 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--workers", type=int, default=None,
                       help="Worker processes (default: all cores; 0 = in this process).")(fn)
     return fn
+
+
+def _with_ray_address(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Fold ``--ray-address`` into the ``executor`` spec (``ray:ADDR``) so commands pass one value."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, ray_address: str | None = None, **kwargs: Any) -> Any:
+        if ray_address is not None:
+            if kwargs.get("executor") != "ray":
+                raise click.UsageError("--ray-address needs --executor ray")
+            kwargs["executor"] = f"ray:{ray_address}"
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -313,3 +332,20 @@ def demo(workdir, count, workers):
                f"(first: {r['first']['key']} {r['first']['shape']} {r['first']['dtype']} "
                f"label {r['first']['label']})")
     click.echo(f"next: packer inspect {r['output']} --grid preview.png && packer verify {r['output']}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, metavar="PART... OUT")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option("--any-parts", is_flag=True,
+              help="Merge any outputs of one format and class list in the order given, not only "
+                   "parts 0..N-1 of one --num-shards run.")
+@_library_call
+def merge(paths, overwrite, any_parts):
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    from .merge import merge_parts
+
+    if len(paths) < 2:
+        raise click.UsageError("expected PART... OUT")
+    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
+    click.echo(report.summary())

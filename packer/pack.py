@@ -90,9 +90,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     check_output_arg(out, resume=resume, overwrite=overwrite)
     items, classes = image_items(src, list_path=list_path, exts=exts)
-    items = partition(items, num_shards, shard_index)
     if not items:
         raise UsageError(f"{src}: no input images found")
+    items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
     options = {"format": format, "check": check, "src": str(Path(src).resolve()),
                "list": str(list_path) if list_path else None, "num_shards": num_shards,
                "shard_index": shard_index}

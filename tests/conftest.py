@@ -54,6 +54,22 @@ def mixed_folder(tmp_path) -> Path:
     return root
 
 
+def packed_snapshot(out) -> dict:
+    """What a reader sees of a packed output of any format, plus its failures file: two outputs
+    hold the same dataset when their snapshots are equal (``created_by`` may differ)."""
+    import dataclasses
+
+    from packer.formats import open_reader
+    from packer.merge import read_failures, writer_of
+
+    r = open_reader(out)
+    m = r.manifest
+    return {"keys": list(r.keys), "records": [dataclasses.astuple(r.read(i)) for i in range(len(r))],
+            "classes": m.classes, "kind": m.kind, "count": m.count, "failures": m.failures,
+            "videos": m.videos, "extra": m.extra, "failure_records": read_failures(r),
+            "failures_file": writer_of(r).failures_path(Path(out)).read_bytes()}
+
+
 def write_video(path: Path, *, frames: int = 24, size=(48, 64), fps: float = 25.0, seed: int = 0,
                 fourcc: str | None = None) -> Path:
     """A small synthetic video (OpenCV's mp4v for .mp4, MJPG for .avi): a moving gradient

@@ -17,7 +17,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from ..errors import CorruptData, UsageError, WriteError
 from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
@@ -241,6 +241,37 @@ class Writer(abc.ABC):
             log.debug("closing %s after an error failed", self.workdir, exc_info=True)
         self._opened = False
 
+    # -- merging parts (``packer merge``) ----------------------------------------------
+    @classmethod
+    def merge_parts(cls, parts: Sequence["Reader"], out: str | os.PathLike, *,
+                    created_by: dict[str, Any], failures: list[dict[str, Any]],
+                    videos: list[dict[str, Any]], overwrite: bool = False,
+                    progress: Callable[[int], None] | None = None, **writer_options: Any) -> Manifest:
+        """Combine complete outputs of this format, in order, into one output at ``out``.
+
+        ``packer.merge`` has already checked the parts and combined ``failures`` and ``videos``
+        (starts offset by the preceding parts' counts). This default re-packs every sample
+        through a new writer, so it works for any format (the data is read CRC-checked on the
+        way); a format may override it with a fast path (records: link the shards into one
+        sequence, no data rewritten) and call this one where the fast path does not apply.
+        ``progress(n)`` is called as samples are written.
+        """
+        first = parts[0]
+        writer = cls(out, classes=first.classes, kind=first.manifest.kind, created_by=created_by,
+                     **writer_options)
+        videos_before = 0
+        with writer:
+            for reader in parts:
+                for i in range(len(reader)):
+                    sample = reader.sample(i)
+                    if "video_index" in sample.extra:  # a position in the manifest's videos
+                        sample.extra["video_index"] += videos_before
+                    writer.add(sample)
+                    if progress is not None:
+                        progress(1)
+                videos_before += len(reader.manifest.videos)
+            return writer.close(failures=failures, videos=videos, overwrite=overwrite)
+
     # -- paths ---------------------------------------------------------------------------
     def _journal_dir(self) -> Path:
         """Where journals and the resume checkpoint live (inside the partial dir, or beside the file)."""
@@ -356,6 +387,15 @@ class Reader(abc.ABC):
     @abc.abstractmethod
     def read(self, index: int) -> Record:
         """The stored sample at ``index``; raises CorruptData naming the file and position."""
+
+    def sample(self, index: int) -> Sample:
+        """The stored sample at ``index`` as a writer takes it (what a re-pack needs).
+
+        Formats that keep per-sample ``extra`` fields (video frame numbers) override this.
+        """
+        rec = self.read(index)
+        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label,
+                      rec.height, rec.width, rec.channels)
 
     def _check_index(self, index: int) -> int:
         n = len(self)

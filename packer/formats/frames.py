@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -95,6 +95,13 @@ class FramesWriter(Writer):
             raise ValueError("start_index must be >= 0")
         self.filename_tmpl = filename_tmpl
         self.start_index = start_index
+
+    @classmethod
+    def merge_parts(cls, parts: Sequence[Reader], out: str | os.PathLike, **options: Any) -> Manifest:
+        """The default re-pack, with the parts' frame file names (``filename_tmpl``, ``start_index``)."""
+        extra = parts[0].manifest.extra
+        return super().merge_parts(parts, out, filename_tmpl=extra.get("filename_tmpl", DEFAULT_TEMPLATE),
+                                   start_index=int(extra.get("start_index", 1)), **options)
 
     # -- the format's part of the seam --------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
@@ -215,6 +222,15 @@ class FramesReader(Reader):
         v = self.videos[bisect.bisect_right(self._starts, index) - 1]
         return self.path / v["frame_dir"] / self.filename_tmpl.format(
             self.start_index + index - int(v["start"])), v
+
+    def sample(self, index: int) -> Sample:
+        """The frame at ``index`` with the extras the frames writer takes (``packer merge``)."""
+        index = self._check_index(index)
+        _, v = self.frame_path(index)
+        rec = self.read(index)
+        return Sample(self.keys[index], rec.data, rec.fmt, rec.label, rec.height, rec.width, rec.channels,
+                      extra={"frame_dir": v["frame_dir"], "frame": index - int(v["start"]),
+                             "frames": int(v["length"])})
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:

@@ -26,7 +26,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -98,6 +98,14 @@ class HDF5Writer(Writer):
         self.chunk_bytes = chunk_bytes
         self._f: h5py.File | None = None
         self._pending: list[Sample] = []
+
+    @classmethod
+    def merge_parts(cls, parts: Sequence[Reader], out: str | os.PathLike, **options: Any) -> Manifest:
+        """The default re-pack; raw-pixel parts (``to-hdf5 --raw``) merge into a raw-pixel file."""
+        with h5py.File(parts[0].path, "r") as f:
+            if "pixels" in f:
+                options["pixels_shape"] = tuple(int(v) for v in f["pixels"].shape[1:])
+        return super().merge_parts(parts, out, **options)
 
     # -- opening -------------------------------------------------------------------------
     def _open(self, resume_samples: int) -> None:

@@ -77,8 +77,10 @@ class LmdbWriter(Writer):
         self._batch: list[tuple[bytes, bytes]] = []
         data = self.workdir / "data.mdb"
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
+        # meminit=True: unused page bytes are zeroed, not leftover heap memory, so the same
+        # samples committed in the same batches give a byte-identical data.mdb.
         try:
-            self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=False,
+            self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=True,
                                   max_dbs=0, readahead=False)
             if resume_samples:
                 with self._env.begin(write=True) as txn:

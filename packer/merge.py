@@ -1,0 +1,258 @@
+"""``packer merge PART... OUT``: combine the parts of a sharded conversion into one dataset.
+
+A conversion split with ``--num-shards N --shard-index I`` writes N parts, each a complete
+packed output of one contiguous block of the sorted input. Merging them in shard order gives
+what one machine would have written over the whole input: the same positions, keys, labels,
+bytes, classes and ``failures.jsonl``; video entries move by the preceding parts' counts.
+
+The checks come first and refuse clearly: the parts must share format, kind and classes,
+their conversion options must agree apart from the shard index, and shard indices must be
+``0..N-1``, each exactly once (``any_parts=True`` merges any compatible outputs in the given
+order instead). The combining itself is the format's ``Writer.merge_parts`` hook: by default
+a re-pack through the format's writer (any format), overridable with a fast path.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from .convert import check_output_arg
+from .errors import CorruptData, UsageError
+from . import formats
+from .formats import Reader, open_reader
+from .formats.base import Writer, partial_path
+from .manifest import created_by
+
+__all__ = ["MergeReport", "merge_parts", "part_of", "read_failures", "writer_of"]
+
+log = logging.getLogger(__name__)
+
+# created_by options that name the part, not what was converted
+_PART_OPTIONS = ("num_shards", "shard_index")
+
+
+@dataclass
+class MergeReport:
+    """The outcome of a merge."""
+
+    out: str
+    parts: int
+    count: int
+    failures: int
+    videos: int
+    elapsed: float
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        videos = f", {self.videos} videos" if self.videos else ""
+        return (f"{self.out}: merged {self.parts} parts, {self.count} samples{videos}, "
+                f"{self.failures} failures recorded, in {self.elapsed:.1f}s")
+
+
+def part_of(reader: Reader) -> tuple[int, int] | None:
+    """``(shard_index, num_shards)`` from a packed output's ``created_by``, or None if unrecorded."""
+    options = reader.manifest.created_by.get("options") or {}
+    try:
+        index, total = int(options["shard_index"]), int(options["num_shards"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (index, total) if 0 <= index < total else None
+
+
+def writer_of(reader: Reader) -> type[Writer]:
+    """The Writer class of a packed output's format (from the registry, video-only formats too)."""
+    name = reader.manifest.format
+    for table in (formats.FORMATS, getattr(formats, "VIDEO_FORMATS", {})):
+        if name in table:
+            return table[name][0]
+    raise UsageError(f"{reader.path}: no writer for format {name!r}")
+
+
+def read_failures(reader: Reader) -> list[dict[str, Any]]:
+    """The failure records of a packed output (its ``failures.jsonl``), in order."""
+    path = writer_of(reader).failures_path(reader.path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise CorruptData(str(path), "missing (every packed output has a failures file)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorruptData(str(path), f"cannot read ({e})") from None
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise CorruptData(str(path), "not a JSON object", position=f"line {lineno}")
+        records.append(record)
+    return records
+
+
+def _open_part(path: Path) -> Reader:
+    if path.name.endswith(".partial"):
+        raise UsageError(f"{path}: is an unfinished part; rerun its command with --resume, then merge "
+                         f"{path.name[:-len('.partial')]}")
+    if not path.exists():
+        if partial_path(path).exists():
+            raise UsageError(f"{path}: that part did not finish ({partial_path(path).name} is there); "
+                             "rerun its command with --resume, then merge")
+        raise UsageError(f"{path}: part does not exist")
+    return open_reader(path)
+
+
+def _check_compatible(readers: Sequence[Reader]) -> None:
+    """Same format, kind and classes across every part."""
+    first = readers[0]
+    for r in readers[1:]:
+        for what, a, b in (("format", first.manifest.format, r.manifest.format),
+                           ("kind", first.manifest.kind, r.manifest.kind)):
+            if a != b:
+                raise UsageError(f"{r.path}: {what} {b!r} differs from {first.path}'s {a!r}; "
+                                 "parts of one dataset share it")
+        if r.classes != first.classes:
+            raise UsageError(f"{r.path}: classes differ from {first.path}'s "
+                             f"({len(r.classes)} vs {len(first.classes)} classes); parts of one "
+                             "dataset share the class list")
+
+
+def _check_disjoint(readers: Sequence[Reader]) -> None:
+    """No sample key in two parts."""
+    seen: dict[str, Path] = {}
+    for r in readers:
+        for key in r.keys:
+            if key in seen:
+                raise UsageError(f"{r.path}: key {key!r} is also in {seen[key]}; parts may not overlap")
+            seen[key] = r.path
+
+
+def _shard_order(readers: Sequence[Reader]) -> list[Reader]:
+    """The parts sorted by shard index, refusing unless they are parts 0..N-1 of one run."""
+    parts = []
+    for r in readers:
+        p = part_of(r)
+        if p is None:
+            raise UsageError(f"{r.path}: its manifest does not say which part it is (no num_shards/"
+                             "shard_index in created_by); use --any-parts to merge in the given order")
+        parts.append((p, r))
+    total = parts[0][0][1]
+    for (index, n), r in parts:
+        if n != total:
+            raise UsageError(f"{r.path}: is part {index} of {n}, but {parts[0][1].path} is part "
+                             f"{parts[0][0][0]} of {total}")
+    by_index: dict[int, Reader] = {}
+    for (index, _), r in parts:
+        if index in by_index:
+            raise UsageError(f"{r.path} and {by_index[index].path} are both part {index} of {total}")
+        by_index[index] = r
+    missing = [i for i in range(total) if i not in by_index]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        what = f"part {shown} of {total} is" if len(missing) == 1 else f"parts {shown} of {total} are"
+        raise UsageError(f"{what} missing (got {len(by_index)} of {total}); merge needs every part")
+    options = _run_options(by_index[0])
+    for i in range(1, total):
+        other = _run_options(by_index[i])
+        if other != options:
+            diff = sorted(k for k in set(options) | set(other) if options.get(k) != other.get(k))
+            raise UsageError(f"{by_index[i].path}: converted with other options than {by_index[0].path} "
+                             f"({', '.join(diff)} differ); use --any-parts to merge anyway")
+    versions = {r.manifest.created_by.get("packer") for r in readers}
+    if len(versions) > 1:
+        log.warning("parts were written by different packer versions: %s", sorted(map(str, versions)))
+    return [by_index[i] for i in range(total)]
+
+
+def _run_options(reader: Reader) -> dict[str, Any]:
+    options = dict(reader.manifest.created_by.get("options") or {})
+    for k in _PART_OPTIONS:
+        options.pop(k, None)
+    return options
+
+
+def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
+    videos, before = [], 0
+    for r in readers:
+        for v in r.manifest.videos:
+            videos.append({**v, "start": int(v["start"]) + before})
+        before += len(r)
+    return videos
+
+
+def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
+                any_parts: bool = False) -> MergeReport:
+    """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
+
+    Args:
+        parts: the part outputs (any order: they are sorted by shard index).
+        out: the merged output; it must not exist unless ``overwrite``.
+        overwrite: replace an existing packer output at ``out``.
+        any_parts: merge any outputs of one format, kind and class list in the order given,
+            not only the parts ``0..N-1`` of one ``--num-shards`` run.
+    Returns:
+        a MergeReport.
+    """
+    start = time.monotonic()
+    if not parts:
+        raise UsageError("merge needs at least one part")
+    paths = [Path(p) for p in parts]
+    out = Path(out)
+    seen: dict[str, Path] = {}
+    for p in paths:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise UsageError(f"{p}: given twice (as {seen[real]} too)")
+        seen[real] = p
+    if os.path.realpath(out) in seen:
+        raise UsageError(f"{out}: is one of the parts; merge into a new path")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise UsageError(f"{out}: already exists (use --overwrite to replace it)")
+    check_output_arg(out, resume=False, overwrite=overwrite)  # never deletes a foreign folder
+    readers = [_open_part(p) for p in paths]
+    _check_compatible(readers)
+    if not any_parts:
+        readers = _shard_order(readers)
+    _check_disjoint(readers)
+    failures = [f for r in readers for f in read_failures(r)]
+    videos = _combined_videos(readers)
+    options = _run_options(readers[0]) if not any_parts else {}
+    made_by = created_by(options)
+    made_by["merged_from"] = [str(r.path) for r in readers]
+    writer_cls = writer_of(readers[0])
+    total = sum(len(r) for r in readers)
+    log.info("merging %d parts (%d samples) into %s", len(readers), total, out)
+    try:
+        with tqdm(total=total, unit="sample", desc="merge", dynamic_ncols=True, disable=None) as bar:
+            manifest = writer_cls.merge_parts(readers, out, created_by=made_by, failures=failures,
+                                              videos=videos, overwrite=overwrite, progress=bar.update)
+    except BaseException:
+        _remove_partial(writer_cls, out)
+        raise
+    finally:
+        for r in readers:
+            r.close()
+    return MergeReport(str(out), parts=len(readers), count=manifest.count, failures=manifest.failures,
+                       videos=len(manifest.videos), elapsed=time.monotonic() - start)
+
+
+def _remove_partial(writer_cls: type, out: Path) -> None:
+    """A merge is not resumable: drop what a failed one left (it is rebuilt from the parts)."""
+    work = partial_path(out)
+    leftovers = [work, work.with_name(work.name + ".journal")]
+    if writer_cls.single_file:
+        leftovers.append(writer_cls.failures_path(work))
+    for p in leftovers:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink()
