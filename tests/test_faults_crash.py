@@ -8,7 +8,7 @@ import signal
 import pytest
 from click.testing import CliRunner
 
-from faults import CONVERSIONS, Conversion, leftovers, make_source, snapshot
+from faults import CONVERSIONS, Conversion, leftovers, make_source, one_fast, snapshot
 from killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from packer.cli import main
 
@@ -73,3 +73,23 @@ def test_kill_from_outside_with_workers_twice_then_resume(conv, sources, referen
                  checkpoint_at_least(state, 16, field))
     assert not out.exists()
     finish_and_check(conv, src, out, references(conv), workers=2)
+
+
+@pytest.mark.parametrize("point", ["journal:2", pytest.param("rename:0", marks=pytest.mark.slow),
+                                   pytest.param("add:5", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("conv", one_fast([c for c in CONVERSIONS if c.source == "images"]))
+def test_killed_merge_reruns_to_the_same_output(conv, point, sources, tmp_path):
+    """``packer merge`` has no --resume: a killed merge leaves only its partial output, and the
+    rerun starts over to the same result."""
+    parts = [conv.out(tmp_path, f"part{i}") for i in range(2)]
+    for i, part in enumerate(parts):
+        r = run_packer(*conv.argv(sources["images"], part, "--workers", 0, "--num-shards", 2, "--shard-index", i))
+        assert r.returncode == 0, r.stderr
+    ref, out = conv.out(tmp_path, "ref"), conv.out(tmp_path, "out")
+    assert run_packer("merge", *parts, ref).returncode == 0
+    killed = run_packer("merge", *parts, out, kill_at=point)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not out.exists()
+    r = run_packer("merge", *parts, out)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(conv, out) == snapshot(conv, ref) and leftovers(conv, out) == []
