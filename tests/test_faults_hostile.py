@@ -179,4 +179,6 @@ def test_hostile_video_names_are_refused(conv, tmp_path):
     (src / "class_0" / "two\nlines.mp4").rename(src / "class_0" / "ok.mp4")
     lst.write_text("class_0/ok.mp4 0\n../../escape.mp4 0\n")
     assert_refused(tmp_path, out, conv, "videos.txt:2", *conv.argv(src, out, "--list", lst, "--workers", 0))
-    TRIED.extend(["newline-in-video-name", "dotdot-in-video-list"])
+    os.rename(os.fsencode(src / "class_0" / "ok.mp4"), os.fsencode(src / "class_0") + b"/v\xe9.mp4")
+    assert_refused(tmp_path, out, conv, "not valid UTF-8", *conv.argv(src, out, "--workers", 0))
+    TRIED.extend(["newline-in-video-name", "dotdot-in-video-list", "non-utf8-video-name"])
