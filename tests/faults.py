@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import write_image_folder, write_video_folder
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.base import Writer
@@ -52,8 +54,6 @@ CONVERSIONS: list[Conversion] = [
 ]
 def one_fast(convs: list[Conversion]) -> list:
     """``convs`` as pytest params: the first in the default run, the rest marked slow."""
-    import pytest
-
     return [pytest.param(c, id=c.id, marks=() if i == 0 else pytest.mark.slow) for i, c in enumerate(convs)]
 
 
@@ -70,6 +70,32 @@ def make_source(kind: str, root: Path) -> Path:
         src = write_video_folder(root, per_class=2, classes=2, frames=12, size=(40, 52))
         (src / "class_1" / "broken.mp4").write_text("not a video")
     return src
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    """One small input of each kind, per test module."""
+    root = tmp_path_factory.mktemp("sources")
+    return {kind: make_source(kind, root / kind) for kind in ("images", "videos")}
+
+
+@pytest.fixture(scope="module")
+def references(sources, tmp_path_factory):
+    """``references(conv) -> (snapshot, largest file size)`` of an uninterrupted run, made once."""
+    from killing import run_packer
+
+    root, done = tmp_path_factory.mktemp("refs"), {}
+
+    def get(conv: Conversion) -> tuple[dict[str, Any], int]:
+        if conv.id not in done:
+            out = conv.out(root, conv.id)
+            r = run_packer(*conv.argv(sources[conv.source], out, "--workers", 0))
+            assert r.returncode == 0, r.stderr
+            files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()]
+            done[conv.id] = (snapshot(conv, out), max(p.stat().st_size for p in files))
+        return done[conv.id]
+
+    return get
 
 
 def snapshot(conv: Conversion, out: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import signal
 import pytest
 from click.testing import CliRunner
 
-from faults import CONVERSIONS, Conversion, leftovers, make_source, one_fast, snapshot
+from faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
 from killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from packer.cli import main
 
@@ -17,28 +17,6 @@ from packer.cli import main
 FAST_POINTS = ["journal:3", "rename:0"]
 SLOW_POINTS = ["add:1", "add:6", "add:25", "journal:1", "journal:4", "journal:8", "renamed:0"]
 KILL_POINTS = FAST_POINTS + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW_POINTS]
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("crash")
-    return {kind: make_source(kind, root / kind) for kind in ("images", "videos")}
-
-
-@pytest.fixture(scope="module")
-def references(sources, tmp_path_factory):
-    """Uninterrupted runs, made once per conversion."""
-    root, done = tmp_path_factory.mktemp("refs"), {}
-
-    def get(conv: Conversion):
-        if conv.id not in done:
-            out = conv.out(root, conv.id)
-            r = run_packer(*conv.argv(sources[conv.source], out, "--workers", 0))
-            assert r.returncode == 0, r.stderr
-            done[conv.id] = snapshot(conv, out)
-        return done[conv.id]
-
-    return get
 
 
 def finish_and_check(conv: Conversion, src, out, reference, workers: int = 0) -> None:
@@ -58,7 +36,7 @@ def test_kill_at_a_writer_point_then_resume(conv, point, sources, references, tm
     assert killed.returncode == -signal.SIGKILL, f"the run ended before {point}: {killed.stderr}"
     if point != "renamed:0":
         assert not out.exists()  # nothing half-written is presented as a dataset
-    finish_and_check(conv, src, out, references(conv))
+    finish_and_check(conv, src, out, references(conv)[0])
 
 
 @pytest.mark.slow
@@ -72,7 +50,7 @@ def test_kill_from_outside_with_workers_twice_then_resume(conv, sources, referen
     run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 2, "--resume")),
                  checkpoint_at_least(state, 16, field))
     assert not out.exists()
-    finish_and_check(conv, src, out, references(conv), workers=2)
+    finish_and_check(conv, src, out, references(conv)[0], workers=2)
 
 
 @pytest.mark.parametrize("point", ["journal:2", pytest.param("rename:0", marks=pytest.mark.slow),

@@ -12,32 +12,10 @@ import stat
 
 import pytest
 
-from faults import CONVERSIONS, Conversion, leftovers, make_source, one_fast, snapshot
+from faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
 from killing import packer_cmd, packer_env, run_packer
 from packer.errors import PackerError
 from packer.formats import open_reader
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("disk")
-    return {kind: make_source(kind, root / kind) for kind in ("images", "videos")}
-
-
-@pytest.fixture(scope="module")
-def references(sources, tmp_path_factory):
-    root, done = tmp_path_factory.mktemp("refs"), {}
-
-    def get(conv: Conversion):
-        if conv.id not in done:
-            out = conv.out(root, conv.id)
-            r = run_packer(*conv.argv(sources[conv.source], out, "--workers", 0))
-            assert r.returncode == 0, r.stderr
-            biggest = max((p.stat().st_size for p in ([out] if out.is_file() else out.rglob("*")) if p.is_file()))
-            done[conv.id] = (snapshot(conv, out), biggest)
-        return done[conv.id]
-
-    return get
 
 
 def file_size_limit(limit: int):
