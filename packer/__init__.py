@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "PackedDataset", "PackerError", "FrameDataset", "PackedVideoDataset"]
+__all__ = ["__version__", "PackedDataset", "PackerError", "FrameDataset", "PackedVideoDataset",
+           "DevicePrefetcher"]
 
 from .errors import PackerError
 
@@ -18,4 +19,8 @@ def __getattr__(name: str):
         from .data import video
 
         return getattr(video, name)
+    if name == "DevicePrefetcher":
+        from .data.prefetch import DevicePrefetcher
+
+        return DevicePrefetcher
     raise AttributeError(f"module 'packer' has no attribute {name!r}")
