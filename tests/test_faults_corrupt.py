@@ -20,7 +20,7 @@ from conftest import write_image_folder, write_video_folder
 from packer.decode_frames import decode_frames
 from packer.errors import PackerError
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
-from packer.formats.lmdb import lmdb_key
+from packer.formats.lmdb import close_env, drop_stale_env, lmdb_key, open_env
 from packer.inspection import verify_dataset
 from packer.pack import pack_images
 
@@ -82,18 +82,16 @@ def targets(out: Path) -> list[tuple[str, tuple[int, int] | None]]:
 
 
 def _lmdb_value_ranges(out: Path) -> list[tuple[int, int]]:
-    import lmdb
-
     raw = (out / "data.mdb").read_bytes()
-    env = lmdb.open(str(out), readonly=True, lock=False)
+    drop_stale_env(out)  # a temporary path can come back: never read through an old map
     ranges = []
-    with env.begin() as txn:
+    with open_env(out).begin() as txn:
         for i in range(txn.stat()["entries"]):
             v = txn.get(lmdb_key(i))
             at = raw.find(v)
             if at >= 0:
                 ranges.append((at, at + len(v)))
-    env.close()
+    close_env(out)
     return ranges
 
 
@@ -156,3 +154,12 @@ def test_damage_is_caught_or_harmless(packed, pick, op, where, n):
             assert intact, f"verify said OK about damaged {rel or copy.name}"
         for p in result.problems:
             assert copy.name in p, p
+
+
+def test_a_repacked_lmdb_is_not_read_through_the_old_map(tmp_path):
+    """Pack, read, re-pack other images into the same path, read again in the same process."""
+    out = tmp_path / "out.lmdb"
+    pack_images(write_image_folder(tmp_path / "a", count=4, classes=1), out, workers=0)
+    first = open_reader(out).read(0).data
+    pack_images(write_image_folder(tmp_path / "b", count=4, classes=1, seed=7), out, workers=0, overwrite=True)
+    assert open_reader(out).read(0).data != first

@@ -21,7 +21,7 @@ from ..manifest import Manifest, atomic_write_bytes
 from ..protowire import decode_datum, encode_datum
 from .base import Reader, Record, Sample, Writer, load_checksums
 
-__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env"]
+__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env", "drop_stale_env"]
 
 KEYS_FILE = "keys.json"
 CHECKSUMS_FILE = "checksums.bin"
@@ -30,11 +30,37 @@ _INITIAL_MAP = 64 << 20
 # One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
 # in a process, and a forked child inherits its parent's handle, which it must drop first.
 _ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+_INODES: dict[str, tuple[int, int]] = {}  # the data.mdb each cached environment maps
 
 
 def lmdb_key(index: int) -> bytes:
     """The LMDB key of the sample at ``index`` (cursor order = index order)."""
     return b"%08d" % index
+
+
+def drop_stale_env(path: str | os.PathLike) -> None:
+    """Close this process's cached environment of ``path`` if ``data.mdb`` there was replaced
+    since it was opened (a re-pack into the same path must not be read through the old map)."""
+    path = os.path.abspath(path)
+    entry = _ENVS.get(path)
+    if entry is None or entry[0] != os.getpid():
+        return
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+        current = (st.st_dev, st.st_ino)
+    except OSError:
+        current = None
+    if current != _INODES.get(path):
+        close_env(path)
+
+
+def close_env(path: str | os.PathLike) -> None:
+    """Close this process's cached environment of ``path`` (it reopens on the next use)."""
+    path = os.path.abspath(path)
+    entry = _ENVS.pop(path, None)
+    _INODES.pop(path, None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].close()
 
 
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
@@ -65,6 +91,8 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
         env.close()
         raise CorruptData(os.path.join(path, "data.mdb"), f"truncated: {size} bytes, its pages need {need}")
     _ENVS[path] = (pid, env)
+    st = os.stat(os.path.join(path, "data.mdb"))
+    _INODES[path] = (st.st_dev, st.st_ino)
     return env
 
 
@@ -131,6 +159,7 @@ class LmdbReader(Reader):
 
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         super().__init__(path, check_crc=check_crc)
+        drop_stale_env(self.path)
         self._keys: list[str] | None = None
         self._crcs: np.ndarray | None = None
 
@@ -215,6 +244,4 @@ class LmdbReader(Reader):
         return ()
 
     def close(self) -> None:
-        entry = _ENVS.pop(os.path.abspath(self.path), None)
-        if entry is not None and entry[0] == os.getpid():
-            entry[1].close()
+        close_env(self.path)
