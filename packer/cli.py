@@ -248,11 +248,12 @@ def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor
               help="Video decoder (auto: decord, falling back to OpenCV).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @conversion_options
+@commit_option
 @_library_call
 def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
                       keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
                       strict, timeout, backend, force, workers, max_failures, resume, overwrite,
-                      num_shards, shard_index, executor):
+                      num_shards, shard_index, executor, commit_every):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from .decode_frames import decode_frames
 
@@ -263,7 +264,7 @@ def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to
                            start_index=start_index, list_out=list_out, strict=strict, workers=workers,
                            timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
                            overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor)
+                           shard_index=shard_index, executor=executor, commit_every=commit_every)
     _finish(report, max_failures)
 
 

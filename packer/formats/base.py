@@ -162,7 +162,10 @@ class Writer(abc.ABC):
 
     def add(self, sample: Sample) -> None:
         """Append one sample at position ``self.count``; commits when a batch is full."""
-        crc = self._write(self.count, sample)
+        try:
+            crc = self._write(self.count, sample)
+        except OSError as e:  # formats that write as they go (frame files) hit a full disk here
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
         self.keys.append(sample.key)
         self.crcs.append(crc)
         self.count += 1
@@ -187,7 +190,11 @@ class Writer(abc.ABC):
         self._pending_bytes = 0
         self.durable = self.count
         if self.on_durable is not None:
-            self.on_durable(self.durable)
+            try:
+                self.on_durable(self.durable)
+            except OSError as e:
+                raise WriteError(f"{self.resume_state_path()}: cannot save the resume checkpoint "
+                                 f"({e.strerror or e})") from None
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
               videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
