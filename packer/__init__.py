@@ -3,8 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "PackedDataset", "PackerError", "FrameDataset", "PackedVideoDataset",
-           "DevicePrefetcher"]
+__all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
+           "PackedVideoDataset", "DevicePrefetcher"]
 
 from .errors import PackerError
 
@@ -15,6 +15,10 @@ def __getattr__(name: str):
         from .data.datasets import PackedDataset
 
         return PackedDataset
+    if name == "StreamingDataset":
+        from .data.streaming import StreamingDataset
+
+        return StreamingDataset
     if name in ("FrameDataset", "PackedVideoDataset"):
         from .data import video
 

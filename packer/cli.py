@@ -157,12 +157,14 @@ def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
-          max_failures: int, commit_every: int | None = None, **options: Any) -> None:
+          max_failures: int, commit_every: int | None = None, writer_options: dict[str, Any] | None = None,
+          **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from .pack import pack_images
 
     src, out = _split_paths(paths, list_file, root)
-    writer_options = {"commit_every": commit_every} if commit_every is not None else None
+    if commit_every is not None:
+        writer_options = {**(writer_options or {}), "commit_every": commit_every}
     report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
                          writer_options=writer_options, **options)
     _finish(report, max_failures)
@@ -212,6 +214,33 @@ def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor
     report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
                          executor=executor, max_failures=max_failures)
     _finish(report, max_failures)
+
+
+@main.command("to-records")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Bytes per shard (KB/MB/GB decimal, KiB/MiB/GiB binary).")
+@click.option("--samples-per-shard", type=int, default=None,
+              help="Records per shard (wins over --shard-size).")
+@click.option("--name", default="train", show_default=True, help="Shard names: {name}-{i:05d}.tfrecord.")
+@_library_call
+def to_records(paths, shard_size, samples_per_shard, name, **options):
+    """Pack an image folder into TFRecord shards with DALI .idx indexes (a completed shard is
+    what --resume keeps)."""
+    _pack("records", paths, writer_options={"shard_size": shard_size, "samples_per_shard": samples_per_shard,
+                                            "name": name}, **options)
+
+
+@main.command("index")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@_library_call
+def index(paths):
+    """Write a DALI .idx beside each TFRecord file (a folder: each one in it), as tfrecord2idx does."""
+    from .formats.records import index_tfrecords
+
+    for path, count in index_tfrecords(paths):
+        click.echo(f"{path}.idx: {count} records")
 
 
 @main.command("decode-frames")
@@ -289,6 +318,8 @@ def inspect(path, as_json, grid, show, seed):
     click.echo(f"{info['path']}: {info['format']} v{info['format_version']}, {info['kind']}, "
                f"{info['count']} samples, {len(info['classes'])} classes, "
                f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
+    if "shards" in info:
+        click.echo(f"shards: {info['shards']}")
     if info["classes"]:
         shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
         click.echo(f"classes: {shown}")

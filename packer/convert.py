@@ -192,8 +192,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))
     cp = _Checkpointer(state_path, fp, items_done, samples, failures, entries, overwrite)
     writer.on_durable = cp.durable
-    if not samples:
-        cp.save()
+    cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
     try:
         with tqdm(total=len(items), initial=items_done, unit=unit, desc=desc, dynamic_ncols=True,

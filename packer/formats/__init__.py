@@ -14,12 +14,14 @@ from .base import Reader, Record, Sample, Writer
 from .frames import FramesReader, FramesWriter
 from .hdf5 import HDF5Reader, HDF5Writer
 from .lmdb import LmdbReader, LmdbWriter
+from .records import RecordsReader, RecordsWriter
 
 __all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
            "open_reader", "detect_format"]
 
 FORMATS: dict[str, tuple[type[Writer], type[Reader]]] = {
     "lmdb": (LmdbWriter, LmdbReader),
+    "records": (RecordsWriter, RecordsReader),
     "hdf5": (HDF5Writer, HDF5Reader),
 }
 
@@ -58,6 +60,11 @@ def detect_format(path: str | os.PathLike) -> str:
     raise FormatError(f"{path}: not a packed dataset (no {MANIFEST_NAME}, format not recognised)")
 
 
-def open_reader(path: str | os.PathLike, *, check_crc: bool = True) -> Reader:
-    """Open any packed output by path; the manifest chooses the reader."""
+def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True) -> Reader:
+    """Open any packed output by path; the manifest chooses the reader.
+
+    A list of paths is a set of TFRecord files written by other tools (with ``.idx`` indexes).
+    """
+    if isinstance(path, (list, tuple)):
+        return FORMATS["records"][1](path, check_crc=check_crc)
     return _known()[detect_format(path)][1](path, check_crc=check_crc)

@@ -22,12 +22,14 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from ..errors import CorruptData, UsageError, WriteError
 from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums"]
+__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
+           "KEYS_FILE", "write_keys", "load_keys"]
 
 log = logging.getLogger(__name__)
 
 KEYS_JOURNAL = ".keys.journal"
 CRC_JOURNAL = ".crc.journal"
+KEYS_FILE = "keys.json"
 
 
 @dataclass
@@ -66,6 +68,24 @@ def write_failures(path: Path, failures: list[dict[str, Any]]) -> None:
     """Write ``failures.jsonl`` (one JSON object per line) atomically."""
     text = "".join(json.dumps(f, ensure_ascii=False, sort_keys=True) + "\n" for f in failures)
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_keys(directory: Path, keys: list[str]) -> None:
+    """Write ``keys.json`` (a JSON array of the sample keys by position) atomically."""
+    atomic_write_bytes(Path(directory) / KEYS_FILE, json.dumps(keys, ensure_ascii=False).encode("utf-8"))
+
+
+def load_keys(directory: Path, count: int) -> list[str]:
+    """Read ``keys.json``; CorruptData naming it when unreadable or not ``count`` keys long."""
+    p = Path(directory) / KEYS_FILE
+    try:
+        keys = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CorruptData(str(p), f"cannot read keys ({e})") from None
+    if not isinstance(keys, list) or len(keys) != count:
+        raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
+                                  f"manifest says {count}")
+    return keys
 
 
 def load_checksums(path: Path, count: int) -> "np.ndarray":

@@ -6,7 +6,6 @@ position), ``checksums.bin`` (little-endian u32 CRC32C of each stored value, by 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterator
@@ -19,11 +18,11 @@ from ..imaging import sniff_format
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
 from ..protowire import decode_datum, encode_datum
-from .base import Reader, Record, Sample, Writer, load_checksums
+from .base import KEYS_FILE  # noqa: F401 (kept importable from here)
+from .base import Reader, Record, Sample, Writer, load_checksums, load_keys, write_keys
 
 __all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env", "drop_stale_env"]
 
-KEYS_FILE = "keys.json"
 CHECKSUMS_FILE = "checksums.bin"
 _INITIAL_MAP = 64 << 20
 
@@ -139,8 +138,7 @@ class LmdbWriter(Writer):
         self._batch = []
 
     def _finish(self, manifest: Manifest) -> None:
-        atomic_write_bytes(self.workdir / KEYS_FILE,
-                           json.dumps(self.keys, ensure_ascii=False).encode("utf-8"))
+        write_keys(self.workdir, self.keys)
         atomic_write_bytes(self.workdir / CHECKSUMS_FILE,
                            np.asarray(self.crcs, dtype="<u4").tobytes())
         manifest.save(self.workdir)
@@ -170,15 +168,7 @@ class LmdbReader(Reader):
     @property
     def keys(self) -> list[str]:
         if self._keys is None:
-            p = self.path / KEYS_FILE
-            try:
-                keys = json.loads(p.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise CorruptData(str(p), f"cannot read keys ({e})") from None
-            if not isinstance(keys, list) or len(keys) != len(self):
-                raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
-                                          f"manifest says {len(self)}")
-            self._keys = keys
+            self._keys = load_keys(self.path, len(self))
         return self._keys
 
     def _checksums(self) -> np.ndarray:

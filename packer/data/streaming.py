@@ -1,0 +1,227 @@
+"""``StreamingDataset``: an iterable over record shards for DDP training, resumable mid-epoch.
+
+An epoch's order is a pure function of (seed, epoch, rank, world size), built from small
+pieces that each do one thing:
+
+``epoch_shard_order``  seeded shard permutation for the epoch (identity when not shuffling)
+``epoch_stream``       the shards' sample positions concatenated in that order
+``split_by_rank``      this rank's contiguous slice of the stream, padded (by repeating the
+                       stream's start) or cut so that every rank gets the same count
+``shuffle_buffer``     a seeded sample shuffle buffer over the rank's slice
+``split_by_worker``    this DataLoader worker's batches of what remains
+
+The buffer shuffles sample *positions*; records are then read through the shard indexes (a
+window of ``buffer_size`` records around the current stream position, so reads stay local).
+Because the order is computed, not replayed, ``state_dict()`` is just the epoch and how many
+samples of this rank's order were consumed, and ``load_state_dict()`` continues with exactly
+the remaining order, whatever the number of DataLoader workers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..errors import UsageError
+from .datasets import PackedDataset
+
+__all__ = ["StreamingDataset", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
+           "split_by_worker", "rank_order", "resolve_rank", "DEFAULT_BUFFER_SIZE"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUFFER_SIZE = 4096
+T = TypeVar("T")
+
+
+def _rng(seed: int, *parts: int) -> random.Random:
+    return random.Random(int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0]))
+
+
+def epoch_shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The shard order of ``epoch``: a seeded permutation, or ``0..num_shards-1`` unshuffled."""
+    order = list(range(num_shards))
+    if shuffle:
+        _rng(seed, epoch, 0).shuffle(order)
+    return order
+
+
+def epoch_stream(counts: Sequence[int], order: Sequence[int]) -> np.ndarray:
+    """Global sample positions, shard after shard in ``order`` (``counts`` = samples per shard)."""
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    parts = [np.arange(starts[k], starts[k] + counts[k], dtype=np.int64) for k in order]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def split_by_rank(stream: np.ndarray, *, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s contiguous slice of ``stream``, every rank the same length.
+
+    With ``drop_last`` the tail that does not divide evenly is dropped; otherwise the stream
+    is padded by repeating its start, so each sample is seen at least once per epoch (exactly
+    once, except the ``world_size - 1`` or fewer padded repeats).
+    """
+    n = len(stream)
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+    if not drop_last and per_rank * world_size > n:
+        stream = np.concatenate([stream, np.resize(stream, per_rank * world_size - n)])
+    return stream[rank * per_rank:(rank + 1) * per_rank]
+
+
+def shuffle_buffer(items: Iterable[T], size: int, rng: random.Random) -> Iterator[T]:
+    """A streaming shuffle: hold ``size`` items, emit a random one as each new item arrives."""
+    buf: list[T] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = rng.randrange(size)
+        yield buf[j]
+        buf[j] = item
+    rng.shuffle(buf)
+    yield from buf
+
+
+def split_by_worker(items: Iterable[T], worker: int, num_workers: int, batch_size: int = 1) -> Iterator[T]:
+    """Worker ``worker``'s share: batches ``worker, worker + num_workers, ...`` of ``items``.
+
+    A DataLoader collects batches from its workers round-robin, so with the DataLoader's
+    ``batch_size`` the loader's output is ``items`` in their original order.
+    """
+    for p, item in enumerate(items):
+        if (p // batch_size) % num_workers == worker:
+            yield item
+
+
+def rank_order(counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool, buffer_size: int,
+               rank: int, world_size: int, drop_last: bool) -> list[int]:
+    """The whole order of sample positions rank ``rank`` reads in ``epoch``."""
+    order = epoch_shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
+    mine = split_by_rank(epoch_stream(counts, order), rank=rank, world_size=world_size,
+                         drop_last=drop_last).tolist()
+    if shuffle and buffer_size > 1:
+        mine = list(shuffle_buffer(mine, buffer_size, _rng(seed, epoch, 1, rank)))
+    return mine
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """(rank, world size): as given, else from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``."""
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"rank {rank} is not in [0, world_size={world_size})")
+    return rank, world_size
+
+
+class StreamingDataset(IterableDataset):
+    """Iterate a records output (any packed output works) in a seeded, per-epoch order.
+
+    Every rank yields the same number of samples per epoch (``len(dataset)``); DataLoader
+    workers split the rank's share by batches. Call ``set_epoch(e)`` before each epoch (it
+    reaches persistent workers too). For a mid-epoch resume save ``state_dict(num_samples)``
+    and give it to ``load_state_dict`` of a fresh dataset built with the same arguments.
+
+    Args:
+        path: the packed output (or a list of TFRecord files with ``.idx`` indexes).
+        shuffle: shuffle shard order per epoch and samples through a buffer.
+        seed: the seed of every shuffle (the same on every rank).
+        buffer_size: the sample shuffle buffer's size (positions, 8 bytes each).
+        drop_last: drop the uneven tail instead of padding each rank by repetition.
+        batch_size: the DataLoader's batch size; with it the loader's output is exactly this
+            rank's order (what makes a resume exact with several workers).
+        decode, transform, target_transform, check_crc: as ``PackedDataset``.
+        rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
+    """
+
+    def __init__(self, path: Any, *, shuffle: bool = True, seed: int = 0,
+                 buffer_size: int = DEFAULT_BUFFER_SIZE, drop_last: bool = False, batch_size: int = 1,
+                 decode: str = "pil", transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
+                 rank: int | None = None, world_size: int | None = None):
+        if buffer_size < 1 or batch_size < 1:
+            raise UsageError("buffer_size and batch_size must be >= 1")
+        self.dataset = PackedDataset(path, decode=decode, transform=transform,
+                                     target_transform=target_transform, check_crc=check_crc)
+        reader = self.dataset.reader
+        self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.buffer_size = buffer_size
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        # [epoch, samples to skip]: in shared memory so that set_epoch/load_state_dict reach
+        # DataLoader workers that persist across epochs (fork or spawn).
+        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._position = 0  # samples of this epoch's order yielded in this process
+
+    def __len__(self) -> int:
+        n = sum(self.counts)
+        return n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[0])
+
+    @property
+    def classes(self) -> list[str]:
+        return self.dataset.classes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order from the next iteration on (a pending resume of that epoch stays)."""
+        if int(epoch) != self.epoch:
+            self._shared[1] = 0
+        self._shared[0] = int(epoch)
+
+    def order(self, epoch: int | None = None) -> list[int]:
+        """This rank's sample positions for ``epoch`` (default: the current one), in order."""
+        return rank_order(self.counts, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                          shuffle=self.shuffle, buffer_size=self.buffer_size, rank=self.rank,
+                          world_size=self.world_size, drop_last=self.drop_last)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, skip = int(self._shared[0]), int(self._shared[1])
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        todo = self.order(epoch)[skip:]
+        self._position = skip
+        for i in split_by_worker(todo, worker, workers, self.batch_size):
+            self._position += 1
+            yield self.dataset[i]
+
+    def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
+        """Where this rank is in the epoch.
+
+        Args:
+            num_samples: samples this rank consumed since the current iteration began (e.g.
+                ``steps * batch_size``). Needed when DataLoader workers do the reading; without
+                it the count of what this process itself yielded is used (``num_workers=0``).
+        """
+        position = self._position if num_samples is None else int(self._shared[1]) + int(num_samples)
+        return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
+                "buffer_size": self.buffer_size, "drop_last": self.drop_last,
+                "world_size": self.world_size, "count": sum(self.counts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields the rest of that epoch's order."""
+        for k in ("seed", "shuffle", "buffer_size", "drop_last", "world_size", "count"):
+            mine = getattr(self, k) if k != "count" else sum(self.counts)
+            if k in state and state[k] != mine:
+                raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this dataset {mine!r}")
+        position = int(state.get("position", 0))
+        if not 0 <= position <= len(self):
+            raise UsageError(f"cannot resume: position {position} is not in [0, {len(self)}]")
+        self._shared[0] = int(state["epoch"])
+        self._shared[1] = position
+        self._position = position

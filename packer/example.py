@@ -1,0 +1,269 @@
+"""``tf.train.Example`` codec on top of ``packer.protowire`` (no TensorFlow, no generated code).
+
+``Example { Features features = 1 }``, ``Features { map<string, Feature> feature = 1 }``,
+``Feature { oneof { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3 } }``,
+each list a ``repeated value = 1`` (int64 and float packed). ``encode_example`` writes the map
+sorted by key (C++ protobuf's deterministic order; Python's upb orders a key after the longer
+keys it prefixes, which never happens among the ImageNet feature names), so the bytes of a
+given sample never depend on dict order. ``decode_example`` accepts packed and unpacked
+numeric lists (as every protobuf parser must) and raises ``ValueError`` on malformed bytes.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Mapping, Sequence, Union
+
+from .protowire import FIXED32, FIXED64, LENGTH, VARINT, decode_varint, encode_varint, field_bytes
+
+__all__ = ["FeatureValue", "encode_example", "decode_example", "int64_feature"]
+
+FeatureValue = Union[bytes, int, float, Sequence[bytes], Sequence[int], Sequence[float]]
+
+_BYTES, _FLOAT, _INT64 = 1, 2, 3
+
+
+def _kind(value: FeatureValue) -> tuple[int, list]:
+    """(Feature field number, list of values) of a Python value."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _BYTES, [value]
+    if isinstance(value, int):
+        return _INT64, [int(value)]
+    if isinstance(value, float):
+        return _FLOAT, [value]
+    values = list(value)
+    if not values:
+        raise ValueError("an empty list has no feature type; give a typed value")
+    if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
+        return _BYTES, values
+    if all(isinstance(v, int) for v in values):
+        return _INT64, [int(v) for v in values]
+    if all(isinstance(v, (int, float)) for v in values):
+        return _FLOAT, [float(v) for v in values]
+    raise ValueError(f"mixed or unsupported feature values: {values[:3]!r}")
+
+
+def _encode_feature(value: FeatureValue) -> bytes:
+    kind, values = _kind(value)
+    if kind == _BYTES:
+        body = b"".join(field_bytes(1, bytes(v)) for v in values)
+    elif kind == _INT64:
+        for v in values:
+            if not -(1 << 63) <= v < (1 << 63):
+                raise ValueError(f"int64 feature value out of range: {v}")
+        body = field_bytes(1, b"".join(encode_varint(v) for v in values))
+    else:
+        body = field_bytes(1, struct.pack(f"<{len(values)}f", *values))
+    return field_bytes(kind, body)
+
+
+def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
+    """Serialize ``{name: bytes | int | float | list of one of them}`` as a ``tf.train.Example``.
+
+    ints become ``int64_list``, floats ``float_list``, bytes ``bytes_list``.
+    """
+    entries = b"".join(
+        field_bytes(1, field_bytes(1, name.encode("utf-8")) + field_bytes(2, _encode_feature(features[name])))
+        for name in sorted(features))
+    return field_bytes(1, entries)
+
+
+def _int64(value: int) -> int:
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value & (1 << 63) else value
+
+
+def _fields(mv: memoryview) -> list[tuple[int, int, Any]]:
+    """(number, wire type, value) of each field: ``iter_fields`` as a list, with a one-byte
+    fast path for tags and lengths (an Example is ~30 small fields; this is the read hot path)."""
+    out = []
+    pos, n = 0, len(mv)
+    while pos < n:
+        tag = mv[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = decode_varint(mv, pos)
+        number, wtype = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wtype == LENGTH:
+            if pos >= n:
+                raise ValueError("truncated length")
+            length = mv[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = decode_varint(mv, pos)
+            end = pos + length
+            if end > n:
+                raise ValueError("length-delimited field runs past the end")
+            out.append((number, LENGTH, mv[pos:end]))
+            pos = end
+        elif wtype == VARINT:
+            value, pos = decode_varint(mv, pos)
+            out.append((number, VARINT, value))
+        elif wtype == FIXED32:
+            if pos + 4 > n:
+                raise ValueError("truncated fixed32")
+            out.append((number, FIXED32, int.from_bytes(mv[pos:pos + 4], "little")))
+            pos += 4
+        elif wtype == FIXED64:
+            if pos + 8 > n:
+                raise ValueError("truncated fixed64")
+            out.append((number, FIXED64, int.from_bytes(mv[pos:pos + 8], "little")))
+            pos += 8
+        else:
+            raise ValueError(f"unsupported wire type {wtype}")
+    return out
+
+
+def _packed_varints(buf: memoryview) -> list[int]:
+    out, pos, n = [], 0, len(buf)
+    while pos < n:
+        v, pos = decode_varint(buf, pos)
+        out.append(_int64(v))
+    return out
+
+
+def _decode_feature(buf: memoryview) -> list:
+    values: list = []
+    for number, wtype, value in _fields(buf):  # oneof: the last kind present wins
+        if wtype != LENGTH or number not in (_BYTES, _FLOAT, _INT64):
+            continue
+        values = []
+        for n2, w2, v in _fields(value):
+            if n2 != 1:
+                continue
+            if number == _BYTES and w2 == LENGTH:
+                values.append(bytes(v))
+            elif number == _INT64 and w2 == VARINT:
+                values.append(_int64(v))
+            elif number == _INT64 and w2 == LENGTH:
+                values.extend(_packed_varints(v))
+            elif number == _FLOAT and w2 == FIXED32:
+                values.append(struct.unpack("<f", v.to_bytes(4, "little"))[0])
+            elif number == _FLOAT and w2 == LENGTH:
+                if len(v) % 4:
+                    raise ValueError("packed float list length is not a multiple of 4")
+                values.extend(struct.unpack(f"<{len(v) // 4}f", v))
+            else:
+                raise ValueError(f"wire type {w2} is wrong for feature kind {number}")
+    return values
+
+
+def decode_example(buf: bytes | memoryview) -> dict[str, list]:
+    """Parse a serialized ``tf.train.Example`` into ``{name: list of bytes | int | float}``.
+
+    Unknown fields are skipped; a repeated key keeps its last value (protobuf map semantics).
+    Raises ValueError on malformed bytes.
+    """
+    mv = memoryview(buf)
+    try:
+        return _decode_canonical(mv)
+    except (_NotCanonical, IndexError, UnicodeDecodeError):
+        return _decode_any(mv)
+
+
+class _NotCanonical(Exception):
+    """The bytes are not laid out as protobuf serializers write an Example: take the general path."""
+
+
+def _varint_at(mv: memoryview, pos: int) -> tuple[int, int]:
+    b = mv[pos]
+    if b < 0x80:
+        return b, pos + 1
+    return decode_varint(mv, pos)
+
+
+def _decode_canonical(mv: memoryview) -> dict[str, list]:
+    """The fast path: one ``features`` field; entries of key then value; one kind per feature;
+    numbers packed. Anything else raises _NotCanonical (never a wrong answer)."""
+    out: dict[str, list] = {}
+    n = len(mv)
+    if n == 0:
+        return out
+    if mv[0] != 0x0A:
+        raise _NotCanonical
+    length, pos = _varint_at(mv, 1)
+    if pos + length != n:
+        raise _NotCanonical
+    while pos < n:
+        if mv[pos] != 0x0A:
+            raise _NotCanonical
+        length, pos = _varint_at(mv, pos + 1)
+        end = pos + length
+        if end > n or mv[pos] != 0x0A:
+            raise _NotCanonical
+        length, p = _varint_at(mv, pos + 1)
+        key = str(mv[p:p + length], "utf-8")
+        p += length
+        if p >= end or mv[p] != 0x12:
+            raise _NotCanonical
+        length, p = _varint_at(mv, p + 1)
+        if p + length != end:
+            raise _NotCanonical
+        if p == end:  # a Feature with no kind set
+            out[key] = []
+            pos = end
+            continue
+        kind = mv[p]
+        length, q = _varint_at(mv, p + 1)
+        if q + length != end:
+            raise _NotCanonical
+        values: list = []
+        if kind == 0x0A:  # BytesList: repeated bytes
+            while q < end:
+                if mv[q] != 0x0A:
+                    raise _NotCanonical
+                length, q = _varint_at(mv, q + 1)
+                if q + length > end:
+                    raise _NotCanonical
+                values.append(bytes(mv[q:q + length]))
+                q += length
+        elif kind in (0x1A, 0x12) and q < end:  # Int64List / FloatList, packed
+            if mv[q] != 0x0A:
+                raise _NotCanonical
+            length, q = _varint_at(mv, q + 1)
+            if q + length != end:
+                raise _NotCanonical
+            if kind == 0x1A:
+                values = _packed_varints(mv[q:end])
+            elif length % 4:
+                raise _NotCanonical
+            else:
+                values = list(struct.unpack(f"<{length // 4}f", mv[q:end]))
+        elif kind not in (0x1A, 0x12):
+            raise _NotCanonical
+        out[key] = values
+        pos = end
+    return out
+
+
+def _decode_any(mv: memoryview) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for number, wtype, features in _fields(mv):
+        if number != 1 or wtype != LENGTH:
+            continue
+        for n1, w1, entry in _fields(features):
+            if n1 != 1 or w1 != LENGTH:
+                continue
+            name, feature = b"", memoryview(b"")
+            for n2, w2, v in _fields(entry):
+                if n2 == 1 and w2 == LENGTH:
+                    name = bytes(v)
+                elif n2 == 2 and w2 == LENGTH:
+                    feature = v
+            try:
+                key = name.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError("feature name is not UTF-8") from None
+            out[key] = _decode_feature(feature)
+    return out
+
+
+def int64_feature(features: Mapping[str, list], name: str, default: int) -> int:
+    """The first value of an int64 feature, or ``default`` when absent or empty."""
+    values = features.get(name)
+    if not values or not isinstance(values[0], int):
+        return default
+    return values[0]
