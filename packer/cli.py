@@ -153,7 +153,8 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--commit-every``: the durable-commit granularity of a single-output pack command."""
     return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
-                        help="Samples per durable commit (what a --resume after a kill redoes at most).")(fn)
+                        help="Samples per durable commit (what a --resume after a kill redoes at most; "
+                             "for decode-frames --to records, the frames per shard).")(fn)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,

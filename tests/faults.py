@@ -54,7 +54,7 @@ def _writer(name: str) -> type[Writer]:
 CONVERSIONS: list[Conversion] = [
     *[Conversion(f"to-{name}", (f"to-{name}",), "images", _writer(name), _commit_args(name))
       for name in FORMATS],
-    *[Conversion(f"decode-frames-{to}", ("decode-frames",), "videos", _writer(to), ("--to", to, "--commit-every", "10"))
+    *[Conversion(f"decode-frames-{to}", ("decode-frames",), "videos", _writer(to), ("--to", to, "--commit-every", "4" if to == "records" else "10"))
       for to in [*VIDEO_FORMATS, *FORMATS]],
 ]
 def one_fast(convs: list[Conversion]) -> list:

@@ -289,9 +289,11 @@ def test_killed_run_resumes_to_the_same_output(tmp_path, to):
     assert run_and_kill([sys.executable, "-c", code], checkpoint_at_least(journal / ".resume.json", 3, "items_done"),
                         timeout=120), "the run finished before it could be killed"
     assert not killed.exists()
-    r = cli("decode-frames", src, killed, "--to", to, "--workers", 2, "--resume", "--max-failures", 9)
+    r = cli("decode-frames", src, killed, "--to", to, "--workers", 2, "--resume", "--max-failures", 9,
+            "--commit-every", 20)
     assert r.exit_code == 0, r.output
-    assert cli("decode-frames", src, whole, "--to", to, "--workers", 0, "--max-failures", 9).exit_code == 0
+    assert cli("decode-frames", src, whole, "--to", to, "--workers", 0, "--max-failures", 9,
+               "--commit-every", 20).exit_code == 0
     if to == "frames":
         assert tree(killed) == tree(whole)
         assert not list(killed.rglob(".*"))  # no temporary folders or journals left behind

@@ -210,11 +210,7 @@ class Writer(abc.ABC):
         self._pending_bytes = 0
         self.durable = self.count
         if self.on_durable is not None:
-            try:
-                self.on_durable(self.durable)
-            except OSError as e:
-                raise WriteError(f"{self.resume_state_path()}: cannot save the resume checkpoint "
-                                 f"({e.strerror or e})") from None
+            self.on_durable(self.durable)  # the converter's checkpoint; raises WriteError itself
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
               videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
