@@ -4,7 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
-           "PackedVideoDataset"]
+           "PackedVideoDataset", "DevicePrefetcher"]
 
 from .errors import PackerError
 
@@ -23,4 +23,8 @@ def __getattr__(name: str):
         from .data import video
 
         return getattr(video, name)
+    if name == "DevicePrefetcher":
+        from .data.prefetch import DevicePrefetcher
+
+        return DevicePrefetcher
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -153,7 +153,8 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--commit-every``: the durable-commit granularity of a single-output pack command."""
     return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
-                        help="Samples per durable commit (what a --resume after a kill redoes at most).")(fn)
+                        help="Samples per durable commit (what a --resume after a kill redoes at most; "
+                             "for decode-frames --to records, the frames per shard).")(fn)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
@@ -277,11 +278,12 @@ def index(paths):
               help="Video decoder (auto: decord, falling back to OpenCV).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @conversion_options
+@commit_option
 @_library_call
 def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
                       keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
                       strict, timeout, backend, force, workers, max_failures, resume, overwrite,
-                      num_shards, shard_index, executor):
+                      num_shards, shard_index, executor, commit_every):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from .decode_frames import decode_frames
 
@@ -292,7 +294,7 @@ def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to
                            start_index=start_index, list_out=list_out, strict=strict, workers=workers,
                            timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
                            overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor)
+                           shard_index=shard_index, executor=executor, commit_every=commit_every)
     _finish(report, max_failures)
 
 
@@ -379,3 +381,44 @@ def merge(paths, overwrite, any_parts):
         raise click.UsageError("expected PART... OUT")
     report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
     click.echo(report.summary())
+
+
+def _bench_help() -> str:
+    from .bench import JSON_FIELDS, SETTING_FIELDS
+
+    fields = "; ".join(f"{k}: {v}" for k, v in JSON_FIELDS.items())
+    per = "; ".join(f"{k}: {v}" for k, v in SETTING_FIELDS.items())
+    return ("Is data loading the bottleneck? Times the real DataLoader over PATH for each "
+            "--workers value next to the ceiling (the same batches from memory through the same "
+            "consumer), gives a verdict per setting, a recommended num_workers, persistent_workers / "
+            "prefetch_factor advice and the memory a device cache needs.\n\n"
+            f"JSON fields (--json): {fields}.\n\nEach settings[] entry: {per}.")
+
+
+@main.command(help=_bench_help())
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Samples per batch.")
+@click.option("--workers", "workers_text", default="0,1,2", show_default=True,
+              help="Comma-separated num_workers values to try.")
+@click.option("--decode", type=click.Choice(["fast", "pil", "tensor"]), default="fast", show_default=True,
+              help="fast: DCT-scaled decode + resize + centre crop; pil: the torchvision-style Pillow "
+                   "pipeline; tensor: full-size decode (pre-resized data of one size).")
+@click.option("--resize", type=int, default=256, show_default=True, help="Short side to resize to.")
+@click.option("--crop", type=int, default=224, show_default=True, help="Centre crop side.")
+@click.option("--against", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The original image folder: run the same pipeline over its files, as a ratio.")
+@click.option("--steps", type=int, default=30, show_default=True, help="Batches timed per setting.")
+@click.option("--model-ms", type=float, default=0.0, show_default=True,
+              help="Simulate a training step of this many ms per batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
+@_library_call
+def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, as_json, plot):
+    from .bench import format_report, parse_workers, plot_bench, run_bench
+
+    result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
+                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms)
+    if plot:
+        plot_bench(result, plot)
+    click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

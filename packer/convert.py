@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from .errors import PackerError, UsageError
+from .errors import PackerError, UsageError, WriteError
 from .executors import Executor, InlineExecutor, Outcome
 from .formats import Writer, open_reader
 from .formats.base import Sample, partial_path
@@ -126,7 +126,10 @@ class _Checkpointer:
         state = {"fingerprint": self.fp, "overwrite": self.overwrite, "items_done": self.items_done, "samples": self.samples,
                  "failures": [f for f in self.failures if f["index"] < self.items_done],
                  "entries": [e for e in self.entries if e["index"] < self.items_done]}
-        atomic_write_bytes(self.path, json.dumps(state).encode())
+        try:
+            atomic_write_bytes(self.path, json.dumps(state).encode())
+        except OSError as e:
+            raise WriteError(f"{self.path}: cannot save the resume checkpoint ({e.strerror or e})") from None
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from .convert import Report
-from .errors import CorruptSample, UsageError
+from .errors import CorruptSample, UsageError, WriteError
 from .executors import make_executor
 from .formats.base import write_failures
 from .manifest import FAILURES_NAME, atomic_write_bytes
@@ -86,6 +86,13 @@ class ResizeFileJob:
             raise CorruptSample(item.key, item.path, f"cannot write {dest} ({e.strerror or e})",
                                 stage="write") from None
         return ("kept" if result.kept else "resized"), len(result.data)
+
+
+def _remove_stale_temporaries(out: Path, todo: list[MirrorTask]) -> None:
+    """Temporary files of outputs a killed run was writing (``.{name}.tmp-{pid}``)."""
+    for d in {Path(t.dest).parent for t in todo} | {out}:
+        for stale in d.glob(".*.tmp-*") if d.is_dir() else ():
+            stale.unlink(missing_ok=True)
 
 
 def output_path(out: Path, key: str, spec: ResizeSpec) -> Path:
@@ -169,6 +176,7 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
         todo = [t for t in tasks if not _up_to_date(t.item.path, Path(t.dest))]
     report = MirrorReport(str(out), items=len(tasks), skipped=len(tasks) - len(todo))
     out.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out, todo)
     if todo:
         with make_executor(executor, workers=min(workers if workers is not None else os.cpu_count() or 1,
                                                  len(todo))) as ex, \
@@ -178,6 +186,8 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
                     status, nbytes = outcome.value
                     setattr(report, status, getattr(report, status) + 1)
                     report.bytes += nbytes
+                elif outcome.stage == "write":  # disk full, read-only: stop, don't fail every image
+                    raise WriteError(outcome.reason)
                 else:
                     report.failures.append({"key": task.item.key, "source": task.item.path,
                                             "stage": outcome.stage, "reason": outcome.reason})

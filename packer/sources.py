@@ -72,6 +72,10 @@ def safe_key(rel: str, where: str) -> str:
     parts = key.split("/")
     if key.startswith("/") or os.path.isabs(rel) or ".." in parts or any(ord(ch) < 32 for ch in key):
         raise UsageError(f"{where}: refusing path {rel!r} (absolute, '..' or control characters)")
+    try:  # a name that is not UTF-8 (Linux bytes, surrogate-escaped) cannot be a key in keys.json
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{where}: refusing path {rel!r} (file name is not valid UTF-8)") from None
     return "/".join(p for p in parts if p not in ("", "."))
 
 

@@ -122,6 +122,20 @@ def test_frame_dataset_returns_the_chosen_frames(frames_out):
     assert not np.array_equal(ds.clip_indices(2), inds)
 
 
+def test_clip_indices_take_negative_and_request_keys(frames_out):
+    ds = FrameDataset(frames_out, clip_len=3, frame_interval=2, seed=4)
+    assert np.array_equal(ds.clip_indices(-1), ds.clip_indices(len(ds) - 1))
+    assert np.array_equal(ds.clip_indices(ClipRequest(-1, 5)), ds.clip_indices(ClipRequest(len(ds) - 1, 5)))
+    assert torch.equal(ds[-1][0], ds[len(ds) - 1][0])
+    # a request's epoch picks the seeded draws, as set_epoch does for plain keys
+    ds.set_epoch(2)
+    assert np.array_equal(ds.clip_indices(ClipRequest(1, epoch=5)), FrameDataset(
+        frames_out, clip_len=3, frame_interval=2, seed=4).clip_indices(ClipRequest(1, epoch=5)))
+    assert np.array_equal(ds.clip_indices(ClipRequest(1)), ds.clip_indices(ClipRequest(1, epoch=2)))
+    with pytest.raises(IndexError):
+        ds.clip_indices(len(ds))
+
+
 def test_only_the_chosen_frames_are_read(frames_out, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(frames_out, root)

@@ -4,10 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import FIXTURE_VIDEOS, REPO, needs_fixture_videos, write_video, write_video_folder
+from killing import checkpoint_at_least, run_and_kill
 from packer.cli import main
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
@@ -283,28 +281,19 @@ def test_killed_run_resumes_to_the_same_output(tmp_path, to):
     code = ("import sys; from packer.decode_frames import decode_frames; "
             f"decode_frames({str(src)!r}, {str(killed)!r}, to={to!r}, workers=1, commit_every=20, "
             "max_failures=9)")
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     writer_cls = FORMATS[to][0] if to in FORMATS else None
     journal = killed.with_name(killed.name + ".partial")
     if writer_cls is not None and writer_cls.single_file:
         journal = journal.with_name(journal.name + ".journal")
-    state = journal / ".resume.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(state.read_text())["items_done"] >= 3:
-                break
-        except (OSError, ValueError):
-            pass
-        assert proc.poll() is None, "the run finished before it could be killed"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the converter and its decoding worker, mid-run
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL and not killed.exists()
-    r = cli("decode-frames", src, killed, "--to", to, "--workers", 2, "--resume", "--max-failures", 9)
+    # the converter and its decoding worker, mid-run
+    assert run_and_kill([sys.executable, "-c", code], checkpoint_at_least(journal / ".resume.json", 3, "items_done"),
+                        timeout=120), "the run finished before it could be killed"
+    assert not killed.exists()
+    r = cli("decode-frames", src, killed, "--to", to, "--workers", 2, "--resume", "--max-failures", 9,
+            "--commit-every", 20)
     assert r.exit_code == 0, r.output
-    assert cli("decode-frames", src, whole, "--to", to, "--workers", 0, "--max-failures", 9).exit_code == 0
+    assert cli("decode-frames", src, whole, "--to", to, "--workers", 0, "--max-failures", 9,
+               "--commit-every", 20).exit_code == 0
     if to == "frames":
         assert tree(killed) == tree(whole)
         assert not list(killed.rglob(".*"))  # no temporary folders or journals left behind

@@ -23,7 +23,7 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, DistributedSampler
 
 from conftest import write_image_folder
-from packer import FrameDataset, PackedDataset, PackedVideoDataset
+from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.formats import FORMATS
 from packer.pack import pack_images
 
@@ -77,8 +77,9 @@ CASES: dict[str, DistCase] = {
 CASES["FrameDataset"] = DistCase(_decode_videos, _frame_dataset)
 CASES["PackedVideoDataset"] = DistCase(_decode_videos, _packed_video_dataset)
 # Every dataset class joins with one line; the iterable StreamingDataset splits itself:
-#   CASES["StreamingDataset"] = DistCase(functools.partial(_pack_images, fmt="records"),
-#                                        lambda d: StreamingDataset(d / "packed", decode="bytes"), sampler=False)
+CASES["StreamingDataset"] = DistCase(functools.partial(_pack_images, fmt="records"),
+                                     lambda d: StreamingDataset(d / "packed", decode="bytes", shuffle=True),
+                                     sampler=False)
 
 
 def fingerprint(sample: Any) -> str:

@@ -18,7 +18,7 @@ from packer.errors import CorruptSample, UsageError
 from packer.executors import InlineExecutor, LocalExecutor, make_executor
 from packer.formats.base import partial_path
 from packer.pack import pack_images
-from test_resume import packer_cmd, run_and_kill
+from killing import checkpoint_at_least, packer_cmd, run_and_kill
 
 
 def work(x: int) -> int:
@@ -130,7 +130,7 @@ def test_cli_executor_ray_resumes_a_killed_local_run(ray_cluster, tmp_path):
     pack_images(src, ref, workers=0, max_failures=1)
     out = tmp_path / "out"
     base = ["to-lmdb", src, out, "--commit-every", 4, "--max-failures", 1]
-    assert run_and_kill(packer_cmd(*base, "--workers", 2), partial_path(out) / ".resume.json", 12)
+    assert run_and_kill(packer_cmd(*base, "--workers", 2), checkpoint_at_least(partial_path(out) / ".resume.json", 12))
     r = CliRunner().invoke(main, [str(a) for a in base] + ["--resume", "--executor", "ray", "--workers", "2"])
     assert r.exit_code == 0, r.output
     assert "59 samples from 60 inputs, 1 failed" in r.output

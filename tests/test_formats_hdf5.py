@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
 from conftest import REPO, write_image_folder
+from killing import checkpoint_at_least, run_and_kill
 from packer import PackedDataset
 from packer.cli import main
 from packer.errors import CorruptData, FormatError, PackerError
@@ -176,18 +175,9 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(tmp_path, layout):
     out = tmp_path / "out.h5"
     ckpt = tmp_path / "out.h5.partial.journal" / ".resume.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(src), str(out), layout], env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(ckpt.read_text())["items_done"] >= 12:
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    killed = run_and_kill([sys.executable, "-c", KILLED_RUN, str(src), str(out), layout],
+                          checkpoint_at_least(ckpt, 12, "items_done"))
+    assert killed, "the run ended before it could be killed"
     assert not out.exists() and (tmp_path / "out.h5.partial").exists()
     done = json.loads(ckpt.read_text())["items_done"]
     assert 12 <= done < 40

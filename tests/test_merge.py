@@ -23,7 +23,7 @@ from packer.merge import merge_parts, part_of
 from packer.pack import ImageJob, pack_images
 from packer.sources import image_folder as list_image_folder
 from packer.sources import partition
-from test_resume import packer_cmd, run_and_kill
+from killing import checkpoint_at_least, packer_cmd, run_and_kill
 
 IMAGE_FORMATS = sorted(FORMATS)
 # Video-only outputs (decode-frames' frame folders) merge too, where the registry has them.
@@ -248,7 +248,7 @@ def test_killed_part_rerun_with_resume_then_merge(src, tmp_path):
         pack_images(big, parts[i], workers=0, num_shards=3, shard_index=i)
     cmd = packer_cmd("to-lmdb", big, parts[1], "--workers", 2, "--commit-every", 3,
                      "--num-shards", 3, "--shard-index", 1)
-    assert run_and_kill(cmd, partial_path(parts[1]) / ".resume.json", 9)
+    assert run_and_kill(cmd, checkpoint_at_least(partial_path(parts[1]) / ".resume.json", 9))
     with pytest.raises(UsageError, match="did not finish"):
         merge_parts(parts, tmp_path / "merged")
     done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)

@@ -259,11 +259,11 @@ def test_sampler_set_epoch_changes_shape_and_order():
     s = MultigridSchedule(**SMALL)
     sampler = MultigridBatchSampler(64, s)
     first = list(sampler)
-    assert first[0][0][1:] == (2, 4, 32) and sampler.stage["num_frames"] == 2
+    assert first[0][0][1:] == (2, 4, 32, 0) and sampler.stage["num_frames"] == 2
     sampler.set_epoch(5)  # still stage 0, new permutation
-    assert list(sampler)[0][0][1:] == (2, 4, 32) and flat(sampler) != flat(first)
+    assert list(sampler)[0][0][1:] == (2, 4, 32, 5) and flat(sampler) != flat(first)
     sampler.set_epoch(6)  # stage 1: T=4, interval 2, [16,8,8] x [32,45,45]
-    assert [(len(b), b[0][1:]) for b in sampler][:3] == [(16, (4, 2, 32)), (8, (4, 2, 45)), (8, (4, 2, 45))]
+    assert [(len(b), b[0][1:4]) for b in sampler][:3] == [(16, (4, 2, 32)), (8, (4, 2, 45)), (8, (4, 2, 45))]
     sampler.set_epoch(500)  # past the end: the fine-tune stage
     # [8,4,2] (period 14): 64 = 4 * 14 + 8, and the last 8 fill one more batch exactly
     assert sampler.stage["fine_tune"] and len(sampler) == 13
@@ -611,7 +611,7 @@ def test_model_helpers_and_state_dict():
 
 
 def test_training_loop_with_schedule_sampler_and_sub_bn(videos):
-    """The loop of docs/notes/multigrid.md on a tiny 3D CNN: shapes, lr and BN splits follow the plan."""
+    """The loop of docs/multigrid.md on a tiny 3D CNN: shapes, lr and BN splits follow the plan."""
     torch.manual_seed(0)
     s = MultigridSchedule(**SMALL, sampling_rate=1)
     sampler = MultigridBatchSampler(len(videos), s, drop_last=True)

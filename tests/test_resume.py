@@ -1,25 +1,17 @@
 """Kill a real ``packer to-lmdb`` with SIGKILL at many points; ``--resume`` must end identical."""
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import write_image_folder
+from killing import checkpoint_at_least, packer_cmd, run_and_kill
 from packer.formats import open_reader
 from packer.formats.base import partial_path
 
 pytestmark = pytest.mark.slow
-
-
-def packer_cmd(*args):
-    return [sys.executable, "-c", "from packer.cli import main; main()", *map(str, args)]
 
 
 def snapshot(out: Path):
@@ -47,36 +39,17 @@ def reference(src, tmp_path_factory):
     return snapshot(out)
 
 
-def run_and_kill(cmd, state: Path, at_samples: int, timeout: float = 60) -> bool:
-    """Start ``cmd``; SIGKILL it once its checkpoint records >= ``at_samples``. True if killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if json.loads(state.read_text())["samples"] >= at_samples:
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.002)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return True
-    return False
-
-
 @pytest.mark.parametrize("at", [0, 8, 40, 100])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
     out = tmp_path / "out.lmdb"
     state = partial_path(out) / ".resume.json"
     base = ("to-lmdb", src, out, "--workers", workers, "--commit-every", 4, "--max-failures", 1)
-    killed = run_and_kill(packer_cmd(*base), state, at)
+    killed = run_and_kill(packer_cmd(*base), checkpoint_at_least(state, at))
     if killed:
         assert not out.exists()  # nothing half-written is presented as a dataset
         # kill the resumed run too, once, a little further on
-        run_and_kill(packer_cmd(*base, "--resume"), state, at + 12)
+        run_and_kill(packer_cmd(*base, "--resume"), checkpoint_at_least(state, at + 12))
     done = subprocess.run(packer_cmd(*base, "--resume"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert snapshot(out) == reference
@@ -100,7 +73,7 @@ def test_resume_refuses_a_changed_input(src, tmp_path):
     out = tmp_path / "out.lmdb"
     state = partial_path(out) / ".resume.json"
     killed = run_and_kill(packer_cmd("to-lmdb", src, out, "--workers", 0, "--commit-every", 4,
-                                     "--max-failures", 1), state, 8)
+                                     "--max-failures", 1), checkpoint_at_least(state, 8))
     assert killed
     other = tmp_path / "other"
     write_image_folder(other, count=5)

@@ -59,16 +59,18 @@ class PackedDataset(torch.utils.data.Dataset):
 
     Args:
         path: the packed output.
-        decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``.
+        decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``,
+            or a callable taking the encoded bytes (an HxWxC uint8 array for raw samples) and
+            returning the image, e.g. ``packer.data.transforms.DecodeResizeCrop(256, 224)``.
         transform: applied to the decoded image.
         target_transform: applied to the label.
         check_crc: verify each sample's CRC32C on read.
     """
 
-    def __init__(self, path: str | os.PathLike, *, decode: str = "pil",
+    def __init__(self, path: str | os.PathLike, *, decode: str | Callable[[Any], Any] = "pil",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True):
-        if decode not in DECODE_MODES:
+        if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         self.reader: Reader = open_reader(path, check_crc=check_crc)
         self.path = str(path)
@@ -96,7 +98,9 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         rec = self.reader.read(index)
-        if rec.fmt == "raw":
+        if callable(self.decode):
+            image = self._decode_with(self.decode, rec, index)
+        elif rec.fmt == "raw":
             image = raw_record(rec, self.decode, where=f"{self.path} sample {index}")
         else:
             image = decode_record(rec.data, self.decode, where=f"{self.path} sample {index}")
@@ -106,3 +110,11 @@ class PackedDataset(torch.utils.data.Dataset):
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
+
+    def _decode_with(self, fn: Callable[[Any], Any], rec: Record, index: int) -> Any:
+        where = f"{self.path} sample {index}"
+        data = raw_record(rec, "numpy", where=where) if rec.fmt == "raw" else rec.data
+        try:
+            return fn(data)
+        except ValueError as e:
+            raise CorruptData(where, str(e)) from None

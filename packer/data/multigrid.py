@@ -335,7 +335,7 @@ def _dist_default(value: Optional[int], what: str) -> int:
 class MultigridBatchSampler(Sampler):
     """Batches of ``ClipRequest`` whose size, frame count and crop follow a ``MultigridSchedule``.
 
-    Each batch is a list of ``ClipRequest(index, num_frames, frame_interval, crop_size)``;
+    Each batch is a list of ``ClipRequest(index, num_frames, frame_interval, crop_size, epoch)``;
     the stage of the current epoch gives ``num_frames`` and ``frame_interval``, and the short
     cycle gives batch size and crop, iteration by iteration (batch ``k`` uses short-cycle
     phase ``k % len(phases)``, counting from 0 every epoch, as SlowFast's
@@ -453,7 +453,7 @@ class MultigridBatchSampler(Sampler):
             chunk = indices[pos:pos + size]
             if len(chunk) < size and self.drop_last:
                 break
-            yield [ClipRequest(i, frames, rng.randint(low, interval) if rng else interval, crop)
+            yield [ClipRequest(i, frames, rng.randint(low, interval) if rng else interval, crop, self.epoch)
                    for i in chunk]
             pos += size
             k += 1

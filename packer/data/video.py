@@ -229,10 +229,12 @@ class _ClipDataset(torch.utils.data.Dataset):
         """With a ``seed``, clip choices depend on (seed, epoch, index): call once per epoch."""
         self.epoch = int(epoch)
 
-    def _rng(self, index: int) -> RNG:
+    def _rng(self, index: int, epoch: Optional[int] = None) -> RNG:
+        """The draws of clip ``index``; ``epoch`` (a request's) overrides ``set_epoch``'s."""
         if self.seed is None:
             return np.random  # numpy's global state, as mmaction2 (DataLoader seeds it per worker)
-        state = np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1)[0]
+        epoch = self.epoch if epoch is None else int(epoch)
+        state = np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]
         return np.random.RandomState(int(state))
 
     def _video(self, index: int) -> tuple[int, int]:
@@ -245,10 +247,18 @@ class _ClipDataset(torch.utils.data.Dataset):
 
     _start_index = 0
 
+    def _request(self, key: Union[int, ClipRequest]) -> ClipRequest:
+        """``key`` as a request for an index in ``[0, len)`` (negative ones count from the end)."""
+        req = split_request(key)
+        index = req.index + len(self) if req.index < 0 else req.index
+        if not 0 <= index < len(self):
+            raise IndexError(f"video index {req.index} out of range for {len(self)} videos")
+        return req._replace(index=index)
+
     def clip_indices(self, key: Union[int, ClipRequest]) -> np.ndarray:
         """The frame indices ``__getitem__(key)`` reads (consumes the same draws)."""
-        req = split_request(key)
-        return self._indices(req, self._rng(req.index))
+        req = self._request(key)
+        return self._indices(req, self._rng(req.index, req.epoch))
 
     def _indices(self, req: ClipRequest, rng: RNG) -> np.ndarray:
         total, _ = self._video(req.index)
@@ -256,14 +266,9 @@ class _ClipDataset(torch.utils.data.Dataset):
                                      clip_len=req.num_frames, frame_interval=req.frame_interval)
 
     def __getitem__(self, key: Union[int, ClipRequest]) -> tuple[Any, int]:
-        req = split_request(key)
+        req = self._request(key)
         index = req.index
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"video index {req.index} out of range for {len(self)} videos")
-        req = req._replace(index=index)
-        rng = self._rng(index)
+        rng = self._rng(index, req.epoch)
         inds = self._indices(req, rng)
         unique, inverse = np.unique(inds, return_inverse=True)
         decoded = self._load(index, unique)
@@ -344,7 +349,8 @@ class FrameDataset(_ClipDataset):
             in testing); a ``ClipRequest`` may set it per sample.
         transform: applied to the uint8 clip tensor.
         seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
-            function of (seed, epoch, index), whatever the workers.
+            function of (seed, epoch, index), whatever the workers (the epoch of a
+            ``ClipRequest`` key when it has one, else ``set_epoch``'s).
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,

@@ -182,7 +182,10 @@ class Writer(abc.ABC):
 
     def add(self, sample: Sample) -> None:
         """Append one sample at position ``self.count``; commits when a batch is full."""
-        crc = self._write(self.count, sample)
+        try:
+            crc = self._write(self.count, sample)
+        except OSError as e:  # formats that write as they go (frame files) hit a full disk here
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
         self.keys.append(sample.key)
         self.crcs.append(crc)
         self.count += 1
@@ -207,7 +210,7 @@ class Writer(abc.ABC):
         self._pending_bytes = 0
         self.durable = self.count
         if self.on_durable is not None:
-            self.on_durable(self.durable)
+            self.on_durable(self.durable)  # the converter's checkpoint; raises WriteError itself
 
     def close(self, *, failures: list[dict[str, Any]] | None = None,
               videos: list[dict[str, Any]] | None = None, overwrite: bool = False,

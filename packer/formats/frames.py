@@ -262,6 +262,8 @@ class FramesReader(Reader):
                 yield CorruptData(str(listed), "does not match the manifest's videos")
         except OSError as e:
             yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
+        except ValueError as e:  # not UTF-8
+            yield CorruptData(str(listed), f"cannot read list file ({e})")
         for v in self.videos:
             d = self.path / v["frame_dir"]
             try:

@@ -21,6 +21,7 @@ positioned read of its own bytes.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -189,6 +190,7 @@ class HDF5Writer(Writer):
             return
         f, n, batch = self._f, self._stored, self._pending
         k = len(batch)
+        self._reserve(sum(len(s.data) for s in batch))
         _append(f["labels"], np.array([s.label for s in batch], dtype="i8"))
         _append(f["keys"], self.keys[n:n + k])
         _append(f["crc32c"], np.array(self.crcs[n:n + k], dtype="u4"))
@@ -205,8 +207,29 @@ class HDF5Writer(Writer):
         self._stored = n + k
         self._pending = []
 
+    def _reserve(self, nbytes: int) -> None:
+        """Allocate room for the next commit before HDF5 writes a byte of it.
+
+        HDF5 cannot recover from a failed write (ENOSPC, EFBIG): it reports it while evicting
+        cached chunks, then crashes in the next flush. So the room is tried first: allocate it
+        with ``posix_fallocate`` (a full disk or a file-size limit fails here, as an ``OSError``,
+        with the file as the last commit left it), then give it back for HDF5 to write into.
+        """
+        fd = os.open(self.workdir, os.O_WRONLY)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                os.posix_fallocate(fd, size, nbytes + 2 * self.chunk_bytes + (1 << 20))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate here: write and see
+                    raise
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
     def _finish(self, manifest: Manifest) -> None:
         f = self._f
+        self._reserve(len(manifest.to_json()) + 64 * len(manifest.videos))
         if manifest.videos:
             starts = [int(v["start"]) for v in manifest.videos]
             ends = [int(v["start"]) + int(v["length"]) for v in manifest.videos]

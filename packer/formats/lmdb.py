@@ -13,7 +13,7 @@ from typing import Iterator
 import lmdb
 import numpy as np
 
-from ..errors import CorruptData
+from ..errors import CorruptData, WriteError
 from ..imaging import sniff_format
 from ..integrity import crc32c
 from ..manifest import Manifest, atomic_write_bytes
@@ -21,7 +21,7 @@ from ..protowire import decode_datum, encode_datum
 from .base import KEYS_FILE  # noqa: F401 (kept importable from here)
 from .base import Reader, Record, Sample, Writer, load_checksums, load_keys, write_keys
 
-__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env"]
+__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env", "drop_stale_env"]
 
 CHECKSUMS_FILE = "checksums.bin"
 _INITIAL_MAP = 64 << 20
@@ -29,11 +29,37 @@ _INITIAL_MAP = 64 << 20
 # One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
 # in a process, and a forked child inherits its parent's handle, which it must drop first.
 _ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+_INODES: dict[str, tuple[int, int]] = {}  # the data.mdb each cached environment maps
 
 
 def lmdb_key(index: int) -> bytes:
     """The LMDB key of the sample at ``index`` (cursor order = index order)."""
     return b"%08d" % index
+
+
+def drop_stale_env(path: str | os.PathLike) -> None:
+    """Close this process's cached environment of ``path`` if ``data.mdb`` there was replaced
+    since it was opened (a re-pack into the same path must not be read through the old map)."""
+    path = os.path.abspath(path)
+    entry = _ENVS.get(path)
+    if entry is None or entry[0] != os.getpid():
+        return
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+        current = (st.st_dev, st.st_ino)
+    except OSError:
+        current = None
+    if current != _INODES.get(path):
+        close_env(path)
+
+
+def close_env(path: str | os.PathLike) -> None:
+    """Close this process's cached environment of ``path`` (it reopens on the next use)."""
+    path = os.path.abspath(path)
+    entry = _ENVS.pop(path, None)
+    _INODES.pop(path, None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].close()
 
 
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
@@ -54,7 +80,18 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
                         max_readers=1024, subdir=True)
     except lmdb.Error as e:
         raise CorruptData(path, f"cannot open LMDB environment ({e})") from None
+    try:  # a data.mdb shorter than its pages would crash the process (SIGBUS) on the first read
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(os.path.join(path, "data.mdb"))
+    except (lmdb.Error, OSError) as e:
+        env.close()
+        raise CorruptData(path, f"cannot open LMDB environment ({e})") from None
+    if size < need:
+        env.close()
+        raise CorruptData(os.path.join(path, "data.mdb"), f"truncated: {size} bytes, its pages need {need}")
     _ENVS[path] = (pid, env)
+    st = os.stat(os.path.join(path, "data.mdb"))
+    _INODES[path] = (st.st_dev, st.st_ino)
     return env
 
 
@@ -69,14 +106,17 @@ class LmdbWriter(Writer):
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
         # meminit=True: unused page bytes are zeroed, not leftover heap memory, so the same
         # samples committed in the same batches give a byte-identical data.mdb.
-        self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=True,
-                              max_dbs=0, readahead=False)
-        if resume_samples:
-            with self._env.begin(write=True) as txn:
-                cur = txn.cursor()
-                if cur.set_range(lmdb_key(resume_samples)):
-                    while cur.delete():
-                        pass
+        try:
+            self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=True,
+                                  max_dbs=0, readahead=False)
+            if resume_samples:
+                with self._env.begin(write=True) as txn:
+                    cur = txn.cursor()
+                    if cur.set_range(lmdb_key(resume_samples)):
+                        while cur.delete():
+                            pass
+        except lmdb.Error as e:
+            raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from None
 
     def _write(self, index: int, sample: Sample) -> int:
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
@@ -93,6 +133,8 @@ class LmdbWriter(Writer):
             except lmdb.MapFullError:
                 new = self._env.info()["map_size"] * 2
                 self._env.set_mapsize(new)
+            except lmdb.Error as e:  # disk full, file size limit, I/O error: the txn is not committed
+                raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
         self._batch = []
 
     def _finish(self, manifest: Manifest) -> None:
@@ -115,6 +157,7 @@ class LmdbReader(Reader):
 
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         super().__init__(path, check_crc=check_crc)
+        drop_stale_env(self.path)
         self._keys: list[str] | None = None
         self._crcs: np.ndarray | None = None
 
@@ -191,6 +234,4 @@ class LmdbReader(Reader):
         return ()
 
     def close(self) -> None:
-        entry = _ENVS.pop(os.path.abspath(self.path), None)
-        if entry is not None and entry[0] == os.getpid():
-            entry[1].close()
+        close_env(self.path)

@@ -448,6 +448,34 @@ def _foreign_files(path: Path) -> list[Path]:
     return files
 
 
+def _checked_shards(manifest: Manifest, source: Path) -> Manifest:
+    """Refuse a manifest whose shard list is damaged (missing fields, bad types, counts that do
+    not add up, names that leave the folder) with CorruptData naming it, never a KeyError later."""
+    total = 0
+    if not isinstance(manifest.shards, list):
+        raise CorruptData(str(source), "'shards' is not a list")
+    for k, shard in enumerate(manifest.shards):
+        where = f"shards[{k}]"
+        if not isinstance(shard, dict):
+            raise CorruptData(str(source), f"{where} is not an object")
+        name, count = shard.get("file"), shard.get("count")
+        if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in Path(name).parts:
+            raise CorruptData(str(source), f"{where} has no valid 'file'")
+        if "index" in shard and not isinstance(shard["index"], str):
+            raise CorruptData(str(source), f"{where} has an invalid 'index'")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise CorruptData(str(source), f"{where} has no valid 'count'")
+        for field in ("bytes",):
+            if field in shard and (not isinstance(shard[field], int) or shard[field] < 0):
+                raise CorruptData(str(source), f"{where} has an invalid '{field}'")
+        if "sha256" in shard and not isinstance(shard["sha256"], str):
+            raise CorruptData(str(source), f"{where} has an invalid 'sha256'")
+        total += count
+    if total != manifest.count:
+        raise CorruptData(str(source), f"shard counts add up to {total}, manifest count is {manifest.count}")
+    return manifest
+
+
 class RecordsReader(Reader):
     """Random access to record shards through their DALI indexes (positioned reads, no scan).
 
@@ -497,7 +525,7 @@ class RecordsReader(Reader):
 
     def _load_manifest(self) -> Manifest:
         if self._foreign is None:
-            return Manifest.load(self.path)
+            return _checked_shards(Manifest.load(self.path), self.path / MANIFEST_NAME)
         root = self.root
         shards, offsets, sizes = [], [], []
         for f in self._foreign:
