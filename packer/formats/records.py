@@ -477,7 +477,7 @@ def _checked_shards(manifest: Manifest, source: Path) -> Manifest:
 
 
 class RecordsReader(Reader):
-    """Random access to record shards through their DALI indexes (positioned reads, no scan).
+    """Random access to record shards through their DALI indexes (shards mapped read-only, no scan).
 
     ``path`` is a packer records output, or TFRecord files written by other tools that have
     ``.idx`` indexes (``packer index``): a folder of them, one file, or a list of files. Such
