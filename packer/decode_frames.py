@@ -204,8 +204,6 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                "num_shards": num_shards, "shard_index": shard_index}
     frame_folders = to in VIDEO_FORMATS
     writer_options: dict[str, Any] = {"commit_every": commit_every}
-    if to == "records":  # a records commit is a whole shard: --commit-every frames per shard
-        writer_options = {"samples_per_shard": commit_every}
     if frame_folders:
         writer_options.update(filename_tmpl=tmpl, start_index=start_index)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(options),

@@ -251,8 +251,9 @@ class RecordsWriter(Writer):
             record alone does.
         samples_per_shard: records per shard; when given it wins over ``shard_size``.
         name: shard name prefix (``{name}-{i:05d}.tfrecord``).
-        commit_every, commit_bytes: taken for the Writer interface and not used: a durable
-            commit here is a completed shard (what ``--resume`` keeps).
+        commit_every: a durable commit here is a completed shard (what ``--resume`` keeps), so
+            when given and ``samples_per_shard`` is not, it caps the records per shard.
+        commit_bytes: taken for the Writer interface; ``shard_size`` plays its part.
     """
 
     format_name = "records"
@@ -262,6 +263,8 @@ class RecordsWriter(Writer):
                  samples_per_shard: int | None = None, name: str = "train", commit_every: int | None = None,
                  commit_bytes: int | None = None):
         self.shard_size = parse_size(shard_size)
+        if samples_per_shard is None and commit_every is not None:
+            samples_per_shard = commit_every
         if samples_per_shard is not None and samples_per_shard < 1:
             raise UsageError(f"--samples-per-shard must be >= 1, not {samples_per_shard}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or ""):
