@@ -28,7 +28,7 @@ from packer.commands.merge import merge_parts  # noqa: E402
 from packer.commands.pack_images import pack_images  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
-FIXTURES = Path(os.environ.get("PACKER_FIXTURES", Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"))
+FIXTURES = Path(os.environ.get("PACKER_FIXTURES", Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
 FIXTURE_VIDEO = FIXTURES / "videos" / "mmaction2_test.mp4"
 # Kinetics-400 as released (Kay et al. 2017: 306,245 clips over train/val/test; fewer are still
 # downloadable), ~10 s clips at ~30 fps.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Multigrid training demo on CPU: a tiny 3D CNN, with and without the multigrid schedule.
 
-1. Decodes the fixture videos (``../shared/fixtures/videos``, or ``--videos DIR``; synthetic
+1. Decodes the fixture videos (``tests/fixtures/videos``, or ``--videos DIR``; synthetic
    videos when neither exists) with ``packer``'s ``decode-frames`` into a temp dir, as frame
    folders (``FrameDataset``) or a packed format (``--format lmdb|hdf5``, ``PackedVideoDataset``).
 2. Trains two copies of a tiny 3D CNN (``SubBatchNorm3d`` in place of BatchNorm3d) through a
@@ -49,7 +49,7 @@ from packer.formats import FORMATS  # noqa: E402
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 
-FIXTURES = REPO.parent / "shared" / "fixtures" / "videos"
+FIXTURES = REPO / "tests" / "fixtures" / "videos"
 MEAN, STD = 0.45, 0.225  # the usual Kinetics normalisation, one value for all channels
 
 

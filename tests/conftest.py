@@ -1,4 +1,5 @@
-"""Shared fixtures: small generated datasets (always) and the real fixtures (when ../shared exists)."""
+"""Shared fixtures: small generated datasets and the real-world files in ``tests/fixtures``
+(inside the repository, see its README.md for provenance and licences)."""
 from __future__ import annotations
 
 import os
@@ -11,14 +12,9 @@ from PIL import Image
 from packer.synth import jpeg_bytes, natural_image
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_FIXTURES = Path(os.environ.get("PACKER_FIXTURES", REPO.parent / "shared" / "fixtures"))
-FIXTURE_IMAGES = SHARED_FIXTURES / "images"
-FIXTURE_VIDEOS = SHARED_FIXTURES / "videos"
-
-needs_fixture_images = pytest.mark.skipif(not FIXTURE_IMAGES.is_dir(),
-                                          reason="../shared/fixtures/images not present")
-needs_fixture_videos = pytest.mark.skipif(not FIXTURE_VIDEOS.is_dir(),
-                                          reason="../shared/fixtures/videos not present")
+FIXTURES = REPO / "tests" / "fixtures"
+FIXTURE_IMAGES = FIXTURES / "images"
+FIXTURE_VIDEOS = FIXTURES / "videos"
 
 
 def write_image_folder(root: Path, *, count: int = 24, classes: int = 3, size=(48, 64), seed: int = 0) -> Path:

@@ -7,7 +7,7 @@ import torch
 from PIL import Image, ImageOps
 from torch.utils.data import DataLoader
 
-from conftest import FIXTURE_IMAGES, needs_fixture_images
+from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.errors import UsageError
 from packer.formats import FORMATS
@@ -62,7 +62,6 @@ def test_dataloader_workers(packed, ctx):
     _ = ds[1]  # and the parent still reads after its children used the same path
 
 
-@needs_fixture_images
 def test_every_fixture_image(tmp_path):
     src = tmp_path / "src" / "fixtures"
     src.mkdir(parents=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURE_VIDEOS, REPO, needs_fixture_videos, write_video, write_video_folder
+from conftest import FIXTURE_VIDEOS, REPO, write_video, write_video_folder
 from killing import checkpoint_at_least, run_and_kill
 from packer.cli import main
 from packer.errors import UsageError
@@ -52,8 +52,6 @@ def mmaction2_rawframe_infos(ann_file: Path, data_prefix: Path) -> list[dict]:
 # -- the real fixtures ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fixture_src(tmp_path_factory):
-    if not FIXTURE_VIDEOS.is_dir():
-        pytest.skip("../shared/fixtures/videos not present")
     src = tmp_path_factory.mktemp("fx") / "src"
     for p in sorted(FIXTURE_VIDEOS.iterdir()):
         cls = "mmaction2" if p.name.startswith("mmaction2") else "other"
@@ -82,7 +80,6 @@ DOCUMENTED = {  # fixtures README: frames, rows x cols (upright)
 }
 
 
-@needs_fixture_videos
 def test_every_fixture_video(fixture_out):
     out, output = fixture_out
     infos = {Path(i["frame_dir"]).relative_to(out).as_posix(): i
@@ -121,7 +118,6 @@ def test_every_fixture_video(fixture_out):
         v[0] for v in expected.values())
 
 
-@needs_fixture_videos
 def test_failures_decide_exit_status_not_the_output(fixture_src, tmp_path):
     r = cli("decode-frames", fixture_src, tmp_path / "a", "--workers", 1, "--max-frames", 2)
     assert r.exit_code == 1 and "1 inputs failed" in r.output  # the AV1 file; the job finished
@@ -275,8 +271,7 @@ def tree(root: Path) -> dict[str, bytes]:
 def test_killed_run_resumes_to_the_same_output(tmp_path, to):
     src = write_video_folder(tmp_path / "src", per_class=8, classes=2, frames=40, size=(72, 96))
     (src / "class_1" / "broken.mp4").write_text("not a video")
-    if FIXTURE_VIDEOS.is_dir():
-        shutil.copy(FIXTURE_VIDEOS / "decord_corrupted.mp4", src / "class_0" / "corrupted.mp4")
+    shutil.copy(FIXTURE_VIDEOS / "decord_corrupted.mp4", src / "class_0" / "corrupted.mp4")
     killed, whole = out_path(tmp_path, to, "killed"), out_path(tmp_path, to, "whole")
     code = ("import sys; from packer.commands.decode_frames import decode_frames; "
             f"decode_frames({str(src)!r}, {str(killed)!r}, to={to!r}, workers=1, commit_every=20, "

@@ -29,8 +29,7 @@ def make_tree(root: Path) -> Path:
     (root / "notes.txt").write_text("not an image")
     (root / "a" / ".hidden.jpg").write_bytes(jpeg_bytes(natural_image(rng, 90, 70)))
     (root / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
-    if FIXTURE_IMAGES.is_dir():
-        shutil.copytree(FIXTURE_IMAGES, root / "fixtures")
+    shutil.copytree(FIXTURE_IMAGES, root / "fixtures")
     return root
 
 
@@ -54,7 +53,7 @@ def test_mirrors_the_tree_and_records_failures(tree, tmp_path):
     assert r.exit_code == 1, r.output  # bad inputs fail the run
     sources = sorted(str(p.relative_to(tree)) for p in tree.rglob("*")
                      if p.suffix in (".jpg", ".png") and not p.name.startswith("."))
-    bad = {"bad.jpg"} | ({"fixtures/pillow_truncated_jpeg.jpg"} if FIXTURE_IMAGES.is_dir() else set())
+    bad = {"bad.jpg", "fixtures/pillow_truncated_jpeg.jpg"}
     outputs = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert outputs == sorted(set(sources) - bad | {"failures.jsonl", STATE_NAME})
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
@@ -67,7 +66,7 @@ def test_mirrors_the_tree_and_records_failures(tree, tmp_path):
             upright = (src.height, src.width) if rel.endswith("orientation_6.jpg") else src.size
             assert min(im.size) == min(40, min(upright))
     assert (out / "a" / "small.jpg").read_bytes() == (tree / "a" / "small.jpg").read_bytes()  # kept
-    assert "18 resized, 1 kept as they were" in r.output if FIXTURE_IMAGES.is_dir() else "1 kept" in r.output
+    assert "18 resized, 1 kept as they were" in r.output
 
 
 def test_rerun_does_no_work_and_changes_no_byte(tree, tmp_path):
@@ -75,7 +74,7 @@ def test_rerun_does_no_work_and_changes_no_byte(tree, tmp_path):
     resize(str(tree), str(out), "--max-side", "64", "--workers", "0")
     before = snapshot(out)
     r = resize(str(tree), str(out), "--max-side", "64", "--workers", "0")
-    n_bad = 2 if FIXTURE_IMAGES.is_dir() else 1
+    n_bad = 2
     assert f"0 resized, 0 kept as they were, {len(before) - 2} up to date, {n_bad} failed" in r.output
     assert snapshot(out) == before  # same bytes, same mtimes: nothing was rewritten
 

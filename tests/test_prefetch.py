@@ -53,7 +53,7 @@ def collect(prefetcher):
 def test_float32_is_bit_exact_with_reference(shape, cdim, layout):
     samples = random_samples(10, shape)
     loader = DataLoader(samples, batch_size=4, collate_fn=uint8_collate)
-    images, labels = collect(DevicePrefetcher(loader, MEAN, STD, layout=layout))
+    images, labels = collect(DevicePrefetcher(loader, MEAN, STD, layout=layout, device="cpu"))
     expected = reference(torch.stack([s[0] for s in samples]), MEAN, STD, cdim)
     assert images.dtype == torch.float32
     assert torch.equal(images, expected)
@@ -65,7 +65,7 @@ def test_float32_is_bit_exact_with_reference(shape, cdim, layout):
 def test_half_precision_within_tolerance(dtype, atol, shape, cdim):
     samples = random_samples(6, shape)
     loader = DataLoader(samples, batch_size=3, collate_fn=uint8_collate)
-    images, _ = collect(DevicePrefetcher(loader, IMAGENET_MEAN, IMAGENET_STD, dtype=dtype))
+    images, _ = collect(DevicePrefetcher(loader, IMAGENET_MEAN, IMAGENET_STD, dtype=dtype, device="cpu"))
     expected = reference(torch.stack([s[0] for s in samples]), IMAGENET_MEAN, IMAGENET_STD, cdim)
     assert images.dtype == dtype
     torch.testing.assert_close(images.float(), expected, atol=atol, rtol=0)
@@ -75,12 +75,12 @@ def test_channels_last_layouts_keep_values():
     for shape, cdim, fmt in [((3, 12, 10), 1, torch.channels_last), ((3, 4, 6, 5), 1, torch.channels_last_3d)]:
         samples = random_samples(4, shape)
         loader = DataLoader(samples, batch_size=4, collate_fn=uint8_collate)
-        (images, _), = list(DevicePrefetcher(loader, MEAN, STD, channels_last=True))
+        (images, _), = list(DevicePrefetcher(loader, MEAN, STD, channels_last=True, device="cpu"))
         assert images.is_contiguous(memory_format=fmt)
         assert torch.equal(images, reference(torch.stack([s[0] for s in samples]), MEAN, STD, cdim))
     samples = random_samples(4, (4, 3, 6, 5))  # N T C H W: channel innermost, same values
     (clips, _), = list(DevicePrefetcher(DataLoader(samples, batch_size=4, collate_fn=uint8_collate),
-                                        MEAN, STD, channels_last=True))
+                                        MEAN, STD, channels_last=True, device="cpu"))
     assert clips.stride(2) == 1
     assert torch.equal(clips, reference(torch.stack([s[0] for s in samples]), MEAN, STD, 2))
 
@@ -98,7 +98,7 @@ class DictData(torch.utils.data.Dataset):
 
 def test_dict_batches_normalize_every_image_field():
     ds = DictData()
-    batches = list(DevicePrefetcher(DataLoader(ds, batch_size=3, collate_fn=uint8_collate), MEAN, STD))
+    batches = list(DevicePrefetcher(DataLoader(ds, batch_size=3, collate_fn=uint8_collate), MEAN, STD, device="cpu"))
     assert len(batches) == 3
     b = batches[0]
     assert set(b) == {"image", "clip", "label", "weight", "key"}
@@ -113,16 +113,16 @@ def test_dict_batches_normalize_every_image_field():
 def test_fields_choose_what_is_normalized():
     ds = DictData()
     (b, *_) = list(DevicePrefetcher(DataLoader(ds, batch_size=3, collate_fn=uint8_collate), MEAN, STD,
-                                    fields=["image"]))
+                                    fields=["image"], device="cpu"))
     assert b["image"].dtype == torch.float32
     assert b["clip"].dtype == torch.uint8  # left as it is, only moved
     with pytest.raises(ValueError, match="uint8"):
-        list(DevicePrefetcher(DataLoader(ds, batch_size=3, collate_fn=uint8_collate), MEAN, STD, fields=["weight"]))
+        list(DevicePrefetcher(DataLoader(ds, batch_size=3, collate_fn=uint8_collate), MEAN, STD, fields=["weight"], device="cpu"))
 
 
 def test_tuple_batches_with_extra_fields():
     samples = [(s[0], s[1], float(s[1]) / 2) for s in random_samples(5, (3, 4, 4))]
-    batches = list(DevicePrefetcher(DataLoader(samples, batch_size=5, collate_fn=uint8_collate), MEAN, STD))
+    batches = list(DevicePrefetcher(DataLoader(samples, batch_size=5, collate_fn=uint8_collate), MEAN, STD, device="cpu"))
     images, labels, extra = batches[0]
     assert isinstance(batches[0], tuple)
     assert torch.equal(images, reference(torch.stack([s[0] for s in samples]), MEAN, STD, 1))
@@ -134,7 +134,7 @@ def test_epochs_restart_with_worker_processes():
     samples = random_samples(22, (3, 6, 6))
     loader = DataLoader(samples, batch_size=5, shuffle=True, num_workers=2, persistent_workers=True,
                         collate_fn=uint8_collate)
-    pf = DevicePrefetcher(loader, MEAN, STD)
+    pf = DevicePrefetcher(loader, MEAN, STD, device="cpu")
     assert len(pf) == len(loader) == 5
     orders = []
     for _ in range(2):
@@ -154,7 +154,7 @@ def test_epochs_restart_with_worker_processes():
 
 def test_iteration_ends_cleanly():
     it = iter(DevicePrefetcher(DataLoader(random_samples(3, (3, 2, 2)), batch_size=2,
-                                          collate_fn=uint8_collate), MEAN, STD))
+                                          collate_fn=uint8_collate), MEAN, STD, device="cpu"))
     assert len(list(it)) == 2
     with pytest.raises(StopIteration):
         next(it)
@@ -197,7 +197,7 @@ def test_uint8_collate_in_workers_gives_uint8():
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        DevicePrefetcher([], **kwargs)
+        DevicePrefetcher([], **kwargs, device="cpu")
 
 
 def test_bad_batches_name_the_shape():
@@ -211,7 +211,7 @@ def test_bad_batches_name_the_shape():
     with pytest.raises(ValueError, match="4 dims"):
         norm(torch.zeros(3, 5, 5, dtype=torch.uint8))
     with pytest.raises(ValueError, match="batches_ahead"):
-        DevicePrefetcher([], batches_ahead=0)
+        DevicePrefetcher([], batches_ahead=0, device="cpu")
 
 
 def test_cuda_requested_without_cuda():
@@ -233,7 +233,7 @@ def test_packed_dataset_end_to_end(fmt, image_folder, tmp_path):
     pack_images(image_folder, out, format=fmt, workers=0)
     ds = packer.PackedDataset(out, decode=DecodeResizeCrop(40, 32))
     loader = DataLoader(ds, batch_size=5, num_workers=2, collate_fn=uint8_collate)
-    images, labels = collect(DevicePrefetcher(loader, MEAN, STD))
+    images, labels = collect(DevicePrefetcher(loader, MEAN, STD, device="cpu"))
     assert images.shape == (len(ds), 3, 32, 32)
     expected = reference(torch.stack([ds[i][0] for i in range(len(ds))]), MEAN, STD, 1)
     assert torch.equal(images, expected)
