@@ -8,6 +8,7 @@ __all__ = [
     "CorruptData",
     "FormatError",
     "WriteError",
+    "ResumeRefused",
 ]
 
 
@@ -17,6 +18,13 @@ class PackerError(Exception):
 
 class UsageError(PackerError):
     """Bad arguments, caught before any work starts."""
+
+
+class ResumeRefused(UsageError):
+    """``--resume`` of an output made with other options or inputs (one line per difference);
+    the command exits with status 2, like a usage error, and the output is left untouched."""
+
+    exit_code = 2
 
 
 class CorruptSample(PackerError):

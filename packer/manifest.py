@@ -33,11 +33,13 @@ class Manifest:
     shards: list[dict[str, Any]] = field(default_factory=list)
     videos: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # What decided the bytes (options, format, input digest): ``packer.conversion.fingerprint``.
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialize with stable key order (empty per-format lists are left out)."""
         d = dataclasses.asdict(self)
-        for k in ("shards", "videos", "extra"):
+        for k in ("shards", "videos", "extra", "fingerprint"):
             if not d[k]:
                 d.pop(k)
         return json.dumps(d, indent=1, ensure_ascii=False) + "\n"

@@ -208,7 +208,7 @@ def test_resume_on_finished_output_does_nothing(video_folder, tmp_path):
     assert cli("decode-frames", video_folder, out, "--workers", 0).exit_code == 0
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     r = cli("decode-frames", video_folder, out, "--workers", 0, "--resume")
-    assert r.exit_code == 0 and "already complete" in r.output
+    assert r.exit_code == 0 and "complete and verified" in r.output
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 

@@ -65,7 +65,7 @@ def test_resume_on_finished_output_does_nothing(src, reference, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     done = subprocess.run(packer_cmd("to-lmdb", src, out, "--resume", "--max-failures", 1),
                           capture_output=True, text=True)
-    assert done.returncode == 0 and "nothing to do" in done.stdout
+    assert done.returncode == 0 and "complete and verified" in done.stdout, done.stderr
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
@@ -77,5 +77,8 @@ def test_resume_refuses_a_changed_input(src, tmp_path):
     assert killed
     other = tmp_path / "other"
     write_image_folder(other, count=5)
+    before = {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()}
     done = subprocess.run(packer_cmd("to-lmdb", other, out, "--resume"), capture_output=True, text=True)
-    assert done.returncode != 0 and "input changed" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "inputs changed since the first run" in done.stderr and "--commit-every: 4 -> 1000" in done.stderr
+    assert {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()} == before

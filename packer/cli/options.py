@@ -25,7 +25,9 @@ def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except PackerError as e:
-            raise click.ClickException(str(e)) from None
+            err = click.ClickException(str(e))
+            err.exit_code = getattr(e, "exit_code", 1)  # ResumeRefused: 2
+            raise err from None
 
     return wrapper
 

@@ -24,7 +24,8 @@ from packer.formats.base import Sample, partial_path
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
-from packer.conversion.inputs import VideoItem, partition, video_items
+from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, InputFailure, VideoItem, parse_exts, partition,
+                                     video_items)
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 
 __all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
@@ -187,8 +188,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     resize = Resize(short_side=short_side, size=parse_size(size) if isinstance(size, str) else size,
                     keep_aspect=keep_aspect)
     check_output_arg(out, resume=resume, overwrite=overwrite)
+    bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
     items, classes = video_items(src, list_path=list_path, csv_path=csv_path, class_index=class_index,
-                                 exts=video_exts)
+                                 exts=video_exts, failures=bad)
     items = partition(items, num_shards, shard_index)
     if not items:
         raise UsageError(f"{src}: no input videos found")
@@ -201,7 +203,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                "size": list(resize.size) if resize.size else None, "keep_aspect": keep_aspect,
                "fps": fps, "stride": stride, "max_frames": max_frames, "ext": ext, "quality": quality,
                "tmpl": tmpl, "start_index": start_index, "backend": backend, "strict": strict,
-               "num_shards": num_shards, "shard_index": shard_index}
+               "num_shards": num_shards, "shard_index": shard_index, "video_exts": list(parse_exts(video_exts, DEFAULT_VIDEO_EXTS)),
+               "commit_every": commit_every}
     frame_folders = to in VIDEO_FORMATS
     writer_options: dict[str, Any] = {"commit_every": commit_every}
     if frame_folders:
@@ -218,7 +221,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             check_space(out, est, force=force)
         report = run(items, job, writer, executor=ex, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, unit="video", desc="decode-frames",
-                     sample_unit="frames")
+                     sample_unit="frames", input_failures=bad)
     videos = open_reader(out, check_crc=False).manifest.videos
     if list_out is not None:
         atomic_write_bytes(list_out, rawframes_lines(videos).encode("utf-8"))

@@ -177,6 +177,11 @@ def _run_options(reader: Reader) -> dict[str, Any]:
     options = dict(reader.manifest.created_by.get("options") or {})
     for k in _PART_OPTIONS:
         options.pop(k, None)
+    # Commit sizes decide how a run was cut into durable steps (what --resume keeps), not what
+    # a part holds; parts made with different ones merge.
+    options.pop("commit_every", None)
+    if isinstance(options.get("writer"), dict):
+        options["writer"] = {k: v for k, v in options["writer"].items() if k not in ("commit_every", "commit_bytes")}
     return options
 
 

@@ -15,7 +15,7 @@ from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
-from packer.conversion.inputs import Item, image_items, partition
+from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
 
@@ -89,13 +89,17 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     check_output_arg(out, resume=resume, overwrite=overwrite)
-    items, classes = image_items(src, list_path=list_path, exts=exts)
+    bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
+    items, classes = image_items(src, list_path=list_path, exts=exts, failures=bad)
     if not items:
-        raise UsageError(f"{src}: no input images found")
+        raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
     items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
     options = {"format": format, "check": check, "src": str(Path(src).resolve()),
                "list": str(list_path) if list_path else None, "num_shards": num_shards,
-               "shard_index": shard_index}
+               "shard_index": shard_index, "exts": list(parse_exts(exts)),
+               # every writer option (shard sizes, names, commit sizes) is part of the record and
+               # of the resume fingerprint (packer.conversion.fingerprint)
+               "writer": {k: (list(v) if isinstance(v, tuple) else v) for k, v in writer_options.items()}}
     if resize is not None:
         options["resize"] = resize.to_dict()
     if raw:
@@ -104,4 +108,4 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     with make_executor(executor, workers=workers) as ex:
         return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
                    max_failures=max_failures,
-                   resume=resume, overwrite=overwrite, desc=f"to-{format}")
+                   resume=resume, overwrite=overwrite, desc=f"to-{format}", input_failures=bad)

@@ -7,7 +7,6 @@ folders are not followed (no loops), and list files may not point outside their 
 from __future__ import annotations
 
 import csv
-import hashlib
 import logging
 import os
 import re
@@ -17,8 +16,8 @@ from typing import Iterable, Sequence
 
 from packer.errors import UsageError
 
-__all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
-           "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",
+__all__ = ["Item", "InputFailure", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
+           "image_items", "image_tree", "partition", "safe_key", "VideoItem",
            "DEFAULT_VIDEO_EXTS", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
 
 log = logging.getLogger(__name__)
@@ -34,6 +33,40 @@ class Item:
     key: str
     path: str
     label: int
+
+
+@dataclass(frozen=True)
+class InputFailure:
+    """An input line or directory entry that cannot become an item: recorded in
+    ``failures.jsonl`` with stage ``input`` (never dropped silently).
+
+    The mechanism for every parser: take ``failures: list[InputFailure] | None``; with a list,
+    append one of these per unusable line and go on; with None (a library caller that wants
+    the old strictness), raise ``UsageError(str(failure))``. :func:`_bad_line` does both. The
+    command passes the list to ``runner.run(input_failures=...)``, which records and counts them.
+    """
+
+    file: str  # the list/CSV file, or the folder an entry was found in
+    line: int  # 1-based line number (0 for a directory entry)
+    reason: str
+    key: str = ""  # the path the line names, when it could be read
+
+    def record(self) -> dict:
+        """The ``failures.jsonl`` record (``source`` is the file, plus its line number)."""
+        return {"key": self.key, "source": self.file, "stage": "input", "reason": self.reason,
+                "file": self.file, "line": self.line}
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}" if self.line else f"{self.file}: {self.reason}"
+
+
+def _bad_line(failures: list[InputFailure] | None, file: str, line: int, reason: str, key: str = "") -> None:
+    """Record an unusable input line in ``failures``, or raise UsageError without a list."""
+    bad = InputFailure(str(file), line, reason, key)
+    if failures is None:
+        raise UsageError(str(bad))
+    log.warning("%s (recorded in failures.jsonl)", bad)
+    failures.append(bad)
 
 
 def parse_exts(exts: str | Iterable[str] | None,
@@ -89,15 +122,22 @@ def _class_folders(root: Path, expected: str) -> list[str]:
     return classes
 
 
-def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> tuple[list[Item], list[str]]:
-    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index."""
+def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
+                 failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
+    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index.
+    A file whose name cannot be a key (not UTF-8, control characters) goes to ``failures``."""
     root = Path(root)
     classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
     for label, cls in enumerate(classes):
         for rel in _walk_files(root / cls):
             if _has_ext(rel, exts):
-                key = safe_key(f"{cls}/{rel}", str(root))
+                try:
+                    key = safe_key(f"{cls}/{rel}", str(root))
+                except UsageError as e:
+                    _bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
+                              os.fsencode(rel).decode("utf-8", "replace"))
+                    continue
                 items.append(Item(key, str(root / cls / rel), label))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
@@ -115,10 +155,14 @@ def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS
 
 
 def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
-              exts: Sequence[str] | None = None) -> tuple[list[Item], list[str]]:
+              exts: Sequence[str] | None = None, *,
+              failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
     """A list file of ``relative/path label`` lines (the path may contain spaces); order kept.
 
-    Classes are ``"0".."max label"``; blank lines and ``#`` comments are skipped.
+    Classes are ``"0".."max label"``; blank lines and ``#`` comments are skipped. Every other
+    line becomes an item or, when it cannot (no label, a label that is not a non-negative
+    integer, an unsafe path, an extension outside ``exts``, a repeated path), an
+    ``InputFailure`` appended to ``failures`` (a UsageError without that list).
     """
     list_path, root = Path(list_path), Path(root)
     if not list_path.is_file():
@@ -126,7 +170,7 @@ def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
     if not root.is_dir():
         raise UsageError(f"{root}: root folder does not exist")
     items = []
-    seen = set()
+    seen: dict[str, int] = {}
     with open(list_path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
@@ -135,31 +179,44 @@ def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
             parts = line.rsplit(None, 1)
             where = f"{list_path}:{lineno}"
             if len(parts) != 2:
-                raise UsageError(f"{where}: expected 'relative/path label', got {line!r}")
+                _bad_line(failures, str(list_path), lineno, f"expected 'relative/path label', got {line!r}")
+                continue
             try:
                 label = int(parts[1])
             except ValueError:
-                raise UsageError(f"{where}: label {parts[1]!r} is not an integer") from None
+                _bad_line(failures, str(list_path), lineno, f"label {parts[1]!r} is not an integer", parts[0])
+                continue
             if label < 0:
-                raise UsageError(f"{where}: negative label {label}")
-            key = safe_key(parts[0].strip(), where)
+                _bad_line(failures, str(list_path), lineno, f"negative label {label}", parts[0])
+                continue
+            try:
+                key = safe_key(parts[0].strip(), where)
+            except UsageError as e:
+                _bad_line(failures, str(list_path), lineno, str(e).removeprefix(where + ": "), parts[0])
+                continue
             if exts is not None and not _has_ext(key, exts):
+                _bad_line(failures, str(list_path), lineno,
+                          f"{key!r} does not end in one of the extensions taken ({', '.join(exts)}); "
+                          f"is this line in another format (e.g. several labels)?", key)
                 continue
             if key in seen:
-                raise UsageError(f"{where}: {key!r} is listed twice")
-            seen.add(key)
+                _bad_line(failures, str(list_path), lineno, f"{key!r} is listed twice (first at line {seen[key]})", key)
+                continue
+            seen[key] = lineno
             items.append(Item(key, str(root / key), label))
     n = max((it.label for it in items), default=-1) + 1
     return items, [str(i) for i in range(n)]
 
 
 def image_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None = None,
-                exts: str | Sequence[str] | None = None) -> tuple[list[Item], list[str]]:
-    """Items of an image dataset: an ImageFolder ``src``, or ``list_path`` relative to ``src``."""
+                exts: str | Sequence[str] | None = None,
+                failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
+    """Items of an image dataset: an ImageFolder ``src``, or ``list_path`` relative to ``src``.
+    Unusable lines/entries go to ``failures`` (see ``InputFailure``)."""
     exts = parse_exts(exts)
     if list_path is not None:
-        return list_file(list_path, src, exts)
-    return image_folder(src, exts)
+        return list_file(list_path, src, exts, failures=failures)
+    return image_folder(src, exts, failures=failures)
 
 
 def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[Item]:
@@ -170,14 +227,6 @@ def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[
     start = n * shard_index // num_shards
     end = n * (shard_index + 1) // num_shards
     return list(items[start:end])
-
-
-def fingerprint(items: Sequence[Item]) -> str:
-    """A hash of the input list (keys and labels), to refuse resuming on a changed input."""
-    h = hashlib.sha256()
-    for it in items:
-        h.update(f"{it.key}\0{it.label}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
 
 
 # -- videos -----------------------------------------------------------------------------------
@@ -283,7 +332,8 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
 
 def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
                  exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
-                 class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
+                 class_index: str | os.PathLike | None = None,
+                 failures: list[InputFailure] | None = None) -> tuple[list[VideoItem], list[str]]:
     """The official Kinetics CSV (``label,youtube_id,time_start,time_end,split``) over the
     videos below ``root`` (flat or in class folders), named as the Kinetics downloader writes
     them (``{youtube_id}_{start:06d}_{end:06d}.mp4``) or plainly ``{youtube_id}.mp4``.
@@ -311,19 +361,26 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
             row = {k.strip(): (v or "").strip() for k, v in row.items() if k}
             try:
                 start, end = int(float(row["time_start"])), int(float(row["time_end"]))
-            except ValueError:
-                raise UsageError(f"{csv_path}:{lineno}: time_start/time_end are not numbers") from None
+            except (ValueError, TypeError, KeyError):
+                _bad_line(failures, str(csv_path), lineno, "time_start/time_end are not numbers",
+                          row.get("youtube_id") or "")
+                continue
             if not row["youtube_id"] or not row["label"]:
-                raise UsageError(f"{csv_path}:{lineno}: empty label or youtube_id")
-            rows.append((row["label"], row["youtube_id"], start, end))
+                _bad_line(failures, str(csv_path), lineno, "empty label or youtube_id", row.get("youtube_id") or "")
+                continue
+            rows.append((row["label"], row["youtube_id"], start, end, lineno))
     classes = _labels((r[0] for r in rows), class_index, str(csv_path))
     entries, seen = [], set()
-    for label, yid, start, end in rows:
+    for label, yid, start, end, lineno in rows:
         clip = f"{yid}_{start:06d}_{end:06d}"
         rel = by_stem.get(clip) or by_stem.get(yid) or f"{clip}.mp4"
-        key = safe_key(rel, str(csv_path))
+        try:
+            key = safe_key(rel, str(csv_path))
+        except UsageError as e:
+            _bad_line(failures, str(csv_path), lineno, str(e).removeprefix(f"{csv_path}: "), yid)
+            continue
         if key in seen:
-            log.warning("%s: %s is listed more than once; kept the first", csv_path, key)
+            _bad_line(failures, str(csv_path), lineno, f"{key} is listed more than once (kept the first)", key)
             continue
         seen.add(key)
         entries.append((key, str(root / rel), classes.index(label), _dir_part(label)))
@@ -332,9 +389,10 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
 
 
 def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
-               exts: Sequence[str] | None = None) -> tuple[list[VideoItem], list[str]]:
+               exts: Sequence[str] | None = None, *,
+               failures: list[InputFailure] | None = None) -> tuple[list[VideoItem], list[str]]:
     """An mmaction2 video list (``path label`` lines, paths relative to ``root``); order kept."""
-    items, classes = list_file(list_path, root, exts)
+    items, classes = list_file(list_path, root, exts, failures=failures)
     entries = [(it.key, it.path, it.label, "/".join(_dir_part(p) for p in it.key.split("/")[:-1]))
                for it in items]
     return _with_frame_dirs(entries, str(list_path)), classes
@@ -343,16 +401,18 @@ def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
 def video_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None = None,
                 csv_path: str | os.PathLike | None = None,
                 class_index: str | os.PathLike | None = None,
-                exts: str | Sequence[str] | None = None) -> tuple[list[VideoItem], list[str]]:
+                exts: str | Sequence[str] | None = None,
+                failures: list[InputFailure] | None = None) -> tuple[list[VideoItem], list[str]]:
     """Items of a video dataset: class folders under ``src``, the Kinetics ``csv_path`` over
-    ``src``, or the mmaction2 video list ``list_path`` relative to ``src``."""
+    ``src``, or the mmaction2 video list ``list_path`` relative to ``src``. Unusable lines go
+    to ``failures`` (see ``InputFailure``)."""
     exts = parse_exts(exts, DEFAULT_VIDEO_EXTS)
     if list_path is not None and csv_path is not None:
         raise UsageError("--list and --csv exclude each other")
     if list_path is not None:
         if class_index is not None:
             raise UsageError("--class-index applies to class folders and --csv, not --list")
-        return video_list(list_path, src, exts)
+        return video_list(list_path, src, exts, failures=failures)
     if csv_path is not None:
-        return kinetics_csv(csv_path, src, exts, class_index=class_index)
+        return kinetics_csv(csv_path, src, exts, class_index=class_index, failures=failures)
     return video_folder(src, exts, class_index=class_index)

@@ -20,12 +20,14 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from packer.errors import PackerError, UsageError, WriteError
+from packer.errors import CorruptData, PackerError, ResumeRefused, UsageError, WriteError
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
+from packer.conversion.fingerprint import (INPUTS_NAME, Fingerprint, differences, input_stats,
+                                           load_inputs, save_inputs)
 from packer.formats import Writer, open_reader
 from packer.formats.base import Sample, partial_path
 from packer.manifest import atomic_write_bytes
-from packer.conversion.inputs import Item, fingerprint
+from packer.conversion.inputs import InputFailure, Item
 
 __all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures"]
 
@@ -54,6 +56,7 @@ class Report:
     bytes: int = 0
     status: str = "done"  # done | resumed | complete
     strict: bool = False  # partial decodes count as failures
+    note: str = ""  # what a finished-output --resume checked
 
     @property
     def failed(self) -> int:
@@ -64,8 +67,10 @@ class Report:
         """One line for the terminal."""
         rate = self.count / self.elapsed if self.elapsed > 0 else 0.0
         if self.status == "complete":
-            return f"{self.out}: already complete ({self.count} samples); nothing to do"
-        return (f"{self.out}: {self.count} samples from {self.items} inputs, {self.failed} failed, "
+            return f"{self.out}: complete and verified ({self.count} samples, {self.note}); nothing to do"
+        unusable = sum(1 for f in self.failures if f.get("stage") == "input")
+        lines = f" ({unusable} input lines or entries unusable)" if unusable else ""
+        return (f"{self.out}: {self.count} samples from {self.items} inputs{lines}, {self.failed} failed, "
                 f"{self.bytes / 1e6:.1f} MB in {self.elapsed:.1f}s ({rate:.0f} samples/s)")
 
 
@@ -99,7 +104,7 @@ def check_output_arg(out: str | os.PathLike, *, resume: bool, overwrite: bool) -
 class _Checkpointer:
     """Tracks which input items are fully durable and writes the resume checkpoint."""
 
-    def __init__(self, path: Path, fp: str, items_done: int, samples: int,
+    def __init__(self, path: Path, fp: dict[str, Any], items_done: int, samples: int,
                  failures: list[dict[str, Any]], entries: list[dict[str, Any]], overwrite: bool):
         self.path = path
         self.fp = fp
@@ -136,10 +141,32 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("index", "at", "note")}
 
 
+def _check_finished(out: Path, fp: Fingerprint, items: int) -> Report:
+    """``--resume`` of a finished output: verify every checksum and compare the fingerprint its
+    manifest records with this run's; refuse (naming what is wrong) or report it verified."""
+    reader = open_reader(out)
+    problems = [str(p) for p in reader.verify()]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CorruptData(str(out), f"the finished output fails verification: {'; '.join(problems[:3])}{more}")
+    recorded = reader.manifest.fingerprint
+    note = "every checksum and the fingerprint checked"
+    if not recorded:  # a merged output or one made before fingerprints: say what was not checked
+        note = "every checksum checked; its manifest records no fingerprint, so options and inputs were not compared"
+    else:
+        diff = differences(recorded, fp)
+        if diff:
+            raise ResumeRefused(f"{out}: is complete but was made differently from this run:\n  "
+                                + "\n  ".join(diff) + "\n(use --overwrite to make it again)")
+    log.info("%s is complete and verified", out)
+    return Report(str(out), count=len(reader), items=items, status="complete", note=note)
+
+
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, max_failures: int = 0, resume: bool = False,
         overwrite: bool = False, strict: bool = False, unit: str = "img",
-        desc: str = "packing", sample_unit: str | None = None) -> Report:
+        desc: str = "packing", sample_unit: str | None = None,
+        input_failures: Sequence[InputFailure] = ()) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -154,26 +181,34 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         overwrite: replace an existing output when done.
         strict: partial decodes (``WorkResult.note``) count as failures.
         sample_unit: when given, the progress bar also shows packed samples per second.
+        input_failures: input lines or entries the parser could not turn into items (each
+            recorded in ``failures.jsonl`` with stage ``input`` and counted like any failure).
     Returns:
         a Report.
     """
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
-    fp = fingerprint(items)
+    stats = input_stats(items)
+    fp = Fingerprint(format=writer.format_name, classes=writer.classes,
+                     options=writer.created_by.get("options", {}), stats=stats)
     state_path = writer.resume_state_path()
     ckpt = None
+    n_inputs = len(items) + len(input_failures)
     if resume and not partial_path(out).exists() and out.exists():
-        reader = open_reader(out)
-        log.info("%s is complete; checked its manifest, nothing to do", out)
-        return Report(str(out), count=len(reader), items=len(items), status="complete")
+        return _check_finished(out, fp, n_inputs)
     if resume and state_path.exists():
-        ckpt = json.loads(state_path.read_text())
-        if ckpt.get("fingerprint") != fp:
-            raise UsageError(f"{out}: the input changed since the interrupted run; "
-                             "use --overwrite to start again")
+        try:
+            ckpt = json.loads(state_path.read_text())
+        except (OSError, ValueError) as e:
+            raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from None
+        diff = differences(ckpt.get("fingerprint"), fp, load_inputs(state_path.parent))
+        if diff:  # refused before any work: the partial output is left as it is
+            raise ResumeRefused(f"{out}: cannot resume, this run differs from the interrupted one:\n  "
+                                + "\n  ".join(diff) + "\n(rerun with the first run's options, or use --overwrite)")
 
-    failures: list[dict[str, Any]] = []
+    # Input lines the parser could not use come first (index -1: always in the kept prefix).
+    failures: list[dict[str, Any]] = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     entries: list[dict[str, Any]] = []
     items_done = samples = 0
     if ckpt is not None:
@@ -181,7 +216,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         failures, entries = ckpt["failures"], ckpt["entries"]
         # Retry the prefix's failures; the first that now succeeds cuts the output back to it.
         # Notes (partial decodes) were packed, so they are kept as they are.
-        retry = [f for f in failures if not f.get("note")]
+        retry = [f for f in failures if not f.get("note") and f["index"] >= 0]
         for f, outcome in zip(retry, executor.map(work_fn, [items[f["index"]] for f in retry])):
             if outcome.ok:
                 items_done, samples = f["index"], f["at"]
@@ -191,9 +226,14 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         log.info("resuming %s at input %d of %d (%d samples kept)", out, items_done, len(items), samples)
 
     writer.open(resume_samples=samples if ckpt is not None else None)
+    writer.fingerprint = fp.to_dict()
+    try:
+        save_inputs(state_path.parent, stats)
+    except OSError as e:
+        raise WriteError(f"{state_path.parent}: cannot save the input table ({e.strerror or e})") from None
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))
-    cp = _Checkpointer(state_path, fp, items_done, samples, failures, entries, overwrite)
+    cp = _Checkpointer(state_path, fp.to_dict(), items_done, samples, failures, entries, overwrite)
     writer.on_durable = cp.durable
     cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
@@ -226,13 +266,14 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
                     bar.set_postfix_str(f"{(writer.count - samples) / (shown - start):.0f} {sample_unit}/s",
                                         refresh=False)
             writer.flush()
+        (state_path.parent / INPUTS_NAME).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in failures],
                                 videos=[_public(e) for e in entries], overwrite=overwrite,
                                 counted=counted_failures(failures, strict=strict))
     except BaseException:
         writer.abort()
         raise
-    report = Report(str(out), count=manifest.count, items=len(items),
+    report = Report(str(out), count=manifest.count, items=n_inputs,
                     failures=[_public(f) for f in failures], elapsed=time.monotonic() - start,
                     bytes=writer.bytes_written, status="resumed" if ckpt is not None else "done",
                     strict=strict)

@@ -144,6 +144,7 @@ class Writer(abc.ABC):
         self.bytes_written = 0
         self._pending_bytes = 0
         self.on_durable: Callable[[int], None] | None = None
+        self.fingerprint: dict[str, Any] = {}  # set by the runner; kept in the manifest
         self._opened = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -226,7 +227,7 @@ class Writer(abc.ABC):
         manifest = Manifest(format=self.format_name, kind=self.kind, count=self.count,
                             classes=self.classes, created_by=self.created_by,
                             failures=counted,
-                            videos=list(videos or []))
+                            videos=list(videos or []), fingerprint=self.fingerprint)
         try:
             self._finish(manifest)
             self._close_handles()

@@ -1,0 +1,160 @@
+"""The resume fingerprint: everything that decides an output's bytes, so ``--resume`` never mixes
+two datasets.
+
+It is one mechanism, not a hand list per command:
+
+* **options**: the command's ``created_by`` options (the manifest's record of how the output was
+  made). Every command records each option that changes what is stored there (resize, quality,
+  check mode, extensions, frame selection, backend, shard sizes, template, start index, writer
+  options...), so a new option is covered by recording it, which the manifest needs anyway.
+  Only the options in :data:`NEUTRAL` (where the input lives, not what it holds) are left out.
+* **format**: the format name and ``FORMAT_VERSION``; the class names.
+* **inputs**: per input its key, label, and the source file's size and mtime (ns), digested.
+
+A partial output keeps the per-input table (``.inputs.json`` beside the resume checkpoint) so a
+refusal can name what changed (``3 inputs changed since the first run, e.g. a/x.jpg``); a finished
+output keeps the fingerprint (with the input digest) in its manifest, so ``--resume`` on it can
+say whether it was made from this input with these options.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from packer.manifest import FORMAT_VERSION, atomic_write_bytes
+
+__all__ = ["NEUTRAL", "Fingerprint", "input_stats", "differences", "save_inputs", "load_inputs"]
+
+# created_by options that say where the input lives, not what the output holds: moving the
+# source folder between an interrupted run and its resume is fine (each file's size and mtime
+# still have to match).
+NEUTRAL = frozenset({"src", "list", "csv", "root", "class_index"})
+
+INPUTS_NAME = ".inputs.json"
+
+
+def input_stats(items: Sequence[Any]) -> list[list[Any]]:
+    """``[key, label, size, mtime_ns]`` per item (size and mtime -1 when the source is missing)."""
+    rows = []
+    for it in items:
+        try:
+            st = os.stat(it.path)
+            size, mtime = st.st_size, st.st_mtime_ns
+        except OSError:
+            size = mtime = -1
+        rows.append([it.key, it.label, size, mtime])
+    return rows
+
+
+def _flatten(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in options.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{name}."))
+        elif not prefix and k in NEUTRAL:
+            continue
+        else:
+            flat[name] = v
+    return flat
+
+
+class Fingerprint:
+    """What decides an output's bytes (see the module docstring).
+
+    Args:
+        format: the output's format name.
+        classes: class names, index = label.
+        options: the command's ``created_by`` options (nested dicts are flattened).
+        stats: :func:`input_stats` of the inputs in packed order.
+    """
+
+    def __init__(self, *, format: str, classes: Sequence[str], options: dict[str, Any],
+                 stats: list[list[Any]]):
+        self.format = format
+        self.classes = list(classes)
+        self.options = json.loads(json.dumps(_flatten(options), default=str))  # JSON-normalised
+        self.stats = stats
+        h = hashlib.sha256()
+        for row in stats:
+            h.update(json.dumps(row, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
+        self.inputs = {"count": len(stats), "sha256": h.hexdigest()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form kept in the resume checkpoint and the finished manifest."""
+        return {"format": self.format, "format_version": FORMAT_VERSION, "classes": self.classes,
+                "options": self.options, "inputs": self.inputs}
+
+
+def _show(v: Any) -> str:
+    return "(unset)" if v is None else json.dumps(v, ensure_ascii=False) if not isinstance(v, (int, float)) else str(v)
+
+
+def _option_name(name: str) -> str:
+    return "--" + name.rsplit(".", 1)[-1].replace("_", "-")
+
+
+def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = None) -> list[str]:
+    """One line per difference between a recorded fingerprint ``old`` and ``new``: an option
+    (``--short-side: 64 -> 128``), the format, the classes, the inputs (named through
+    ``old_stats`` when the per-input table was kept). Empty when they match."""
+    if not isinstance(old, dict) or "options" not in old:
+        return ["the output was started by an older packer that recorded no full fingerprint"]
+    now = new.to_dict()
+    lines = []
+    if old.get("format") != now["format"] or old.get("format_version") != now["format_version"]:
+        lines.append(f"format: {old.get('format')} v{old.get('format_version')} -> "
+                     f"{now['format']} v{now['format_version']}")
+    before, after = old.get("options") or {}, now["options"]
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            lines.append(f"{_option_name(name)}: {_show(before.get(name))} -> {_show(after.get(name))}")
+    if old.get("classes") != now["classes"]:
+        lines.append(f"classes: {len(old.get('classes') or [])} before ({_preview(old.get('classes'))}), "
+                     f"{len(now['classes'])} now ({_preview(now['classes'])})")
+    if old.get("inputs") != now["inputs"]:
+        lines.append(_inputs_line(old.get("inputs") or {}, new, old_stats))
+    return lines
+
+
+def _preview(names: Any) -> str:
+    names = list(names or [])
+    return ", ".join(map(str, names[:3])) + (", ..." if len(names) > 3 else "")
+
+
+def _inputs_line(old: dict[str, Any], new: Fingerprint, old_stats: list[list[Any]] | None) -> str:
+    if old_stats is None:
+        return (f"the inputs changed since the first run ({old.get('count', '?')} inputs then, "
+                f"{new.inputs['count']} now, or a file's size, mtime or label differs)")
+    then = {row[0]: row for row in old_stats}
+    now = {row[0]: row for row in new.stats}
+    changed = sorted(k for k in then.keys() & now.keys() if then[k] != now[k])
+    gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
+    order = not changed and not gone and not added  # the same inputs in another order
+    parts = []
+    if changed:
+        parts.append(f"{len(changed)} inputs changed since the first run (size, mtime or label), e.g. {changed[0]}")
+    if gone:
+        parts.append(f"{len(gone)} inputs gone, e.g. {gone[0]}")
+    if added:
+        parts.append(f"{len(added)} inputs new, e.g. {added[0]}")
+    if order:
+        parts.append("the inputs are in another order than in the first run")
+    return "; ".join(parts)
+
+
+def save_inputs(directory: Path, stats: list[list[Any]]) -> None:
+    """Keep the per-input table beside the resume checkpoint (written once, at a fresh start)."""
+    atomic_write_bytes(Path(directory) / INPUTS_NAME, json.dumps(stats, ensure_ascii=False).encode("utf-8"))
+
+
+def load_inputs(directory: Path) -> list[list[Any]] | None:
+    """The per-input table of the first run, or None when missing or unreadable."""
+    try:
+        stats = json.loads((Path(directory) / INPUTS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, list) else None
