@@ -68,3 +68,20 @@ def test_make_executor_modes():
         make_executor("local", workers=1, timeout=0)
     with pytest.raises(ValueError):
         IsolatedExecutor(workers=0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4])
+def test_local_pool_survives_dead_workers(chunk_size):
+    """multiprocessing.Pool lost a dead worker's task and hung forever; now the item that
+    killed its worker fails (with the signal or exit status) and everything else comes back."""
+    items = [1, "segv", 2, 3, "exit", 4, 5, 6, 7, "raise", 8]
+    t = time.monotonic()
+    with LocalExecutor(workers=2, chunk_size=chunk_size) as ex:
+        out = list(ex.map(work, items))
+        assert [o.value for o in ex.map(work, range(5))] == [0, 2, 4, 6, 8]  # still usable
+    assert time.monotonic() - t < 60
+    assert [o.value for o in out if o.ok] == [2, 4, 6, 8, 10, 12, 14, 16]
+    bad = {items[i]: (o.stage, o.reason) for i, o in enumerate(out) if not o.ok}
+    assert bad == {"segv": ("crash", "worker process died (killed by SIGSEGV)"),
+                   "exit": ("crash", "worker process died (exited with status 3)"),
+                   "raise": ("internal", "ValueError: bad input")}

@@ -1,16 +1,19 @@
 """The executor interface and what every executor shares: ``Outcome``, ``call_safely``,
-the in-process executor, the worker start-up hook and the text for a dead worker's exit."""
+the in-process executor, the worker start-up hook, the text for a dead worker's exit and
+``windowed``, the one in-order window loop every pool-backed executor runs."""
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from packer.errors import CorruptSample
 
 __all__ = ["Outcome", "Executor", "InlineExecutor", "call_safely", "run_chunk", "worker_init", "exit_text",
-           "CRASH"]
+           "CRASH", "windowed"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,44 @@ class InlineExecutor(Executor):
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         for item in items:
             yield call_safely(fn, item)
+
+
+H = TypeVar("H")
+
+
+def windowed(items: Iterable[Any], *, chunk_size: int, limit: int, submit: Callable[[list[Any]], H],
+             collect: Callable[[H, list[Any]], list[Outcome]],
+             cancel: Optional[Callable[[H], None]] = None) -> Iterator[Outcome]:
+    """The in-order window loop: cut ``items`` into chunks of ``chunk_size``, keep at most
+    ``limit`` chunks in flight (``submit(chunk) -> handle``), and yield each chunk's outcomes
+    (``collect(handle, chunk)``, one Outcome per item) in input order, submitting the next chunk
+    as each one is collected. Memory stays flat however slow the consumer is. When the consumer
+    stops early (Ctrl-C, a writer error), ``cancel(handle)`` is called for what is still in flight.
+    """
+    it = iter(items)
+    inflight: collections.deque = collections.deque()
+
+    def more() -> bool:
+        chunk = list(itertools.islice(it, chunk_size))
+        if chunk:
+            inflight.append((submit(chunk), chunk))
+        return bool(chunk)
+
+    going = True
+    try:
+        while going and len(inflight) < limit:
+            going = more()
+        while inflight:
+            handle, chunk = inflight[0]
+            outcomes = collect(handle, chunk)
+            inflight.popleft()
+            if going:
+                going = more()
+            yield from outcomes
+    finally:
+        if cancel is not None:
+            for handle, _ in inflight:
+                cancel(handle)
 
 
 def exit_text(code: Optional[int]) -> str:

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from packer.conversion.executors.base import CRASH, Executor, Outcome, call_safely, run_chunk
+from packer.conversion.executors.base import CRASH, Executor, Outcome, call_safely, run_chunk, windowed
 from packer.errors import UsageError
 
 __all__ = ["RayExecutor"]
@@ -100,36 +99,37 @@ class RayExecutor(Executor):
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         ray = _import_ray()
         fn_ref = ray.put(fn)  # shipped once, not with every task
+        if self.timeout is None:  # chunks through the shared in-order window
+            return windowed(items, chunk_size=self.chunk_size, limit=self.workers * self.window,
+                            submit=lambda chunk: self._task.remote(fn_ref, chunk),
+                            collect=lambda ref, chunk: self._collect(ray, fn_ref, ref, chunk),
+                            cancel=lambda ref: ray.cancel(ref, force=True))
+        return self._map_timed(ray, fn_ref, items)
+
+    def _map_timed(self, ray: Any, fn_ref: Any, items: Iterable[Any]) -> Iterator[Outcome]:
+        """One item per task, ``workers`` at once, each timed from its start marker."""
         it = iter(items)
         inflight: collections.deque = collections.deque()
-        timed = self.timeout is not None
 
         def submit() -> bool:
-            if timed:
-                for item in it:
-                    inflight.append(_Timed(self._timed.remote(fn_ref, item)))
-                    return True
-                return False
-            chunk = list(itertools.islice(it, self.chunk_size))
-            if chunk:
-                inflight.append((self._task.remote(fn_ref, chunk), chunk))
-            return bool(chunk)
+            for item in it:
+                inflight.append(_Timed(self._timed.remote(fn_ref, item)))
+                return True
+            return False
 
         more = True
         try:
-            while more and len(inflight) < self.workers * (1 if timed else self.window):
+            while more and len(inflight) < self.workers:
                 more = submit()
             while inflight:
-                head = inflight[0]
-                outcomes = ([self._await_timed(ray, inflight)] if timed
-                            else self._collect(ray, fn_ref, *head))
+                outcome = self._await_timed(ray, inflight)
                 inflight.popleft()
                 if more:
                     more = submit()
-                yield from outcomes
+                yield outcome
         finally:
             for entry in inflight:  # abandoned (Ctrl-C, a writer error): stop the work
-                ray.cancel(entry.gen if timed else entry[0], force=True)
+                ray.cancel(entry.gen, force=True)
 
     def _collect(self, ray: Any, fn_ref: Any, ref: Any, chunk: list[Any]) -> list[Outcome]:
         try:
