@@ -224,3 +224,39 @@ def test_rawframes_list_parsing(tmp_path):
         (tmp_path / "c.txt").write_text(bad)
         with pytest.raises(CorruptData, match=match):
             parse_rawframes(tmp_path / "c.txt")
+
+
+def test_frame_dataset_checks_frame_crcs_by_default(frames_out, tmp_path):
+    """A damaged frame (here: every frame file holds its neighbour's valid JPEG, so it decodes
+    to a wrong clip) is a CorruptData naming the file (PackedVideoDataset on the same folder
+    raised already); check_crc=False opts out and decodes what is there."""
+    out = tmp_path / "frames"
+    shutil.copytree(frames_out, out)
+    first = FrameDataset(out, clip_len=1, num_clips=1, test_mode=True)
+    v = first.videos[0]
+    frames = sorted((out / v.frame_dir).iterdir())
+    assert len(frames) == v.total_frames  # the comparison below covers every frame
+    data = [p.read_bytes() for p in frames]
+    assert len(set(data)) == len(data)
+    for k, p in enumerate(frames):
+        p.write_bytes(data[(k + 1) % len(data)])
+    ds = FrameDataset(out, clip_len=1, num_clips=1, test_mode=True)
+    with pytest.raises(CorruptData, match="CRC32C mismatch") as e:
+        ds[0]
+    assert e.value.path.startswith(str(out / v.frame_dir))
+    with pytest.raises(CorruptData):
+        PackedVideoDataset(out, clip_len=1, num_clips=1, test_mode=True)[0]
+    clip, label = FrameDataset(out, clip_len=1, num_clips=1, test_mode=True, check_crc=False)[0]
+    assert label == v.label and clip.shape[0] == 1
+
+
+def test_frame_dataset_refuses_a_changed_label_in_its_list(frames_out, tmp_path):
+    out = tmp_path / "frames"
+    shutil.copytree(frames_out, out)
+    lines = (out / "rawframes.txt").read_text().splitlines()
+    d, n, label = lines[0].rsplit(" ", 2)
+    lines[0] = f"{d} {n} {int(label) + 1}"
+    (out / "rawframes.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorruptData, match="rawframes.txt"):
+        FrameDataset(out)
+    assert FrameDataset(out, check_crc=False).videos[0].label == int(label) + 1  # opted out

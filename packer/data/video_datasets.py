@@ -18,6 +18,8 @@ import torch
 
 from packer.errors import CorruptData, UsageError
 from packer.formats import open_reader
+from packer.integrity import crc32c
+from packer.manifest import MANIFEST_NAME
 from packer.codecs.image import decode
 from packer.data.clips import (LAYOUTS, RNG, ClipSampling, assemble_clip, random_resized_crop_box,
                                sample_frames)
@@ -175,6 +177,11 @@ class FrameDataset(_ClipDataset):
         seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
             function of (seed, epoch, index), whatever the workers (the epoch of a
             ``ClipRequest`` key when it has one, else ``set_epoch``'s).
+        check_crc: when ``root`` is a ``decode-frames`` output (it has ``packer.json``), check
+            each frame read against the output's ``checksums.bin`` and, for its own
+            ``rawframes.txt``, every list line (frames, label) against the manifest at open, like
+            every other reader: damage is a ``CorruptData`` naming the file, never a wrong clip.
+            ``False`` opts out. A plain mmaction2 tree has no checksums to check.
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
@@ -182,7 +189,8 @@ class FrameDataset(_ClipDataset):
                  out_of_bound_opt: str = "loop", twice_sample: bool = False, keep_tail_frames: bool = False,
                  temporal_jitter: bool = False, filename_tmpl: str = "img_{:05}.jpg", start_index: int = 1,
                  with_offset: bool = False, layout: str = "TCHW", crop_size: Optional[int] = None,
-                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None):
+                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
+                 check_crc: bool = True):
         super().__init__(clip_len=clip_len, frame_interval=frame_interval, num_clips=num_clips,
                          test_mode=test_mode, out_of_bound_opt=out_of_bound_opt, twice_sample=twice_sample,
                          keep_tail_frames=keep_tail_frames, temporal_jitter=temporal_jitter, layout=layout,
@@ -198,6 +206,39 @@ class FrameDataset(_ClipDataset):
             raise UsageError(f"filename_tmpl {filename_tmpl!r} needs one number field") from None
         self.filename_tmpl = filename_tmpl
         self._start_index = start_index
+        self.check_crc = check_crc
+        self._packed = None  # the frames output's reader, when root is one and check_crc
+        self._spans: dict[str, tuple[int, int]] = {}  # frame_dir -> (first position, frames)
+        if check_crc and (self.root / MANIFEST_NAME).is_file():
+            self._open_packed()
+
+    def _open_packed(self) -> None:
+        reader = open_reader(self.root)
+        if reader.format_name != "frames":
+            return
+        if any(reader.filename_tmpl.format(n) != self.filename_tmpl.format(n) for n in (0, 1, 123456)):
+            raise UsageError(f"{self.root}: frames are named {reader.filename_tmpl!r}, "
+                             f"not filename_tmpl {self.filename_tmpl!r}")
+        self._packed = reader
+        self._spans = {v["frame_dir"]: (int(v["start"]), int(v["length"])) for v in reader.videos}
+        if self.list_file.resolve() == (self.root / "rawframes.txt").resolve():
+            # The output's own list: every line must be the manifest's entry (labels included).
+            listed = [(v.frame_dir, v.total_frames, v.label) for v in self.videos]
+            recorded = [(v["frame_dir"], int(v["length"]), int(v["label"])) for v in reader.videos]
+            if listed != recorded:
+                bad = next((i for i, (a, b) in enumerate(zip(listed, recorded)) if a != b), len(recorded))
+                raise CorruptData(str(self.list_file), f"line {bad + 1} does not match the manifest's "
+                                  f"videos ({reader.path / MANIFEST_NAME}): the list was changed or damaged")
+
+    def _check_frame(self, v: "RawframeInfo", number: int, path: Path, data: bytes) -> None:
+        span = self._spans.get(v.frame_dir)
+        if span is None:
+            return  # a folder the packed output does not hold (a list over other frames)
+        offset = number - self._packed.start_index
+        if not 0 <= offset < span[1]:
+            raise CorruptData(str(path), f"frame {number} is outside the {span[1]} frames packed there")
+        if crc32c(data) != int(self._packed._checksums()[span[0] + offset]):
+            raise CorruptData(str(path), "CRC32C mismatch", position=f"sample {span[0] + offset}")
 
     def __len__(self) -> int:
         return len(self.videos)
@@ -214,11 +255,14 @@ class FrameDataset(_ClipDataset):
         folder = self.root / v.frame_dir
         frames = []
         for i in frame_inds:
-            path = folder / self.filename_tmpl.format(int(i) + v.offset)
+            number = int(i) + v.offset
+            path = folder / self.filename_tmpl.format(number)
             try:
                 data = path.read_bytes()
             except OSError as e:
                 raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
+            if self._packed is not None:
+                self._check_frame(v, number, path, data)
             try:
                 frames.append(decode(data))
             except ValueError as e:
