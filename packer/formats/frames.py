@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import shutil
@@ -57,10 +58,22 @@ def rawframes_lines(videos: list[dict[str, Any]]) -> str:
     return "".join(f"{v['frame_dir']} {v['length']} {v['label']}\n" for v in videos)
 
 
+@functools.lru_cache(maxsize=1)
+def _syncfs_fn() -> Any:
+    """libc's ``syncfs``, looked up once. The symbols already loaded come first: ``find_library``
+    runs ``ldconfig`` in a subprocess, and a subprocess started while a process pool forks a
+    replacement worker from its manager thread can hang forever (the forked worker inherits the
+    pipe ``subprocess`` waits on)."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+    if fn is None:
+        libc_name = ctypes.util.find_library("c")
+        fn = getattr(ctypes.CDLL(libc_name, use_errno=True), "syncfs", None) if libc_name else None
+    return fn
+
+
 def _syncfs(path: Path) -> None:
     """Flush the file system holding ``path`` (one call instead of an fsync per frame file)."""
-    libc_name = ctypes.util.find_library("c")
-    fn = getattr(ctypes.CDLL(libc_name, use_errno=True), "syncfs", None) if libc_name else None
+    fn = _syncfs_fn()
     if fn is None:
         os.sync()
         return

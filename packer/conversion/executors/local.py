@@ -35,10 +35,12 @@ def make_pool(workers: int, start_method: str | None) -> ProcessPool:
 
 
 def chunk_outcomes(pool: ProcessPool, fn: Callable[[Any], Any], future: Any, chunk: list[Any],
-                   timeout: float | None = None) -> list[Outcome]:
+                   timeout: float | None = None, last_try: bool = False) -> list[Outcome]:
     """The outcomes of one ``run_chunk`` task. A chunk whose worker died is rerun one item per
-    task, so exactly the items that kill a worker fail (stage ``crash``, with the signal or exit
-    status); an item past ``timeout`` fails with stage ``timeout`` (its worker is killed)."""
+    task, and a single item whose worker died is run once more, so exactly the items that kill
+    a worker twice fail (stage ``crash``, with the signal or exit status) and an item whose
+    worker died for another reason (the OOM killer picking it while a neighbour grew) gets a
+    second chance; an item past ``timeout`` fails with stage ``timeout`` (its worker is killed)."""
     try:
         return future.result()
     except ProcessExpired as e:
@@ -46,6 +48,9 @@ def chunk_outcomes(pool: ProcessPool, fn: Callable[[Any], Any], future: Any, chu
             log.info("a worker died running %d items; rerunning them one per task", len(chunk))
             singles = [pool.schedule(run_chunk, (fn, [item]), timeout=timeout) for item in chunk]
             return [o for f, item in zip(singles, chunk) for o in chunk_outcomes(pool, fn, f, [item], timeout)]
+        if not last_try:
+            again = pool.schedule(run_chunk, (fn, chunk), timeout=timeout)
+            return chunk_outcomes(pool, fn, again, chunk, timeout, last_try=True)
         return [Outcome(False, stage="crash", reason=f"worker process died ({exit_text(e.exitcode)})")]
     except FutureTimeout:
         return [Outcome(False, stage="timeout", reason=f"no result after {timeout:g}s; worker killed")
