@@ -2,10 +2,12 @@
 packed output (LMDB values, HDF5 files, frame files, packer.json, keys.json, checksums.bin, the
 rawframes list). Every reader and ``verify`` either returns the right sample bytes or raises a
 ``PackerError`` naming the file (and the position) — never another exception, never wrong
-bytes returned silently, and ``verify`` never says OK about a damaged sample."""
+bytes, labels, keys or classes returned silently, and ``verify`` never says OK about a damaged
+sample."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -58,9 +60,21 @@ def packed(request, tmp_path_factory):
     kind, fmt = request.param
     out = _build(kind, fmt, tmp_path_factory.mktemp(f"{kind}-{fmt}"))
     r = open_reader(out)
-    ref = [r.read(i) for i in range(len(r))]
+    ref = Reference([r.read(i) for i in range(len(r))], list(r.keys), list(r.classes))
     r.close()
     return out, ref, fmt
+
+
+@dataclasses.dataclass
+class Reference:
+    """What an undamaged output returns: every record (bytes, label, ...), the keys, the classes."""
+
+    records: list
+    keys: list
+    classes: list
+
+    def __len__(self) -> int:
+        return len(self.records)
 
 
 def targets(out: Path) -> list[tuple[str, tuple[int, int] | None]]:
@@ -111,15 +125,21 @@ def damage(path: Path, op: str, where: float, n: int, region: tuple[int, int] | 
     path.write_bytes(bytes(data))
 
 
-def check_reads(out: Path, ref) -> bool:
-    """Read everything back; True when every sample came back right."""
+def check_reads(out: Path, ref: "Reference") -> bool:
+    """Read everything back (samples, labels, keys, classes); True when all came back right.
+    Damage may only show as a ``PackerError`` naming the file: any other exception fails the
+    test, and so does a wrong value returned silently."""
     try:
         r = open_reader(out)
         n = len(r)
+        keys, classes = list(r.keys), list(r.classes)
     except PackerError as e:
         assert str(out) in str(e) or out.name in str(e), e
         return False
-    intact = n == len(ref)
+    assert n == len(ref), f"{n} samples, {len(ref)} packed: a wrong count returned silently"
+    assert keys == ref.keys, "wrong keys returned silently"
+    assert classes == ref.classes, "wrong class names returned silently"
+    intact = True
     try:
         for i in range(n):
             try:
@@ -128,10 +148,9 @@ def check_reads(out: Path, ref) -> bool:
                 assert out.name in str(e), e  # names the file
                 intact = False
                 continue
-            except IndexError:
-                intact = False
-                continue
-            assert i < len(ref) and rec.data == ref[i].data, f"sample {i}: wrong bytes returned silently"
+            want = ref.records[i]
+            assert rec.data == want.data, f"sample {i}: wrong bytes returned silently"
+            assert rec.label == want.label, f"sample {i}: wrong label returned silently"
     finally:
         r.close()
     return intact

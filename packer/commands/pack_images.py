@@ -97,7 +97,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
                 "list": str(inputs.list_path) if inputs.list_path else None,
                 "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                "exts": list(parse_exts(inputs.exts)),
+                "ext": list(parse_exts(inputs.exts)),
                 # every writer option (shard sizes, names, commit sizes) is part of the record and
                 # of the resume fingerprint (packer.conversion.fingerprint)
                 "writer": {k: (list(v) if isinstance(v, tuple) else v) for k, v in writer_options.items()}}
