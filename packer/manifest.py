@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.errors import FormatError
+from packer.errors import CorruptData, FormatError
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "Manifest", "created_by", "atomic_write_bytes"]
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "Manifest", "created_by", "atomic_write_bytes",
+           "manifest_checksum"]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "packer.json"
@@ -35,13 +36,18 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     # What decided the bytes (options, format, input digest): ``packer.conversion.fingerprint``.
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    # CRC32C (8 hex digits) of what a reader returns besides sample bytes and is kept outside
+    # the manifest: ``keys`` (the key list), ``labels`` (a format's separate label array).
+    integrity: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        """Serialize with stable key order (empty per-format lists are left out)."""
+        """Serialize with stable key order (empty per-format lists are left out), plus the
+        ``checksum`` of everything else (see :func:`manifest_checksum`)."""
         d = dataclasses.asdict(self)
-        for k in ("shards", "videos", "extra", "fingerprint"):
+        for k in ("shards", "videos", "extra", "fingerprint", "integrity"):
             if not d[k]:
                 d.pop(k)
+        d["checksum"] = manifest_checksum(d)
         return json.dumps(d, indent=1, ensure_ascii=False) + "\n"
 
     @classmethod
@@ -56,6 +62,10 @@ class Manifest:
         version = d.get("format_version")
         if version != FORMAT_VERSION:
             raise FormatError(f"{source}: unknown format_version {version!r} (this packer reads {FORMAT_VERSION})")
+        recorded = d.pop("checksum", None)
+        if recorded is not None and recorded != manifest_checksum(d):
+            raise CorruptData(source, "manifest checksum mismatch: its classes, labels, counts or "
+                                      "other fields were changed or damaged")
         known = {f.name for f in dataclasses.fields(cls)}
         try:
             m = cls(**{k: v for k, v in d.items() if k in known})
@@ -82,6 +92,18 @@ class Manifest:
         except (OSError, UnicodeDecodeError) as e:
             raise FormatError(f"{p}: cannot read manifest ({e})") from None
         return cls.from_json(text, str(p))
+
+
+def manifest_checksum(fields: dict[str, Any]) -> str:
+    """CRC32C (8 hex digits) of a manifest's fields (without ``checksum``) in canonical JSON
+    (sorted keys, no whitespace): it covers the classes, counts, video entries with their
+    labels, shards, fingerprint and the ``integrity`` checksums, while reformatting the file
+    changes nothing. A manifest written before checksums (no field) is read unchecked."""
+    from packer.integrity import crc32c
+
+    canon = json.dumps({k: v for k, v in fields.items() if k != "checksum"}, sort_keys=True,
+                       ensure_ascii=False, separators=(",", ":"))
+    return f"{crc32c(canon.encode('utf-8', 'surrogatepass')):08x}"
 
 
 def created_by(options: dict[str, Any]) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def test_failures_beside_the_file_and_manifest_counts(mixed_folder, tmp_path):
     r = cli("to-hdf5", str(mixed_folder), str(out), "--workers", "0")
     assert r.exit_code != 0 and "already exists" in r.output
     r = cli("to-hdf5", str(mixed_folder), str(out), "--resume", "--workers", "0")
-    assert r.exit_code == 0 and "already complete" in r.output
+    assert r.exit_code == 0 and "complete and verified" in r.output
 
 
 def test_raw_needs_a_size_and_hdf5(image_folder, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURE_IMAGES, needs_fixture_images
+from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.cli import main
 from packer.formats import FORMATS, open_reader
@@ -71,7 +71,6 @@ def test_small_images_are_packed_as_they_are(image_folder, tmp_path):
     assert [ds[i][0] for i in range(len(ds))] == [p.read_bytes() for p in files]
 
 
-@needs_fixture_images
 def test_fixture_images_pack_upright_with_failures(tmp_path):
     shutil.copytree(FIXTURE_IMAGES, tmp_path / "src" / "only")
     out = tmp_path / "fx.h5"

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES, REPO, needs_fixture_images, write_image_folder
+from conftest import FIXTURE_IMAGES, REPO, write_image_folder
 from packer.cli import main
 from packer.conversion.runner import run
 from packer.data.datasets import PackedDataset
@@ -145,7 +145,7 @@ def test_bad_inputs_are_skipped_and_recorded(mixed_folder, tmp_path):
 def test_resume_on_a_finished_output_does_nothing(packed, image_folder):
     before = data_files(packed)
     result = cli("to-records", image_folder, packed, "--samples-per-shard", 5, "--resume")
-    assert "already complete" in result.output and data_files(packed) == before
+    assert "complete and verified" in result.output and data_files(packed) == before
 
 
 def _samples(n: int) -> list[Sample]:
@@ -409,7 +409,6 @@ def test_framing_round_trip_and_every_flip_is_caught(payload, data):
         unframe_record(bytes(bad), where="x.tfrecord", position="record 0")
 
 
-@needs_fixture_images
 def test_real_fixture_images(tmp_path):
     src = tmp_path / "src" / "fixtures"
     src.mkdir(parents=True)

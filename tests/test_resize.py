@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from conftest import FIXTURE_IMAGES, needs_fixture_images
+from conftest import FIXTURE_IMAGES
 from packer.errors import CorruptSample, UsageError
 from packer.codecs.image import decode_pil
 from packer.codecs.resize import ResizeSpec, parse_size, plan_resize, resize_image, resize_pixels
@@ -162,7 +162,6 @@ def test_identity_plan():
 
 
 # -- every fixture image through every mode ------------------------------------------------------
-@needs_fixture_images
 @pytest.mark.parametrize("path", sorted(FIXTURE_IMAGES.glob("*")), ids=lambda p: p.name)
 def test_fixture_images_every_mode(path):
     data = path.read_bytes()
@@ -193,7 +192,6 @@ def test_fixture_images_every_mode(path):
         assert pixels.shape == (plan.out[1], plan.out[0], 3) and pixels.dtype == np.uint8
 
 
-@needs_fixture_images
 def test_fixture_exif_rotated_comes_out_upright():
     data = (FIXTURE_IMAGES / "pillow_hopper_orientation_6.jpg").read_bytes()
     r = resize_image(data, ResizeSpec(max_side=1000, format="png"))

@@ -80,5 +80,5 @@ def test_resume_refuses_a_changed_input(src, tmp_path):
     before = {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()}
     done = subprocess.run(packer_cmd("to-lmdb", other, out, "--resume"), capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
-    assert "inputs changed since the first run" in done.stderr and "--commit-every: 4 -> 1000" in done.stderr
+    assert "inputs changed since the first run" in done.stderr
     assert {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()} == before

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES, needs_fixture_images
+from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.data.transforms import (DecodeResizeCrop, PilResizeCrop, _decode_scaled, jpeg_size,
                                     reduction_factor)
@@ -57,7 +57,6 @@ def test_jpeg_size_of_other_bytes():
     assert jpeg_size(jpeg(20, 30)[:40]) is None
 
 
-@needs_fixture_images
 def test_jpeg_size_of_real_files():
     for p in sorted(FIXTURE_IMAGES.glob("*.jpg")):
         data = p.read_bytes()
@@ -108,7 +107,6 @@ def test_exif_orientation_is_applied_on_the_scaled_path():
     assert fast[0, :40].float().mean() > 200 and fast[2, -40:].float().mean() > 200
 
 
-@needs_fixture_images
 @pytest.mark.parametrize("name,short", [
     ("pillow_hopper_orientation_6.jpg", 64), ("pillow_pil_sample_cmyk.jpg", 25),
     ("pillow_hopper_gray.jpg", 32), ("pillow_mode_palette_alpha.png", 32), ("pillow_flower.jpg", 160),
@@ -125,7 +123,6 @@ def test_real_images(name, short):
         assert mean_abs_diff(fast, torch.rot90(ref, 1, (1, 2))) > 4 * mean_abs_diff(fast, ref)
 
 
-@needs_fixture_images
 def test_truncated_jpeg_is_an_error():
     with pytest.raises(ValueError, match="cannot decode"):
         PilResizeCrop()((FIXTURE_IMAGES / "pillow_truncated_jpeg.jpg").read_bytes())

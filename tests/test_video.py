@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURE_VIDEOS, needs_fixture_videos, write_video
+from conftest import FIXTURE_VIDEOS, write_video
 from packer.errors import CorruptSample, UsageError
 from packer.codecs.video import FrameSelection, Resize, decord_available, parse_size, read_video
 
@@ -24,7 +24,6 @@ READABLE = {
 }
 
 
-@needs_fixture_videos
 @pytest.mark.parametrize("backend", ["auto"] + BACKENDS)
 @pytest.mark.parametrize("name", sorted(READABLE))
 def test_fixture_decodes_to_documented_count_and_size(name, backend):
@@ -35,7 +34,6 @@ def test_fixture_decodes_to_documented_count_and_size(name, backend):
     assert not v.partial and v.error is None
 
 
-@needs_fixture_videos
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rotated_mov_comes_out_upright_once(backend):
     v = read_video(FIXTURE_VIDEOS / "decord_video_90.mov", backend=backend)
@@ -43,7 +41,6 @@ def test_rotated_mov_comes_out_upright_once(backend):
     assert (v.height, v.width) == (568, 320)  # rotated by the decoder, not again by us
 
 
-@needs_fixture_videos
 def test_decord_and_opencv_agree_pixel_for_pixel():
     if not decord_available():
         pytest.skip("decord not importable")
@@ -52,7 +49,6 @@ def test_decord_and_opencv_agree_pixel_for_pixel():
     assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
 
 
-@needs_fixture_videos
 @pytest.mark.parametrize("backend", ["auto", "opencv"])
 def test_av1_is_a_recorded_failure(backend):
     with pytest.raises(CorruptSample) as e:
@@ -60,7 +56,6 @@ def test_av1_is_a_recorded_failure(backend):
     assert e.value.stage == "decode" and "no decodable video frames" in e.value.reason
 
 
-@needs_fixture_videos
 @pytest.mark.parametrize("backend", ["auto"] + BACKENDS)
 def test_corrupted_mp4_is_a_partial_decode(backend):
     v = read_video(FIXTURE_VIDEOS / "decord_corrupted.mp4", backend=backend, process=lambda f: 0)

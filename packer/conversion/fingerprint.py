@@ -9,7 +9,10 @@ It is one mechanism, not a hand list per command:
   options...), so a new option is covered by recording it, which the manifest needs anyway.
   Only the options in :data:`NEUTRAL` (where the input lives, not what it holds) are left out.
 * **format**: the format name and ``FORMAT_VERSION``; the class names.
-* **inputs**: per input its key, label, and the source file's size and mtime (ns), digested.
+* **inputs**: the keys and labels in order (digested), and per input the source file's size
+  and mtime (ns) (digested apart). A resume refuses any change of keys, labels or order; a
+  changed size or mtime only for an input already stored in the kept prefix (an input that
+  failed, or is not reached yet, may be fixed between the runs: it is retried or packed anew).
 
 A partial output keeps the per-input table (``.inputs.json`` beside the resume checkpoint) so a
 refusal can name what changed (``3 inputs changed since the first run, e.g. a/x.jpg``); a finished
@@ -32,6 +35,10 @@ __all__ = ["NEUTRAL", "Fingerprint", "input_stats", "differences", "save_inputs"
 # source folder between an interrupted run and its resume is fine (each file's size and mtime
 # still have to match).
 NEUTRAL = frozenset({"src", "list", "csv", "root", "class_index"})
+# Commit sizes say where a run may stop, not what it stores (the resume keeps whole commits and
+# the result equals an uninterrupted run) -- except in records, where a commit is a shard.
+COMMIT_OPTIONS = frozenset({"commit_every", "commit_bytes"})
+LAYOUT_BY_COMMIT = frozenset({"records"})
 
 INPUTS_NAME = ".inputs.json"
 
@@ -49,17 +56,24 @@ def input_stats(items: Sequence[Any]) -> list[list[Any]]:
     return rows
 
 
-def _flatten(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(options: dict[str, Any], neutral: frozenset, prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for k, v in options.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict):
-            flat.update(_flatten(v, f"{name}."))
-        elif not prefix and k in NEUTRAL:
+            flat.update(_flatten(v, neutral, f"{name}."))
+        elif (not prefix and k in NEUTRAL) or k in neutral:
             continue
         else:
             flat[name] = v
     return flat
+
+
+def _digest(rows: Any) -> str:
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(json.dumps(row, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
+    return h.hexdigest()
 
 
 class Fingerprint:
@@ -76,12 +90,11 @@ class Fingerprint:
                  stats: list[list[Any]]):
         self.format = format
         self.classes = list(classes)
-        self.options = json.loads(json.dumps(_flatten(options), default=str))  # JSON-normalised
+        neutral = frozenset() if format in LAYOUT_BY_COMMIT else COMMIT_OPTIONS
+        self.options = json.loads(json.dumps(_flatten(options, neutral), default=str))  # JSON-normalised
         self.stats = stats
-        h = hashlib.sha256()
-        for row in stats:
-            h.update(json.dumps(row, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
-        self.inputs = {"count": len(stats), "sha256": h.hexdigest()}
+        self.inputs = {"count": len(stats), "sha256": _digest(row[:2] for row in stats),
+                       "files_sha256": _digest(stats)}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form kept in the resume checkpoint and the finished manifest."""
@@ -97,10 +110,13 @@ def _option_name(name: str) -> str:
     return "--" + name.rsplit(".", 1)[-1].replace("_", "-")
 
 
-def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = None) -> list[str]:
+def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = None,
+                stored: set[str] | None = None) -> list[str]:
     """One line per difference between a recorded fingerprint ``old`` and ``new``: an option
     (``--short-side: 64 -> 128``), the format, the classes, the inputs (named through
-    ``old_stats`` when the per-input table was kept). Empty when they match."""
+    ``old_stats`` when the per-input table was kept). ``stored``: the keys already stored in a
+    partial output (only their files must be unchanged); None: every input's (a finished
+    output). Empty when they match."""
     if not isinstance(old, dict) or "options" not in old:
         return ["the output was started by an older packer that recorded no full fingerprint"]
     now = new.to_dict()
@@ -115,8 +131,20 @@ def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = 
     if old.get("classes") != now["classes"]:
         lines.append(f"classes: {len(old.get('classes') or [])} before ({_preview(old.get('classes'))}), "
                      f"{len(now['classes'])} now ({_preview(now['classes'])})")
-    if old.get("inputs") != now["inputs"]:
-        lines.append(_inputs_line(old.get("inputs") or {}, new, old_stats))
+    then = old.get("inputs") or {}
+    if then.get("count") != now["inputs"]["count"] or then.get("sha256") != now["inputs"]["sha256"]:
+        lines.append(_inputs_line(then, new, old_stats))
+    elif then.get("files_sha256") != now["inputs"]["files_sha256"]:
+        if stored is None:  # a finished output: every input's file counts
+            lines.append(_inputs_line(then, new, old_stats))
+        elif old_stats is None:  # no per-input table to tell which: only a start is safe
+            if stored:
+                lines.append(_inputs_line(then, new, None))
+        else:
+            changed = [a[0] for a, b in zip(old_stats, new.stats) if a != b and a[0] in stored]
+            if changed:
+                lines.append(f"{len(changed)} inputs changed since the first run (size or mtime), "
+                             f"e.g. {changed[0]}")
     return lines
 
 
@@ -137,6 +165,7 @@ def _inputs_line(old: dict[str, Any], new: Fingerprint, old_stats: list[list[Any
     parts = []
     if changed:
         parts.append(f"{len(changed)} inputs changed since the first run (size, mtime or label), e.g. {changed[0]}")
+
     if gone:
         parts.append(f"{len(gone)} inputs gone, e.g. {gone[0]}")
     if added:

@@ -188,7 +188,10 @@ def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer:
         ckpt = json.loads(state_path.read_text())
     except (OSError, ValueError) as e:
         raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from None
-    diff = differences(ckpt.get("fingerprint"), fp, load_inputs(state_path.parent))
+    done = min(int(ckpt.get("items_done", 0)), len(items))
+    failed = {f["key"] for f in ckpt.get("failures", []) if f.get("index", -1) >= 0 and not f.get("note")}
+    stored = {it.key for it in items[:done]} - failed  # their files must not have changed
+    diff = differences(ckpt.get("fingerprint"), fp, load_inputs(state_path.parent), stored)
     if diff:  # the partial output is left as it is
         raise ResumeRefused(f"{writer.out}: cannot resume, this run differs from the interrupted one:\n  "
                             + "\n  ".join(diff) + "\n(rerun with the first run's options, or use --overwrite)")

@@ -1,0 +1,44 @@
+"""Print the fault suite's counts as the markdown table pasted into README.md and docs/faults.md.
+
+The counts come from the suite itself (pytest's collection of ``tests/test_faults_*.py``), so the
+docs cannot drift from what the tests run: one row per test function, with how many cases it runs
+in all and how many of those are in the quick run (``-m "not slow"``).
+
+    python scripts/fault_counts.py
+"""
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def collect(*marks: str) -> list[str]:
+    """Node ids pytest collects from the fault suites (with ``-m`` marks when given)."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_faults_*.py"))]
+    if marks:
+        cmd += ["-m", " and ".join(marks)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if "::" in line]
+
+
+def by_test(ids: list[str]) -> collections.Counter:
+    return collections.Counter(i.split("[", 1)[0] for i in ids)
+
+
+def main() -> None:
+    everything, quick = by_test(collect()), by_test(collect("not slow"))
+    print("| suite | test | cases | in the quick run |")
+    print("|---|---|---|---|")
+    for name in sorted(everything):
+        path, test = name.split("::", 1)
+        print(f"| `{Path(path).name}` | `{test}` | {everything[name]} | {quick.get(name, 0)} |")
+    print(f"| **all** | | **{sum(everything.values())}** | **{sum(quick.values())}** |")
+
+
+if __name__ == "__main__":
+    main()
