@@ -269,8 +269,7 @@ class Writer(abc.ABC):
         ``packer.commands.merge`` has already checked the parts and combined ``failures`` and ``videos``
         (starts offset by the preceding parts' counts). This default re-packs every sample
         through a new writer, so it works for any format (the data is read CRC-checked on the
-        way); a format may override it with a fast path (records: link the shards into one
-        sequence, no data rewritten) and call this one where the fast path does not apply.
+        way); a format may override it (frames passes its template on) and call this one.
         ``progress(n)`` is called as samples are written.
         """
         first = parts[0]
