@@ -45,7 +45,7 @@ def test_layout_is_caffe_datum_and_only_samples(packed, image_folder):
 
 
 def test_map_grows_on_mapfull(tmp_path, monkeypatch):
-    monkeypatch.setattr("packer.formats.lmdb._INITIAL_MAP", 1 << 16)
+    monkeypatch.setattr("packer.formats.lmdb.writer._INITIAL_MAP", 1 << 16)
     out = tmp_path / "grow"
     blob = np.random.default_rng(0).bytes(40_000)
     with LmdbWriter(out, classes=["a"], commit_every=7) as w:
