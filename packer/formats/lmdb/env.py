@@ -46,6 +46,18 @@ def close_env(path: str | os.PathLike) -> None:
         entry[1].close()
 
 
+def _drop_dead_envs() -> None:
+    """Close this process's cached environments whose ``data.mdb`` was deleted or replaced.
+
+    py-lmdb refuses to open a file it believes already open, keyed by inode: a cached
+    environment of a deleted output keeps its inode number claimed, and a new output that the
+    file system gives the same number would be refused. One stat per cached environment, only
+    when a path is opened for the first time.
+    """
+    for cached in list(_ENVS):
+        drop_stale_env(cached)
+
+
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
     """The shared read-only environment of ``path`` for this process (opened on first use)."""
     path = os.path.abspath(path)
@@ -59,6 +71,7 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
         except lmdb.Error:
             pass
         del _ENVS[path]
+    _drop_dead_envs()
     try:
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
                         max_readers=1024, subdir=True)
