@@ -294,6 +294,7 @@ def test_damaged_index_is_corrupt_data(packed, tmp_path):
     bad = _copy(packed[1], tmp_path / "bad.h5")
     with h5py.File(bad, "r+") as f:
         f["offsets"][5] = f["blobs"].shape[0] + 10
+        labels = f["labels"][:]
         f["labels"].resize((23,))
     reader = open_reader(bad)
     with pytest.raises(CorruptData, match="'labels' holds 23"):
@@ -302,6 +303,7 @@ def test_damaged_index_is_corrupt_data(packed, tmp_path):
     assert problems and "labels" in problems[0]
     with h5py.File(bad, "r+") as f:
         f["labels"].resize((24,))
+        f["labels"][:] = labels  # (a changed label is caught by its checksum: test_labels_...)
     reader = open_reader(bad)
     with pytest.raises(CorruptData, match="outside the"):
         reader.read(4)
