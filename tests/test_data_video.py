@@ -193,7 +193,7 @@ def test_dataloader_fork_workers(frames_out, packed_out):
     expected = [ds[i] for i in range(len(ds))]
     loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
     got = [(c, int(l)) for clips, labels in loader for c, l in zip(clips, labels)]
-    assert len(got) == 4
+    assert len(got) == len(expected) == 4
     for (a, la), (b, lb) in zip(expected, got):
         assert la == lb and torch.equal(a, b)
 

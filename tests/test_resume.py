@@ -45,11 +45,11 @@ def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
     out = tmp_path / "out.lmdb"
     state = partial_path(out) / ".resume.json"
     base = ("to-lmdb", src, out, "--workers", workers, "--commit-every", 4, "--max-failures", 1)
-    killed = run_and_kill(packer_cmd(*base), checkpoint_at_least(state, at))
-    if killed:
-        assert not out.exists()  # nothing half-written is presented as a dataset
-        # kill the resumed run too, once, a little further on
-        run_and_kill(packer_cmd(*base, "--resume"), checkpoint_at_least(state, at + 12))
+    assert run_and_kill(packer_cmd(*base), checkpoint_at_least(state, at)), "the run ended before the kill"
+    assert not out.exists()  # nothing half-written is presented as a dataset
+    # kill the resumed run too, once, a little further on
+    assert run_and_kill(packer_cmd(*base, "--resume"), checkpoint_at_least(state, at + 12)), \
+        "the resumed run ended before the second kill"
     done = subprocess.run(packer_cmd(*base, "--resume"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert snapshot(out) == reference
