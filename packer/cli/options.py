@@ -66,7 +66,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Split the sorted input into N parts across jobs.")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
-                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+                      help="Continue an interrupted run with the same options and inputs (a differing "
+                           "run is refused, exit 2); a finished output is verified and kept.")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
