@@ -90,3 +90,15 @@ def test_a_file_name_that_cannot_be_a_key_is_recorded(tmp_path):
     bad = _failures(out / "failures.jsonl")
     assert len(bad) == 1 and bad[0]["stage"] == "input" and "UTF-8" in bad[0]["reason"], bad
     assert len(open_reader(out)) == 4
+
+
+def test_resize_records_unusable_list_lines(tmp_path):
+    src = write_image_folder(tmp_path / "src", count=3, classes=1, size=(40, 48))
+    (tmp_path / "list.txt").write_text("class_0/img_0000.jpg 0\nclass_0/img_0001.jpg 0 1\nclass_0/img_0002.jpg 0\n")
+    out = tmp_path / "out"
+    r = run_packer("resize", src, out, "--list", tmp_path / "list.txt", "--short-side", 20, "--workers", 0,
+                   "--max-failures", 1)
+    assert r.returncode == 0, r.stderr
+    assert "3 images: 2 resized" in r.stdout and "1 failed" in r.stdout, r.stdout
+    bad = _failures(out / "failures.jsonl")
+    assert [(f["stage"], f["line"]) for f in bad] == [("input", 2)]

@@ -29,7 +29,7 @@ from packer.formats.base import write_failures
 from packer.manifest import FAILURES_NAME, atomic_write_bytes
 from packer.commands.pack_images import read_item_bytes
 from packer.codecs.resize import FORMAT_EXT, ResizeSpec, resize_image
-from packer.conversion.inputs import Item, list_file, parse_exts, image_tree
+from packer.conversion.inputs import InputFailure, Item, list_file, parse_exts, image_tree
 
 __all__ = ["STATE_NAME", "MirrorReport", "MirrorTask", "ResizeFileJob", "resize_tree", "output_path"]
 
@@ -162,7 +162,8 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
         raise UsageError("--max-failures must be >= 0")
     _check_paths(src, out)
     exts = parse_exts(exts)
-    items = list_file(list_path, src, exts)[0] if list_path is not None else image_tree(src, exts)
+    bad: list[InputFailure] = []  # list lines that cannot be inputs: recorded, never dropped
+    items = list_file(list_path, src, exts, failures=bad)[0] if list_path is not None else image_tree(src, exts)
     if not items:
         raise UsageError(f"{src}: no input images found (extensions: {', '.join(exts)})")
     tasks = _tasks(items, out, spec)
@@ -174,7 +175,8 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
         todo = tasks
     else:
         todo = [t for t in tasks if not _up_to_date(t.item.path, Path(t.dest))]
-    report = MirrorReport(str(out), items=len(tasks), skipped=len(tasks) - len(todo))
+    report = MirrorReport(str(out), items=len(tasks) + len(bad), skipped=len(tasks) - len(todo),
+                          failures=[f.record() for f in bad])
     out.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out, todo)
     if todo:
