@@ -76,8 +76,8 @@ def records_pipeline(shards: list[str], indexes: list[str], *, frames: bool = Fa
         inputs = fn.readers.tfrecord(path=shards, index_path=indexes, features=features,
                                      random_shuffle=False, pad_last_batch=True, name=READER)
         image = fn.decoders.image(inputs["image/encoded"], device="cpu")
-        outs = [inputs["image/encoded"], inputs["image/class/label"], inputs["image/filename"],
-                inputs["image/format"], image]
+        outs = [inputs["image/encoded"], inputs["image/class/label"], image, inputs["image/filename"],
+                inputs["image/format"]]
         if frames:
             outs += [inputs["video/index"], inputs["frame/index"]]
         return tuple(outs)
@@ -101,8 +101,9 @@ def shards_of(out: Path) -> tuple[list[str], list[str]]:
 
 
 def assert_same_image(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
-    """Identical pixels: both sides decode with libjpeg-turbo (packer through jpeg4py/OpenCV,
-    DALI's CPU decoder through nvImageCodec) with the same defaults, and PNG is lossless."""
+    """Identical pixels: both sides decode JPEG with libjpeg-turbo and its defaults (packer
+    through jpeg4py, OpenCV or Pillow, whichever PACKER_DECODER picks: all three agree here;
+    DALI's CPU decoder through nvImageCodec), and PNG is lossless."""
     assert theirs.dtype == np.uint8 and theirs.shape == ours.shape, (what, theirs.shape, ours.shape)
     assert np.array_equal(ours, theirs), (what, int(np.abs(ours.astype(int) - theirs).max()))
 
@@ -117,15 +118,15 @@ def images(tmp_path_factory) -> Path:
     return root
 
 
-def check_against_packer(out: Path, got: list[list[np.ndarray]], *, label_of, frames: bool = False) -> None:
-    """DALI's samples are packer's reader's, one for one: count, bytes, labels, pixels."""
+def check_against_packer(out: Path, got: list[list[np.ndarray]]) -> None:
+    """DALI's samples (encoded, label, decoded image, ...) are packer's reader's, one for one:
+    count, order, bytes, labels, pixels."""
     reader = open_reader(out)
     assert len(got) == len(reader) == reader.manifest.count
-    for i, sample in enumerate(got):
-        encoded, label, image = sample[0], sample[1], sample[-1] if not frames else sample[4]
+    for i, (encoded, label, image, *_) in enumerate(got):
         ours = reader.sample(i)
         assert encoded.tobytes() == ours.data, f"sample {i} ({reader.keys[i]}): bytes differ"
-        assert label_of(label) == ours.label, f"sample {i}: label {label} != {ours.label}"
+        assert label.shape == (1,) and int(label[0]) == ours.label, f"sample {i}: label {label} != {ours.label}"
         assert_same_image(decode(ours.data), image, f"sample {i} ({reader.keys[i]})")
 
 
@@ -135,10 +136,10 @@ def test_dali_tfrecord_reader_reads_our_shards_through_our_idx(images, tmp_path)
     shards, indexes = shards_of(out)
     assert len(shards) == 4  # 15 samples: 4 + 4 + 4 + 3
     got = run_epoch(records_pipeline(shards, indexes))
-    check_against_packer(out, got, label_of=lambda a: int(a.reshape(-1)[0]))
+    check_against_packer(out, got)
     reader = open_reader(out)
-    assert [s[2].tobytes().decode() for s in got] == list(reader.keys)
-    assert {s[3].tobytes() for s in got} == {b"jpeg", b"png"}
+    assert [s[3].tobytes().decode() for s in got] == list(reader.keys)
+    assert {s[4].tobytes() for s in got} == {b"jpeg", b"png"}
     assert sorted({int(s[1][0]) for s in got}) == [0, 1, 2]
     # DALI's own indexer (the wheel's tfrecord2idx script) writes our .idx byte for byte
     script = Path(sysconfig.get_path("scripts")) / "tfrecord2idx"  # beside this interpreter, not a shim
@@ -153,7 +154,7 @@ def test_dali_caffe_reader_reads_our_lmdb(images, tmp_path):
     out = tmp_path / "lmdb"
     cli("to-lmdb", images, out, "--workers", 0, "--commit-every", 4)
     got = run_epoch(caffe_pipeline(out))
-    check_against_packer(out, got, label_of=lambda a: int(a.reshape(-1)[0]))
+    check_against_packer(out, got)
     assert got[0][1].dtype == np.int32  # DALI's Caffe labels are int32 (the Datum's field)
 
 
@@ -175,9 +176,9 @@ def test_dali_reads_decode_frames_records(videos, tmp_path):
     out = tmp_path / "frames.records"
     cli("decode-frames", videos, out, "--to", "records", "--workers", 0)
     got = run_epoch(records_pipeline(*shards_of(out), frames=True))
-    check_against_packer(out, got, label_of=lambda a: int(a.reshape(-1)[0]), frames=True)
+    check_against_packer(out, got)
     reader = open_reader(out)
-    assert [s[2].tobytes().decode() for s in got] == list(reader.keys)
+    assert [s[3].tobytes().decode() for s in got] == list(reader.keys)
     # DALI 2.4 gives a feature a record lacks as a 0-d tensor of uninitialised memory, not the
     # default_value: the shapes prove both indexes are present in every record
     assert all(s[5].shape == s[6].shape == (1,) for s in got)
@@ -192,6 +193,6 @@ def test_dali_reads_decode_frames_lmdb(videos, tmp_path):
     out = tmp_path / "frames.lmdb"
     cli("decode-frames", videos, out, "--to", "lmdb", "--workers", 0)
     got = run_epoch(caffe_pipeline(out))
-    check_against_packer(out, got, label_of=lambda a: int(a.reshape(-1)[0]))
+    check_against_packer(out, got)
     assert [int(s[1][0]) for s in got] == [label for label, _, _ in expected_frames(out)]
 
