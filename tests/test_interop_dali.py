@@ -8,7 +8,9 @@ extra installs it and a missing DALI fails this module; elsewhere the module ski
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import platform
 import subprocess
 import sys
@@ -130,11 +132,22 @@ def check_against_packer(out: Path, got: list[list[np.ndarray]]) -> None:
         assert_same_image(decode(ours.data), image, f"sample {i} ({reader.keys[i]})")
 
 
-def test_dali_tfrecord_reader_reads_our_shards_through_our_idx(images, tmp_path):
+# One writer with a fixed layout (15 samples: 4 + 4 + 4 + 3), and shards cut by size with
+# worker processes: the "sharded" plan of the parallel write path (issue 18: the workers write
+# the shards, the writer adopts them) where that path exists, the pool and one writer before.
+LAYOUTS = {"samples-per-shard": ["--samples-per-shard", 4, "--workers", 0],
+           "shard-size+workers": ["--shard-size", "6KB", "--workers", 2]}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_dali_tfrecord_reader_reads_our_shards_through_our_idx(images, tmp_path, layout, caplog):
     out = tmp_path / "records"
-    cli("to-records", images, out, "--samples-per-shard", 4, "--workers", 0)
+    caplog.set_level(logging.INFO, logger="packer.commands.pack_images")
+    cli("to-records", images, out, *LAYOUTS[layout])
+    if layout != "samples-per-shard" and importlib.util.find_spec("packer.conversion.sharded"):
+        assert "to-records: sharded" in caplog.text  # the workers wrote these shards
     shards, indexes = shards_of(out)
-    assert len(shards) == 4  # 15 samples: 4 + 4 + 4 + 3
+    assert len(shards) == 4 if layout == "samples-per-shard" else len(shards) >= 3
     got = run_epoch(records_pipeline(shards, indexes))
     check_against_packer(out, got)
     reader = open_reader(out)
