@@ -5,10 +5,14 @@ docs cannot drift from what the tests run: one row per test function, with how m
 in all and how many of those are in the quick run (``-m "not slow"``).
 
     python scripts/fault_counts.py
+    PACKER_FAULT_STATS=/tmp/s.json python -m pytest tests/test_faults_corrupt.py
+    python scripts/fault_counts.py --corruption /tmp/s.json   # what those corruptions did
 """
 from __future__ import annotations
 
+import argparse
 import collections
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +34,30 @@ def by_test(ids: list[str]) -> collections.Counter:
     return collections.Counter(i.split("[", 1)[0] for i in ids)
 
 
+def corruption(path: str) -> None:
+    """Summarise a ``PACKER_FAULT_STATS`` file of the corruption suite: caught vs harmless."""
+    counts: collections.Counter = collections.Counter()
+    for line in open(path):
+        counts.update(json.loads(line))
+    rows: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    for key, n in counts.items():
+        fmt, target, _op, outcome = key.split(":")
+        rows[(fmt, target)][outcome] += n
+    print("| output | damaged file | caught by verify | harmless |")
+    print("|---|---|---|---|")
+    for (fmt, target), c in sorted(rows.items()):
+        print(f"| {fmt} | {target} | {c['caught']} | {c['harmless']} |")
+    print(f"| **all** | | **{sum(c['caught'] for c in rows.values())}** | "
+          f"**{sum(c['harmless'] for c in rows.values())}** |")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corruption", metavar="FILE", help="summarise a PACKER_FAULT_STATS file instead")
+    args = ap.parse_args()
+    if args.corruption:
+        corruption(args.corruption)
+        return
     everything, quick = by_test(collect()), by_test(collect("not slow"))
     print("| suite | test | cases | in the quick run |")
     print("|---|---|---|---|")
