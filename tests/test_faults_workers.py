@@ -6,7 +6,6 @@ every other input packed; ``--max-failures`` applies to it like to any failure."
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import pytest
