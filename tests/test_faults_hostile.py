@@ -1,12 +1,13 @@
 """Hostile inputs: every conversion command meets ``..``, absolute paths and newlines in list
 files and names, symlink loops, a decompression bomb, a 0-frame video, an audio-only file, a
 video whose container over-reports its frames and non-UTF-8 file names. Each gets a recorded
-failure (the rest of the job completes) or a clear one-line refusal before any work, and
-nothing is ever written outside OUT."""
+failure (the rest of the job completes; a name or list line that cannot be a key is recorded
+with stage ``input`` and never opened), and nothing is ever written outside OUT."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import wave
 from pathlib import Path
@@ -112,7 +113,7 @@ def test_video_inputs_that_are_recorded(conv, hostile_videos, tmp_path):
     TRIED.extend(["empty.mp4", "audio_only.mkv", "overcount.avi", "self.mp4"])
 
 
-# -- clear refusals before any work -----------------------------------------------------------
+# -- names and list lines that cannot be keys: recorded (stage input), never read ---------------
 def _name_with_newline(src: Path) -> str:
     p = src / "class_0" / "new\nline.jpg"
     p.write_bytes((src / "class_0" / "img_0000.jpg").read_bytes())
@@ -138,47 +139,53 @@ LIST_HAZARDS = {"dotdot": "../outside.jpg 0\n", "absolute": "{abs} 0\n", "newlin
                 "dotdot-inside": "class_0/../../outside.jpg 0\n"}
 
 
-def assert_refused(root: Path, out: Path, conv: Conversion, words: str, *args) -> None:
-    r, outside = run_watching(root, out, conv, *args)
-    assert r.exit_code != 0
-    lines = [line for line in r.output.splitlines() if line.startswith("Error:")]
-    assert len(lines) == 1 and words in lines[0], r.output
-    assert not out.exists() and outside == set()
+def assert_recorded(root: Path, out: Path, conv: Conversion, words: str, *args, line: int = 0) -> None:
+    """The hostile entry is a ``failures.jsonl`` record (stage ``input``, the list line when it
+    came from a list), nothing is read through it, the rest is packed, nothing lands outside OUT."""
+    r, outside = run_watching(root, out, conv, *args, "--max-failures", 9)
+    assert r.exit_code == 0, r.output
+    assert outside == set()
+    bad = [f for f in map(json.loads, conv.writer.failures_path(out).open()) if f["stage"] == "input"]
+    assert len(bad) == 1 and words in bad[0]["reason"] and bad[0]["line"] == line, bad
+    assert len(open_reader(out)) > 0  # the rest completed
 
 
 @pytest.mark.parametrize("hazard", TREE_HAZARDS)
 @pytest.mark.parametrize("conv", IMAGE_CONVS, ids=lambda c: c.id)
-def test_hostile_names_in_a_tree_are_refused(conv, hazard, tmp_path):
+def test_hostile_names_in_a_tree_are_recorded(conv, hazard, tmp_path):
     src = write_image_folder(tmp_path / "src", count=3, classes=1, size=(24, 24))
     words = TREE_HAZARDS[hazard](src)
     out = conv.out(tmp_path)
-    assert_refused(tmp_path, out, conv, words, *conv.argv(src, out, "--workers", 0))
+    assert_recorded(tmp_path, out, conv, words, *conv.argv(src, out, "--workers", 0))
     TRIED.append(hazard)
 
 
 @pytest.mark.parametrize("hazard", LIST_HAZARDS)
 @pytest.mark.parametrize("conv", IMAGE_CONVS, ids=lambda c: c.id)
-def test_hostile_list_files_are_refused(conv, hazard, tmp_path):
+def test_hostile_list_lines_are_recorded(conv, hazard, tmp_path):
     src = write_image_folder(tmp_path / "data" / "src", count=3, classes=1, size=(24, 24))
     (tmp_path / "data" / "outside.jpg").write_bytes((src / "class_0" / "img_0000.jpg").read_bytes())
     lst = tmp_path / "list.txt"
     lst.write_text("class_0/img_0000.jpg 0\n" + LIST_HAZARDS[hazard].format(abs=src / "class_0" / "img_0001.jpg"))
     out = conv.out(tmp_path)
-    assert_refused(tmp_path, out, conv, "list.txt:", *conv.command, out, "--list", lst, "--root", src,
-                   *conv.options, "--workers", 0)
+    # a newline inside a list line splits it: the first half is the unusable line
+    words = {"newline": "expected 'relative/path label'"}.get(hazard, "refusing path")
+    assert_recorded(tmp_path, out, conv, words, *conv.command, out, "--list", lst, "--root", src,
+                    *conv.options, "--workers", 0, line=2)
     TRIED.append(hazard)
 
 
 @pytest.mark.parametrize("conv", VIDEO_CONVS, ids=lambda c: c.id)
-def test_hostile_video_names_are_refused(conv, tmp_path):
+def test_hostile_video_names_are_recorded(conv, tmp_path):
     src = write_video_folder(tmp_path / "src", per_class=1, classes=1, frames=4, size=(24, 24))
-    os.rename(src / "class_0" / "clip_0_0.mp4", src / "class_0" / "two\nlines.mp4")
+    shutil.copy(src / "class_0" / "clip_0_0.mp4", src / "class_0" / "two\nlines.mp4")
     out = conv.out(tmp_path)
-    assert_refused(tmp_path, out, conv, "two\\nlines", *conv.argv(src, out, "--workers", 0))
+    assert_recorded(tmp_path, out, conv, "two\\nlines", *conv.argv(src, out, "--workers", 0, "--overwrite"))
     lst = tmp_path / "videos.txt"
-    (src / "class_0" / "two\nlines.mp4").rename(src / "class_0" / "ok.mp4")
-    lst.write_text("class_0/ok.mp4 0\n../../escape.mp4 0\n")
-    assert_refused(tmp_path, out, conv, "videos.txt:2", *conv.argv(src, out, "--list", lst, "--workers", 0))
-    os.rename(os.fsencode(src / "class_0" / "ok.mp4"), os.fsencode(src / "class_0") + b"/v\xe9.mp4")
-    assert_refused(tmp_path, out, conv, "not valid UTF-8", *conv.argv(src, out, "--workers", 0))
+    (src / "class_0" / "two\nlines.mp4").unlink()
+    lst.write_text("class_0/clip_0_0.mp4 0\n../../escape.mp4 0\n")
+    assert_recorded(tmp_path, out, conv, "refusing path", *conv.argv(src, out, "--list", lst, "--workers", 0,
+                                                                      "--overwrite"), line=2)
+    shutil.copy(src / "class_0" / "clip_0_0.mp4", os.fsencode(src / "class_0") + b"/v\xe9.mp4")
+    assert_recorded(tmp_path, out, conv, "not valid UTF-8", *conv.argv(src, out, "--workers", 0, "--overwrite"))
     TRIED.extend(["newline-in-video-name", "dotdot-in-video-list", "non-utf8-video-name"])

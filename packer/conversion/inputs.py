@@ -313,7 +313,8 @@ def _labels(names: Iterable[str], class_index: str | os.PathLike | None, where: 
 
 
 def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
-                 class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
+                 class_index: str | os.PathLike | None = None,
+                 failures: list[InputFailure] | None = None) -> tuple[list[VideoItem], list[str]]:
     """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the
     sorted class folders, or from ``class_index`` (UCF-101's ``classInd.txt``)."""
     root = Path(root)
@@ -323,7 +324,12 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
     for cls in names:
         for rel in sorted(_walk_files(root / cls)):
             if _has_ext(rel, exts):
-                key = safe_key(f"{cls}/{rel}", str(root))
+                try:
+                    key = safe_key(f"{cls}/{rel}", str(root))
+                except UsageError as e:
+                    _bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
+                              os.fsencode(rel).decode("utf-8", "replace"))
+                    continue
                 folder = "/".join(_dir_part(p) for p in key.split("/")[:-1])
                 entries.append((key, str(root / cls / rel), classes.index(cls), folder))
     entries.sort(key=lambda e: (e[2], e[0]))
@@ -415,4 +421,4 @@ def video_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None =
         return video_list(list_path, src, exts, failures=failures)
     if csv_path is not None:
         return kinetics_csv(csv_path, src, exts, class_index=class_index, failures=failures)
-    return video_folder(src, exts, class_index=class_index)
+    return video_folder(src, exts, class_index=class_index, failures=failures)
