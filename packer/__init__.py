@@ -4,7 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
-           "PackedVideoDataset", "DevicePrefetcher"]
+           "PackedVideoDataset", "DevicePrefetcher", "Loader"]
 
 from .errors import PackerError
 
@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from .data import video
 
         return getattr(video, name)
+    if name == "Loader":
+        from .data.loader import Loader
+
+        return Loader
     if name == "DevicePrefetcher":
         from .data.prefetch import DevicePrefetcher
 

@@ -97,7 +97,14 @@ class PackedDataset(torch.utils.data.Dataset):
         return self.reader.manifest
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        rec = self.reader.read(index)
+        return self._sample(index, self.reader.read(index))
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
+        """Several samples with one batched read where the format has one (the DataLoader and
+        ``packer.Loader`` call this with a batch's indices)."""
+        return [self._sample(i, rec) for i, rec in zip(indices, self.reader.read_many(indices))]
+
+    def _sample(self, index: int, rec: Record) -> tuple[Any, Any]:
         if callable(self.decode):
             image = self._decode_with(self.decode, rec, index)
         elif rec.fmt == "raw":

@@ -7,8 +7,9 @@ position), ``checksums.bin`` (little-endian u32 CRC32C of each stored value, by 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import lmdb
 import numpy as np
@@ -30,6 +31,7 @@ _INITIAL_MAP = 64 << 20
 # in a process, and a forked child inherits its parent's handle, which it must drop first.
 _ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
 _INODES: dict[str, tuple[int, int]] = {}  # the data.mdb each cached environment maps
+_ENVS_LOCK = threading.RLock()  # packer.Loader's threads share the cache
 
 
 def lmdb_key(index: int) -> bytes:
@@ -64,6 +66,14 @@ def close_env(path: str | os.PathLike) -> None:
 
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
     """The shared read-only environment of ``path`` for this process (opened on first use)."""
+    entry = _ENVS.get(os.path.abspath(path))
+    if entry is not None and entry[0] == os.getpid():
+        return entry[1]
+    with _ENVS_LOCK:
+        return _open_env(path)
+
+
+def _open_env(path: str | os.PathLike) -> lmdb.Environment:
     path = os.path.abspath(path)
     pid = os.getpid()
     entry = _ENVS.get(path)
@@ -179,11 +189,14 @@ class LmdbReader(Reader):
     def _env(self) -> lmdb.Environment:
         return open_env(self.path)
 
-    def read_value(self, index: int) -> bytes:
+    def read_value(self, index: int, txn: lmdb.Transaction | None = None) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
         index = self._check_index(index)
         try:
-            with self._env().begin(buffers=False) as txn:
+            if txn is None:
+                with self._env().begin(buffers=False) as txn:
+                    value = txn.get(lmdb_key(index))
+            else:
                 value = txn.get(lmdb_key(index))
         except lmdb.Error as e:
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
@@ -202,8 +215,8 @@ class LmdbReader(Reader):
         except CorruptData:
             return lmdb_key(index).decode()
 
-    def read(self, index: int) -> Record:
-        value = self.read_value(index)
+    def read(self, index: int, txn: lmdb.Transaction | None = None) -> Record:
+        value = self.read_value(index, txn)
         try:
             d = decode_datum(value)
         except ValueError as e:
@@ -211,6 +224,15 @@ class LmdbReader(Reader):
                               position=f"sample {index}", key=self._key_name(index)) from None
         fmt = sniff_format(d.data) if d.encoded else "raw"
         return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
+
+    def read_many(self, indices: Sequence[int]) -> list[Record]:
+        """Several samples in one read transaction."""
+        try:
+            txn = self._env().begin(buffers=False)
+        except lmdb.Error as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from None
+        with txn:
+            return [self.read(i, txn) for i in indices]
 
     def verify_structure(self) -> Iterator[CorruptData]:
         try:

@@ -28,6 +28,7 @@ import os
 import re
 import struct
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -53,6 +54,7 @@ FRAMING = 16  # u64 length + u32 length CRC + u32 payload CRC
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
 _MAX_OPEN = 64  # shard files a reader keeps mapped per process
+_MAPS_LOCK = threading.RLock()  # readers are shared by packer.Loader's threads
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -578,6 +580,10 @@ class RecordsReader(Reader):
 
     def _view(self, k: int) -> memoryview:
         """Shard ``k`` mapped read-only (opened lazily in each process, at most _MAX_OPEN at once)."""
+        with _MAPS_LOCK:
+            return self._view_locked(k)
+
+    def _view_locked(self, k: int) -> memoryview:
         if self._pid != os.getpid():  # inherited across fork: map our own
             self._unmap_all()
             self._pid = os.getpid()
