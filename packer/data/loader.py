@@ -118,9 +118,9 @@ class BufferPool:
             self._buffers.append(b)
             self.allocated += 1
             if len(self._buffers) > self.keep:  # forget the oldest idle one (a user may still hold it)
-                for old in self._buffers:
+                for j, old in enumerate(self._buffers):  # (by position: == on tensors is elementwise)
                     if id(old) not in self._busy:
-                        self._buffers.remove(old)
+                        del self._buffers[j]
                         del self._free_uses[id(old)]
                         break
             return b
@@ -291,13 +291,13 @@ class _Epoch:
         tensors = {k: _as_uint8_tensor(v) for k, v in fields}
         with b.lock:
             if b.like is None:
-                b.like = sample
                 n = len(b.indices)
                 for k, v in fields:
                     if tensors[k] is not None:
                         b.images[k] = self.loader.pool.acquire((n, *tensors[k].shape))
                     else:
                         b.other[k] = [None] * n
+                b.like = sample
         for k, v in fields:
             if k in b.images:
                 t = tensors[k]
