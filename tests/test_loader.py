@@ -20,7 +20,7 @@ from packer import DevicePrefetcher, FrameDataset, Loader, PackedDataset
 from packer.errors import UsageError
 from packer.data import DecodeResizeCrop, LoaderError, uint8_collate
 from packer.formats import FORMATS
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 
 def loader_threads() -> list[str]:
@@ -143,7 +143,7 @@ def test_dict_samples_and_arrays_and_user_collate():
 
 def test_video_dataset(tmp_path):
     from conftest import write_video
-    from packer.decode_frames import decode_frames
+    from packer.commands.decode_frames import decode_frames
 
     for i in range(5):
         write_video(tmp_path / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from ..errors import PackerError, UsageError
-from .prefetch import _as_uint8_tensor
-from .streaming import resolve_rank, split_by_rank
+from packer.errors import PackerError, UsageError
+from packer.data.prefetch import _as_uint8_tensor
+from packer.data.streaming import resolve_rank, split_by_rank
 
 __all__ = ["Loader", "LoaderError", "epoch_indices"]
 
