@@ -143,6 +143,10 @@ def main(verbose: int) -> None:
 def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
     fn = resize_options(fn)
+    fn = click.option("--shuffle", "shuffle", type=click.IntRange(min=0), default=None, metavar="SEED",
+                      help="Store the samples in a permutation of the inputs fixed by SEED (keys still "
+                           "name the sources), so that reading in stored order mixes classes; "
+                           "recorded in the manifest. Default: sorted input order.")(fn)
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)

@@ -15,7 +15,7 @@ from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
-from packer.conversion.inputs import Item, image_items, partition
+from packer.conversion.inputs import Item, image_items, partition, shuffle_items
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
 
@@ -66,12 +66,15 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                 resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, executor: str = "local",
                 writer_options: dict[str, Any] | None = None, resize: ResizeSpec | None = None,
-                raw: bool = False) -> Report:
+                raw: bool = False, shuffle: int | None = None) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
     Bad images are skipped and recorded in ``failures.jsonl``; see ``convert.run``.
     ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
     ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
+    ``shuffle`` (a seed) stores the samples in a seeded permutation of the sorted inputs
+    (``shuffle_items``; keys still name the sources), so that even reading in stored order
+    mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
     Arguments are validated before any work starts.
     """
     if check not in CHECK_MODES:
@@ -92,6 +95,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     items, classes = image_items(src, list_path=list_path, exts=exts)
     if not items:
         raise UsageError(f"{src}: no input images found")
+    if shuffle is not None:  # before partition: the parts of a split pack share one permutation
+        items = shuffle_items(items, shuffle)
     items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
     options = {"format": format, "check": check, "src": str(Path(src).resolve()),
                "list": str(list_path) if list_path else None, "num_shards": num_shards,
@@ -100,6 +105,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         options["resize"] = resize.to_dict()
     if raw:
         options["raw"] = True
+    if shuffle is not None:
+        options["shuffle"] = int(shuffle)
     writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
     with make_executor(executor, workers=workers) as ex:
         return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,

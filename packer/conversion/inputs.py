@@ -10,6 +10,7 @@ import csv
 import hashlib
 import logging
 import os
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Iterable, Sequence
 from packer.errors import UsageError
 
 __all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
-           "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",
+           "image_items", "image_tree", "partition", "shuffle_items", "fingerprint", "safe_key", "VideoItem",
            "DEFAULT_VIDEO_EXTS", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,16 @@ def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[
     start = n * shard_index // num_shards
     end = n * (shard_index + 1) // num_shards
     return list(items[start:end])
+
+
+def shuffle_items(items: Sequence[Item], seed: int) -> list[Item]:
+    """``items`` in a permutation fixed by ``seed`` (Python's ``random.Random(seed).shuffle``:
+    the same on every platform and Python version)."""
+    if int(seed) < 0:
+        raise UsageError(f"--shuffle takes a seed >= 0, not {seed}")
+    out = list(items)
+    random.Random(int(seed)).shuffle(out)
+    return out
 
 
 def fingerprint(items: Sequence[Item]) -> str:
