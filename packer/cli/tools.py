@@ -102,7 +102,9 @@ def _bench_help() -> str:
     return ("Is data loading the bottleneck? Times the real DataLoader over PATH for each "
             "--workers value next to the ceiling (the same batches from memory through the same "
             "consumer), gives a verdict per setting, a recommended num_workers, persistent_workers / "
-            "prefetch_factor advice and the memory a device cache needs.\n\n"
+            "prefetch_factor advice and the memory a device cache needs; then packer.Loader's thread "
+            "scaling (a pipeline that holds the GIL: use the DataLoader) and distinct classes per "
+            "batch of the stored and StreamingDataset orders against a truly random batch.\n\n"
             f"JSON fields (--json): {fields}.\n\nEach settings[] entry: {per}.")
 
 
@@ -121,15 +123,19 @@ def _bench_help() -> str:
 @click.option("--steps", type=int, default=30, show_default=True, help="Batches timed per setting.")
 @click.option("--model-ms", type=float, default=0.0, show_default=True,
               help="Simulate a training step of this many ms per batch.")
+@click.option("--transform", default=None, metavar="MODULE:CALLABLE",
+              help="Your transform, applied after the decode (e.g. mypkg.aug:train_transform); "
+                   "its thread scaling says whether it holds the GIL.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
 @library_call
-def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, as_json, plot):
+def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, transform, as_json, plot):
     from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
 
     result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
-                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms)
+                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms,
+                       transform=transform)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -27,6 +27,12 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   ``DevicePrefetcher.cache`` (fits = bytes <= half the free memory, leaving the rest to the
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
+* ``threads``: ``packer.Loader`` with 1 and N threads over the same samples:
+  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, cpus, holds_gil, advice}``
+  (``holds_gil``: N threads give < 1.3x one thread: use the DataLoader); null if not batchable.
+* ``mixing``: distinct classes per batch, ``{batch_size, iid, stored: {median, p10, ratio},
+  streaming: {...}}`` for the stored order and ``StreamingDataset``'s default order against
+  the exact iid expectation (ratio = median / iid); null for one class.
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from packer.errors import UsageError
+from packer.errors import PackerError, UsageError
 
 __all__ = ["DECODES", "JSON_FIELDS", "SETTING_FIELDS", "FolderDataset", "make_decode", "run_bench",
            "format_report", "plot_bench", "parse_workers"]
@@ -58,6 +64,8 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
+    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, cpus, holds_gil, advice} or null",
+    "mixing": "{batch_size, iid, stored, streaming}: distinct classes per batch vs iid, or null",
 }
 SETTING_FIELDS = {
     "num_workers": "DataLoader workers", "samples_per_s": "loader throughput",
@@ -248,7 +256,8 @@ def _verdict(s: dict[str, Any], ceiling: float) -> str:
 def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 1, 2),
               decode: str = "fast", resize: int = 256, crop: int = 224,
               against: str | os.PathLike | None = None, steps: int = 30, model_ms: float = 0.0,
-              device: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+              device: str | None = None, seed: int = 0, progress: bool = True,
+              transform: str | None = None) -> dict[str, Any]:
     """Benchmark the loader of ``path`` per ``num_workers`` against the in-memory ceiling.
 
     Returns the dict described in this module's docstring (the ``--json`` output).
@@ -263,6 +272,9 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
     if against is not None and not Path(against).is_dir():
         raise UsageError(f"--against {against}: not a folder")
     pipeline = make_decode(decode, resize, crop)
+    from packer.commands.bench_threads import load_transform, order_mixing, thread_scaling
+
+    user_transform = load_transform(transform)
 
     import torch
     from tqdm import tqdm
@@ -272,7 +284,7 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
     from packer.data.prefetch import resolve_device
 
     dev = resolve_device(device)
-    dataset = PackedDataset(path, decode=pipeline)
+    dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
     folder = FolderDataset(against, pipeline) if against is not None else None
     pin = dev.type == "cuda"
     result: dict[str, Any] = {
@@ -322,6 +334,12 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
                            "fits": free is not None and need <= CACHE_FITS_FRACTION * free, "device": str(dev)}
     else:
         result["cache"] = None
+    try:
+        result["threads"] = thread_scaling(dataset, batch_size=batch_size, batches=min(steps, 8))
+    except PackerError as e:  # e.g. images of different sizes with --decode tensor
+        log.warning("thread scaling not measured: %s", e)
+        result["threads"] = None
+    result["mixing"] = order_mixing(dataset, batch_size=batch_size)
     result["recommended"] = _recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])
     result["verdict"] = f"num_workers={pick['num_workers']}: {pick['verdict']}"
@@ -349,6 +367,9 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"recommended: num_workers={rec['num_workers']}, persistent_workers={rec['persistent_workers']}"
                  + (f", prefetch_factor={rec['prefetch_factor']}" if rec["prefetch_factor"] else ""))
     lines += [f"  - {reason}" for reason in rec["reasons"]]
+    from packer.commands.bench_threads import format_extras
+
+    lines += format_extras(r)
     c = r["cache"]
     if c:
         free = "unknown" if c["free_bytes"] is None else f"{c['free_bytes'] / 2**30:.2f} GiB free"
