@@ -120,7 +120,7 @@ def test_threads_and_mixing_fields(packed):
     t, m = r["threads"], r["mixing"]
     assert t["samples_per_s"] > 0 and t["one_thread_samples_per_s"] > 0 and t["threads"] >= 2
     assert t["scaling"] == pytest.approx(t["samples_per_s"] / t["one_thread_samples_per_s"])
-    assert t["advice"] and t["holds_gil"] in (True, False, None)
+    assert t["advice"] and t["holds_gil"] in (True, False, None) and t["available"] > 0
     assert m["batch_size"] == 8 and 2.9 < m["iid"] < 3.0  # 3 classes x 8 images, 8-batches
     assert m["stored"]["median"] == 1  # a class-sorted pack read in stored order
     assert m["streaming"]["median"] >= 2 and m["streaming"]["ratio"] == pytest.approx(m["streaming"]["median"] / m["iid"])
@@ -135,7 +135,8 @@ def test_threads_and_mixing_fields(packed):
 def test_gil_verdict_rule():
     from packer.commands.bench_threads import gil_verdict
 
-    assert gil_verdict(1.05, cpus=2, threads=2)["holds_gil"] is True
-    assert "DataLoader" in gil_verdict(1.05, cpus=2, threads=2)["advice"]
-    assert gil_verdict(1.8, cpus=2, threads=2)["holds_gil"] is False
+    assert gil_verdict(1.05, cpus=2, threads=2, available=1.9)["holds_gil"] is True
+    assert "DataLoader" in gil_verdict(1.05, cpus=2, threads=2, available=1.9)["advice"]
+    assert gil_verdict(1.8, cpus=2, threads=2, available=1.9)["holds_gil"] is False
     assert gil_verdict(1.8, cpus=1, threads=2)["holds_gil"] is None
+    assert gil_verdict(1.05, cpus=2, threads=2, available=1.1)["holds_gil"] is None  # too busy to tell

@@ -28,7 +28,9 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
 * ``threads``: ``packer.Loader`` with 1 and N threads over the same samples:
-  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, cpus, holds_gil, advice}``
+  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil,
+  advice}`` (``available``: the scaling GIL-free work got at the same moment; ``holds_gil`` null
+  when the machine was too busy to tell)
   (``holds_gil``: N threads give < 1.3x one thread: use the DataLoader); null if not batchable.
 * ``mixing``: distinct classes per batch, ``{batch_size, iid, stored: {median, p10, ratio},
   streaming: {...}}`` for the stored order and ``StreamingDataset``'s default order against
@@ -64,7 +66,8 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
-    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, cpus, holds_gil, advice} or null",
+    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil, "
+               "advice} or null",
     "mixing": "{batch_size, iid, stored, streaming}: distinct classes per batch vs iid, or null",
 }
 SETTING_FIELDS = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -53,25 +54,62 @@ def _rate(dataset: Any, *, threads: int, batch_size: int, batches: int) -> float
     return count / max(time.perf_counter() - start, 1e-9)
 
 
+def _gil_free_scaling(threads: int, seconds: float = 0.25) -> float:
+    """How much ``threads`` threads of work that never holds the GIL (SHA-256 of 1 MB, which
+    releases it) beat one thread right now: the scaling this machine can give at the moment."""
+    import hashlib
+
+    data = bytes(1 << 20)
+
+    def rate(n: int) -> float:
+        counts = [0] * n
+        stop = time.perf_counter() + seconds
+
+        def work(k: int) -> None:
+            while time.perf_counter() < stop:
+                hashlib.sha256(data).digest()
+                counts[k] += 1
+
+        pool = [threading.Thread(target=work, args=(k,)) for k in range(n)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        return sum(counts) / seconds
+
+    return rate(threads) / max(rate(1), 1e-9)
+
+
 def thread_scaling(dataset: Any, *, batch_size: int, batches: int = 8, threads: int | None = None) -> dict[str, Any]:
-    """samples/s of ``packer.Loader`` with 1 and with ``threads`` threads over the same samples."""
+    """samples/s of ``packer.Loader`` with 1 and with ``threads`` threads over the same samples,
+    next to the scaling GIL-free work gets on this machine at the same time (``available``)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = threads or max(2, min(cpus, 4))
     one = _rate(dataset, threads=1, batch_size=batch_size, batches=batches + 1)
     many = _rate(dataset, threads=threads, batch_size=batch_size, batches=batches + 1)
+    available = _gil_free_scaling(threads) if cpus >= 2 else 1.0
     scaling = many / max(one, 1e-9)
     return {"threads": threads, "one_thread_samples_per_s": one, "samples_per_s": many, "scaling": scaling,
-            "cpus": cpus, **gil_verdict(scaling, cpus=cpus, threads=threads)}
+            "available": available, "cpus": cpus,
+            **gil_verdict(scaling, cpus=cpus, threads=threads, available=available)}
 
 
-def gil_verdict(scaling: float, *, cpus: int, threads: int) -> dict[str, Any]:
-    """Whether a pipeline holds the GIL, from its thread scaling, and what to use."""
+def gil_verdict(scaling: float, *, cpus: int, threads: int, available: float | None = None) -> dict[str, Any]:
+    """Whether a pipeline holds the GIL, from its thread scaling, and what to use.
+
+    ``available``: the scaling GIL-free work got at the same time; when the machine is too busy
+    to give threads a second core (< 1.3x), nothing can be concluded."""
     if cpus < 2:
         return {"holds_gil": None, "advice": "1 CPU: thread scaling cannot be measured here"}
+    if available is not None and available < GIL_BOUND_BELOW:
+        return {"holds_gil": None,
+                "advice": (f"the CPUs are busy (GIL-free work gets only {available:.2f}x from {threads} threads "
+                           f"now): thread scaling cannot be judged; re-run on a quieter machine")}
     if scaling < GIL_BOUND_BELOW:
         return {"holds_gil": True,
                 "advice": (f"the pipeline holds the GIL ({threads} threads give {scaling:.2f}x one thread, "
-                           f"below {GIL_BOUND_BELOW}x): use the DataLoader with worker processes, not packer.Loader")}
+                           f"below {GIL_BOUND_BELOW}x, where GIL-free work gets {available or 0:.2f}x): use the "
+                           f"DataLoader with worker processes, not packer.Loader")}
     return {"holds_gil": False,
             "advice": (f"the pipeline releases the GIL ({threads} threads give {scaling:.2f}x one thread): "
                        f"packer.Loader(num_threads=...) avoids the workers' pickling and shared-memory copies")}
