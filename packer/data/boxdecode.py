@@ -79,10 +79,13 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return None
 
 
+DCT_GAP = 1.0
+
+
 def reduction_for(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
     """The largest DCT scale 1, 2, 4 or 8 that keeps the box at least ``out_h x out_w``."""
     for k in (8, 4, 2):
-        if box_h >= k * out_h and box_w >= k * out_w:
+        if box_h >= k * DCT_GAP * out_h and box_w >= k * DCT_GAP * out_w:
             return k
     return 1
 
