@@ -11,19 +11,21 @@ Semantics at the border follow torchvision. A box of whole pixels (RandomResized
 *cut, then resized*: samples that fall outside it repeat its edge. A fractional box
 (Resize + CenterCrop's) is part of a *resized whole image*: samples near its edge read the
 image's own pixels beyond it (``window`` adds that margin), and only the image's edge repeats.
-With a downscale the two agree: bilinear taps stay inside the box.
+With a bilinear downscale the two agree: its taps stay inside the box. The area reduction
+(more than 2x left) reads up to ``factor + 1`` pixels beyond any box, as the Lanczos
+reference does.
 
-Quality settings (each chosen by PSNR against a full-decode Lanczos reference, see
-``packer.commands.fidelity``):
+Quality settings (chosen by median PSNR against a full-decode Lanczos reference, measured
+with ``packer.commands.fidelity`` on generated photo-like images):
 
-* remaining scale <= 1.5 (the DCT-reduced decode, or the source, is at most 1.5x the
-  output): bilinear interpolation (OpenCV, 1/32-pixel coordinate precision);
-* 1.5 to 2, fractional box (Resize + CenterCrop): a 3x3 Gaussian pre-blur, sigma
-  ``0.35 * sqrt(scale^2 - 1)``, then bilinear;
-* above 1.7, box of whole pixels (RandomResizedCrop): OpenCV's ``INTER_AREA`` (exact
-  pixel-area weights: antialiased, no source pixel skipped);
-* above 2, fractional box: a box-filter reduction of the window (with its margin) by the
-  integer factor ``floor(scale)``, then bilinear for the rest.
+* remaining scale <= 2 (the DCT-reduced decode, or the source, is at most 2x the output):
+  bilinear interpolation (OpenCV, 1/32-pixel coordinate precision). A fractional box
+  between 1.5x and 2x is pre-blurred with a 3x3 Gaussian of sigma ``0.35 * sqrt(s^2 - 1)``
+  first (without it the centre crop's median falls 0.3 dB below torchvision's; with it it is
+  0.6 dB above); for whole boxes bilinear alone is already above torchvision's median, and
+  OpenCV's exact ``INTER_AREA`` (+0.4 dB more) costs ~1 ms an image;
+* remaining scale > 2: a box-filter reduction of the window (with its margin) by the integer
+  factor ``floor(scale)``, then bilinear for the rest (antialiasing: no pixel is skipped).
 
 An integer box whose scale needs no reduction is resized with ``cv2.resize`` on the window
 (the same mapping, faster); other boxes with ``cv2.warpAffine`` on 4-channel pixels (OpenCV
@@ -39,10 +41,6 @@ import numpy as np
 __all__ = ["resample_box", "window", "to_chw3"]
 
 _RGB2RGBA = cv2.COLOR_RGB2RGBA
-# Remaining scale above which an area reduction antialiases first. 1.7, not 2: plain bilinear
-# between 1.7x and 2x aliases enough to lose up to 1 dB against the Lanczos reference, where
-# reducing by 2 and resampling the rest wins ~2 dB (measured with packer.commands.fidelity).
-AREA_ABOVE = 1.7
 _LINEAR = cv2.INTER_LINEAR
 
 
@@ -60,12 +58,10 @@ def _area_reduce(win: np.ndarray, fy: int, fx: int) -> np.ndarray:
 
 
 def _factor(s: float) -> int:
-    return max(2, math.floor(s)) if s > AREA_ABOVE else 1
+    return math.floor(s) if s > 2 else 1
 
 
-# A fractional box between 1.5x and 2x is pre-blurred with a 3x3 Gaussian of sigma
-# 0.35 * sqrt(scale^2 - 1) (bilinear alone aliases there; measured: the centre crop's median
-# PSNR against the Lanczos reference goes from -0.3 dB to +0.6 dB of torchvision's).
+# the pre-blur of fractional boxes between 1.5x and 2x (see the module doc)
 BLUR = 0.35
 BLUR_FROM = 1.5
 
@@ -84,7 +80,8 @@ def window(box: tuple[float, float, float, float], height: int, width: int, out_
     ``out_h x out_w`` reads (the box's whole pixels, plus a margin for a fractional box)."""
     top, left, bh, bw = (float(v) for v in box)
     fy, fx = _factors(bh, bw, out_h, out_w)
-    my, mx = (0, 0) if all(_is_int(v) for v in (top, left, bh, bw)) else (fy + 1, fx + 1)
+    whole = all(_is_int(v) for v in (top, left, bh, bw))
+    my, mx = (0, 0) if whole and fy == fx == 1 else (fy + 1, fx + 1)
     y0, x0 = max(0, math.floor(top + 1e-9) - my), max(0, math.floor(left + 1e-9) - mx)
     y1 = min(height, math.ceil(top + bh - 1e-9) + my)
     x1 = min(width, math.ceil(left + bw - 1e-9) + mx)
@@ -109,12 +106,7 @@ def resample_box(arr: np.ndarray, box: tuple[float, float, float, float], out_h:
     win = arr[y0:y1, x0:x1]
     top, left = top - y0, left - x0
     fy, fx = _factors(bh, bw, out_h, out_w)
-    whole = all(_is_int(v) for v in (top, left, bh, bw))
-    if whole and (fy > 1 or fx > 1):  # a cut box: OpenCV's area resampling is exact on it
-        out = cv2.resize(win, (out_w, out_h), interpolation=cv2.INTER_AREA)
-        return cv2.flip(out, 1) if flip else out
-    if not whole:  # area reduction of a fractional box only from 2x (see AREA_ABOVE)
-        fy, fx = (fy if bh / out_h > 2 else 1), (fx if bw / out_w > 2 else 1)
+    if not all(_is_int(v) for v in (top, left, bh, bw)):
         by, bx = _blur_sigma(bh / out_h), _blur_sigma(bw / out_w)
         if by > 0 or bx > 0:
             win = cv2.GaussianBlur(np.ascontiguousarray(win), (3, 3), sigmaX=max(bx, 1e-3),
