@@ -129,7 +129,8 @@ def loaders(path: Path, transform: Callable[[Any], Any], order: list[int], batch
     return {
         "Loader": lambda: Loader(ds, batch_size=batch, sampler=order, num_threads=parallel, pin_memory=False),
         "DataLoader": lambda: DataLoader(ds, batch_size=batch, sampler=order, num_workers=parallel,
-                                         collate_fn=uint8_collate, persistent_workers=True, prefetch_factor=2),
+                                         collate_fn=uint8_collate, persistent_workers=True, prefetch_factor=2,
+                                         timeout=120),
     }
 
 
