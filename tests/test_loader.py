@@ -230,8 +230,8 @@ def test_keyboard_interrupt_shuts_down_cleanly():
     assert loader_threads() == []
 
 
-@pytest.mark.parametrize("batched", [False, True])
-def test_errors_name_the_sample(packed, batched):
+@pytest.mark.parametrize("mode", ["iter_items", "getitems", "one by one"])
+def test_errors_name_the_sample(packed, mode):
     class Flaky(PackedDataset):
         def _sample(self, index, rec):
             if self.keys[index].endswith("img_0011.jpg"):
@@ -239,7 +239,9 @@ def test_errors_name_the_sample(packed, batched):
             return super()._sample(index, rec)
 
     ds = Flaky(packed["lmdb"], decode=DecodeResizeCrop(32, 24))
-    if not batched:
+    if mode != "iter_items":
+        ds.iter_items = None  # the DataLoader's __getitems__ path (read all, then find the bad one)
+    if mode == "one by one":
         ds.__getitems__ = None
     bad = next(i for i, k in enumerate(ds.keys) if k.endswith("img_0011.jpg"))
     with pytest.raises(LoaderError) as info:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -100,9 +100,15 @@ class PackedDataset(torch.utils.data.Dataset):
         return self._sample(index, self.reader.read(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
-        """Several samples with one batched read where the format has one (the DataLoader and
-        ``packer.Loader`` call this with a batch's indices)."""
-        return [self._sample(i, rec) for i, rec in zip(indices, self.reader.read_many(indices))]
+        """Several samples with one batched read where the format has one (the DataLoader calls
+        this with a batch's indices)."""
+        return list(self.iter_items(indices))
+
+    def iter_items(self, indices: Sequence[int]) -> Iterator[tuple[Any, Any]]:
+        """``__getitems__`` lazily: each sample is decoded right after its read (while its bytes
+        are in the CPU cache) and can be consumed before the next is read (``packer.Loader``)."""
+        for i, rec in zip(indices, self.reader.read_many(indices)):
+            yield self._sample(i, rec)
 
     def _sample(self, index: int, rec: Record) -> tuple[Any, Any]:
         if callable(self.decode):

@@ -294,37 +294,57 @@ class _Epoch:
                 b.error = (int(b.indices[0]), e)
         b.done.set()
 
-    def _fetch(self, indices: Sequence[int], start: int) -> list[Any]:
+    def _fetch(self, indices: list[int]) -> Iterator[Any]:
+        """The samples of ``indices`` in order, lazily where the dataset allows it
+        (``iter_items``, e.g. ``PackedDataset``: one batched read, each sample decoded right
+        after its read), else ``__getitems__``, else one by one. An exception carries the
+        position (within ``indices``) of the sample that raised it."""
         ds = self.loader.dataset
+        lazy = getattr(ds, "iter_items", None)
         getitems = getattr(ds, "__getitems__", None)
-        if getitems is not None and len(indices) > 1:
-            try:
-                return list(getitems(list(indices)))
-            except Exception:  # noqa: BLE001 - find which sample fails, one by one
-                pass
-        out = []
-        for j, i in enumerate(indices):
-            try:
-                out.append(ds[i])
-            except BaseException as e:
-                e._packer_pos = start + j  # type: ignore[attr-defined]
-                raise
-        return out
+        done = 0  # samples handed out: the next one is the one that failed
+        try:
+            if lazy is not None:
+                for sample in lazy(indices):
+                    yield sample
+                    done += 1
+                return
+            if getitems is not None and len(indices) > 1:
+                batch = None
+                try:
+                    batch = list(getitems(indices))
+                except Exception:  # noqa: BLE001 - below, one by one, to name the failing sample
+                    pass
+                if batch is not None:
+                    yield from batch
+                    return
+            for i in indices:
+                yield ds[i]
+                done += 1
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            e._packer_pos = done  # type: ignore[attr-defined]
+            raise
 
     def _fill(self, b: _Batch, start: int, end: int) -> None:
-        samples = self._fetch([int(i) for i in b.indices[start:end]], start)
-        if b.samples is not None:
-            b.samples[start:end] = samples
-            with b.lock:
-                if b.like is None:
-                    b.like = samples[0]
-            return
-        for j, sample in enumerate(samples, start):
-            try:
-                self._place(b, j, sample)
-            except BaseException as e:
-                e._packer_pos = j  # type: ignore[attr-defined]
-                raise
+        indices = [int(i) for i in b.indices[start:end]]
+        try:
+            for j, sample in enumerate(self._fetch(indices), start):
+                if b.samples is not None:
+                    b.samples[j] = sample
+                    with b.lock:
+                        if b.like is None:
+                            b.like = sample
+                    continue
+                try:
+                    self._place(b, j, sample)
+                except BaseException as e:
+                    e._packer_pos = j - start  # type: ignore[attr-defined]
+                    raise
+        except BaseException as e:
+            e._packer_pos = start + getattr(e, "_packer_pos", 0)  # type: ignore[attr-defined]
+            raise
 
     def _place(self, b: _Batch, pos: int, sample: Any) -> None:
         fields = _fields(sample)

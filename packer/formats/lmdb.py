@@ -225,14 +225,15 @@ class LmdbReader(Reader):
         fmt = sniff_format(d.data) if d.encoded else "raw"
         return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
 
-    def read_many(self, indices: Sequence[int]) -> list[Record]:
-        """Several samples in one read transaction."""
+    def read_many(self, indices: Sequence[int]) -> Iterator[Record]:
+        """Several samples in one read transaction, lazily."""
         try:
             txn = self._env().begin(buffers=False)
         except lmdb.Error as e:
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from None
         with txn:
-            return [self.read(i, txn) for i in indices]
+            for i in indices:
+                yield self.read(i, txn)
 
     def verify_structure(self) -> Iterator[CorruptData]:
         try:
