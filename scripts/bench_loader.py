@@ -173,6 +173,47 @@ def part_loaders(args: argparse.Namespace, work: Path) -> list[str]:
     return lines
 
 
+def part_costs(args: argparse.Namespace, work: Path) -> list[str]:
+    """CPU per sample of each part, in this process (least of 3 passes): what bounds the ratios."""
+    from packer.data.datasets import raw_record
+
+    transform, _ = training_transform()
+    paths = build(work, args.images)
+    n = min(400, args.images)
+    torch.set_num_threads(1)
+
+    def least(fn: Callable[[int], Any]) -> float:
+        fn(0)
+        best = math.inf
+        for _ in range(3):
+            start = time.process_time()
+            for i in range(n):
+                fn(i)
+            best = min(best, (time.process_time() - start) / n)
+        return 1e6 * best
+
+    lines = ["| data | read + CRC us | to array us | transform us | dataset[i] us | Loader, 1 thread, us |",
+             "|---|---|---|---|---|---|"]
+    for data, path in paths.items():
+        ds = PackedDataset(path, decode=transform)
+        rec = ds.reader.read(0)
+        arr = raw_record(rec, "numpy") if rec.fmt == "raw" else rec.data
+
+        read = least(lambda i: ds.reader.read(i))
+        to_array = least(lambda i: raw_record(rec, "numpy")) if rec.fmt == "raw" else 0.0
+        trans = least(lambda i: ds.decode(arr))
+        item = least(lambda i: ds[i])
+        best = math.inf
+        for _ in range(3):
+            start, count = time.process_time(), 0
+            for images, _labels in Loader(ds, batch_size=64, sampler=list(range(n)), num_threads=1, pin_memory=False):
+                count += len(images)
+            best = min(best, (time.process_time() - start) / count)
+        lines.append(f"| {data} | {read:.0f} | {to_array:.0f} | {trans:.0f} | {item:.0f} | {1e6 * best:.0f} |")
+    return [f"CPU per sample, this process, least of 3 passes over {n} samples (Loader: whole passes, "
+            f"thread start and first buffers included)", ""] + lines
+
+
 # -- shuffle ---------------------------------------------------------------------------------------
 def build_sorted_records(work: Path, classes: int, per_class: int, shard: int) -> Path:
     src = make_jpegs(work / f"sorted-{classes}x{per_class}", classes * per_class, classes, (32, 32))
@@ -229,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--classes", type=int, default=200)
     ap.add_argument("--per-class", type=int, default=300)
     ap.add_argument("--shard", type=int, default=3000)
-    ap.add_argument("--parts", default="loaders,shuffle")
+    ap.add_argument("--parts", default="loaders,costs,shuffle")
     args = ap.parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -238,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.parts.split(",")
     if "loaders" in parts:
         print("\n".join(["", "## packer.Loader vs DataLoader", ""] + part_loaders(args, work)))
+    if "costs" in parts:
+        print("\n".join(["", "## Parts", ""] + part_costs(args, work)))
     if "shuffle" in parts:
         print("\n".join(["", "## StreamingDataset shuffle", ""] + part_shuffle(args, work)))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
