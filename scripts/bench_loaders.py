@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_training(args: argparse.Namespace) -> int:
     """``--training``: every loader with the training transform (see bench_loaders_train.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_loaders_train import TRAIN_PEERS, run_training
 
     torch.set_num_threads(1)
