@@ -16,7 +16,7 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, DistributedSampler
 
 from conftest import write_image_folder
-from packer import DevicePrefetcher, FrameDataset, Loader, PackedDataset
+from packer import DevicePrefetcher, FrameDataset, Loader, PackedDataset, PackedVideoDataset
 from packer.errors import UsageError
 from packer.data import DecodeResizeCrop, LoaderError, uint8_collate
 from packer.formats import FORMATS
@@ -141,14 +141,19 @@ def test_dict_samples_and_arrays_and_user_collate():
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def test_video_dataset(tmp_path):
+@pytest.mark.parametrize("kind", ["FrameDataset", "PackedVideoDataset"])
+def test_video_datasets(tmp_path, kind):
     from conftest import write_video
     from packer.commands.decode_frames import decode_frames
 
     for i in range(5):
         write_video(tmp_path / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
-    decode_frames(tmp_path / "src", tmp_path / "frames", workers=0)
-    ds = FrameDataset(tmp_path / "frames", test_mode=True, clip_len=2, crop_size=32)
+    if kind == "FrameDataset":
+        decode_frames(tmp_path / "src", tmp_path / "frames", workers=0)
+        ds = FrameDataset(tmp_path / "frames", test_mode=True, clip_len=2, crop_size=32)
+    else:
+        decode_frames(tmp_path / "src", tmp_path / "packed", to="records", workers=0)
+        ds = PackedVideoDataset(tmp_path / "packed", test_mode=True, clip_len=2, crop_size=32)
     got = list(Loader(ds, batch_size=2, num_threads=2))
     ref = list(DataLoader(ds, batch_size=2, collate_fn=uint8_collate))
     assert len(got) == len(ref) == 3
