@@ -27,6 +27,10 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   ``DevicePrefetcher.cache`` (fits = bytes <= half the free memory, leaving the rest to the
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
+* ``fidelity``: per fast decode path and its torchvision pipeline, median PSNR against a
+  full-decode Lanczos reference and the measured shift over ``--fidelity`` samples
+  (``packer.commands.fidelity``; rows ``pipeline, kind, images, psnr_median, psnr_p10,
+  shift_median, shift_max``); empty with ``--fidelity 0``.
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
+    "fidelity": "[{pipeline, kind, images, psnr_median, psnr_p10, shift_median, shift_max}]",
 }
 SETTING_FIELDS = {
     "num_workers": "DataLoader workers", "samples_per_s": "loader throughput",
@@ -248,7 +253,8 @@ def _verdict(s: dict[str, Any], ceiling: float) -> str:
 def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 1, 2),
               decode: str = "fast", resize: int = 256, crop: int = 224,
               against: str | os.PathLike | None = None, steps: int = 30, model_ms: float = 0.0,
-              device: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+              device: str | None = None, seed: int = 0, progress: bool = True,
+              fidelity: int = 16) -> dict[str, Any]:
     """Benchmark the loader of ``path`` per ``num_workers`` against the in-memory ceiling.
 
     Returns the dict described in this module's docstring (the ``--json`` output).
@@ -260,6 +266,8 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
         raise UsageError("--model-ms must be >= 0")
     if not workers or any(w < 0 for w in workers):
         raise UsageError("--workers must list integers >= 0")
+    if fidelity < 0:
+        raise UsageError("--fidelity must be >= 0")
     if against is not None and not Path(against).is_dir():
         raise UsageError(f"--against {against}: not a folder")
     pipeline = make_decode(decode, resize, crop)
@@ -325,6 +333,10 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
     result["recommended"] = _recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])
     result["verdict"] = f"num_workers={pick['num_workers']}: {pick['verdict']}"
+    from packer.commands.fidelity import dataset_fidelity
+
+    result["fidelity"] = dataset_fidelity(dataset.reader, count=fidelity, short_side=resize,
+                                          crop=crop) if fidelity else []
     return result
 
 
@@ -355,6 +367,11 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"device cache: {r['count']} x {'x'.join(map(str, c['sample_shape']))} uint8 = "
                      f"{c['bytes'] / 2**30:.2f} GiB; {c['device']} has {free}: "
                      f"{'fits' if c['fits'] else 'does not fit (needs <= half the free memory)'}")
+    if r.get("fidelity"):
+        from packer.commands.fidelity import format_fidelity
+
+        lines += [f"fidelity on {r['fidelity'][0]['images']} samples (reference: full decode + Lanczos "
+                  "from the exact box; shift in output pixels):", format_fidelity(r["fidelity"])]
     return "\n".join(lines)
 
 
