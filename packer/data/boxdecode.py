@@ -113,12 +113,6 @@ def _scaled_box(box: Box, k: int) -> Box:
     return tuple(v / k for v in box)
 
 
-def _needs_warp(box: Box, out_h: int, out_w: int) -> bool:
-    top, left, bh, bw = box
-    whole = all(abs(v - round(v)) < 1e-9 for v in box)
-    return not whole or bh > 2 * out_h or bw > 2 * out_w
-
-
 def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray:
     """Decode ``data`` (encoded image bytes or an HxWx3 uint8 array) and resample the box
     ``choose(height, width)`` returns to ``out_h x out_w`` (see the module doc).
@@ -140,8 +134,7 @@ def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray
             sh, sw = jpeg_region.scaled(height, k), jpeg_region.scaled(width, k)
             if jpeg_region.available() and imaging.DECODER != "pillow":
                 y0, x0, y1, x1 = window(sbox, sh, sw, out_h, out_w)
-                roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k,
-                                                channels=4 if _needs_warp(sbox, out_h, out_w) else 3)
+                roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k)
                 if roi is not None:
                     return resample_box(roi, (sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3]),
                                         out_h, out_w, flip=flip)
