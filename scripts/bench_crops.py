@@ -88,18 +88,20 @@ def old_box(short_side: int, crop: int) -> Callable[[int, int, int], tuple]:
 
 
 def timed_rounds(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: int) -> dict[str, float]:
-    """Median over rounds of the mean CPU ms per image (``process_time``: this one thread's
-    work, not the time other processes on a shared machine take), rounds interleaved."""
-    per: dict[str, list[float]] = {k: [] for k in pipelines}
+    """Median over rounds of the mean CPU ms per image (``thread_time``: this thread's work,
+    not the time other processes on a shared machine take). Each round runs every pipeline
+    over all images in turn (as a loader would: one pipeline, image after image), the order
+    rotating between rounds."""
+    names = list(pipelines)
+    per: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        names = list(pipelines)
-        names = names[r % len(names):] + names[:r % len(names)]
-        for name in names:
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
             fn = pipelines[name]
-            t0 = time.process_time()
+            t0 = time.thread_time()
             for i in range(n):
                 fn(i)
-            per[name].append((time.process_time() - t0) / n * 1e3)
+            per[name].append((time.thread_time() - t0) / n * 1e3)
     return {k: statistics.median(v) for k, v in per.items()}
 
 
