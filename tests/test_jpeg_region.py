@@ -52,9 +52,10 @@ def test_scaled_whole_image_equals_pillow_draft():
 
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from([0, 1, 2, -1]), st.sampled_from([1, 2, 4, 8]), st.floats(0, 1), st.floats(0, 1),
-       st.floats(0, 1), st.floats(0, 1), st.sampled_from([3, 4]))
-def test_region_is_bit_exact(subsampling, k, fx, fy, fw, fh, channels):
-    data = jpeg(187, 251, subsampling=max(subsampling, 0), mode="L" if subsampling < 0 else "RGB")
+       st.floats(0, 1), st.floats(0, 1), st.sampled_from([3, 4]), st.booleans())
+def test_region_is_bit_exact(subsampling, k, fx, fy, fw, fh, channels, progressive):
+    data = jpeg(187, 251, subsampling=max(subsampling, 0), mode="L" if subsampling < 0 else "RGB",
+                progressive=progressive)
     ref = full(data, k)
     sh, sw = ref.shape[:2]
     w, h = max(1, round(fw * sw)), max(1, round(fh * sh))
