@@ -20,7 +20,9 @@ the ``turbojpeg`` wheel (``pip install 'packer[turbo]'``). Without one, ``availa
 False and callers decode the whole image instead (same pixels, slower).
 
 Pixels: inside the requested rectangle the output equals a full decode of the image at the
-same scale, bit for bit (tested). A region's outermost columns are decoded one column wider
+same scale, bit for bit (tested). Rows below the rectangle are never read, so a JPEG damaged
+only there decodes without complaint (its box is intact); damage the box needs is a warning,
+and callers then take the full decoders' route, whose rules decide. A region's outermost columns are decoded one column wider
 than asked where the image allows it and trimmed, because fancy chroma upsampling at a
 cropped edge would otherwise repeat the edge sample.
 """
