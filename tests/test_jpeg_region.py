@@ -50,7 +50,7 @@ def test_scaled_whole_image_equals_pillow_draft():
         assert np.array_equal(full(data, k), np.asarray(im.convert("RGB"))), k
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.sampled_from([0, 1, 2, -1]), st.sampled_from([1, 2, 4, 8]), st.floats(0, 1), st.floats(0, 1),
        st.floats(0, 1), st.floats(0, 1), st.sampled_from([3, 4]), st.booleans())
 def test_region_is_bit_exact(subsampling, k, fx, fy, fw, fh, channels, progressive):

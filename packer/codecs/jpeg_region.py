@@ -21,11 +21,13 @@ the ``turbojpeg`` wheel (``pip install 'packer[turbo]'``). Without one, ``availa
 False and callers decode the whole image instead (same pixels, slower).
 
 Pixels: inside the requested rectangle the output equals a full decode of the image at the
-same scale, bit for bit (tested). Rows below the rectangle are never read, so a JPEG damaged
-only there decodes without complaint (its box is intact); damage the box needs is a warning,
-and callers then take the full decoders' route, whose rules decide. A region's outermost columns are decoded one column wider
-than asked where the image allows it and trimmed, because fancy chroma upsampling at a
-cropped edge would otherwise repeat the edge sample.
+same scale, bit for bit (tested: random regions, every column of thin ones, 4:4:4, 4:2:2,
+4:2:0, grey, progressive, every scale). A region is decoded one iMCU wider on each side than
+asked where the image allows it and trimmed, because fancy chroma upsampling at a cropped
+edge repeats the edge chroma sample (one extra column is not always enough). Rows below the
+rectangle are never read, so a JPEG damaged only there decodes without complaint (the
+rectangle is intact); damage the rectangle needs is a libjpeg warning, and callers then take
+the full decoders' route, whose rules decide.
 """
 from __future__ import annotations
 
@@ -176,11 +178,11 @@ def decode_region(data: bytes | memoryview, left: int, top: int, width: int, hei
         raise ValueError(f"region {left},{top} {width}x{height} outside the {sw}x{sh} image")
     if _LIB.tj3SetScalingFactor(h, _Scale(1, scale)) != 0:
         return None
-    # one more column each side where the image has one (see the module doc), then align the
-    # left edge to the scaled iMCU width, as TurboJPEG requires
-    x0, x1 = max(0, left - 1), min(sw, left + width + 1)
+    # one more iMCU each side where the image has one (see the module doc), the left edge
+    # aligned to the scaled iMCU width, as TurboJPEG requires
     if 0 <= head.subsampling < len(_MCU_WIDTH):
         mcu = scaled(_MCU_WIDTH[head.subsampling], scale)
+        x0, x1 = max(0, left - mcu), min(sw, left + width + mcu)
         x0 -= x0 % mcu
     else:
         x0, x1 = 0, sw
