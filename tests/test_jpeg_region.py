@@ -98,3 +98,17 @@ def test_what_it_leaves_to_the_full_decoders():
     assert jpeg_region.read_header(good) == (80, 64, 2)
     with pytest.raises(ValueError, match="outside"):
         jpeg_region.decode_region(good, 70, 0, 20, 10)
+
+
+@pytest.mark.parametrize("subsampling", [1, 2])
+def test_every_thin_region_is_bit_exact(subsampling):
+    """Cropped edges next to every column: fancy chroma upsampling needs the margin."""
+    data = jpeg(45, 61, subsampling=subsampling)
+    for k in (1, 2):
+        ref = full(data, k)
+        h, w = ref.shape[:2]
+        for x in range(w):
+            for width in (1, 2, 3):
+                if x + width <= w:
+                    out = jpeg_region.decode_region(data, x, 3, width, h - 5, scale=k)
+                    assert np.array_equal(out, ref[3:h - 2, x:x + width]), (k, x, width)

@@ -22,9 +22,9 @@ False and callers decode the whole image instead (same pixels, slower).
 
 Pixels: inside the requested rectangle the output equals a full decode of the image at the
 same scale, bit for bit (tested: random regions, every column of thin ones, 4:4:4, 4:2:2,
-4:2:0, grey, progressive, every scale). A region is decoded one iMCU wider on each side than
-asked where the image allows it and trimmed, because fancy chroma upsampling at a cropped
-edge repeats the edge chroma sample (one extra column is not always enough). Rows below the
+4:2:0, grey, progressive, every scale). A region is decoded two columns wider on each side
+than asked where the image allows it and trimmed, because fancy chroma upsampling at a
+cropped edge repeats the edge chroma sample (one extra column is not always enough). Rows below the
 rectangle are never read, so a JPEG damaged only there decodes without complaint (the
 rectangle is intact); damage the rectangle needs is a libjpeg warning, and callers then take
 the full decoders' route, whose rules decide.
@@ -178,11 +178,12 @@ def decode_region(data: bytes | memoryview, left: int, top: int, width: int, hei
         raise ValueError(f"region {left},{top} {width}x{height} outside the {sw}x{sh} image")
     if _LIB.tj3SetScalingFactor(h, _Scale(1, scale)) != 0:
         return None
-    # one more iMCU each side where the image has one (see the module doc), the left edge
-    # aligned to the scaled iMCU width, as TurboJPEG requires
+    # two more columns each side where the image has them (four for 4:1:1; see the module
+    # doc), the left edge aligned to the scaled iMCU width, as TurboJPEG requires
     if 0 <= head.subsampling < len(_MCU_WIDTH):
         mcu = scaled(_MCU_WIDTH[head.subsampling], scale)
-        x0, x1 = max(0, left - mcu), min(sw, left + width + mcu)
+        margin = max(2, _MCU_WIDTH[head.subsampling] // 8)
+        x0, x1 = max(0, left - margin), min(sw, left + width + margin)
         x0 -= x0 % mcu
     else:
         x0, x1 = 0, sw
