@@ -196,3 +196,31 @@ def test_fidelity_floor():
     assert fast_c["psnr_median"] >= tv_c["psnr_median"] - 0.1
     assert fast_r["psnr_median"] >= tv_r["psnr_median"] - 0.1
     assert fast_c["shift_median"] <= 0.15 and fast_r["shift_median"] <= 0.15
+
+
+def test_raw_hdf5_samples_are_cut_from_the_array(image_folder, tmp_path):
+    from packer import PackedDataset
+    from packer.codecs.resize import ResizeSpec
+    from packer.commands.pack_images import pack_images
+
+    out = tmp_path / "raw.h5"
+    pack_images(image_folder, out, format="hdf5", workers=0, resize=ResizeSpec(size=(40, 30)), raw=True)
+    t = DecodeRandomResizedCrop(24, seed=0)
+    ds, plain = PackedDataset(out, decode=t), PackedDataset(out, decode="numpy")
+    image, _ = ds[0]
+    assert image.shape == (3, 24, 24) and image.dtype == torch.uint8
+    arr = plain[1][0]
+    ref = PilRandomResizedCrop(24, flip=0.0)(arr, rng=np.random.default_rng(5))
+    got = DecodeRandomResizedCrop(24, flip=0.0)(arr, rng=np.random.default_rng(5))
+    assert (got.int() - ref.int()).abs().float().mean() < 3  # the same box, bilinear both
+
+
+def test_damaged_jpegs_are_errors_not_grey_pixels(monkeypatch):
+    data = jpeg(600, 800, seed=3)
+    data = data[: len(data) // 5]  # ~120 rows left; every box is >= 170 rows tall
+    for i in range(8):
+        with pytest.raises(ValueError, match="cannot decode"):
+            DecodeRandomResizedCrop(64)(data, rng=np.random.default_rng(i))
+    monkeypatch.setattr(jpeg_region, "_LIB", None)  # the whole-image route says the same
+    with pytest.raises(ValueError, match="cannot decode"):
+        DecodeRandomResizedCrop(64)(data, rng=np.random.default_rng(0))

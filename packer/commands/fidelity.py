@@ -5,7 +5,7 @@ careful way: a full Pillow decode (EXIF applied) resampled with Lanczos straight
 source box to the output (``Image.resize(..., LANCZOS, box=...)``, fractional box, no
 rounding). Each pipeline's output is scored by
 
-* **PSNR** (dB, all channels) against the reference: higher is closer;
+* **PSNR** (dB, all channels) against the reference: higher is closer (100 means identical);
 * **shift** (output pixels): the sub-pixel translation between the pipeline's output and the
   reference, by Lucas-Kanade registration of the luma planes, reported as its length.
   A correctly placed pipeline measures a few hundredths of a pixel; rounding the crop box to
@@ -15,7 +15,8 @@ Pipelines: ``DecodeResizeCrop`` (fast) and ``PilResizeCrop`` (torchvision's
 ``Resize + CenterCrop`` on Pillow) for the centre crop; ``DecodeRandomResizedCrop`` and
 ``PilRandomResizedCrop`` (torchvision's ``RandomResizedCrop`` on Pillow) for the training
 crop, both fed the same seeded draws so they cut the same box (flip off).
-``packer bench`` prints this table; ``scripts/bench_crops.py`` too.
+``packer bench`` prints this table for the dataset it runs on (``--fidelity N`` samples);
+``scripts/bench_crops.py`` too.
 """
 from __future__ import annotations
 
@@ -28,13 +29,16 @@ import cv2
 import numpy as np
 from PIL import Image
 
-__all__ = ["psnr", "measure_shift", "lanczos_reference", "fidelity_rows", "format_fidelity"]
+__all__ = ["psnr", "measure_shift", "lanczos_reference", "fidelity_rows", "format_fidelity", "dataset_fidelity"]
+
+
+PSNR_IDENTICAL = 100.0  # what identical images score (keeps the JSON finite)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """Peak signal-to-noise ratio of two uint8 images (dB; inf when identical)."""
+    """Peak signal-to-noise ratio of two uint8 images in dB (``PSNR_IDENTICAL`` at most)."""
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10.0 * np.log10(255.0 ** 2 / mse)
+    return PSNR_IDENTICAL if mse == 0 else min(PSNR_IDENTICAL, 10.0 * np.log10(255.0 ** 2 / mse))
 
 
 def _luma(a: np.ndarray) -> np.ndarray:
@@ -134,9 +138,8 @@ def fidelity_rows(samples: Sequence[Any], *, short_side: int = 256, crop: int = 
             ref = lanczos_reference(im, box_of(im.height, im.width, i), out.shape[0], out.shape[1])
             scores.append(psnr(out, ref))
             shifts.append(float(np.hypot(*measure_shift(out, ref))))
-        finite = sorted(s for s in scores if np.isfinite(s)) or [float("inf")]
         rows.append({"pipeline": name, "kind": kind, "images": len(samples),
-                     "psnr_median": statistics.median(scores), "psnr_p10": finite[len(finite) // 10],
+                     "psnr_median": statistics.median(scores), "psnr_p10": sorted(scores)[len(scores) // 10],
                      "shift_median": statistics.median(shifts), "shift_max": max(shifts)})
     return rows
 
@@ -149,3 +152,16 @@ def format_fidelity(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {r['pipeline']} | {r['psnr_median']:.2f} | {r['psnr_p10']:.2f} | "
                      f"{r['shift_median']:.3f} | {r['shift_max']:.3f} |")
     return "\n".join(lines)
+
+
+def dataset_fidelity(reader: Any, *, count: int, short_side: int, crop: int) -> list[dict[str, Any]]:
+    """``fidelity_rows`` over up to ``count`` samples spread across a packed output's reader
+    (encoded images as stored; raw samples as pixels)."""
+    from packer.data.datasets import raw_record
+
+    n = len(reader)
+    samples = []
+    for i in range(0, n, max(1, n // max(count, 1)))[:count]:
+        rec = reader.read(i)
+        samples.append(raw_record(rec, "numpy") if rec.fmt == "raw" else rec.data)
+    return fidelity_rows(samples, short_side=short_side, crop=crop) if samples else []

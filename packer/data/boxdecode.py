@@ -2,15 +2,17 @@
 
 ``decode_box(data, choose, out_h, out_w)`` is the engine of the fast training transforms:
 
-1. the upright image size comes from the JPEG header (EXIF orientation applied: a stored
-   WxH image with orientation 5-8 is HxW upright); ``choose(height, width)`` picks the box
-   (and a flip) in upright source pixels, so the box never depends on how the image is
-   decoded;
+1. the image size comes from the JPEG header; ``choose(height, width)`` picks the box (and
+   a flip) in upright source pixels, so the box never depends on how the image is decoded
+   (a JPEG with an EXIF orientation other than 1 is decoded whole and upright first, then
+   the box is chosen on it: orientation always applies before the box);
 2. the DCT scale ``k`` is the largest of 1, 2, 4, 8 that keeps the box at least the output
    size on both axes (``reduction_for``);
 3. only the box's window is decoded at 1/k (``packer.codecs.jpeg_region``; without a
    TurboJPEG 3 library the whole image is decoded at 1/k through OpenCV/Pillow: same
-   pixels, slower);
+   pixels, slower). When libjpeg reports any warning or error there (a truncated or damaged
+   JPEG), the image goes the reference route, whose rules decide (a truncated JPEG is a
+   ``ValueError``);
 4. the box, mapped to 1/k coordinates exactly (a pixel of the 1/k image covers k source
    pixels), is resampled by ``packer.data.resample.resample_box``.
 
@@ -113,17 +115,12 @@ def _scaled_box(box: Box, k: int) -> Box:
     return tuple(v / k for v in box)
 
 
-def _needs_warp(box: Box, out_h: int, out_w: int) -> bool:
-    top, left, bh, bw = box
-    whole = all(abs(v - round(v)) < 1e-9 for v in box)
-    return not whole or bh > 2 * out_h or bw > 2 * out_w
-
-
 def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray:
     """Decode ``data`` (encoded image bytes or an HxWx3 uint8 array) and resample the box
     ``choose(height, width)`` returns to ``out_h x out_w`` (see the module doc).
 
-    ``choose`` is called exactly once. Returns HxWx3 or HxWx4 (RGBX) uint8: use
+    ``choose`` is called once (twice only if a decoder disagrees with the header about the
+    size: then on the decoded size). Returns HxWx3 or HxWx4 (RGBX) uint8: use
     ``packer.data.resample.to_chw3``. Raises ValueError for undecodable bytes.
     """
     if isinstance(data, np.ndarray):
@@ -140,14 +137,14 @@ def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray
             sh, sw = jpeg_region.scaled(height, k), jpeg_region.scaled(width, k)
             if jpeg_region.available() and imaging.DECODER != "pillow":
                 y0, x0, y1, x1 = window(sbox, sh, sw, out_h, out_w)
-                roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k,
-                                                channels=4 if _needs_warp(sbox, out_h, out_w) else 3)
+                roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k)
                 if roi is not None:
                     return resample_box(roi, (sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3]),
                                         out_h, out_w, flip=flip)
-            arr = decode_scaled(data, k)
-            if arr.shape[:2] == (sh, sw):
-                return resample_box(arr, sbox, out_h, out_w, flip=flip)
+            else:
+                arr = decode_scaled(data, k)
+                if arr.shape[:2] == (sh, sw):
+                    return resample_box(arr, sbox, out_h, out_w, flip=flip)
     arr = imaging.decode(data)
     if chosen_for != arr.shape[:2]:  # not a JPEG we could read the size of (or it lied)
         chosen = choose(*arr.shape[:2])
