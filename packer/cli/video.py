@@ -40,16 +40,29 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
               help="Video decoder (auto: decord, falling back to OpenCV).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
+@click.option("--task", type=click.Choice(["rgb", "flow", "both"]), default="rgb", show_default=True,
+              help="RGB frames, optical flow (x/y grey images), or both (mmaction2 build_rawframes --task).")
+@click.option("--flow", "flow_method", type=click.Choice(["tvl1", "farneback", "dis"]), default="tvl1",
+              show_default=True, help="Flow method between consecutive selected frames (TV-L1 needs "
+              "opencv-contrib; dis is the fast one).")
+@click.option("--bound", type=float, default=20.0, show_default=True,
+              help="Flow quantization bound: clip to [-B, B] pixels, then map onto 0..255.")
+@click.option("--flow-tmpl", default=None, help="Flow file names: direction, then number "
+              "(default {}_{:05d}.EXT).")
 @conversion_options
 @commit_option
 @library_call
 def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
                       keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
-                      strict, timeout, backend, force, workers, max_failures, resume, overwrite,
+                      strict, timeout, backend, force, task, flow_method, bound, flow_tmpl, workers, max_failures, resume, overwrite,
                       num_shards, shard_index, executor, commit_every):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
-    from packer.commands.decode_frames import decode_frames
+    from packer.commands.decode_frames import FlowOptions, decode_frames
 
+    flow = None
+    if task != "rgb":
+        flow = FlowOptions(task=task, method=flow_method, bound=bound,
+                           tmpl=flow_tmpl or "{}_{:05d}." + ext)
     report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
                            class_index=class_index, video_exts=video_exts, short_side=short_side,
                            size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
@@ -57,5 +70,6 @@ def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to
                            start_index=start_index, list_out=list_out, strict=strict, workers=workers,
                            timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
                            overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor, commit_every=commit_every)
+                           shard_index=shard_index, executor=executor, commit_every=commit_every,
+                           flow=flow)
     finish(report, max_failures)

@@ -26,12 +26,40 @@ from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
 from packer.conversion.inputs import VideoItem, partition, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
+from packer.codecs.flow import (DEFAULT_BOUND, DEFAULT_FLOW_TEMPLATE, FlowEstimator, check_flow_template,
+                                 encode_grey, grey, quantize, zero_flow)
+from packer.errors import CorruptSample
 
-__all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
+__all__ = ["FrameJob", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 
 log = logging.getLogger(__name__)
 
 FRAME_EXTS = {"jpg": "jpeg", "png": "png"}
+TASKS = ("rgb", "flow", "both")
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """``--task flow|both``: optical flow by ``method`` between consecutive selected frames
+    (grey, at the output size), quantized with ``bound`` into grey ``x``/``y`` images named by
+    ``tmpl`` (``{}_{:05d}.jpg``: direction, then frame number), as mmaction2's flow tools."""
+
+    task: str = "both"
+    method: str = "tvl1"
+    bound: float = DEFAULT_BOUND
+    tmpl: str = DEFAULT_FLOW_TEMPLATE
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS[1:]:
+            raise UsageError(f"--task must be one of {', '.join(TASKS)}, not {self.task!r}")
+        if not self.bound > 0:
+            raise UsageError(f"--bound must be > 0, not {self.bound}")
+        FlowEstimator(self.method)  # validates the method (and TV-L1's OpenCV build)
+        check_flow_template(self.tmpl)
+
+    @property
+    def fmt(self) -> str:
+        return check_flow_template(self.tmpl)
 
 
 def output_formats() -> list[str]:
@@ -49,6 +77,7 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
+    flow: Optional[FlowOptions] = None  # None: RGB frames only
 
     def encode(self, frame) -> bytes:
         """One BGR frame -> JPEG/PNG bytes."""
@@ -73,15 +102,35 @@ class FrameJob:
             size = len(self.encode(frame)) * th * tw / (h * w)
         else:
             size = len(self.encode(self.resize(frame) if self.resize is not None else frame))
-        return self.selection.count(info.container_frames, info.fps), float(size)
+        frames = self.selection.count(info.container_frames, info.fps)
+        if self.flow is None:
+            return frames, float(size)
+        # flow images are smooth: a grey frame's size bounds each of x and y from above
+        small = self.resize(frame) if self.resize is not None and th * tw <= h * w else frame
+        flow_size = len(encode_grey(grey(small), self.flow.fmt, self.quality)) * th * tw / (
+            small.shape[0] * small.shape[1])
+        files = 2 * frames + (frames if self.flow.task == "both" else 0)
+        total = 2 * frames * flow_size + (frames * size if self.flow.task == "both" else 0)
+        return files, float(total / max(files, 1))
 
     def __call__(self, item: VideoItem) -> WorkResult:
+        rgb = self.flow is None or self.flow.task == "both"
+        process = self.encode if self.flow is None else _FlowProcess(self, rgb)
         v = read_video(item.path, backend=self.backend, selection=self.selection, resize=self.resize,
-                       process=self.encode, key=item.key)
+                       process=process, key=item.key)
         n = len(v.frames)
+        rgb_data = v.frames if self.flow is None else [value[0] for value in v.frames] if rgb else []
+        flows = self._flow_images(item, v.frames, v.height, v.width) if self.flow is not None else []
+        total = len(rgb_data) + len(flows)
         samples = [Sample(f"{item.key}/{self.start_index + j}", data, self.fmt, item.label,
-                          v.height, v.width, 3, {"frame_dir": item.frame_dir, "frame": j, "frames": n})
-                   for j, data in enumerate(v.frames)]
+                          v.height, v.width, 3, {"frame_dir": item.frame_dir, "frame": j, "frames": total})
+                   for j, data in enumerate(rgb_data)]
+        for k, data in enumerate(flows):
+            direction, number = "xy"[k % 2], self.start_index + k // 2
+            samples.append(Sample(f"{item.key}/{direction}/{number}", data, self.flow.fmt, item.label,
+                                  v.height, v.width, 1,
+                                  {"frame_dir": item.frame_dir, "frame": len(rgb_data) + k, "frames": total,
+                                   "file": self.flow.tmpl.format(direction, number)}))
         info = v.info
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(self.selection.output_fps(info.fps), 6), "height": v.height,
@@ -89,6 +138,10 @@ class FrameJob:
                  "container_frames": info.container_frames, "source_fps": round(info.fps, 6),
                  "source_height": info.height, "source_width": info.width,
                  "rotation": info.rotation, "backend": v.backend}
+        if getattr(item, "labels", None):  # a multi-label list line
+            entry["labels"] = list(item.labels)
+        if self.flow is not None:
+            entry.update(rgb_frames=len(rgb_data), flow_frames=len(flows) // 2)
         note = None
         if v.partial:
             note = {"stage": "partial",
@@ -98,6 +151,44 @@ class FrameJob:
         if v.tried:
             log.debug("%s: %s", item.path, "; ".join(v.tried))
         return WorkResult(samples, entry, note)
+
+    def _flow_images(self, item: VideoItem, values: list, height: int, width: int) -> list[bytes]:
+        """Encoded x, y images of the flow between each pair of consecutive selected frames."""
+        if len(values) < 2:
+            raise CorruptSample(item.key, item.path, f"{len(values)} frame(s) selected: no pair of "
+                                "consecutive frames to compute flow between", stage="flow")
+        out: list[bytes] = []
+        still = None
+        for k in range(1, len(values)):
+            if values[k] is values[k - 1]:  # one source frame repeated (--fps above the source's)
+                if still is None:
+                    z = encode_grey(zero_flow(height, width, self.flow.bound), self.flow.fmt, self.quality)
+                    still = (z, z)
+                out.extend(still)
+            else:
+                out.extend(values[k][1])
+        return out
+
+
+class _FlowProcess:
+    """The per-frame step of a flow job: encode the RGB frame (``--task both``) and the flow
+    from the previous selected frame to this one (grey, at the output size)."""
+
+    def __init__(self, job: FrameJob, rgb: bool):
+        self.job, self.rgb = job, rgb
+        self.estimate = FlowEstimator(job.flow.method)
+        self.prev = None
+
+    def __call__(self, frame) -> tuple[Optional[bytes], Optional[tuple[bytes, bytes]]]:
+        g = grey(frame)
+        pair = None
+        if self.prev is not None:
+            opts, q = self.job.flow, self.job.quality
+            flow = self.estimate(self.prev, g)
+            pair = (encode_grey(quantize(flow[:, :, 0], opts.bound), opts.fmt, q),
+                    encode_grey(quantize(flow[:, :, 1], opts.bound), opts.fmt, q))
+        self.prev = g
+        return (self.job.encode(frame) if self.rgb else None), pair
 
 
 @dataclass
@@ -156,9 +247,11 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                   workers: int | None = None, timeout: float | None = 600.0, backend: str = "auto",
                   max_failures: int = 0, resume: bool = False, overwrite: bool = False,
                   force: bool = False, num_shards: int = 1, shard_index: int = 0,
-                  executor: str = "local", commit_every: int = 1000) -> DecodeReport:
+                  executor: str = "local", commit_every: int = 1000,
+                  flow: FlowOptions | None = None) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
+    With ``flow`` (``--task flow|both``), the optical flow images too (``rawframes_flow.txt``).
 
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
@@ -193,7 +286,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     if not items:
         raise UsageError(f"{src}: no input videos found")
     job = FrameJob(selection=selection, resize=resize if resize.active else None, fmt=FRAME_EXTS[ext],
-                   quality=quality, start_index=start_index, backend=backend)
+                   quality=quality, start_index=start_index, backend=backend, flow=flow)
 
     out = Path(out)
     options = {"to": to, "src": str(Path(src).resolve()), "list": str(list_path) if list_path else None,
@@ -202,10 +295,14 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                "fps": fps, "stride": stride, "max_frames": max_frames, "ext": ext, "quality": quality,
                "tmpl": tmpl, "start_index": start_index, "backend": backend, "strict": strict,
                "num_shards": num_shards, "shard_index": shard_index}
+    if flow is not None:
+        options.update(task=flow.task, flow=flow.method, bound=flow.bound, flow_tmpl=flow.tmpl)
     frame_folders = to in VIDEO_FORMATS
     writer_options: dict[str, Any] = {"commit_every": commit_every}
     if frame_folders:
         writer_options.update(filename_tmpl=tmpl, start_index=start_index)
+        if flow is not None:
+            writer_options.update(flow_tmpl=flow.tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(options),
                         **writer_options)
     with make_executor(executor, workers=workers, timeout=timeout, isolate=True) as ex:
@@ -221,11 +318,22 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                      sample_unit="frames")
     videos = open_reader(out, check_crc=False).manifest.videos
     if list_out is not None:
-        atomic_write_bytes(list_out, rawframes_lines(videos).encode("utf-8"))
+        _write_lists(Path(list_out), videos, flow)
     return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
                         videos=len(videos),
                         partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
                         disk_bytes=disk_used(out), estimate=estimate)
+
+
+def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:
+    """``--list-out``: the RGB list at ``path`` and, with flow, the flow list (mmaction2's
+    ``*_flow`` lists) at ``path`` with ``_flow`` before the suffix (at ``path`` itself for
+    ``--task flow``)."""
+    if flow is None or flow.task == "both":
+        atomic_write_bytes(path, rawframes_lines(videos).encode("utf-8"))
+    if flow is not None:
+        target = path if flow.task == "flow" else path.with_name(f"{path.stem}_flow{path.suffix}")
+        atomic_write_bytes(target, rawframes_lines(videos, modality="Flow").encode("utf-8"))
 
 
 def _estimate(items: list[VideoItem], job: FrameJob, executor, *, per_file: bool) -> Estimate:

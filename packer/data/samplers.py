@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from .video import OUT_OF_BOUND, RNG, ClipSampling, _train_offsets
+from packer.data.clips import OUT_OF_BOUND, RNG, ClipSampling, _train_offsets
 
 __all__ = ["SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames", "fps_sample_frames",
            "dense_sample_frames", "untrimmed_sample_frames"]

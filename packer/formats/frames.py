@@ -8,7 +8,15 @@ frame file by position) and ``failures.jsonl``. Frame folders hold only frame fi
 
 Each video is written into a hidden temporary folder beside its final place and renamed
 when its last frame is written, so a frame folder appears only complete. Video samples
-carry ``extra = {"frame_dir", "frame" (0-based), "frames" (the video's count)}``.
+carry ``extra = {"frame_dir", "frame" (0-based), "frames" (the video's count)}``, plus
+``"file"`` (the file name) for optical-flow images.
+
+Optical flow (``decode-frames --task flow|both``): a video's entry then has ``rgb_frames`` and
+``flow_frames``; its samples are the RGB frames, then ``x``, ``y`` of each flow frame in turn,
+named by the manifest's ``flow_tmpl`` (``{}_{:05d}.jpg``) in the same folder, and the flow list
+``rawframes_flow.txt`` gives each folder's flow frame count (mmaction2's ``*_flow`` lists,
+``RawframeDataset(modality='Flow', filename_tmpl='{}_{:05d}.jpg')``). A multi-label video
+(``labels`` in its entry) lists all its labels, as mmaction2's multi-class lists do.
 """
 from __future__ import annotations
 
@@ -28,10 +36,11 @@ from packer.integrity import crc32c
 from packer.manifest import Manifest, atomic_write_bytes
 from packer.formats.base import Reader, Record, Sample, Writer, _fsync_append, load_checksums
 
-__all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
-           "rawframes_lines"]
+__all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "FLOW_LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
+           "rawframes_lines", "video_streams", "list_files"]
 
 LIST_NAME = "rawframes.txt"
+FLOW_LIST_NAME = "rawframes_flow.txt"
 DEFAULT_TEMPLATE = "img_{:05d}.jpg"
 CHECKSUMS_FILE = "checksums.bin"
 VIDEOS_JOURNAL = ".videos.journal"
@@ -52,9 +61,29 @@ def check_template(tmpl: str) -> str:
     return _EXT_FMT[ext]
 
 
-def rawframes_lines(videos: list[dict[str, Any]]) -> str:
-    """The mmaction2 rawframes list: ``{frame_dir} {total_frames} {label}`` per video."""
-    return "".join(f"{v['frame_dir']} {v['length']} {v['label']}\n" for v in videos)
+def video_streams(v: dict[str, Any]) -> tuple[int, int]:
+    """(RGB frames, flow frames) of a manifest video entry. Its samples are the RGB frames,
+    then ``x``, ``y`` of each flow frame; entries without ``flow_frames`` hold RGB only."""
+    return int(v.get("rgb_frames", v["length"])), int(v.get("flow_frames", 0))
+
+
+def rawframes_lines(videos: list[dict[str, Any]], modality: str = "RGB") -> str:
+    """The mmaction2 rawframes list: ``{frame_dir} {total_frames} {label}`` per video (the
+    flow frame count for ``modality="Flow"``; every label of a multi-label video)."""
+    col = 0 if modality == "RGB" else 1
+    return "".join(f"{v['frame_dir']} {video_streams(v)[col]} "
+                   f"{' '.join(str(x) for x in v.get('labels') or [v['label']])}\n" for v in videos)
+
+
+def list_files(videos: list[dict[str, Any]], flow: bool) -> dict[str, str]:
+    """The list files of a frames output: ``rawframes.txt`` unless it holds flow only, and
+    ``rawframes_flow.txt`` when it holds flow."""
+    out = {}
+    if not flow or not videos or any(video_streams(v)[0] for v in videos):
+        out[LIST_NAME] = rawframes_lines(videos)
+    if flow:
+        out[FLOW_LIST_NAME] = rawframes_lines(videos, modality="Flow")
+    return out
 
 
 def _syncfs(path: Path) -> None:
@@ -85,7 +114,7 @@ class FramesWriter(Writer):
     def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "videos",
                  created_by: dict[str, Any] | None = None, commit_every: int = 1000,
                  commit_bytes: int = 64 << 20, filename_tmpl: str = DEFAULT_TEMPLATE,
-                 start_index: int = 1):
+                 start_index: int = 1, flow_tmpl: str | None = None):
         if kind != "videos":
             raise ValueError("the frames format holds video frames only (kind='videos')")
         super().__init__(out, classes=classes, kind=kind, created_by=created_by,
@@ -95,13 +124,15 @@ class FramesWriter(Writer):
             raise ValueError("start_index must be >= 0")
         self.filename_tmpl = filename_tmpl
         self.start_index = start_index
+        self.flow_tmpl = flow_tmpl  # set when the output holds optical flow
 
     @classmethod
     def merge_parts(cls, parts: Sequence[Reader], out: str | os.PathLike, **options: Any) -> Manifest:
         """The default re-pack, with the parts' frame file names (``filename_tmpl``, ``start_index``)."""
         extra = parts[0].manifest.extra
         return super().merge_parts(parts, out, filename_tmpl=extra.get("filename_tmpl", DEFAULT_TEMPLATE),
-                                   start_index=int(extra.get("start_index", 1)), **options)
+                                   start_index=int(extra.get("start_index", 1)),
+                                   flow_tmpl=extra.get("flow_tmpl"), **options)
 
     # -- the format's part of the seam --------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
@@ -159,7 +190,7 @@ class FramesWriter(Writer):
             raise WriteError(f"{self.workdir}: frame {j} of {frame_dir!r} arrived out of order")
         tmp = self._current[1]
         data = sample.data
-        with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
+        with open(tmp / (extra.get("file") or self.filename_tmpl.format(self.start_index + j)), "wb") as f:
             f.write(data)
         if j == total - 1:
             if final.exists():  # left by a killed run past the resume point
@@ -183,9 +214,14 @@ class FramesWriter(Writer):
         if missing:
             raise WriteError(f"{self.workdir}: video entries without frame_dir: {missing[:3]}")
         atomic_write_bytes(self.workdir / CHECKSUMS_FILE, np.asarray(self.crcs, dtype="<u4").tobytes())
-        atomic_write_bytes(self.workdir / LIST_NAME, rawframes_lines(manifest.videos).encode("utf-8"))
-        manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index,
-                               "list_file": LIST_NAME})
+        lists = list_files(manifest.videos, flow=self.flow_tmpl is not None)
+        for name, text in lists.items():
+            atomic_write_bytes(self.workdir / name, text.encode("utf-8"))
+        manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index})
+        if LIST_NAME in lists:
+            manifest.extra["list_file"] = LIST_NAME
+        if self.flow_tmpl is not None:
+            manifest.extra.update(flow_tmpl=self.flow_tmpl, flow_list_file=FLOW_LIST_NAME)
         manifest.save(self.workdir)
         self._remove(self.workdir / VIDEOS_JOURNAL)
 
@@ -204,6 +240,7 @@ class FramesReader(Reader):
         self.filename_tmpl = extra.get("filename_tmpl", DEFAULT_TEMPLATE)
         self.start_index = int(extra.get("start_index", 1))
         self.fmt = check_template(self.filename_tmpl)
+        self.flow_tmpl = extra.get("flow_tmpl")
         self.videos = self.manifest.videos
         self._starts = [int(v["start"]) for v in self.videos]
         self._keys: list[str] | None = None
@@ -212,25 +249,34 @@ class FramesReader(Reader):
     @property
     def keys(self) -> list[str]:
         if self._keys is None:
-            self._keys = [f"{v['key']}/{self.start_index + j}" for v in self.videos
+            self._keys = [f"{v['key']}/{self._name(v, j)[1]}" for v in self.videos
                           for j in range(int(v["length"]))]
         return self._keys
+
+    def _name(self, v: dict[str, Any], j: int) -> tuple[str, str]:
+        """(file name, key suffix) of sample ``j`` of video entry ``v``."""
+        rgb, _ = video_streams(v)
+        if j < rgb or self.flow_tmpl is None:
+            return self.filename_tmpl.format(self.start_index + j), str(self.start_index + j)
+        direction, number = "xy"[(j - rgb) % 2], self.start_index + (j - rgb) // 2
+        return self.flow_tmpl.format(direction, number), f"{direction}/{number}"
 
     def frame_path(self, index: int) -> tuple[Path, dict[str, Any]]:
         """The file of the frame at packed position ``index`` and its video's entry."""
         index = self._check_index(index)
         v = self.videos[bisect.bisect_right(self._starts, index) - 1]
-        return self.path / v["frame_dir"] / self.filename_tmpl.format(
-            self.start_index + index - int(v["start"])), v
+        return self.path / v["frame_dir"] / self._name(v, index - int(v["start"]))[0], v
 
     def sample(self, index: int) -> Sample:
         """The frame at ``index`` with the extras the frames writer takes (``packer merge``)."""
         index = self._check_index(index)
-        _, v = self.frame_path(index)
+        path, v = self.frame_path(index)
         rec = self.read(index)
+        extra = {"frame_dir": v["frame_dir"], "frame": index - int(v["start"]), "frames": int(v["length"])}
+        if index - int(v["start"]) >= video_streams(v)[0]:
+            extra["file"] = path.name
         return Sample(self.keys[index], rec.data, rec.fmt, rec.label, rec.height, rec.width, rec.channels,
-                      extra={"frame_dir": v["frame_dir"], "frame": index - int(v["start"]),
-                             "frames": int(v["length"])})
+                      extra=extra)
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
@@ -246,7 +292,10 @@ class FramesReader(Reader):
                               position=f"sample {index}") from None
         if self.check_crc and crc32c(data) != int(self._checksums()[index]):
             raise CorruptData(str(path), "CRC32C mismatch", position=f"sample {index}")
-        return Record(data, int(v["label"]), self.fmt, int(v.get("height", 0)), int(v.get("width", 0)), 3)
+        flow = index - int(v["start"]) >= video_streams(v)[0]
+        fmt = _EXT_FMT[path.suffix[1:].lower()] if flow else self.fmt
+        return Record(data, int(v["label"]), fmt, int(v.get("height", 0)), int(v.get("width", 0)),
+                      1 if flow else 3)
 
     def verify_structure(self) -> Iterator[CorruptData]:
         try:
@@ -256,14 +305,15 @@ class FramesReader(Reader):
         total = sum(int(v["length"]) for v in self.videos)
         if total != len(self):
             yield CorruptData(str(self.path), f"videos hold {total} frames, manifest count says {len(self)}")
-        listed = self.path / LIST_NAME
-        try:
-            if listed.read_text(encoding="utf-8") != rawframes_lines(self.videos):
-                yield CorruptData(str(listed), "does not match the manifest's videos")
-        except OSError as e:
-            yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
-        except ValueError as e:  # not UTF-8
-            yield CorruptData(str(listed), f"cannot read list file ({e})")
+        for name, text in list_files(self.videos, flow=self.flow_tmpl is not None).items():
+            listed = self.path / name
+            try:
+                if listed.read_text(encoding="utf-8") != text:
+                    yield CorruptData(str(listed), "does not match the manifest's videos")
+            except OSError as e:
+                yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
+            except ValueError as e:  # not UTF-8
+                yield CorruptData(str(listed), f"cannot read list file ({e})")
         for v in self.videos:
             d = self.path / v["frame_dir"]
             try:
