@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 from packer.errors import UsageError
 
 __all__ = ["ClassIndex", "read_class_index", "mmaction2_order", "mmaction2_name", "ListLine",
-           "parse_list_line", "read_lines", "is_kinetics_csv"]
+           "parse_list_line", "read_lines", "is_kinetics_csv", "labels_of", "line_labels"]
 
 _INDEXED = re.compile(r"^(\d+)\s+(\S.*)$")
 _INT = re.compile(r"^[+-]?\d+$")
@@ -139,3 +139,42 @@ def parse_list_line(line: str, where: str) -> ListLine:
     for p in parts[k:][::-1]:
         rest = rest[: rest.rfind(p)].rstrip()
     return ListLine(rest, labels)
+
+
+def labels_of(names: Iterable[str], index: Optional[ClassIndex], where: str,
+              source: str | os.PathLike | None) -> tuple[list[str], dict[str, int]]:
+    """(classes, name -> label): ``index``'s classes, or the names in mmaction2's order."""
+    names = set(names)
+    if index is None:
+        classes = mmaction2_order(names)
+        return classes, {n: i for i, n in enumerate(classes)}
+    found = {n: index.label_of(n) for n in names}
+    missing = sorted(n for n, label in found.items() if label is None)
+    if missing:
+        raise UsageError(f"{where}: classes not in {source}: {', '.join(missing[:5])}"
+                         + (" ..." if len(missing) > 5 else ""))
+    return index.classes, found
+
+
+def line_labels(found: tuple[int, ...], key: str, index: Optional[ClassIndex],
+                where: str) -> tuple[int, ...]:
+    """The 0-based labels of one list line (see ``video_list``)."""
+    if index is None:
+        if any(x < -1 for x in found):
+            raise UsageError(f"{where}: negative label in {found}")
+        return found or (-1,)
+    folder = key.split("/")[0] if "/" in key else None
+    from_folder = index.label_of(folder) if folder is not None else None
+    if not found:
+        if from_folder is None:
+            raise UsageError(f"{where}: no label, and its folder {folder!r} is not a class of the class index")
+        return (from_folder,)
+    labels = tuple(x - index.base for x in found)
+    bad = [x for x in found if not 0 <= x - index.base < len(index.classes)]
+    if bad:
+        raise UsageError(f"{where}: label {bad[0]} is outside the class index "
+                         f"({index.base}..{len(index.classes) - 1 + index.base})")
+    if len(labels) == 1 and from_folder is not None and labels[0] != from_folder:
+        raise UsageError(f"{where}: label {found[0]} is class {index.classes[labels[0]]!r} in the class "
+                         f"index, but the video is in folder {folder!r}")
+    return labels
