@@ -380,6 +380,9 @@ def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
     if index is not None:
         classes = index.classes
     else:
+        if entries and min(e[2] for e in entries) == 1:
+            log.warning("%s: labels start at 1; if they are 1-based (UCF-101's trainlist), pass "
+                        "--class-index classInd.txt, or every label is one too high", list_path)
         n = max((x for e in entries for x in labels_by_key.get(e[0], (e[2],))), default=-1) + 1
         classes = [str(i) for i in range(n)]
     items = _with_frame_dirs(entries, str(list_path))
