@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from packer.data.samplers import (DenseSampleFrames, SampleFrames, UntrimmedSampleFrames,
                                   dense_sample_frames, fps_sample_frames)
@@ -89,3 +90,77 @@ def test_bad_options_are_refused():
         DenseSampleFrames(clip_len=0)
     with pytest.raises(ValueError):
         UntrimmedSampleFrames(clip_interval=0)
+
+
+# -- through the datasets and the multigrid sampler ---------------------------------------------
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory):
+    """Two classes of 30/31-frame videos decoded to frame folders and LMDB."""
+    from conftest import write_video_folder
+    from packer.commands.decode_frames import decode_frames
+
+    base = tmp_path_factory.mktemp("smp")
+    src = write_video_folder(base / "src", frames=30, size=(32, 40))
+    decode_frames(src, base / "frames", workers=1)
+    decode_frames(src, base / "packed", to="lmdb", workers=1)
+    return base / "frames", base / "packed"
+
+
+def test_datasets_sample_with_the_given_sampler(decoded):
+    from packer import FrameDataset, PackedVideoDataset
+
+    frames, packed = decoded
+    dense = DenseSampleFrames(clip_len=4, frame_interval=2, num_clips=2, sample_range=16)
+    fds = FrameDataset(frames, sampler=dense, seed=3, layout="CTHW")
+    pds = PackedVideoDataset(packed, sampler=dense, seed=3, layout="CTHW")
+    for i in range(len(fds)):
+        inds = fds.clip_indices(i)
+        want = dense_sample_frames(fds.videos[i].total_frames, clip_len=4, frame_interval=2, num_clips=2,
+                                   sample_range=16, start_index=1, rng=fds._rng(i))
+        assert inds.tolist() == want.tolist()
+        assert (pds.clip_indices(i) + 1).tolist() == inds.tolist()  # packed frames count from 0
+        clip, _ = fds[i]
+        assert clip.shape == (2, 3, 4, 32, 40) and torch.equal(clip, pds[i][0])
+    untrimmed = FrameDataset(frames, sampler=UntrimmedSampleFrames(clip_len=3, clip_interval=8), layout="CTHW")
+    assert untrimmed[0][0].shape == (4, 3, 3, 32, 40)  # centres 4, 12, 20, 28 of 30 frames
+
+
+def test_target_fps_uses_the_stored_frame_rate(decoded):
+    from packer import FrameDataset, PackedVideoDataset
+
+    frames, packed = decoded
+    fps = SampleFrames(clip_len=4, frame_interval=2, target_fps=12.5, test_mode=True)
+    pds = PackedVideoDataset(packed, sampler=fps)
+    assert pds._fps(0) == 25.0  # the videos are 25 fps: a clip spans twice the frames
+    inds = pds.clip_indices(0)
+    assert inds[-1] - inds[0] == 15
+    # rawframe lists carry no frame rate: ratio 1, as mmaction2's RawframeDataset
+    f = FrameDataset(frames, sampler=fps).clip_indices(0)
+    assert f[-1] - f[0] == 7
+
+
+def test_multigrid_requests_reach_the_sampler(decoded):
+    from torch.utils.data import DataLoader
+
+    from packer import PackedVideoDataset
+    from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
+    from packer.data.requests import ClipRequest
+
+    _, packed = decoded
+    dense = DenseSampleFrames(clip_len=8, frame_interval=1, num_clips=1, sample_range=16)
+    ds = PackedVideoDataset(packed, sampler=dense, seed=0, crop_size=24)
+    req = ClipRequest(1, num_frames=2, frame_interval=4, crop_size=16, epoch=0)
+    want = dense_sample_frames(ds._video(1)[0], clip_len=2, frame_interval=4, num_clips=1, sample_range=16,
+                               rng=ds._rng(1, 0))
+    assert ds.clip_indices(req).tolist() == want.tolist()
+    assert ds[req][0].shape == (2, 3, 16, 16)
+    schedule = MultigridSchedule(base_batch_size=1, num_frames=8, crop_size=24, lr_steps=[0, 2], max_epoch=4)
+    sampler = MultigridBatchSampler(len(ds), schedule, seed=0)
+    shapes = set()
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        for (clips, _), reqs in zip(DataLoader(ds, batch_sampler=sampler), list(sampler)):
+            t, crop = reqs[0].num_frames, reqs[0].crop_size
+            assert clips.shape[1:] == (t, 3, crop, crop)
+            shapes.add((t, crop))
+    assert len({t for t, _ in shapes}) >= 2  # the schedule changed T, and the dense sampler followed
