@@ -80,7 +80,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     dis = rows["dis"][1][0]
     for m, ((cpu, _), (full, wall), n) in rows.items():
-        print(f"| {m} | {n} | {cpu:.1f} | {full:.1f} | {wall:.1f} | {full / dis:.3f}x |")
+        fmt = (lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}")  # noqa: E731
+        print(f"| {m} | {n} | {fmt(cpu)} | {fmt(full)} | {fmt(wall)} | {full / dis:.4f}x |")
     print(f"\nDIS >= 100 flow frames/s per core (with quantize + encode): "
           f"{'met' if dis >= 100 else 'NOT met'} ({dis:.0f})")
     if "tvl1" not in rows:
