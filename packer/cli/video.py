@@ -11,11 +11,14 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path())
 @click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
-              help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
+              help="mmaction2 video list, relative to SRC: 'path label', 'path l1 l2 ...' (multi-label) "
+                   "or 'path' (no label: -1, or its folder's class with --class-index).")
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
               help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
 @click.option("--class-index", type=click.Path(dir_okay=False), default=None,
-              help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
+              help="Class names by label: UCF-101 classInd.txt ('1 ApplyEyeMakeup', 1-based; list labels "
+                   "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt) or "
+                   "the Kinetics training CSV. Default: class folders / CSV labels in mmaction2's order.")
 @click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
