@@ -106,7 +106,7 @@ def main() -> None:
         from packer.data.samplers import DenseSampleFrames as OurDense
 
         compare("RGB DenseSampleFrames", mm_dataset(out / "rawframes.txt", out, dense),
-                FrameDataset(out, sampler=OurDense(clip_len=2, num_clips=2, sample_range=8)))
+                FrameDataset(out, sampling=OurDense(clip_len=2, num_clips=2, sample_range=8)))
 
         lst = tmp / "multi.txt"
         lst.write_text("class 0/v_0_0.avi 0 2\nclass 1/v_1_1.avi 1\n")

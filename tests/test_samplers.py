@@ -111,8 +111,8 @@ def test_datasets_sample_with_the_given_sampler(decoded):
 
     frames, packed = decoded
     dense = DenseSampleFrames(clip_len=4, frame_interval=2, num_clips=2, sample_range=16)
-    fds = FrameDataset(frames, sampler=dense, seed=3, layout="CTHW")
-    pds = PackedVideoDataset(packed, sampler=dense, seed=3, layout="CTHW")
+    fds = FrameDataset(frames, sampling=dense, seed=3, layout="CTHW")
+    pds = PackedVideoDataset(packed, sampling=dense, seed=3, layout="CTHW")
     for i in range(len(fds)):
         inds = fds.clip_indices(i)
         want = dense_sample_frames(fds.videos[i].total_frames, clip_len=4, frame_interval=2, num_clips=2,
@@ -121,7 +121,7 @@ def test_datasets_sample_with_the_given_sampler(decoded):
         assert (pds.clip_indices(i) + 1).tolist() == inds.tolist()  # packed frames count from 0
         clip, _ = fds[i]
         assert clip.shape == (2, 3, 4, 32, 40) and torch.equal(clip, pds[i][0])
-    untrimmed = FrameDataset(frames, sampler=UntrimmedSampleFrames(clip_len=3, clip_interval=8), layout="CTHW")
+    untrimmed = FrameDataset(frames, sampling=UntrimmedSampleFrames(clip_len=3, clip_interval=8), layout="CTHW")
     assert untrimmed[0][0].shape == (4, 3, 3, 32, 40)  # centres 4, 12, 20, 28 of 30 frames
 
 
@@ -130,12 +130,12 @@ def test_target_fps_uses_the_stored_frame_rate(decoded):
 
     frames, packed = decoded
     fps = SampleFrames(clip_len=4, frame_interval=2, target_fps=12.5, test_mode=True)
-    pds = PackedVideoDataset(packed, sampler=fps)
+    pds = PackedVideoDataset(packed, sampling=fps)
     assert pds._fps(0) == 25.0  # the videos are 25 fps: a clip spans twice the frames
     inds = pds.clip_indices(0)
     assert inds[-1] - inds[0] == 15
     # rawframe lists carry no frame rate: ratio 1, as mmaction2's RawframeDataset
-    f = FrameDataset(frames, sampler=fps).clip_indices(0)
+    f = FrameDataset(frames, sampling=fps).clip_indices(0)
     assert f[-1] - f[0] == 7
 
 
@@ -148,7 +148,7 @@ def test_multigrid_requests_reach_the_sampler(decoded):
 
     _, packed = decoded
     dense = DenseSampleFrames(clip_len=8, frame_interval=1, num_clips=1, sample_range=16)
-    ds = PackedVideoDataset(packed, sampler=dense, seed=0, crop_size=24)
+    ds = PackedVideoDataset(packed, sampling=dense, seed=0, crop_size=24)
     req = ClipRequest(1, num_frames=2, frame_interval=4, crop_size=16, epoch=0)
     want = dense_sample_frames(ds._video(1)[0], clip_len=2, frame_interval=4, num_clips=1, sample_range=16,
                                rng=ds._rng(1, 0))

@@ -10,16 +10,16 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @main.command("decode-frames")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path())
-@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
               help="mmaction2 video list, relative to SRC: 'path label', 'path l1 l2 ...' (multi-label) "
                    "or 'path' (no label: -1, or its folder's class with --class-index).")
-@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
 @click.option("--class-index", type=click.Path(dir_okay=False), default=None,
               help="Class names by label: UCF-101 classInd.txt ('1 ApplyEyeMakeup', 1-based; list labels "
                    "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt) or "
                    "the Kinetics training CSV. Default: class folders / CSV labels in mmaction2's order.")
-@click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+@click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
               help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
@@ -45,7 +45,7 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @click.option("--task", type=click.Choice(["rgb", "flow", "both"]), default="rgb", show_default=True,
               help="RGB frames, optical flow (x/y grey images), or both (mmaction2 build_rawframes --task).")
-@click.option("--flow", "flow_method", type=click.Choice(["tvl1", "farneback", "dis"]), default="tvl1",
+@click.option("--flow", "flow", type=click.Choice(["tvl1", "farneback", "dis"]), default="tvl1",
               show_default=True, help="Flow method between consecutive selected frames (TV-L1 needs "
               "opencv-contrib; dis is the fast one).")
 @click.option("--bound", type=float, default=20.0, show_default=True,
@@ -55,24 +55,9 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @conversion_options
 @commit_option
 @library_call
-def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
-                      keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
-                      strict, timeout, backend, force, task, flow_method, bound, flow_tmpl, workers, max_failures, resume, overwrite,
-                      num_shards, shard_index, executor, commit_every):
+def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
-    from packer.commands.decode_frames import FlowOptions, decode_frames
+    from packer.commands.decode_frames import decode_frames
 
-    flow = None
-    if task != "rgb":
-        flow = FlowOptions(task=task, method=flow_method, bound=bound,
-                           tmpl=flow_tmpl or "{}_{:05d}." + ext)
-    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
-                           class_index=class_index, video_exts=video_exts, short_side=short_side,
-                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
-                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
-                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
-                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
-                           overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor, commit_every=commit_every,
-                           flow=flow)
-    finish(report, max_failures)
+    report = decode_frames(src, out, to=to, list_out=list_out, **options)
+    finish(report, options["max_failures"])

@@ -6,15 +6,16 @@ decode only the chosen frames and return ``(clip, label)`` with ``clip`` a uint8
 ``T x C x H x W`` (or ``C x T x H x W``), and accept ``ClipRequest`` keys from a multigrid
 batch sampler (per-sample ``num_frames``/``frame_interval``/``crop_size``).
 
-Options beyond mmaction2's ``SampleFrames`` arguments: ``sampler=`` takes any sampler of
+``sampling=`` takes a ``ClipSampling`` (mmaction2 ``SampleFrames`` options) or any sampler of
 ``packer.data.samplers`` (``SampleFrames(target_fps=...)``, ``DenseSampleFrames``,
-``UntrimmedSampleFrames``) instead; ``modality="Flow"`` reads optical flow (``decode-frames
+``UntrimmedSampleFrames``); its fields may also be given as keywords. ``modality="Flow"`` reads optical flow (``decode-frames
 --task flow|both``) as ``(T, 2, H, W)`` uint8 clips (x, y), as mmaction2's ``RawFrameDecode``
 stacks them; ``multi_class=True`` returns mmaction2's multi-hot target (float32, ``num_classes``)
 for multi-label videos. A video without a label (a label-less list line) has label -1.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -42,10 +43,9 @@ MODALITIES = ("RGB", "Flow")
 class _ClipDataset(torch.utils.data.Dataset):
     """What both video datasets share: sampling, the per-sample RNG, crops, layout, transform."""
 
-    def __init__(self, *, clip_len: int, frame_interval: int, num_clips: int, test_mode: bool,
-                 out_of_bound_opt: str, twice_sample: bool, keep_tail_frames: bool, temporal_jitter: bool,
-                 layout: str, crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
-                 seed: Optional[int], sampler: Any = None, modality: str = "RGB", multi_class: bool = False,
+    def __init__(self, sampling: Any, sampling_fields: dict[str, Any], *, layout: str,
+                 crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
+                 seed: Optional[int], modality: str = "RGB", multi_class: bool = False,
                  num_classes: Optional[int] = None):
         if modality not in MODALITIES:
             raise UsageError(f"modality must be one of {MODALITIES}, not {modality!r}")
@@ -58,15 +58,14 @@ class _ClipDataset(torch.utils.data.Dataset):
             raise UsageError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         if crop_size is not None and crop_size < 1:
             raise UsageError(f"crop_size must be >= 1, not {crop_size}")
+        if sampling is not None and not callable(getattr(sampling, "indices", None)):
+            raise UsageError(f"sampling must be a ClipSampling or a packer.data.samplers sampler, not {sampling!r}")
         try:
-            self.sampling = ClipSampling(clip_len, frame_interval, num_clips, test_mode, out_of_bound_opt,
-                                         twice_sample, keep_tail_frames, temporal_jitter)
+            self.sampling = dataclasses.replace(sampling or ClipSampling(), **sampling_fields)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        if sampler is not None:  # replaces the SampleFrames arguments
-            if not callable(getattr(sampler, "indices", None)):
-                raise UsageError(f"sampler must be a packer.data.samplers sampler, not {sampler!r}")
-            self.sampling = sampler
+        except TypeError as e:  # a field this sampler does not have
+            raise UsageError(f"{type(sampling or ClipSampling()).__name__}: {e}") from None
         self.layout = layout
         self.crop_size = crop_size
         self.transform = transform
@@ -215,8 +214,11 @@ class FrameDataset(_ClipDataset):
             ``data_prefix``).
         list_file: the rawframes list (default ``root/rawframes.txt``, or
             ``root/rawframes_flow.txt`` for ``modality="Flow"``).
-        clip_len, frame_interval, num_clips, test_mode, out_of_bound_opt, twice_sample,
-            keep_tail_frames, temporal_jitter: mmaction2 ``SampleFrames`` options.
+        sampling: a ``ClipSampling`` (mmaction2 ``SampleFrames`` options) or a sampler of
+            ``packer.data.samplers``; its fields may also be given as keywords (``clip_len``,
+            ``frame_interval``, ``num_clips``, ``test_mode``, ...), which override its own.
+            Rawframe lists carry no frame rate: ``SampleFrames(target_fps=...)`` samples with
+            the ratio 1, as mmaction2's ``RawframeDataset`` does.
         filename_tmpl: frame file names (mmaction2 defaults ``img_{:05}.jpg``, and
             ``{}_{:05d}.jpg`` for flow: direction ``x``/``y``, then number).
         start_index: the number of each folder's first frame file (mmaction2 default 1).
@@ -230,26 +232,18 @@ class FrameDataset(_ClipDataset):
         seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
             function of (seed, epoch, index), whatever the workers (the epoch of a
             ``ClipRequest`` key when it has one, else ``set_epoch``'s).
-        sampler: a ``packer.data.samplers`` sampler replacing the ``SampleFrames`` arguments
-            (rawframe lists carry no frame rate: ``target_fps`` samples with the ratio 1, as
-            mmaction2's ``RawframeDataset`` does).
         modality: ``"RGB"`` or ``"Flow"``.
         multi_class, num_classes: return mmaction2's multi-hot target.
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
-                 clip_len: int = 1, frame_interval: int = 1, num_clips: int = 1, test_mode: bool = False,
-                 out_of_bound_opt: str = "loop", twice_sample: bool = False, keep_tail_frames: bool = False,
-                 temporal_jitter: bool = False, filename_tmpl: Optional[str] = None, start_index: int = 1,
+                 sampling: Any = None, filename_tmpl: Optional[str] = None, start_index: int = 1,
                  with_offset: bool = False, layout: str = "TCHW", crop_size: Optional[int] = None,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
-                 sampler: Any = None, modality: str = "RGB", multi_class: bool = False,
-                 num_classes: Optional[int] = None):
-        super().__init__(clip_len=clip_len, frame_interval=frame_interval, num_clips=num_clips,
-                         test_mode=test_mode, out_of_bound_opt=out_of_bound_opt, twice_sample=twice_sample,
-                         keep_tail_frames=keep_tail_frames, temporal_jitter=temporal_jitter, layout=layout,
-                         crop_size=crop_size, transform=transform, seed=seed, sampler=sampler,
-                         modality=modality, multi_class=multi_class, num_classes=num_classes)
+                 modality: str = "RGB", multi_class: bool = False, num_classes: Optional[int] = None,
+                 **sampling_fields: Any):
+        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
+                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
         self.root = Path(root)
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
@@ -307,22 +301,16 @@ class PackedVideoDataset(_ClipDataset):
     manifest's class count; ``SampleFrames(target_fps=...)`` uses each video's stored fps.
     """
 
-    def __init__(self, path: str | os.PathLike, *, clip_len: int = 1, frame_interval: int = 1,
-                 num_clips: int = 1, test_mode: bool = False, out_of_bound_opt: str = "loop",
-                 twice_sample: bool = False, keep_tail_frames: bool = False, temporal_jitter: bool = False,
-                 layout: str = "TCHW", crop_size: Optional[int] = None,
-                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
-                 check_crc: bool = True, sampler: Any = None, modality: str = "RGB",
-                 multi_class: bool = False, num_classes: Optional[int] = None):
+    def __init__(self, path: str | os.PathLike, *, sampling: Any = None, layout: str = "TCHW",
+                 crop_size: Optional[int] = None, transform: Optional[Callable[[torch.Tensor], Any]] = None,
+                 seed: Optional[int] = None, check_crc: bool = True, modality: str = "RGB",
+                 multi_class: bool = False, num_classes: Optional[int] = None, **sampling_fields: Any):
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc)
         if multi_class and num_classes is None:
             num_classes = len(self.reader.classes)
-        super().__init__(clip_len=clip_len, frame_interval=frame_interval, num_clips=num_clips,
-                         test_mode=test_mode, out_of_bound_opt=out_of_bound_opt, twice_sample=twice_sample,
-                         keep_tail_frames=keep_tail_frames, temporal_jitter=temporal_jitter, layout=layout,
-                         crop_size=crop_size, transform=transform, seed=seed, sampler=sampler,
-                         modality=modality, multi_class=multi_class, num_classes=num_classes)
+        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
+                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
         videos = self.reader.manifest.videos
         if self.reader.manifest.kind != "videos" or not videos:
             raise UsageError(f"{path}: not a packed video output (no videos in its manifest)")
