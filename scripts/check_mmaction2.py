@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import write_video  # noqa: E402
 from packer import FrameDataset, PackedVideoDataset  # noqa: E402
 from packer.codecs.flow import tvl1_available  # noqa: E402
-from packer.commands.decode_frames import FlowOptions, decode_frames  # noqa: E402
+from packer.commands.decode_frames import decode_frames  # noqa: E402
 
 
 def check(name: str, ok: bool) -> None:
@@ -90,10 +90,10 @@ def main() -> None:
             for k in range(2):
                 write_video(src / f"class {c}" / f"v_{c}_{k}.avi", frames=9 + 3 * k, size=(48, 64), seed=c * 2 + k)
         out = tmp / "frames"
-        decode_frames(src, out, workers=1, backend="opencv", flow=FlowOptions(task="both", method=method))
+        decode_frames(src, out, workers=1, backend="opencv", task="both", flow=method)
         packed = tmp / "frames.lmdb"
         decode_frames(src, packed, to="lmdb", workers=1, backend="opencv",
-                      flow=FlowOptions(task="both", method=method))
+                      task="both", flow=method)
         print(f"decoded 4 videos with --task both --flow {method}")
 
         rgb_pipe = [SampleFrames(clip_len=2, frame_interval=2, num_clips=2), RawFrameDecode()]

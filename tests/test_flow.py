@@ -19,7 +19,7 @@ from conftest import write_video, write_video_folder
 from packer import FrameDataset, PackedVideoDataset
 from packer.cli import main
 from packer.codecs.flow import FlowEstimator, quantize, tvl1_available
-from packer.commands.decode_frames import FlowOptions, decode_frames
+from packer.commands.decode_frames import decode_frames
 from packer.commands.inspection import verify_dataset
 from packer.formats import FORMATS, open_reader
 
@@ -61,7 +61,7 @@ def test_tvl1_is_bit_identical_to_opencv_run_directly(tmp_path):
     video = write_video(tmp_path / "v" / "c" / "a.avi", frames=5, size=(40, 56), seed=3)
     out = tmp_path / "flow"
     decode_frames(tmp_path / "v", out, ext="png", backend="opencv", workers=1,
-                  flow=FlowOptions(task="flow", method="tvl1", tmpl="{}_{:05d}.png"))
+                  task="flow", flow="tvl1", flow_tmpl="{}_{:05d}.png")
     grey = [cv2.cvtColor(f, cv2.COLOR_BGR2GRAY) for f in opencv_frames(video)]
     tvl1 = cv2.optflow.DualTVL1OpticalFlow_create()
     for k in range(len(grey) - 1):
@@ -87,7 +87,7 @@ def test_a_static_video_gives_flow_images_of_127_128(tmp_path, method):
     w.release()
     out = tmp_path / "out"
     decode_frames(tmp_path / "v", out, workers=1, backend="opencv",
-                  flow=FlowOptions(task="flow", method=method))
+                  task="flow", flow=method)
     images = [cv2.imread(str(p), cv2.IMREAD_GRAYSCALE) for p in sorted(out.glob("*/*.jpg"))]
     assert len(images) == 6
     assert all(set(np.unique(im).tolist()) <= {127, 128} for im in images)
@@ -98,7 +98,7 @@ def test_flow_follows_a_moving_pattern(tmp_path):
     write_video(tmp_path / "v" / "c" / "m.avi", frames=4, size=(64, 96), seed=1)
     out = tmp_path / "out"
     decode_frames(tmp_path / "v", out, workers=1, backend="opencv", ext="png",
-                  flow=FlowOptions(task="flow", method="farneback", tmpl="{}_{:05d}.png"))
+                  task="flow", flow="farneback", flow_tmpl="{}_{:05d}.png")
     x = cv2.imread(str(out / "c" / "m" / "x_00001.png"), cv2.IMREAD_GRAYSCALE)[16:-16, 16:-16]
     y = cv2.imread(str(out / "c" / "m" / "y_00001.png"), cv2.IMREAD_GRAYSCALE)[16:-16, 16:-16]
     assert 133 <= np.median(x) <= 147 and 124 <= np.median(y) <= 130
@@ -113,7 +113,7 @@ def both_outputs(tmp_path_factory):
     for to in ["frames"] + PACKED:
         outs[to] = out_path(base, to)
         decode_frames(src, outs[to], to=to, workers=1, short_side=40,
-                      flow=FlowOptions(task="both", method="dis"))
+                      task="both", flow="dis")
     return src, outs
 
 
@@ -181,7 +181,7 @@ def test_repeated_frames_get_zero_flow_and_a_one_frame_video_fails(tmp_path):
     write_video(src / "c" / "one.avi", frames=1)
     out = tmp_path / "out"
     report = decode_frames(src, out, workers=1, backend="opencv", fps=20.0, max_failures=1,
-                           flow=FlowOptions(task="flow", method="dis"))
+                           task="flow", flow="dis")
     (fail,) = [f for f in report.failures if f.get("stage") != "partial"]
     assert fail["stage"] == "flow" and "one.avi" in fail["key"]
     v = json.loads((out / "packer.json").read_text())["videos"][0]
