@@ -217,3 +217,25 @@ def test_estimator_validates():
     est = FlowEstimator("dis")
     with pytest.raises(ValueError, match="grey"):
         est(np.zeros((4, 4, 3), np.uint8), np.zeros((4, 4, 3), np.uint8))
+
+
+def test_flow_does_not_depend_on_how_videos_are_spread_over_jobs(both_outputs, tmp_path):
+    """Each video gets a fresh flow estimator: DIS keeps state between calls, so a reused one
+    made a video's first flow frame depend on the video decoded before it in that worker."""
+    import pickle
+
+    from packer.commands.merge import merge_parts
+    from conftest import packed_snapshot
+
+    src, outs = both_outputs
+    parts = []
+    for i in range(2):
+        parts.append(tmp_path / f"part{i}")
+        decode_frames(src, parts[-1], workers=1, short_side=40, task="both", flow="dis", num_shards=2,
+                      shard_index=i)
+    merge_parts(parts, tmp_path / "merged")
+    a, b = packed_snapshot(tmp_path / "merged"), packed_snapshot(outs["frames"])
+    assert a["records"] == b["records"] and a["keys"] == b["keys"] and a["videos"] == b["videos"]
+    est = FlowEstimator("dis")
+    est(np.zeros((16, 16), np.uint8), np.zeros((16, 16), np.uint8))
+    assert pickle.loads(pickle.dumps(est)).method == "dis"

@@ -77,7 +77,10 @@ def check_flow_template(tmpl: str) -> str:
 class FlowEstimator:
     """Dense flow from one grey frame to the next (float32 HxWx2: x, y in pixels).
 
-    Picklable (the OpenCV object is made lazily in the process that uses it)."""
+    Picklable (the OpenCV object is made lazily, on first use, in the process that uses it).
+    One estimator per video: DIS keeps state between calls, so an object reused across videos
+    would make a video's first flow frame depend on the video before it (and the output on
+    how videos are spread over workers)."""
 
     method: str = "tvl1"
 
@@ -88,8 +91,14 @@ class FlowEstimator:
             raise UsageError("--flow tvl1 needs OpenCV's contrib build (cv2.optflow): "
                              "pip install opencv-contrib-python-headless (it replaces opencv-python-headless)")
 
+    def __getstate__(self) -> dict:
+        return {"method": self.method}  # not the OpenCV object
+
+    def __setstate__(self, state: dict) -> None:
+        object.__setattr__(self, "method", state["method"])
+
     def _op(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        op = _OPS.get(self.method)
+        op = self.__dict__.get("_calc")
         if op is None:
             if self.method == "tvl1":
                 tvl1 = cv2.optflow.DualTVL1OpticalFlow_create()
@@ -99,7 +108,7 @@ class FlowEstimator:
             else:
                 dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_FAST)
                 op = lambda a, b: dis.calc(a, b, None)  # noqa: E731
-            _OPS[self.method] = op
+            object.__setattr__(self, "_calc", op)
         return op
 
     def __call__(self, prev: np.ndarray, nxt: np.ndarray) -> np.ndarray:
@@ -113,10 +122,6 @@ class FlowEstimator:
         """(x, y) uint8 images of the flow from ``prev`` to ``nxt``."""
         flow = self(prev, nxt)
         return quantize(flow[:, :, 0], bound), quantize(flow[:, :, 1], bound)
-
-
-# one OpenCV flow object per method and process (they keep scratch buffers between calls)
-_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {}
 
 
 def grey(frame_bgr: np.ndarray) -> np.ndarray:
