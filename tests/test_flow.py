@@ -239,3 +239,23 @@ def test_flow_does_not_depend_on_how_videos_are_spread_over_jobs(both_outputs, t
     est = FlowEstimator("dis")
     est(np.zeros((16, 16), np.uint8), np.zeros((16, 16), np.uint8))
     assert pickle.loads(pickle.dumps(est)).method == "dis"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["frames", "lmdb"])
+def test_a_killed_flow_run_resumes_to_the_same_output(both_outputs, tmp_path, to):
+    """SIGKILL before the second journal append (data of the first commits on disk), then
+    --resume: the same output as one uninterrupted run, flow images included."""
+    from conftest import packed_snapshot
+    from killing import run_packer
+
+    src, outs = both_outputs
+    out = out_path(tmp_path, to)
+    args = ["decode-frames", src, out, "--to", to, "--short-side", 40, "--task", "both", "--flow", "dis",
+            "--workers", 0, "--commit-every", 20]
+    killed = run_packer(*args, kill_at="journal:2", timeout=60)
+    assert killed.returncode == -9, killed.stderr
+    done = run_packer(*args, "--resume", timeout=60)
+    assert done.returncode == 0, done.stderr
+    a, b = packed_snapshot(out), packed_snapshot(outs[to])
+    assert {k: a[k] == b[k] for k in a if k != "extra"} == {k: True for k in a if k != "extra"}
