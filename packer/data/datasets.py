@@ -79,7 +79,7 @@ class PackedDataset(torch.utils.data.Dataset):
         if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         if cache_dir is not None or cache_limit is not None or remote is not None:
-            from ..remote import RemoteOptions
+            from packer.remote import RemoteOptions
             from dataclasses import replace
 
             remote = remote or RemoteOptions()

@@ -67,10 +67,10 @@ def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = Tru
     A URL (``s3://``, ``https://``, anything fsspec resolves) is read through the node cache
     as ``remote`` (a ``packer.remote.RemoteOptions``) says; see docs/remote.md.
     """
-    from ..remote.url import is_url
+    from packer.remote.url import is_url
 
     if is_url(path):
-        from ..remote import open_remote
+        from packer.remote import open_remote
 
         return open_remote(path, check_crc=check_crc, options=remote)
     if isinstance(path, (list, tuple)):

@@ -4,10 +4,10 @@ through a node-local cache, and write outputs to URLs through a local staging fo
 ``open_remote`` is what ``packer.formats.open_reader`` calls for a URL; ``RemoteOptions`` says
 how (cache folder and limit, storage options, prefetch, retries). See docs/remote.md.
 """
-from .cache import NodeCache, cache_events, default_cache_dir
-from .fetch import RemoteError, RemoteMissing, RetryPolicy
-from .source import RemoteOptions, RemoteSource, open_remote
-from .url import is_url, redact
+from packer.remote.cache import NodeCache, cache_events, default_cache_dir
+from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy
+from packer.remote.source import RemoteOptions, RemoteSource, open_remote
+from packer.remote.url import is_url, redact
 
 __all__ = ["NodeCache", "cache_events", "default_cache_dir", "RemoteError", "RemoteMissing", "RetryPolicy",
            "RemoteOptions", "RemoteSource", "open_remote", "is_url", "redact"]

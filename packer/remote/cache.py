@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import UsageError
-from .fetch import FetchStats
+from packer.errors import UsageError
+from packer.remote.fetch import FetchStats
 
 __all__ = ["NodeCache", "cache_events", "default_cache_dir", "METADATA_NAMES"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import CorruptData, PackerError, UsageError
-from .url import redact, scrub
+from packer.errors import CorruptData, PackerError, UsageError
+from packer.remote.url import redact, scrub
 
 __all__ = ["RetryPolicy", "FetchStats", "RemoteError", "RemoteMissing", "fetch_file", "file_sha256",
            "is_transient", "retrying"]

@@ -11,10 +11,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptData, PackerError
-from ..formats.records import RecordsReader, unframe_record
-from .fetch import RemoteMissing
-from .source import RemoteSource
+from packer.errors import CorruptData, PackerError
+from packer.formats.records import RecordsReader, unframe_record
+from packer.remote.fetch import RemoteMissing
+from packer.remote.source import RemoteSource
 
 __all__ = ["RemoteRecordsReader"]
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, UsageError
-from ..manifest import MANIFEST_NAME, Manifest
-from .cache import NodeCache, default_cache_dir
-from .fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
-from .url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
+from packer.errors import FormatError, UsageError
+from packer.manifest import MANIFEST_NAME, Manifest
+from packer.remote.cache import NodeCache, default_cache_dir
+from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
+from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
 __all__ = ["RemoteOptions", "RemoteSource", "open_remote", "SUMS_NAME", "parse_sums"]
 
@@ -77,7 +77,7 @@ class RemoteOptions:
     def limit_bytes(self) -> int | None:
         if self.cache_limit is None:
             return None
-        from ..formats.records import parse_size
+        from packer.formats.records import parse_size
 
         return parse_size(self.cache_limit)
 
@@ -191,8 +191,8 @@ class RemoteSource:
 
 def open_remote(url: str, *, check_crc: bool = True, options: RemoteOptions | None = None):
     """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
-    from ..formats import HDF5Reader, LmdbReader
-    from .records import RemoteRecordsReader
+    from packer.formats import HDF5Reader, LmdbReader
+    from packer.remote.records import RemoteRecordsReader
 
     options = options or RemoteOptions()
     source = RemoteSource(url, options)
@@ -228,7 +228,7 @@ def _fetch_optional(source: RemoteSource, name: str) -> None:
 
 def _open_single_file(source: RemoteSource, *, check_crc: bool):
     """An HDF5 output is one file: fetched whole (hash from ``{file}.sha256`` when uploaded by packer)."""
-    from ..formats import HDF5Reader
+    from packer.formats import HDF5Reader
 
     base, name = source.url.rsplit("/", 1)
     if not name.lower().endswith((".h5", ".hdf5", ".hdf", ".he5")):

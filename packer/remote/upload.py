@@ -24,12 +24,12 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from ..errors import UsageError
-from ..manifest import MANIFEST_NAME, atomic_write_bytes
-from .cache import default_cache_dir
-from .fetch import RemoteMissing, RetryPolicy, file_sha256, retrying
-from .source import SUMS_NAME
-from .url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
+from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME, atomic_write_bytes
+from packer.remote.cache import default_cache_dir
+from packer.remote.fetch import RemoteMissing, RetryPolicy, file_sha256, retrying
+from packer.remote.source import SUMS_NAME
+from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
 __all__ = ["StagedOutput", "staged_output", "upload_output", "UploadReport", "remote_exists"]
 

@@ -13,7 +13,7 @@ import re
 import urllib.parse
 from typing import Any, Iterable
 
-from ..errors import UsageError
+from packer.errors import UsageError
 
 __all__ = ["is_url", "redact", "scrub", "join_url", "url_filesystem", "secrets_of", "cache_key"]
 
