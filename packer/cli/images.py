@@ -6,7 +6,7 @@ from typing import Any
 import click
 
 from packer.cli.options import (commit_option, finish, image_pack_options, library_call, main,
-                                resize_options, split_paths)
+                                resize_options, split_paths, to_output)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
@@ -18,9 +18,10 @@ def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str 
     src, out = split_paths(paths, list_file, root)
     if commit_every is not None:
         writer_options = {**(writer_options or {}), "commit_every": commit_every}
-    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
-                         writer_options=writer_options, **options)
-    finish(report, max_failures)
+    to_output(out, options.get("resume", False), options.get("overwrite", False),
+              lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext,
+                                       max_failures=max_failures, writer_options=writer_options, **options),
+              max_failures)
 
 
 @main.command("to-lmdb")

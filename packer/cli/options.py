@@ -64,7 +64,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Split the sorted input into N parts across jobs.")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
-                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+                      help="Continue an interrupted run (a finished output is checked and kept; "
+                           "with a URL OUT the upload resumes too).")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
@@ -117,6 +118,41 @@ def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     wrapper = click.option("--short-side", type=int, default=None,
                            help="Resize so the short side is N pixels (aspect ratio kept).")(wrapper)
     return wrapper
+
+
+class PathOrUrl(click.ParamType):
+    """An existing local path, or a URL (``s3://``, ``https://``, ...) read through the cache."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from packer.remote.url import is_url
+
+        if is_url(value):
+            return value
+        return click.Path(exists=True).convert(value, param, ctx)
+
+
+PATH_OR_URL = PathOrUrl()
+
+
+def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int) -> None:
+    """Run ``build(path)`` (a conversion returning a Report) into ``out``; a URL ``out`` is
+    built in a local staging folder and uploaded when finished, the manifest last (see
+    docs/remote.md). Then the summary and exit status, as ``finish``."""
+    from packer.remote.upload import staged_output
+    from packer.remote.url import redact
+
+    staged = staged_output(out, resume=resume, overwrite=overwrite)
+    if not staged.remote:
+        finish(build(out), max_failures)
+        return
+    if staged.complete:
+        click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
+        return
+    report = build(str(staged.local))
+    click.echo(staged.upload().summary())
+    finish(report, max_failures)
 
 
 def finish(report: Any, max_failures: int) -> None:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_options, finish, library_call, main
+from packer.cli.options import commit_option, conversion_options, library_call, main, to_output
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
 @main.command("decode-frames")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path())
+@click.argument("out")
 @click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
               help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
@@ -50,12 +50,10 @@ def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from packer.commands.decode_frames import decode_frames
 
-    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
-                           class_index=class_index, video_exts=video_exts, short_side=short_side,
-                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
-                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
-                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
-                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
-                           overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor, commit_every=commit_every)
-    finish(report, max_failures)
+    to_output(out, resume, overwrite, lambda path: decode_frames(
+        src, path, to=to, list_path=list_file, csv_path=csv_file, class_index=class_index,
+        video_exts=video_exts, short_side=short_side, size=size, keep_aspect=keep_aspect, fps=fps,
+        stride=stride, max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl, start_index=start_index,
+        list_out=list_out, strict=strict, workers=workers, timeout=timeout, backend=backend,
+        max_failures=max_failures, resume=resume, overwrite=overwrite, force=force, num_shards=num_shards,
+        shard_index=shard_index, executor=executor, commit_every=commit_every), max_failures)

@@ -194,12 +194,13 @@ class StagedOutput:
 
 def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
                   storage_options: dict[str, Any] | None = None,
-                  staging_dir: str | os.PathLike | None = None) -> StagedOutput:
+                  staging_dir: str | os.PathLike | None = None, fresh: bool = False) -> StagedOutput:
     """Where to build ``out``: itself when local; for a URL, a staging folder
     (``staging_dir``, ``$PACKER_STAGING_DIR`` or ``{cache}/staging``) keyed by the URL.
 
     Refuses before any work when a dataset is already at the URL and neither ``resume`` nor
-    ``overwrite`` is given.
+    ``overwrite`` is given. ``fresh`` drops what an earlier run left in staging (for work that
+    is not resumable, like a merge).
     """
     if not is_url(out):
         return StagedOutput(None, Path(out))
@@ -209,6 +210,9 @@ def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bo
     folder.mkdir(parents=True, exist_ok=True)
     local = folder / url.rsplit("/", 1)[-1]
     marker = folder / ".uploaded"
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
     if resume and overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     there = remote_exists(url, storage_options)

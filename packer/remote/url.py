@@ -8,6 +8,7 @@ URL or error text it prints goes through ``redact``/``scrub`` first.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import urllib.parse
@@ -15,7 +16,7 @@ from typing import Any, Iterable
 
 from packer.errors import UsageError
 
-__all__ = ["is_url", "redact", "scrub", "join_url", "url_filesystem", "secrets_of", "cache_key"]
+__all__ = ["guard_logs", "is_url", "redact", "scrub", "join_url", "url_filesystem", "secrets_of", "cache_key"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "session")
@@ -88,6 +89,38 @@ def join_url(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
+_KNOWN_SECRETS: set[str] = set()
+_LIBRARY_LOGGERS = ("fsspec", "fsspec.http", "fsspec.asyn", "s3fs", "gcsfs", "aiohttp.client", "botocore",
+                    "botocore.endpoint", "botocore.auth", "botocore.hooks", "aiobotocore")
+
+
+class _ScrubFilter(logging.Filter):
+    """Rewrites log records of the storage libraries without URL user info or known secrets
+    (fsspec's http module logs every URL it opens at DEBUG, credentials included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record: leave it to logging
+            return True
+        clean = scrub(text, sorted(_KNOWN_SECRETS, key=len, reverse=True))
+        if clean != text:
+            record.msg, record.args = clean, None
+        return True
+
+
+_FILTER = _ScrubFilter()
+
+
+def guard_logs(secrets: Iterable[str]) -> None:
+    """Never let the storage libraries' own log lines show ``secrets`` or URL user info."""
+    _KNOWN_SECRETS.update(secrets)
+    for name in _LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
 def url_filesystem(url: str, storage_options: dict[str, Any] | None = None, *,
                    timeout: float = 60.0) -> tuple[Any, str]:
     """(fsspec filesystem, path within it) of ``url``; UsageError when no fsspec protocol fits.
@@ -100,6 +133,7 @@ def url_filesystem(url: str, storage_options: dict[str, Any] | None = None, *,
     except ImportError:  # pragma: no cover - the remote extra is missing
         raise UsageError("reading or writing URLs needs fsspec: pip install 'packer[remote]'") from None
     options = dict(storage_options or {})
+    guard_logs(secrets_of(url, options))
     if url.split("://", 1)[0].lower() in ("http", "https"):
         import aiohttp
 
