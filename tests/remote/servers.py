@@ -151,10 +151,11 @@ class MotoS3:
                 "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
 
     def make_bucket(self, name: str) -> None:
-        import s3fs
+        import boto3
 
-        fs = s3fs.S3FileSystem(**self.storage_options, skip_instance_cache=True)
-        fs.mkdir(name)
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                     aws_access_key_id=self.storage_options["key"],
+                     aws_secret_access_key=self.storage_options["secret"]).create_bucket(Bucket=name)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
