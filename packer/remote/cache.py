@@ -159,7 +159,7 @@ class NodeCache:
         return removed
 
     def _record(self, url: str, local: Path, stats: FetchStats, seconds: float) -> None:
-        line = json.dumps({"url": url, "file": local.name, "bytes": stats.bytes, "attempts": stats.attempts,
+        line = json.dumps({"url": url, "file": local.name, "bytes": stats.bytes, "downloaded": stats.bytes > 0, "attempts": stats.attempts,
                            "retries": stats.retries, "refetches": stats.refetches, "seconds": round(seconds, 4),
                            "pid": os.getpid()}) + "\n"
         fd = os.open(self.directory / EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

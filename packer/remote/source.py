@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import shutil
-import threading
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +154,14 @@ class RemoteSource:
     def read_text(self, name: str) -> str:
         """A small file's text, always fetched fresh (no cache)."""
         fs, _ = self.fs
-        raw = retrying(redact(self.name_url(name)), lambda: fs.cat_file(self.remote_path(name)),
-                       policy=self.options.retry, secrets=self.secrets)
+        stats = FetchStats()
+        start = time.monotonic()
+        try:
+            raw = retrying(redact(self.name_url(name)), lambda: fs.cat_file(self.remote_path(name)),
+                           policy=self.options.retry, secrets=self.secrets, stats=stats)
+        finally:
+            if stats.retries:  # retries of small reads are counted with the downloads
+                self.cache._record(redact(self.name_url(name)), self.local(name), stats, time.monotonic() - start)
         return raw.decode("utf-8")
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
