@@ -153,6 +153,6 @@ def cache_key(url: str) -> str:
     """A short stable folder name for a dataset URL in the cache (its redacted form hashed)."""
     import hashlib
 
-    base = redact(url).rstrip("/")
+    base = redact(url).replace("://***@", "://").removesuffix("?***").rstrip("/")
     tail = re.sub(r"[^A-Za-z0-9_.-]+", "_", base.rsplit("/", 1)[-1])[:40] or "root"
     return f"{tail}-{hashlib.sha256(base.encode()).hexdigest()[:16]}"

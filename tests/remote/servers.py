@@ -112,7 +112,7 @@ class Nginx:
                 self.proc.kill()
 
 
-def start_nginx(root: Path, run: Path, *, slow_rate: str = "2m") -> Nginx:
+def start_nginx(root: Path, run: Path, *, slow_rate: str = "1k") -> Nginx:
     """Start nginx serving ``root`` at /d/ (plain), /slow/ (limit_rate), /flaky/ (10% 503),
     /faulty/ (50% 503); its config, pid and logs live in ``run``."""
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)

@@ -193,3 +193,13 @@ def test_frame_folders_are_refused_with_advice(nginx, tmp_path):
     (d / "packer.json").write_text('{"format": "frames", "format_version": 1, "count": 0}')
     with pytest.raises(PackerError, match="records"):
         open_reader(nginx.url("frames-out"), remote=RemoteOptions(cache_dir=tmp_path / "c"))
+
+
+def test_a_stalled_transfer_times_out_and_the_retries_are_bounded(nginx, tmp_path):
+    records_dataset(nginx.root, "stalled")
+    opts = RemoteOptions(cache_dir=tmp_path / "c", retry=RetryPolicy(attempts=3, backoff=0.01, timeout=0.3))
+    start = time.monotonic()
+    with pytest.raises(PackerError, match="gave up after 3 attempts") as e:
+        PackedDataset(nginx.url("stalled", location="slow"), remote=opts)  # 1 KB/s: stalls > 0.3 s
+    assert time.monotonic() - start < 15
+    assert "Timeout" in str(e.value) and nginx.url("stalled/packer.json", location="slow") in str(e.value)
