@@ -150,7 +150,8 @@ def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], An
     if staged.complete:
         click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
         return
-    report = build(str(staged.local))
+    with staged.uploading_shards():  # records shards go up as they complete
+        report = build(str(staged.local))
     click.echo(staged.upload().summary())
     finish(report, max_failures)
 

@@ -117,3 +117,31 @@ def test_merge_remote_parts_into_a_remote_output(bucket, tmp_path, s3):
                            remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c"))
     assert _all(merged) == _all(PackedDataset(whole, decode="bytes"))
     assert merged.keys == PackedDataset(whole).keys
+
+
+def test_finished_shards_go_up_while_the_conversion_runs(bucket, tmp_path, s3):
+    from packer.formats.base import Sample
+    from packer.formats.records import RecordsWriter
+    from packer.remote.upload import ShardUploader
+
+    import s3fs
+
+    url = f"{bucket}/live"
+    staged = staged_output(url)
+    writer = RecordsWriter(staged.local, classes=["a"], samples_per_shard=4)
+    writer.open()
+    samples = [Sample(f"k{i}", bytes([i]) * 100, "jpeg", 0, 1, 1, 3) for i in range(10)]
+    uploader = ShardUploader(staged)
+    for s in samples[:5]:  # the fifth sample completes shard 0
+        writer.add(s)
+    uploader.scan()
+    fs = s3fs.S3FileSystem(**s3.storage_options, skip_instance_cache=True)
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url[len("s3://"):], refresh=True))
+    assert names == ["train-00000.tfrecord", "train-00000.tfrecord.idx"]  # no manifest yet
+    for s in samples[5:]:
+        writer.add(s)
+    writer.close()
+    report = staged.upload()
+    assert "train-00000.tfrecord" in report.skipped and "train-00000.tfrecord" not in report.uploaded
+    reader = open_reader(url, remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c"))
+    assert [reader.read(i).data for i in range(10)] == [s.data for s in samples]
