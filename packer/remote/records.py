@@ -32,6 +32,7 @@ class RemoteRecordsReader(RecordsReader):
     def __init__(self, source: RemoteSource, *, check_crc: bool = True):
         self.source = source
         self._prefetcher: _Prefetcher | None = None
+        self._bad: dict[int, PackerError] = {}
         import json
 
         manifest = json.loads(source.local(("packer.json")).read_text(encoding="utf-8"))
@@ -55,12 +56,26 @@ class RemoteRecordsReader(RecordsReader):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._prefetcher = None
+        self._bad = {}
+
+    def _own_prefetcher(self) -> "_Prefetcher | None":
+        """This process's prefetcher (one inherited across ``fork`` has no thread: dropped)."""
+        if self._prefetcher is not None and self._prefetcher.pid != os.getpid():
+            self._prefetcher = None
+        return self._prefetcher
 
     # -- fetching ----------------------------------------------------------------------------
     def fetch_shard(self, k: int, *, wait: bool = True) -> None:
         """Make shard ``k`` local (downloaded once per node, hash-checked)."""
+        if k in self._bad:  # already failed after every retry: fail fast for its other samples
+            raise self._bad[k]
         s = self.manifest.shards[k]
-        self.source.fetch(s["file"], sha256=s.get("sha256"), size=s.get("bytes"), wait=wait)
+        try:
+            self.source.fetch(s["file"], sha256=s.get("sha256"), size=s.get("bytes"), wait=wait)
+        except PackerError as e:
+            if wait:  # a reader's own fetch, after its retries (a prefetch failure is retried by the read)
+                self._bad[k] = e
+            raise
 
     def fetch_all(self) -> None:
         """Every shard local (what a whole-dataset pass like ``verify`` or ``merge`` needs)."""
@@ -70,8 +85,9 @@ class RemoteRecordsReader(RecordsReader):
     def _view(self, k: int) -> memoryview:
         if self._pid == os.getpid() and k in self._maps:
             return super()._view(k)
-        if self._prefetcher is not None:
-            self._prefetcher.reading(k)
+        prefetcher = self._own_prefetcher()
+        if prefetcher is not None:
+            prefetcher.reading(k)
         for attempt in range(3):
             self.fetch_shard(k)
             try:
@@ -101,12 +117,14 @@ class RemoteRecordsReader(RecordsReader):
         return payload, k, local
 
     def verify_structure(self) -> Iterator[CorruptData]:
-        try:
-            self.fetch_all()
-        except CorruptData as e:
-            yield e
-        except PackerError as e:
-            yield CorruptData(self.source.url, str(e))
+        """Fetch every shard (each checked against its sha256), then the local checks."""
+        for k in range(len(self.manifest.shards)):
+            try:
+                self.fetch_shard(k)
+            except CorruptData as e:
+                yield e
+            except PackerError as e:
+                yield CorruptData(self.source.name_url(self.manifest.shards[k]["file"]), str(e))
         yield from super().verify_structure()
 
     # -- prefetch ----------------------------------------------------------------------------
@@ -123,7 +141,7 @@ class RemoteRecordsReader(RecordsReader):
             if k not in seen:
                 seen.add(k)
                 seq.append(k)
-        if self._prefetcher is not None:
+        if self._own_prefetcher() is not None:
             self._prefetcher.stop()
         self._prefetcher = _Prefetcher(self, seq, self.source.options.prefetch)
 
@@ -136,6 +154,7 @@ class _Prefetcher:
         self.seq = seq
         self.pos = {k: j for j, k in enumerate(seq)}
         self.ahead = ahead
+        self.pid = os.getpid()
         self.cursor = 0
         self.cond = threading.Condition()
         self.stopped = False
