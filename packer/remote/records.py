@@ -88,14 +88,15 @@ class RemoteRecordsReader(RecordsReader):
         prefetcher = self._own_prefetcher()
         if prefetcher is not None:
             prefetcher.reading(k)
-        for attempt in range(3):
+        attempt = 0
+        while True:
             self.fetch_shard(k)
             try:
                 return super()._view(k)
             except CorruptData:
-                if self.shard_path(k).exists() or attempt == 2:  # not an eviction race
+                attempt += 1
+                if self.shard_path(k).exists() or attempt == 3:  # not an eviction race
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
         if self.source.options.access != "range":
