@@ -113,9 +113,15 @@ _FILTER = _ScrubFilter()
 
 
 def guard_logs(secrets: Iterable[str]) -> None:
-    """Never let the storage libraries' own log lines show ``secrets`` or URL user info."""
+    """Never let the storage libraries' own log lines show ``secrets`` or URL user info.
+
+    A logger filter sees only records made on that very logger, so the filter goes on each
+    of the libraries' loggers that exists by now (they are made when their modules import).
+    """
     _KNOWN_SECRETS.update(secrets)
-    for name in _LIBRARY_LOGGERS:
+    prefixes = tuple(name.split(".")[0] for name in _LIBRARY_LOGGERS) + ("urllib3",)
+    names = set(_LIBRARY_LOGGERS) | {n for n in logging.root.manager.loggerDict if n.startswith(prefixes)}
+    for name in names:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)

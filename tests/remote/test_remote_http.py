@@ -203,3 +203,26 @@ def test_a_stalled_transfer_times_out_and_the_retries_are_bounded(nginx, tmp_pat
         PackedDataset(nginx.url("stalled", location="slow"), remote=opts)  # 1 KB/s: stalls > 0.3 s
     assert time.monotonic() - start < 15
     assert "Timeout" in str(e.value) and nginx.url("stalled/packer.json", location="slow") in str(e.value)
+
+
+def test_prefetch_fetches_the_next_shards_of_the_epoch_order_and_no_further(nginx, tmp_path):
+    records_dataset(nginx.root, "prefetch", count=40, per_shard=5)  # 8 shards
+    cache = tmp_path / "c"
+    ds = StreamingDataset(nginx.url("prefetch"), decode="bytes", shuffle=True, seed=5, buffer_size=1,
+                          rank=0, world_size=1, remote=RemoteOptions(cache_dir=cache, prefetch=2))
+    seq = list(dict.fromkeys(i // 5 for i in ds.order()))
+    assert seq != sorted(seq)  # a shuffled shard order, so "next" means the epoch's order
+
+    def cached(k):
+        return any(cache.rglob(f"train-{k:05d}.tfrecord"))
+
+    it = iter(ds)
+    next(it)  # reading shard seq[0]
+    deadline = time.monotonic() + 20
+    while not (cached(seq[1]) and cached(seq[2])) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cached(seq[1]) and cached(seq[2])
+    time.sleep(0.5)
+    assert not any(cached(k) for k in seq[3:])  # at most 2 ahead of the shard being read
+    assert len(list(it)) == 39
+    assert all(cached(k) for k in seq)

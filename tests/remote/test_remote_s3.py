@@ -145,3 +145,17 @@ def test_finished_shards_go_up_while_the_conversion_runs(bucket, tmp_path, s3):
     assert "train-00000.tfrecord" in report.skipped and "train-00000.tfrecord" not in report.uploaded
     reader = open_reader(url, remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c"))
     assert [reader.read(i).data for i in range(10)] == [s.data for s in samples]
+
+
+def test_s3_credentials_never_appear_in_errors_or_logs(s3, tmp_path, caplog):
+    import logging
+
+    s3.make_bucket("packer-creds")  # (the test's own boto3 call: before the capture starts)
+    caplog.set_level(logging.DEBUG)
+    opts = RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c")
+    with pytest.raises(PackerError, match="not found") as e:
+        open_reader("s3://packer-creds/nothing-here", remote=opts)
+    assert "s3://packer-creds/nothing-here" in str(e.value)
+    assert "packer-creds" in caplog.text  # the libraries' debug lines were captured
+    for text in (str(e.value), caplog.text, repr(opts)):
+        assert s3.storage_options["key"] not in text and s3.storage_options["secret"] not in text
