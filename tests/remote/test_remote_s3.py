@@ -159,3 +159,38 @@ def test_s3_credentials_never_appear_in_errors_or_logs(s3, tmp_path, caplog):
     assert "packer-creds" in caplog.text  # the libraries' debug lines were captured
     for text in (str(e.value), caplog.text, repr(opts)):
         assert s3.storage_options["key"] not in text and s3.storage_options["secret"] not in text
+
+
+@pytest.mark.slow
+def test_sigkill_during_the_upload_then_resume(bucket, tmp_path, s3):
+    import json
+    import os
+
+    from killing import packer_cmd, packer_env, run_and_kill
+
+    from packer.remote.url import cache_key
+
+    src = write_image_folder(tmp_path / "src", count=60)
+    url = f"{bucket}/killed"
+    journal = tmp_path / "staging" / cache_key(url) / ".killed.upload.json"
+
+    def five_files_up() -> bool:
+        try:
+            return len(json.loads(journal.read_text())) >= 5
+        except (OSError, ValueError):
+            return False
+
+    env = packer_env(**{k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                                                   "AWS_DEFAULT_REGION", "PACKER_CACHE_DIR", "PACKER_STAGING_DIR")})
+    args = ("to-records", src, url, "--samples-per-shard", 2, "--workers", 0)
+    assert run_and_kill(packer_cmd(*args), five_files_up, env=env), "finished before the kill: nothing tested"
+    assert not remote_exists(url, s3.storage_options)  # killed mid-upload: no manifest, not a dataset
+    r = _cli(*args, "--resume")
+    assert r.exit_code == 0, r.output
+    skipped = int(r.output.split(" already there")[0].rsplit(", ", 1)[-1])
+    assert skipped >= 5
+    local = tmp_path / "local"
+    pack_images(src, local, format="records", workers=0, writer_options={"samples_per_shard": 2})
+    remote = PackedDataset(url, decode="bytes", remote=RemoteOptions(storage_options=s3.storage_options,
+                                                                     cache_dir=tmp_path / "c"))
+    assert _all(remote) == _all(PackedDataset(local, decode="bytes"))
