@@ -218,6 +218,11 @@ class ShardUploader:
         """Upload every completed shard not uploaded yet."""
         if not self.work.is_dir():
             return
+        try:  # the records writer's journal of completed shards already has their sha256
+            journal = json.loads((self.work / ".shards.json").read_text())
+            known = {e["file"]: (e["bytes"], e["sha256"]) for e in journal.get("shards", []) if "sha256" in e}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            known = {}
         for shard in sorted(self.work.glob("*.tfrecord")):
             idx = shard.with_name(shard.name + ".idx")
             if shard.name.startswith(".") or not idx.is_file() or self._stop.is_set():
@@ -229,7 +234,8 @@ class ShardUploader:
             if self.seen.get(shard.name) == (st.st_size, st.st_mtime_ns):
                 continue
             self.up.put(idx.name, idx)
-            self.up.put(shard.name, shard)
+            size, sha = known.get(shard.name, (None, None))
+            self.up.put(shard.name, shard, sha if size == st.st_size else None)
             self.seen[shard.name] = (st.st_size, st.st_mtime_ns)
 
 
