@@ -12,9 +12,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from packer.errors import CorruptData, PackerError
-from packer.formats.records import RecordsReader, unframe_record
+from packer.codecs.tfrecord import unframe_record
+from packer.formats.records.reader import RecordsReader
 from packer.remote.fetch import RemoteMissing
 from packer.remote.source import RemoteSource
+from packer.remote.url import redact
 
 __all__ = ["RemoteRecordsReader"]
 
@@ -71,7 +73,11 @@ class RemoteRecordsReader(RecordsReader):
             raise self._bad[k]
         s = self.manifest.shards[k]
         try:
-            self.source.fetch(s["file"], sha256=s.get("sha256"), size=s.get("bytes"), wait=wait)
+            try:
+                self.source.fetch(s["file"], sha256=s.get("sha256"), size=s.get("bytes"), wait=wait)
+            except RemoteMissing as e:  # a shard the manifest lists is gone: a damaged dataset
+                raise CorruptData(redact(self.source.name_url(s["file"])),
+                                  "missing shard (not found on the server)") from None
         except PackerError as e:
             if wait:  # a reader's own fetch, after its retries (a prefetch failure is retried by the read)
                 self._bad[k] = e

@@ -197,7 +197,7 @@ class RemoteSource:
 
 def open_remote(url: str, *, check_crc: bool = True, options: RemoteOptions | None = None):
     """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
-    from packer.formats import HDF5Reader, LmdbReader
+    from packer.formats import FORMATS
     from packer.remote.records import RemoteRecordsReader
 
     options = options or RemoteOptions()
@@ -218,7 +218,7 @@ def open_remote(url: str, *, check_crc: bool = True, options: RemoteOptions | No
         for name in ("keys.json", "checksums.bin", "data.mdb"):
             source.fetch(name)
         _fetch_optional(source, "failures.jsonl")
-        return LmdbReader(source.local_root, check_crc=check_crc)
+        return FORMATS.reader("lmdb")(source.local_root, check_crc=check_crc)
     if manifest.format == "frames":
         raise UsageError(f"{redact(url)}: frame folders are not read over URLs (thousands of small files); "
                          "pack the frames as records (`packer decode-frames --to records`) and read that")
@@ -234,7 +234,7 @@ def _fetch_optional(source: RemoteSource, name: str) -> None:
 
 def _open_single_file(source: RemoteSource, *, check_crc: bool):
     """An HDF5 output is one file: fetched whole (hash from ``{file}.sha256`` when uploaded by packer)."""
-    from packer.formats import HDF5Reader
+    from packer.formats import FORMATS
 
     base, name = source.url.rsplit("/", 1)
     if not name.lower().endswith((".h5", ".hdf5", ".hdf", ".he5")):
@@ -244,4 +244,4 @@ def _open_single_file(source: RemoteSource, *, check_crc: bool):
     parent.sums = parse_sums(parent.optional_text(f"{name}.sha256") or "")
     path = parent.fetch(name)
     _fetch_optional(parent, f"{name}.failures.jsonl")
-    return HDF5Reader(path, check_crc=check_crc)
+    return FORMATS.reader("hdf5")(path, check_crc=check_crc)

@@ -226,3 +226,12 @@ def test_prefetch_fetches_the_next_shards_of_the_epoch_order_and_no_further(ngin
     assert not any(cached(k) for k in seq[3:])  # at most 2 ahead of the shard being read
     assert len(list(it)) == 39
     assert all(cached(k) for k in seq)
+
+
+def test_verify_over_http_reports_a_missing_shard(nginx, tmp_path, monkeypatch):
+    local = records_dataset(nginx.root, "verify-missing")
+    (local / "train-00005.tfrecord").unlink()
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    r = CliRunner().invoke(main, ["verify", nginx.url("verify-missing")])
+    assert r.exit_code == 1, r.output
+    assert nginx.url("verify-missing/train-00005.tfrecord") in r.output and "missing shard" in r.output
