@@ -108,6 +108,8 @@ class NodeCache:
             if local.is_file():  # another process fetched it while we waited
                 self.touch(local)
                 return local
+            for stale in local.parent.glob(f".{local.name}.download-*"):  # left by a killed process
+                stale.unlink(missing_ok=True)
             start = time.monotonic()
             stats = fetch(local)
             self._record(url, local, stats, time.monotonic() - start)

@@ -9,6 +9,7 @@ the URL) and refused access. Every message names the URL redacted, never a crede
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -66,6 +67,9 @@ class FetchStats:
     errors: list[str] = field(default_factory=list)
 
 
+_LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
+
+
 def _status(exc: BaseException) -> int | None:
     for name in ("status", "status_code", "code"):
         value = getattr(exc, name, None)
@@ -82,6 +86,8 @@ def _status(exc: BaseException) -> int | None:
 def is_transient(exc: BaseException) -> bool:
     """True for faults worth another try: timeouts, resets, transport errors, HTTP 5xx/429."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, OSError) and exc.errno in _LOCAL_ERRNOS:  # our own disk: no retry helps
         return False
     status = _status(exc)
     if status is not None:

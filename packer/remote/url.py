@@ -132,7 +132,8 @@ def url_filesystem(url: str, storage_options: dict[str, Any] | None = None, *,
     """(fsspec filesystem, path within it) of ``url``; UsageError when no fsspec protocol fits.
 
     HTTP(S) gets a read timeout of ``timeout`` seconds (a stalled transfer fails and is retried)
-    and whole-file streaming (no ranged block reads) unless ``storage_options`` say otherwise.
+    and whole-file streaming (no ranged block reads), S3 the same connect/read timeouts, unless
+    ``storage_options`` say otherwise.
     """
     try:
         import fsspec
@@ -147,6 +148,11 @@ def url_filesystem(url: str, storage_options: dict[str, Any] | None = None, *,
         kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
         options["client_kwargs"] = kwargs
         options.setdefault("block_size", 0)  # stream whole files: no ranged block reads
+    elif url.split("://", 1)[0].lower() in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        options["config_kwargs"] = config
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as e:
