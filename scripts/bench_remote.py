@@ -15,7 +15,10 @@ Rows are interleaved over ``--reps`` rounds (each cold round with a fresh cache,
 alternating) and the best round is kept, so load on a shared machine hits every row alike.
 The table gives samples per wall second and per CPU second (this process and its DataLoader
 workers, which do the downloading, hashing and decoding): on a loaded machine the second is
-the faithful one. Then:
+the faithful one. Then the same three reads in this process alone (no workers, one epoch,
+interleaved): CPU per sample, the read path's own cost. Every row shuffles shards and samples
+with a ``BUFFER``-sample buffer (spanning a few shards, as the default 4096 does on a real
+dataset of 1000-sample shards; here the default would span the whole set). Then:
 
 * ``downloads per shard``: 2 ranks x 2 workers (4 reader processes + their prefetch threads,
   one shared cache folder) read one epoch; nginx's access log counts GETs per shard.
@@ -51,6 +54,9 @@ from packer.synth import natural_image  # noqa: E402
 from remote.servers import start_nginx  # noqa: E402
 
 
+BUFFER = 256  # sample shuffle buffer: a few 100-sample shards
+
+
 def make_dataset(work: Path, count: int, side: int, per_shard: int) -> Path:
     """``count`` JPEGs of ``side``x``side`` in 10 classes, packed as records under work/www/ds."""
     from PIL import Image
@@ -82,7 +88,7 @@ def _cpu() -> float:
 def epoch(path, workers: int, batch: int, **kw) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds of this process and its DataLoader workers, samples) of one epoch."""
     ds = StreamingDataset(str(path), decode="tensor", shuffle=True, seed=0, batch_size=batch, rank=0,
-                          world_size=1, **kw)
+                          world_size=1, buffer_size=BUFFER, **kw)
     cpu0 = _cpu()
     start = time.perf_counter()
     n = 0
@@ -93,6 +99,16 @@ def epoch(path, workers: int, batch: int, **kw) -> tuple[float, float, int]:
     del it  # the workers exit and are reaped: their CPU time is counted
     gc.collect()
     return wall, _cpu() - cpu0, n
+
+
+def inproc_cpu(path, **kw) -> float:
+    """CPU seconds per sample (this process, all its threads: reads, prefetch, decode) over one
+    epoch read with no DataLoader workers."""
+    ds = StreamingDataset(str(path), decode="tensor", shuffle=True, seed=0, rank=0, world_size=1,
+                          buffer_size=BUFFER, **kw)
+    t0 = time.process_time()
+    n = sum(1 for _ in ds)
+    return (time.process_time() - t0) / n
 
 
 def _rank_epoch(url: str, cache: str, rank: int, world: int, workers: int, retry: dict, out: str) -> None:
@@ -187,6 +203,18 @@ def main() -> None:
                 assert n == args.count, (name, n)
                 best[name] = min(best.get(name, float("inf")), seconds)
                 best_cpu[name] = min(best_cpu.get(name, float("inf")), cpu)
+        # CPU per sample in one process, interleaved: the read path's own cost without the noise
+        # of worker scheduling on a shared machine
+        per_sample: dict[str, float] = {}
+        for rep in range(args.reps):
+            cache = work / f"cache-inproc-{rep}"
+            shutil.rmtree(cache, ignore_errors=True)
+            rows = [("local", local, {}), ("cold", url, {"cache_dir": cache}), ("warm", url, {"cache_dir": cache})]
+            if rep % 2:
+                rows = [rows[1], rows[2], rows[0]]
+            for name, path, kw in rows:
+                cpu = inproc_cpu(path, **kw)
+                per_sample[name] = min(per_sample.get(name, float("inf")), cpu)
         # one download per shard per node: 2 ranks x 2 workers, one cache
         dist_cache = work / "cache-dist"
         shutil.rmtree(dist_cache, ignore_errors=True)
@@ -200,7 +228,7 @@ def main() -> None:
         shutil.rmtree(flaky_cache, ignore_errors=True)
         flaky_url = server.url("ds", location="flaky")
         exact, events = True, []
-        for rep in range(3):  # fresh caches: every shard downloaded through the faults each time
+        for rep in range(2):  # fresh caches: every shard downloaded through the faults each time
             shutil.rmtree(flaky_cache, ignore_errors=True)
             fkeys = ranks_run(flaky_url, flaky_cache, work, 1, args.workers, {"attempts": 10, "backoff": 0.05})
             exact = exact and sorted(fkeys[0]) == sorted(set(fkeys[0])) and len(fkeys[0]) == args.count
@@ -216,7 +244,8 @@ def main() -> None:
     mb = sum((local / s).stat().st_size for s in shards) / 1e6
     load = os.getloadavg()[0]
     print(f"\n{args.count} JPEGs {args.side}x{args.side}, {len(shards)} shards ({mb:.1f} MB), "
-          f"{args.workers} DataLoader workers, batch {args.batch}, decode to tensor, best of {args.reps} "
+          f"{args.workers} DataLoader workers, batch {args.batch}, shuffle buffer {BUFFER}, decode to tensor, "
+          f"best of {args.reps} "
           f"(load average {load:.1f} on {os.cpu_count()} cores at the end)\n")
     cpu = {k: args.count / v for k, v in best_cpu.items()}
     print("| read | samples/s (wall) | vs local disk | samples per CPU-s | vs local disk | target |")
@@ -226,12 +255,19 @@ def main() -> None:
         print(f"| {label} | {rate[key]:.0f} | {rate[key] / rate['local']:.2f}x | {cpu[key]:.0f} | "
               f"{cpu[key] / cpu['local']:.2f}x | {target} |")
     print()
+    print(f"CPU per sample in one process (one epoch, no DataLoader workers, interleaved, best of "
+          f"{args.reps}):\n")
+    print("| read | CPU ms per sample (read + decode) | vs local disk |")
+    print("|---|---:|---:|")
+    for key, label in (("local", "local disk"), ("warm", "nginx, warm cache"), ("cold", "nginx, cold cache")):
+        print(f"| {label} | {1000 * per_sample[key]:.3f} | {per_sample['local'] / per_sample[key]:.2f}x |")
+    print()
     print("| check | result |")
     print("|---|---|")
     print(f"| downloads per shard, 2 ranks x 2 workers, one cache | min {min(per_shard)}, max {max(per_shard)} "
           f"({sum(per_shard)} GETs for {len(shards)} shards) |")
     print(f"| samples across the 2 ranks | {len(all_keys)} ({len(set(all_keys))} distinct of {args.count}) |")
-    print(f"| fault run x3 (/flaky/: {failed} of {total} requests got 503) | every sample exactly "
+    print(f"| fault run x2 (/flaky/: {failed} of {total} requests got 503) | every sample exactly "
           f"once: {'yes' if exact else 'NO'}; {retries} retries (+{refetches} hash refetches) over "
           f"{sum(1 for e in events if e.get('downloaded'))} downloads |")
     print()

@@ -108,8 +108,14 @@ class NodeCache:
             if local.is_file():  # another process fetched it while we waited
                 self.touch(local)
                 return local
-            for stale in local.parent.glob(f".{local.name}.download-*"):  # left by a killed process
-                stale.unlink(missing_ok=True)
+            prefix = f".{local.name}.download-"
+            try:
+                names = os.listdir(local.parent)
+            except FileNotFoundError:
+                names = []
+            for name in names:  # a download left by a killed process (we hold the lock: none is live)
+                if name.startswith(prefix):
+                    (local.parent / name).unlink(missing_ok=True)
             start = time.monotonic()
             stats = fetch(local)
             self._record(url, local, stats, time.monotonic() - start)
