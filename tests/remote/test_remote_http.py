@@ -235,3 +235,23 @@ def test_verify_over_http_reports_a_missing_shard(nginx, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["verify", nginx.url("verify-missing")])
     assert r.exit_code == 1, r.output
     assert nginx.url("verify-missing/train-00005.tfrecord") in r.output and "missing shard" in r.output
+
+
+def test_frames_packed_as_records_read_as_videos_over_http(nginx, tmp_path, monkeypatch):
+    from conftest import write_video
+
+    from packer.data import PackedVideoDataset
+
+    for i in range(3):
+        write_video(tmp_path / "videos" / f"c{i % 2}" / f"v{i}.mp4", frames=8 + i, seed=i)
+    out = nginx.root / "frames-records"
+    r = CliRunner().invoke(main, ["decode-frames", str(tmp_path / "videos"), str(out), "--to", "records",
+                                  "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))  # the default cache folder
+    remote = PackedVideoDataset(nginx.url("frames-records"), clip_len=4, seed=0)
+    local = PackedVideoDataset(out, clip_len=4, seed=0)
+    assert len(remote) == len(local) == 3 and remote.keys == local.keys
+    for i in range(3):
+        (a, la), (b, lb) = remote[i], local[i]
+        assert la == lb and torch.equal(a, b)
