@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 REPO = Path(__file__).resolve().parents[1]

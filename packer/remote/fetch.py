@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from packer.errors import CorruptData, PackerError, UsageError
+from packer.errors import CorruptData, PackerError
 from packer.remote.url import redact, scrub
 
 __all__ = ["RetryPolicy", "FetchStats", "RemoteError", "RemoteMissing", "fetch_file", "file_sha256",

@@ -3,6 +3,7 @@ when first read, prefetches the next shards of the epoch's order, or reads singl
 by range (``access="range"``)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -35,9 +36,7 @@ class RemoteRecordsReader(RecordsReader):
         self.source = source
         self._prefetcher: _Prefetcher | None = None
         self._bad: dict[int, PackerError] = {}
-        import json
-
-        manifest = json.loads(source.local(("packer.json")).read_text(encoding="utf-8"))
+        manifest = json.loads(source.local("packer.json").read_text(encoding="utf-8"))
         small = ["keys.json"] + [s.get("index", s["file"] + ".idx") for s in manifest.get("shards", [])
                                  if isinstance(s, dict) and isinstance(s.get("file"), str)]
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -75,7 +74,7 @@ class RemoteRecordsReader(RecordsReader):
         try:
             try:
                 self.source.fetch(s["file"], sha256=s.get("sha256"), size=s.get("bytes"), wait=wait)
-            except RemoteMissing as e:  # a shard the manifest lists is gone: a damaged dataset
+            except RemoteMissing:  # a shard the manifest lists is gone: a damaged dataset
                 raise CorruptData(redact(self.source.name_url(s["file"])),
                                   "missing shard (not found on the server)") from None
         except PackerError as e:

@@ -19,7 +19,6 @@ copied up by other tools) are still CRC32C-checked per sample when read.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
