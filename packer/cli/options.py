@@ -172,7 +172,14 @@ def finish(report: Any, max_failures: int) -> None:
 @click.version_option(__version__, prog_name="packer")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
-    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast."""
+    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast.
+
+    The OUT of to-lmdb, to-hdf5, to-records, decode-frames and merge may be a URL (s3://,
+    gs://, ...): the output is built in a local staging folder ($PACKER_STAGING_DIR) and
+    uploaded, the manifest last. inspect, verify and merge read URLs (https://, s3://, ...)
+    through a node-local cache ($PACKER_CACHE_DIR). Credentials come from the environment and
+    config files only. See docs/remote.md.
+    """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
