@@ -42,6 +42,10 @@ def check_result(r: dict, workers: list[int], count: int) -> None:
     assert r["cache"]["bytes"] == count * (3 * 32 * 32 + 8)
     assert isinstance(r["cache"]["fits"], bool)
     assert r["verdict"].startswith(f"num_workers={rec['num_workers']}")
+    fid = {row["pipeline"]: row for row in r["fidelity"]}
+    assert len(fid) == 4 and all(row["images"] == 16 for row in fid.values())
+    fast = fid["DecodeResizeCrop(32, 32)"]
+    assert fast["shift_median"] < 0.15 and fast["psnr_median"] > 25
 
 
 def test_library_call_with_against_and_model_step(packed, image_folder):
@@ -68,6 +72,7 @@ def test_cli_table(packed):
     assert "ceiling (same batches from memory" in res.stdout
     assert "recommended: num_workers=" in res.stdout
     assert "device cache: 24 x 3x32x32 uint8" in res.stdout
+    assert "| DecodeRandomResizedCrop(32) |" in res.stdout
 
 
 def test_cli_plot(packed, tmp_path):

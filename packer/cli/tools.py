@@ -124,15 +124,20 @@ def _bench_help() -> str:
 @click.option("--steps", type=int, default=30, show_default=True, help="Batches timed per setting.")
 @click.option("--model-ms", type=float, default=0.0, show_default=True,
               help="Simulate a training step of this many ms per batch.")
+@click.option("--fidelity", type=int, default=16, show_default=True,
+              help="Samples for the fidelity table (PSNR against a full-decode Lanczos reference and "
+                   "shift, per fast path beside torchvision's pipeline); 0 skips it.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
 @library_call
-def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, as_json, plot):
+def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, fidelity, as_json,
+          plot):
     from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
 
     result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
-                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms)
+                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms,
+                       fidelity=fidelity)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -27,6 +27,10 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   ``DevicePrefetcher.cache`` (fits = bytes <= half the free memory, leaving the rest to the
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
+* ``fidelity``: per fast decode path and its torchvision pipeline, median PSNR against a
+  full-decode Lanczos reference and the measured shift over ``--fidelity`` samples
+  (``packer.commands.fidelity``; rows ``pipeline, kind, images, psnr_median, psnr_p10,
+  shift_median, shift_max``); empty with ``--fidelity 0``.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
+    "fidelity": "[{pipeline, kind, images, psnr_median, psnr_p10, shift_median, shift_max}]",
 }
 SETTING_FIELDS = {
     "num_workers": "DataLoader workers", "samples_per_s": "loader throughput",
@@ -251,7 +256,8 @@ def _verdict(s: dict[str, Any], ceiling: float) -> str:
 class BenchOptions:
     """What ``run_bench`` measures: batches of ``batch_size`` through ``decode`` (with ``resize``
     and ``crop`` for the fast pipelines) for ``steps`` steps per ``workers`` setting, each step
-    followed by ``model_ms`` of simulated model time on ``device``; ``seed`` fixes the order."""
+    followed by ``model_ms`` of simulated model time on ``device``; ``seed`` fixes the order;
+    ``fidelity`` samples for the fidelity table (0: none)."""
 
     batch_size: int = 64
     workers: Sequence[int] = (0, 1, 2)
@@ -262,6 +268,7 @@ class BenchOptions:
     model_ms: float = 0.0
     device: Optional[str] = None
     seed: int = 0
+    fidelity: int = 16
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:
@@ -270,6 +277,8 @@ class BenchOptions:
             raise UsageError("--model-ms must be >= 0")
         if not self.workers or any(w < 0 for w in self.workers):
             raise UsageError("--workers must list integers >= 0")
+        if self.fidelity < 0:
+            raise UsageError("--fidelity must be >= 0")
 
 
 def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
@@ -350,6 +359,10 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     result["recommended"] = _recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])
     result["verdict"] = f"num_workers={pick['num_workers']}: {pick['verdict']}"
+    from packer.commands.fidelity import dataset_fidelity
+
+    result["fidelity"] = dataset_fidelity(dataset.reader, count=o.fidelity, short_side=resize,
+                                          crop=crop) if o.fidelity else []
     return result
 
 
@@ -380,6 +393,11 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"device cache: {r['count']} x {'x'.join(map(str, c['sample_shape']))} uint8 = "
                      f"{c['bytes'] / 2**30:.2f} GiB; {c['device']} has {free}: "
                      f"{'fits' if c['fits'] else 'does not fit (needs <= half the free memory)'}")
+    if r.get("fidelity"):
+        from packer.commands.fidelity import format_fidelity
+
+        lines += [f"fidelity on {r['fidelity'][0]['images']} samples (reference: full decode + Lanczos "
+                  "from the exact box; shift in output pixels):", format_fidelity(r["fidelity"])]
     return "\n".join(lines)
 
 
