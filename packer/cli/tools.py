@@ -6,11 +6,11 @@ import sys
 
 import click
 
-from packer.cli.options import library_call, main
+from packer.cli.options import PATH_OR_URL, library_call, main
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=PATH_OR_URL)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--grid", type=click.Path(dir_okay=False), default=None,
               help="Write a contact sheet PNG of a seeded random sample.")
@@ -18,7 +18,8 @@ from packer.cli.options import library_call, main
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --grid sample.")
 @library_call
 def inspect(path, as_json, grid, show, seed):
-    """Show what a packed dataset holds (format, count, classes, size, samples)."""
+    """Show what a packed dataset holds (format, count, classes, size, samples). PATH may be a
+    URL (s3://, https://, ...): read through the cache ($PACKER_CACHE_DIR, docs/remote.md)."""
     from packer.commands.inspection import inspect_dataset, render_grid
 
     info = inspect_dataset(path, show=show)
@@ -43,11 +44,12 @@ def inspect(path, as_json, grid, show, seed):
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=PATH_OR_URL)
 @click.option("--no-decode", is_flag=True, help="Check structure and checksums only.")
 @library_call
 def verify(path, no_decode):
-    """Read every sample, check checksums and structure; exit 1 on any problem."""
+    """Read every sample, check checksums and structure; exit 1 on any problem. PATH may be a URL
+    (every file is fetched into the cache and checked against its sha256)."""
     from packer.commands.inspection import verify_dataset
 
     result = verify_dataset(path, decode_images=not no_decode)
@@ -85,7 +87,8 @@ def demo(workdir, count, workers):
                    "parts 0..N-1 of one --num-shards run.")
 @library_call
 def merge(paths, overwrite, any_parts):
-    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run).
+    Parts and OUT may be URLs (parts read through the cache; OUT built locally, then uploaded)."""
     from packer.commands.merge import merge_parts
 
     if len(paths) < 2:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_options, finish, library_call, main
+from packer.cli.options import commit_option, conversion_options, library_call, main, to_output
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
 @main.command("decode-frames")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path())
+@click.argument("out")
 @click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
               help="mmaction2 video list, relative to SRC: 'path label', 'path l1 l2 ...' (multi-label) "
                    "or 'path' (no label: -1, or its folder's class with --class-index).")
@@ -59,5 +59,5 @@ def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from packer.commands.decode_frames import decode_frames
 
-    report = decode_frames(src, out, to=to, list_out=list_out, **options)
-    finish(report, options["max_failures"])
+    to_output(out, options.get("resume", False), options.get("overwrite", False),
+              lambda path: decode_frames(src, path, to=to, list_out=list_out, **options), options["max_failures"])

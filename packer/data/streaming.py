@@ -181,6 +181,8 @@ class StreamingDataset(IterableDataset):
             rank's order (what makes a resume exact with several workers).
         decode, transform, target_transform, check_crc: as ``PackedDataset``.
         rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
+        cache_dir, cache_limit, remote: for a URL ``path``, as ``PackedDataset``; each worker
+            prefetches the next shards of its own order (``remote.prefetch`` of them).
     """
 
     def __init__(self, path: Any, *, shuffle: bool = True, seed: int = 0,
@@ -188,11 +190,14 @@ class StreamingDataset(IterableDataset):
                  drop_last: bool = False, batch_size: int = 1,
                  decode: str = "pil", transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
-                 rank: int | None = None, world_size: int | None = None):
+                 rank: int | None = None, world_size: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 remote: Any = None):
         if buffer_size < 1 or batch_size < 1 or (block_size is not None and block_size < 1):
             raise UsageError("buffer_size, block_size and batch_size must be >= 1")
         self.dataset = PackedDataset(path, decode=decode, transform=transform,
-                                     target_transform=target_transform, check_crc=check_crc)
+                                     target_transform=target_transform, check_crc=check_crc,
+                                     cache_dir=cache_dir, cache_limit=cache_limit, remote=remote)
         reader = self.dataset.reader
         self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
         self.shuffle = shuffle
@@ -241,7 +246,11 @@ class StreamingDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         todo = self._order(epoch)[skip:]
         self._position = skip
-        for i in split_by_worker(todo, worker, workers, self.batch_size):
+        mine = list(split_by_worker(todo, worker, workers, self.batch_size))
+        plan = getattr(self.dataset.reader, "plan", None)  # remote shards: prefetch in this order
+        if plan is not None:
+            plan(mine)
+        for i in mine:
             self._position += 1
             yield self.dataset[int(i)]
 
