@@ -44,15 +44,17 @@ INPUTS_NAME = ".inputs.json"
 
 
 def input_stats(items: Sequence[Any]) -> list[list[Any]]:
-    """``[key, label, size, mtime_ns]`` per item (size and mtime -1 when the source is missing)."""
+    """``[key, label, size, mtime_ns]`` per item (size and mtime -1 when the source is missing;
+    the label is the list of labels of a multi-label item)."""
     rows = []
     for it in items:
+        labels = getattr(it, "labels", ())
         try:
             st = os.stat(it.path)
             size, mtime = st.st_size, st.st_mtime_ns
         except OSError:
             size = mtime = -1
-        rows.append([it.key, it.label, size, mtime])
+        rows.append([it.key, list(labels) if labels else it.label, size, mtime])
     return rows
 
 
