@@ -270,7 +270,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                                  class_index=inputs.class_index, exts=inputs.exts, failures=bad)
     items = partition(items, inputs.num_shards, inputs.shard_index)
     if not items:
-        raise UsageError(f"{src}: no input videos found")
+        raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
     job = dataclasses.replace(frames.job(), flow=flow)
     out = Path(out)
     recorded = {"to": to, "src": str(Path(src).resolve()),

@@ -427,7 +427,9 @@ def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
     ``path l1 l2 ...`` (multi-label) or ``path`` (no label: -1, or with ``class_index`` the
     class of its folder, as UCF-101's ``testlist01.txt``). With ``class_index`` the labels are
     in its numbering (``classInd.txt``: 1-based, as UCF-101's ``trainlist01.txt``) and become
-    0-based; a label that disagrees with the line's class folder is refused."""
+    0-based; a label that disagrees with the line's class folder is refused. Any other line
+    that cannot be an item (unparsable, an unsafe path, another extension, repeated) goes to
+    ``failures`` (see ``InputFailure``)."""
     list_path = Path(list_path)
     if not list_path.is_file():
         raise UsageError(f"{list_path}: list file does not exist")
@@ -452,11 +454,9 @@ def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
         if key in seen:
             _bad_line(failures, str(list_path), lineno, f"{key!r} is listed twice", key)
             continue
-        try:
-            labels = lists.line_labels(parsed.labels, key, index, where)
-        except UsageError as e:
-            _bad_line(failures, str(list_path), lineno, str(e).removeprefix(where + ": "), key)
-            continue
+        # a label that contradicts its class folder means the numbering is off (a wrong class
+        # index), not one bad line: that stays a refusal of the whole run
+        labels = lists.line_labels(parsed.labels, key, index, where)
         seen.add(key)
         if len(labels) > 1:
             labels_by_key[key] = labels
