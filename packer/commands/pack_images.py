@@ -16,6 +16,7 @@ from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
+from packer.conversion.fingerprint import writer_settings
 from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition, shuffle_items
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
@@ -103,17 +104,18 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
                 "list": str(inputs.list_path) if inputs.list_path else None,
                 "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                "ext": list(parse_exts(inputs.exts)),
-                # every writer option (shard sizes, names, commit sizes) is part of the record and
-                # of the resume fingerprint (packer.conversion.fingerprint)
-                "writer": {k: (list(v) if isinstance(v, tuple) else v) for k, v in writer_options.items()}}
+                "ext": list(parse_exts(inputs.exts))}
     if resize is not None:
         recorded["resize"] = resize.to_dict()
     if raw:
         recorded["raw"] = True
     if shuffle is not None:
         recorded["shuffle"] = int(shuffle)
-    writer = writer_cls(out, classes=classes, created_by=created_by(recorded), **writer_options)
+    writer = writer_cls(out, classes=classes, **writer_options)
+    # every writer option (shard sizes, names, commit sizes) as the writer holds it is part of the
+    # record and of the resume fingerprint (packer.conversion.fingerprint)
+    recorded["writer"] = writer_settings(writer, writer_options)
+    writer.created_by = created_by(recorded)
     with make_executor(run_opts.executor, workers=run_opts.workers) as ex:
         return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
                    options=run_opts, desc=f"to-{format}", input_failures=bad)

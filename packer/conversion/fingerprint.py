@@ -22,6 +22,7 @@ say whether it was made from this input with these options.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -29,7 +30,8 @@ from typing import Any, Sequence
 
 from packer.manifest import FORMAT_VERSION, atomic_write_bytes
 
-__all__ = ["NEUTRAL", "Fingerprint", "input_stats", "differences", "save_inputs", "load_inputs"]
+__all__ = ["NEUTRAL", "Fingerprint", "input_stats", "differences", "save_inputs", "load_inputs",
+           "writer_settings"]
 
 # created_by options that say where the input lives, not what the output holds: moving the
 # source folder between an interrupted run and its resume is fine (each file's size and mtime
@@ -41,6 +43,27 @@ COMMIT_OPTIONS = frozenset({"commit_every", "commit_bytes"})
 LAYOUT_BY_COMMIT = frozenset({"records"})
 
 INPUTS_NAME = ".inputs.json"
+
+
+def writer_settings(writer: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """Every keyword option of ``writer``'s class as the writer holds it (the value it normalised,
+    e.g. ``"256MB"`` -> 256000000, else what was ``given``, else the default), JSON-ready: what a
+    command records in ``created_by``, so a library call that leaves an option at its default and
+    a CLI run that spells the default out record the same thing."""
+    settings: dict[str, Any] = {}
+    for klass in reversed(type(writer).__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name not in ("kind", "created_by"):
+                settings[p.name] = p.default
+    settings.update(given)
+    for name in settings:
+        held = getattr(writer, name, settings[name])
+        if held is None or isinstance(held, (bool, int, float, str, list, tuple)):
+            settings[name] = held
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
 
 
 def input_stats(items: Sequence[Any]) -> list[list[Any]]:
