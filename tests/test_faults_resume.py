@@ -47,6 +47,7 @@ CHANGED = [
     ("to-lmdb", IMAGES, ("--short-side", 32, "--check", "header"), '--check: "full" -> "header"'),
     ("to-lmdb", IMAGES, ("--short-side", 32, "--ext", "jpg"), "--ext: "),
     ("decode-frames-records", FRAMES, ("--commit-every", 5), "--commit-every: 4 -> 5"),  # a commit is a shard
+    ("to-lmdb", IMAGES, ("--short-side", 32, "--shuffle", 3), "--shuffle: (unset) -> 3"),
     ("to-hdf5", IMAGES, ("--size", "24x24"), "--size: (unset) -> [24, 24]"),
     ("to-records", IMAGES, ("--short-side", 32, "--samples-per-shard", 5), "--samples-per-shard: 4 -> 5"),
     ("to-records", IMAGES, ("--short-side", 32, "--name", "val"), '--name: "train" -> "val"'),
@@ -71,7 +72,7 @@ def _interrupted(conv: Conversion, src: Path, out: Path, *first, at: str = "jour
 
 
 @pytest.mark.parametrize("cid,first,changed,line", [
-    pytest.param(*c, id=f"{c[0]}{''.join(map(str, c[2]))}", marks=() if i in (0, 11) else pytest.mark.slow)
+    pytest.param(*c, id=f"{c[0]}{''.join(map(str, c[2]))}", marks=() if c[2] in (("--short-side", 24), ("--stride", 2)) else pytest.mark.slow)
     for i, c in enumerate(CHANGED)])
 def test_resume_with_a_changed_option_is_refused(cid, first, changed, line, sources, tmp_path):
     conv = _conv(cid)

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.commands.pack_images import pack_images
-from packer.conversion.inputs import fingerprint, image_items, shuffle_items
+from packer.conversion.fingerprint import Fingerprint, input_stats
+from packer.conversion.inputs import image_items, shuffle_items
 from packer.data.mixing import distinct_per_batch
 from packer.errors import UsageError
 from packer.formats import open_reader
@@ -38,6 +39,11 @@ def test_shuffle_stores_a_seeded_permutation_of_the_inputs(image_folder, tmp_pat
     # class-sorted input (3 classes, 24 images): a plain pack's 6-batches hold 1 class, shuffled ones more
     labels = [reader.read(i).label for i in range(len(reader))]
     assert distinct_per_batch(labels, 6).mean() > 2
+
+
+def fingerprint(items) -> dict:
+    """The inputs part of the resume fingerprint (keys and labels in order, then the files)."""
+    return Fingerprint(format="lmdb", classes=[], options={}, stats=input_stats(items)).inputs
 
 
 def test_no_shuffle_keeps_sorted_order_and_the_seed_changes_the_resume_fingerprint(image_folder, tmp_path):
