@@ -11,10 +11,10 @@ import click
 
 from packer import __version__
 from packer.conversion.executors import EXECUTORS
-from packer.errors import PackerError
+from packer.errors import OutputClaimed, PackerError
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
-           "commit_option", "library_call", "finish", "split_paths"]
+           "commit_option", "break_lock_option", "library_call", "finish", "split_paths"]
 
 
 def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,6 +24,10 @@ def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except OutputClaimed as e:  # another run holds the output: exit status 2
+            err = click.ClickException(str(e))
+            err.exit_code = 2
+            raise err from None
         except PackerError as e:
             raise click.ClickException(str(e)) from None
 
@@ -50,8 +54,21 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+BREAK_LOCK_HELP = ("Take the claim on OUT (OUT.lock) even from a run that may still be alive. RISK: if "
+                   "that run is alive (another terminal, a requeued job, another host), both write and "
+                   "the one that loses the claim fails at publish; use it only when the holder named "
+                   "in the error is certainly gone. A dead holder's claim needs no --break-lock: "
+                   "--resume takes it over.")
+
+
+def break_lock_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--break-lock``: every command that writes an output has it."""
+    return click.option("--break-lock", is_flag=True, help=BREAK_LOCK_HELP)(fn)
+
+
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every conversion command shares."""
+    fn = break_lock_option(fn)
     fn = _with_ray_address(fn)
     fn = click.option("--ray-address", default=None, metavar="ADDR",
                       help="Ray cluster to join with --executor ray ('auto', 'ray://head:10001'; "
@@ -64,7 +81,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Split the sorted input into N parts across jobs.")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
-                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+                      help="Continue an interrupted run (a finished output is checked and kept); "
+                           "takes over the claim of a run that died.")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,

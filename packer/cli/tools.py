@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from packer.cli.options import library_call, main
+from packer.cli.options import break_lock_option, library_call, main
 
 
 @main.command()
@@ -83,14 +83,16 @@ def demo(workdir, count, workers):
 @click.option("--any-parts", is_flag=True,
               help="Merge any outputs of one format and class list in the order given, not only "
                    "parts 0..N-1 of one --num-shards run.")
+@break_lock_option
 @library_call
-def merge(paths, overwrite, any_parts):
+def merge(paths, overwrite, any_parts, break_lock):
     """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
     from packer.commands.merge import merge_parts
 
     if len(paths) < 2:
         raise click.UsageError("expected PART... OUT")
-    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
+    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts,
+                         break_lock=break_lock)
     click.echo(report.summary())
 
 

@@ -46,7 +46,7 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
                       keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
                       strict, timeout, backend, force, workers, max_failures, resume, overwrite,
-                      num_shards, shard_index, executor, commit_every):
+                      num_shards, shard_index, executor, commit_every, break_lock):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from packer.commands.decode_frames import decode_frames
 
@@ -57,5 +57,6 @@ def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to
                            start_index=start_index, list_out=list_out, strict=strict, workers=workers,
                            timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
                            overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor, commit_every=commit_every)
+                           shard_index=shard_index, executor=executor, commit_every=commit_every,
+                           break_lock=break_lock)
     finish(report, max_failures)

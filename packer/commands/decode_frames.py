@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import cv2
 
+from packer.conversion.claim import claim_output
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -156,15 +157,35 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                   workers: int | None = None, timeout: float | None = 600.0, backend: str = "auto",
                   max_failures: int = 0, resume: bool = False, overwrite: bool = False,
                   force: bool = False, num_shards: int = 1, shard_index: int = 0,
-                  executor: str = "local", commit_every: int = 1000) -> DecodeReport:
+                  executor: str = "local", commit_every: int = 1000,
+                  break_lock: bool = False) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
 
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
     and recorded with ``stage: "partial"``. Arguments, inputs and the disk space are checked
-    before any work starts. See ``convert.run`` for ``resume``/``overwrite``.
+    before any work starts. See ``convert.run`` for ``resume``/``overwrite``. The run holds an
+    exclusive claim on ``out`` throughout (``break_lock``: even from a holder that may be alive).
     """
+    with claim_output(out, takeover=resume or overwrite, break_lock=break_lock):
+        return _decode_frames(src, out, to=to, list_path=list_path, csv_path=csv_path,
+                              class_index=class_index, video_exts=video_exts, short_side=short_side,
+                              size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
+                              max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
+                              start_index=start_index, list_out=list_out, strict=strict, workers=workers,
+                              timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
+                              overwrite=overwrite, force=force, num_shards=num_shards,
+                              shard_index=shard_index, executor=executor, commit_every=commit_every)
+
+
+def _decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str, list_path: Any,
+                   csv_path: Any, class_index: Any, video_exts: str | None, short_side: int | None,
+                   size: Any, keep_aspect: bool, fps: float | None, stride: int | None,
+                   max_frames: int | None, ext: str, quality: int, tmpl: str | None, start_index: int,
+                   list_out: Any, strict: bool, workers: int | None, timeout: float | None, backend: str,
+                   max_failures: int, resume: bool, overwrite: bool, force: bool, num_shards: int,
+                   shard_index: int, executor: str, commit_every: int) -> DecodeReport:
     writer_cls = _writer_for(to)
     if ext not in FRAME_EXTS:
         raise UsageError(f"--ext must be jpg or png, not {ext!r}")

@@ -24,8 +24,9 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from packer.conversion.claim import check_part, claim_output
 from packer.conversion.runner import check_output_arg
-from packer.errors import CorruptData, UsageError
+from packer.errors import CorruptData, OutputClaimed, UsageError
 from packer import formats
 from packer.formats import Reader, open_reader
 from packer.formats.base import Writer, partial_path
@@ -100,6 +101,11 @@ def read_failures(reader: Reader) -> list[dict[str, Any]]:
 
 
 def _open_part(path: Path) -> Reader:
+    if path.name.endswith(".lock") and not path.is_dir():
+        base = path.with_name(path.name[:-len(".lock")])
+        check_part(base)  # names the holder
+        raise UsageError(f"{path}: is the claim file of {base.name}, not a part")
+    check_part(path)
     if path.name.endswith(".partial"):
         raise UsageError(f"{path}: is an unfinished part; rerun its command with --resume, then merge "
                          f"{path.name[:-len('.partial')]}")
@@ -190,7 +196,7 @@ def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
-                any_parts: bool = False) -> MergeReport:
+                any_parts: bool = False, break_lock: bool = False) -> MergeReport:
     """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
 
     Args:
@@ -199,9 +205,19 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         overwrite: replace an existing packer output at ``out``.
         any_parts: merge any outputs of one format, kind and class list in the order given,
             not only the parts ``0..N-1`` of one ``--num-shards`` run.
+        break_lock: take the claim on ``out`` even from a run that may be alive.
     Returns:
         a MergeReport.
+    Raises:
+        OutputClaimed: ``out`` is claimed by another run, or a part is claimed or unfinished.
     """
+    # A merge rebuilds from the parts: a claim left by a dead merge is taken over.
+    with claim_output(out, takeover=True, break_lock=break_lock):
+        return _merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts)
+
+
+def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool,
+                 any_parts: bool) -> MergeReport:
     start = time.monotonic()
     if not parts:
         raise UsageError("merge needs at least one part")
@@ -235,6 +251,8 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         with tqdm(total=total, unit="sample", desc="merge", dynamic_ncols=True, disable=None) as bar:
             manifest = writer_cls.merge_parts(readers, out, created_by=made_by, failures=failures,
                                               videos=videos, overwrite=overwrite, progress=bar.update)
+    except OutputClaimed:
+        raise  # the partial is not (or no longer) this run's to remove
     except BaseException:
         _remove_partial(writer_cls, out)
         raise

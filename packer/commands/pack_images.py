@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.conversion.claim import claim_output
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
@@ -66,13 +67,14 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                 resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, executor: str = "local",
                 writer_options: dict[str, Any] | None = None, resize: ResizeSpec | None = None,
-                raw: bool = False) -> Report:
+                raw: bool = False, break_lock: bool = False) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
     Bad images are skipped and recorded in ``failures.jsonl``; see ``convert.run``.
     ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
     ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
-    Arguments are validated before any work starts.
+    Arguments are validated before any work starts. The run holds an exclusive claim on
+    ``out`` from here to the publish (``break_lock``: even from a holder that may be alive).
     """
     if check not in CHECK_MODES:
         raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
@@ -88,20 +90,21 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if resize.format != "keep":
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    check_output_arg(out, resume=resume, overwrite=overwrite)
-    items, classes = image_items(src, list_path=list_path, exts=exts)
-    if not items:
-        raise UsageError(f"{src}: no input images found")
-    items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
-    options = {"format": format, "check": check, "src": str(Path(src).resolve()),
-               "list": str(list_path) if list_path else None, "num_shards": num_shards,
-               "shard_index": shard_index}
-    if resize is not None:
-        options["resize"] = resize.to_dict()
-    if raw:
-        options["raw"] = True
-    writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
-    with make_executor(executor, workers=workers) as ex:
-        return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
-                   max_failures=max_failures,
-                   resume=resume, overwrite=overwrite, desc=f"to-{format}")
+    with claim_output(out, takeover=resume or overwrite, break_lock=break_lock):
+        check_output_arg(out, resume=resume, overwrite=overwrite)
+        items, classes = image_items(src, list_path=list_path, exts=exts)
+        if not items:
+            raise UsageError(f"{src}: no input images found")
+        items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
+        options = {"format": format, "check": check, "src": str(Path(src).resolve()),
+                   "list": str(list_path) if list_path else None, "num_shards": num_shards,
+                   "shard_index": shard_index}
+        if resize is not None:
+            options["resize"] = resize.to_dict()
+        if raw:
+            options["raw"] = True
+        writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
+        with make_executor(executor, workers=workers) as ex:
+            return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
+                       max_failures=max_failures,
+                       resume=resume, overwrite=overwrite, desc=f"to-{format}")

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import PackerError, UsageError, WriteError
+from packer.conversion import claim
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.formats import Writer, open_reader
 from packer.formats.base import Sample, partial_path
@@ -136,10 +137,19 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("index", "at", "note")}
 
 
-def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
-        executor: Executor | None = None, max_failures: int = 0, resume: bool = False,
-        overwrite: bool = False, strict: bool = False, unit: str = "img",
-        desc: str = "packing", sample_unit: str | None = None) -> Report:
+def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, **options: Any) -> Report:
+    """``_run`` under an exclusive claim on ``writer.out`` (see ``packer.conversion.claim``): the
+    command's own when it took one (before listing its inputs), else taken here."""
+    if claim.held(writer.out) is not None:
+        return _run(items, work_fn, writer, **options)
+    with claim.claim_output(writer.out, takeover=bool(options.get("resume") or options.get("overwrite"))):
+        return _run(items, work_fn, writer, **options)
+
+
+def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
+         executor: Executor | None = None, max_failures: int = 0, resume: bool = False,
+         overwrite: bool = False, strict: bool = False, unit: str = "img",
+         desc: str = "packing", sample_unit: str | None = None) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -190,6 +200,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
                 break
         log.info("resuming %s at input %d of %d (%d samples kept)", out, items_done, len(items), samples)
 
+    claim.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=samples if ckpt is not None else None)
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))

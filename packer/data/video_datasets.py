@@ -16,8 +16,9 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from packer.errors import CorruptData, UsageError
+from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats import open_reader
+from packer.formats.base import output_identity
 from packer.codecs.image import decode
 from packer.data.clips import (LAYOUTS, RNG, ClipSampling, assemble_clip, random_resized_crop_box,
                                sample_frames)
@@ -191,7 +192,13 @@ class FrameDataset(_ClipDataset):
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
         self.list_file = Path(list_file) if list_file is not None else self.root / "rawframes.txt"
+        # Frames are read by path: see _check_root. A packer output is never changed in place
+        # (device, inode, ctime); any other rawframes tree may be added to (device, inode).
+        identity = output_identity(self.root)
+        packed = (self.root / "packer.json").is_file()
+        self._identity = identity if packed or identity is None else identity[:2]
         self.videos = parse_rawframes(self.list_file, with_offset=with_offset)
+        self._check_root()
         try:
             filename_tmpl.format(1)
         except (IndexError, KeyError, ValueError):
@@ -209,6 +216,13 @@ class FrameDataset(_ClipDataset):
     def _where(self, index: int) -> str:
         return str(self.root / self.videos[index].frame_dir)
 
+    def _check_root(self) -> None:
+        """The frame root is still the folder the list was read from: a ``decode-frames
+        --overwrite`` renames a new one over it, whose frames must not fill the old list."""
+        now = output_identity(self.root)
+        if self._identity is not None and (now[:len(self._identity)] if now else None) != self._identity:
+            raise OutputChanged(str(self.root))
+
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         v = self.videos[index]
         folder = self.root / v.frame_dir
@@ -218,7 +232,9 @@ class FrameDataset(_ClipDataset):
             try:
                 data = path.read_bytes()
             except OSError as e:
+                self._check_root()
                 raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
+            self._check_root()
             try:
                 frames.append(decode(data))
             except ValueError as e:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from packer.errors import CorruptData, UsageError, WriteError
+from packer.errors import CorruptData, OutputChanged, UsageError, WriteError
 from packer.manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
+__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "output_identity", "write_failures", "load_checksums",
            "KEYS_FILE", "write_keys", "load_keys"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,16 @@ class Record:
     height: int = 0
     width: int = 0
     channels: int = 0
+
+
+def output_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """Which output is at ``path`` now: (device, inode, ctime). A published output is never
+    modified in place, so a replaced one (even on a reused inode) compares different."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def partial_path(out: str | os.PathLike) -> Path:
@@ -169,6 +179,9 @@ class Writer(abc.ABC):
                 self.count = self.durable = resume_samples
         except OSError as e:
             raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from None
+        from packer.conversion import claim  # the run token of the claim held on self.out, if any
+
+        claim.stamp_partial(self)
         self._opened = True
 
     def __enter__(self) -> "Writer":
@@ -234,6 +247,9 @@ class Writer(abc.ABC):
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
             self._remove(self.resume_state_path())  # a finished output holds no resume marker
+            from packer.conversion import claim  # publish only our own partial, under our claim
+
+            recheck = claim.publish_guard(self)
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:
@@ -242,6 +258,7 @@ class Writer(abc.ABC):
                 self._remove(self.failures_path(self.out))
             if self.single_file:
                 os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
+            recheck()
             os.replace(self.workdir, self.out)
         except OSError as e:
             raise WriteError(f"{self.out}: cannot finish output ({e.strerror or e})") from None
@@ -374,7 +391,9 @@ class Reader(abc.ABC):
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         self.path = Path(path)
         self.check_crc = check_crc
+        self._identity = output_identity(self.path)
         self.manifest = self._load_manifest()
+        self._check_unchanged()  # not replaced between the stat and the manifest read
         if self.manifest.format != self.format_name:
             raise CorruptData(str(self.path), f"manifest says format {self.manifest.format!r}, "
                                               f"not {self.format_name!r}")
@@ -382,6 +401,13 @@ class Reader(abc.ABC):
 
     def _load_manifest(self) -> Manifest:
         return Manifest.load(self.path)
+
+    def _check_unchanged(self) -> None:
+        """Raise OutputChanged if the output at ``path`` is no longer the one this reader opened
+        (an ``--overwrite`` renames a new output over it). Formats call it after opening any file
+        of the output by path, so a reader never mixes the old manifest with new data."""
+        if self._identity is not None and output_identity(self.path) != self._identity:
+            raise OutputChanged(str(self.path))
 
     @classmethod
     def detect(cls, path: Path) -> bool:

@@ -234,7 +234,9 @@ class FramesReader(Reader):
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
-            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            self._check_unchanged()
+            self._crcs = crcs
         return self._crcs
 
     def read(self, index: int) -> Record:
@@ -242,8 +244,12 @@ class FramesReader(Reader):
         try:
             data = path.read_bytes()
         except OSError as e:
+            self._check_unchanged()  # a frame gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})",
                               position=f"sample {index}") from None
+        # Frames are opened file by file by path: one stat per frame makes sure this file came
+        # from the output the manifest describes, not from an --overwrite renamed over it.
+        self._check_unchanged()
         if self.check_crc and crc32c(data) != int(self._checksums()[index]):
             raise CorruptData(str(path), "CRC32C mismatch", position=f"sample {index}")
         return Record(data, int(v["label"]), self.fmt, int(v.get("height", 0)), int(v.get("width", 0)), 3)

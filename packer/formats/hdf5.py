@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from packer.errors import CorruptData, FormatError
+from packer.errors import CorruptData, FormatError, OutputChanged
 from packer.codecs.image import sniff_format
 from packer.integrity import crc32c
 from packer.manifest import Manifest
@@ -399,6 +399,11 @@ class HDF5Reader(Reader):
             table = _chunk_table(data)
         if table is not None:
             h.fd, h.chunk_offsets = os.open(self.path, os.O_RDONLY), table
+        try:  # both handles opened the file the manifest came from, not an --overwrite's new one
+            self._check_unchanged()
+        except OutputChanged:
+            h.close()
+            raise
         self._h = h
         self._pid = pid
         return h
@@ -420,6 +425,7 @@ class HDF5Reader(Reader):
                     keys = list(f["keys"].asstr()[:])
             except _H5_ERRORS as e:
                 raise CorruptData(str(self.path), f"cannot read keys ({e})") from None
+            self._check_unchanged()
             if len(keys) != len(self):
                 raise CorruptData(str(self.path), f"holds {len(keys)} keys, manifest says {len(self)}")
             self._keys = keys

@@ -13,7 +13,7 @@ from typing import Iterator
 import lmdb
 import numpy as np
 
-from packer.errors import CorruptData, WriteError
+from packer.errors import CorruptData, OutputChanged, WriteError
 from packer.codecs.image import sniff_format
 from packer.integrity import crc32c
 from packer.manifest import Manifest, atomic_write_bytes
@@ -160,6 +160,12 @@ class LmdbReader(Reader):
         drop_stale_env(self.path)
         self._keys: list[str] | None = None
         self._crcs: np.ndarray | None = None
+        try:  # the data.mdb this reader's manifest describes (an --overwrite replaces it)
+            st = os.stat(self.path / "data.mdb")
+            self._mdb: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            self._mdb = None
+        self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -168,16 +174,26 @@ class LmdbReader(Reader):
     @property
     def keys(self) -> list[str]:
         if self._keys is None:
-            self._keys = load_keys(self.path, len(self))
+            keys = load_keys(self.path, len(self))
+            self._check_unchanged()
+            self._keys = keys
         return self._keys
 
     def _checksums(self) -> np.ndarray:
         if self._crcs is None:
-            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            self._check_unchanged()
+            self._crcs = crcs
         return self._crcs
 
     def _env(self) -> lmdb.Environment:
-        return open_env(self.path)
+        env = open_env(self.path)
+        # An environment opened before an --overwrite keeps mapping the old data.mdb (the old
+        # data, consistently); one opened after it maps the new file: never read it under the
+        # old manifest.
+        if self._mdb is not None and _INODES.get(os.path.abspath(self.path)) != self._mdb:
+            raise OutputChanged(str(self.path))
+        return env
 
     def read_value(self, index: int) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""

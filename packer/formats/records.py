@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from packer.errors import CorruptData, FormatError, UsageError
+from packer.errors import CorruptData, FormatError, OutputChanged, UsageError
 from packer.codecs.tfexample import decode_example, encode_example, int64_feature
 from packer.codecs.image import sniff_format
 from packer.integrity import crc32c, masked_crc32c
@@ -504,6 +504,8 @@ class RecordsReader(Reader):
         self._keys: Sequence[str] | None = None
         self._root: Path | None = None
         super().__init__(path, check_crc=check_crc)
+        if self._foreign is not None:
+            self._identity = None  # other tools' files: no output identity to hold on to
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -569,6 +571,7 @@ class RecordsReader(Reader):
                                       f"{len(o)} entries, manifest says {s['count']} records")
                 offsets.append(o)
                 sizes.append(z)
+            self._check_unchanged()  # the indexes of the shards the manifest lists
             index = _join_index(offsets, sizes)
             if len(index[0]) != len(self):
                 raise CorruptData(str(self.path), f"shards hold {len(index[0])} records, "
@@ -591,7 +594,13 @@ class RecordsReader(Reader):
                 size = os.fstat(f.fileno()).st_size
                 m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as e:
+            self._check_unchanged()  # a shard gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from None
+        try:  # streamed shard by shard: a shard mapped after an --overwrite is not the one listed
+            self._check_unchanged()
+        except OutputChanged:
+            _unmap((m, memoryview(m) if m is not None else memoryview(b"")))
+            raise
         self._maps[k] = (m, memoryview(m) if m is not None else memoryview(b""))
         if len(self._maps) > _MAX_OPEN:
             _unmap(self._maps.popitem(last=False)[1])
@@ -680,7 +689,9 @@ class RecordsReader(Reader):
             if self._foreign is not None:
                 self._keys = _ForeignKeys(self)
             else:
-                self._keys = load_keys(self.path, len(self))
+                keys = load_keys(self.path, len(self))
+                self._check_unchanged()
+                self._keys = keys
         return self._keys
 
     # -- integrity -------------------------------------------------------------------------------
