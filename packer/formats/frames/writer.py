@@ -1,0 +1,157 @@
+"""Frames format, writing: each video's frame files in a temporary folder, renamed when complete."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from packer.errors import WriteError
+from packer.formats.frames.layout import DEFAULT_TEMPLATE, LIST_NAME, VIDEOS_JOURNAL, check_template, rawframes_lines
+from packer.formats.reader import Reader
+from packer.formats.sample import Sample
+from packer.formats.sidecars import _fsync_append, write_checksums
+from packer.formats.writer import Writer
+from packer.integrity import crc32c
+from packer.manifest import Manifest, atomic_write_bytes
+
+__all__ = ["FramesWriter"]
+
+
+def _syncfs(path: Path) -> None:
+    """Flush the file system holding ``path`` (one call instead of an fsync per frame file)."""
+    libc_name = ctypes.util.find_library("c")
+    fn = getattr(ctypes.CDLL(libc_name, use_errno=True), "syncfs", None) if libc_name else None
+    if fn is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if fn(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+class FramesWriter(Writer):
+    """Writes each video's frames as files in its own folder (temporary name, then rename).
+
+    Args (beyond the base Writer's):
+        filename_tmpl: frame file names (``img_{:05d}.jpg``).
+        start_index: the number of a video's first frame file (mmaction2: 1).
+    """
+
+    format_name = "frames"
+
+    def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "videos",
+                 created_by: dict[str, Any] | None = None, commit_every: int = 1000,
+                 commit_bytes: int = 64 << 20, filename_tmpl: str = DEFAULT_TEMPLATE,
+                 start_index: int = 1):
+        if kind != "videos":
+            raise ValueError("the frames format holds video frames only (kind='videos')")
+        super().__init__(out, classes=classes, kind=kind, created_by=created_by,
+                         commit_every=commit_every, commit_bytes=commit_bytes)
+        check_template(filename_tmpl)
+        if start_index < 0:
+            raise ValueError("start_index must be >= 0")
+        self.filename_tmpl = filename_tmpl
+        self.start_index = start_index
+
+    @classmethod
+    def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
+        """A merge keeps the parts' frame file names (``filename_tmpl``, ``start_index``)."""
+        extra = parts[0].manifest.extra
+        return {"filename_tmpl": extra.get("filename_tmpl", DEFAULT_TEMPLATE),
+                "start_index": int(extra.get("start_index", 1))}
+
+    # -- the format's part of the seam --------------------------------------------------------
+    def _open(self, resume_samples: int) -> None:
+        journal = self.workdir / VIDEOS_JOURNAL
+        kept = []
+        if journal.exists():
+            for line in journal.read_text(encoding="utf-8").splitlines():
+                try:
+                    frame_dir, start, count = json.loads(line)
+                except ValueError:
+                    break  # a torn last line
+                if start + count > resume_samples:
+                    break
+                kept.append((frame_dir, start, count))
+            atomic_write_bytes(journal, "".join(json.dumps(list(v)) + "\n" for v in kept).encode())
+        self._drop_unlisted({v[0] for v in kept})
+        self._current: tuple[str, Path, int] | None = None  # frame_dir, temporary folder, start
+        self._completed: list[tuple[str, int, int]] = []  # videos finished since the last commit
+
+    def _drop_unlisted(self, keep: set[str]) -> None:
+        """Remove temporary folders and frame folders past the resume point (a killed run's).
+
+        Kept frame folders are not entered, so this lists only the class-level folders."""
+        visited = []
+        for dirpath, dirnames, filenames in os.walk(self.workdir):
+            d = Path(dirpath)
+            if d == self.workdir:
+                continue
+            rel = d.relative_to(self.workdir).as_posix()
+            if rel in keep:
+                dirnames[:] = []
+            elif filenames:
+                shutil.rmtree(d)
+                dirnames[:] = []
+            else:
+                visited.append(d)
+        for d in reversed(visited):  # children before parents
+            if d.exists() and not any(d.iterdir()):
+                d.rmdir()
+
+    def _write(self, index: int, sample: Sample) -> int:
+        extra = sample.extra
+        try:
+            frame_dir, j, total = extra["frame_dir"], int(extra["frame"]), int(extra["frames"])
+        except (KeyError, TypeError, ValueError):
+            raise WriteError(f"{self.workdir}: sample {sample.key!r} is not a video frame "
+                             "(the frames format needs frame_dir/frame/frames)") from None
+        final = self.workdir / frame_dir
+        if j == 0:
+            tmp = final.with_name(f".{final.name}.tmp")
+            self._remove(tmp)
+            tmp.mkdir(parents=True)
+            self._current = (frame_dir, tmp, index)
+        elif self._current is None or self._current[0] != frame_dir:
+            raise WriteError(f"{self.workdir}: frame {j} of {frame_dir!r} arrived out of order")
+        tmp = self._current[1]
+        data = sample.data
+        with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
+            f.write(data)
+        if j == total - 1:
+            if final.exists():  # left by a killed run past the resume point
+                self._remove(final)
+            os.rename(tmp, final)
+            self._completed.append((frame_dir, self._current[2], total))
+            self._current = None
+        return crc32c(data)
+
+    def _commit(self) -> None:
+        _syncfs(self.workdir)
+        if self._completed:
+            _fsync_append(self.workdir / VIDEOS_JOURNAL,
+                          "".join(json.dumps(list(v)) + "\n" for v in self._completed).encode())
+            self._completed = []
+
+    def _finish(self, manifest: Manifest) -> None:
+        if self._current is not None:
+            raise WriteError(f"{self.workdir}: video {self._current[0]!r} ended before its last frame")
+        missing = [v.get("key") for v in manifest.videos if "frame_dir" not in v]
+        if missing:
+            raise WriteError(f"{self.workdir}: video entries without frame_dir: {missing[:3]}")
+        write_checksums(self.workdir, self.crcs)
+        atomic_write_bytes(self.workdir / LIST_NAME, rawframes_lines(manifest.videos).encode("utf-8"))
+        manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index,
+                               "list_file": LIST_NAME})
+        manifest.save(self.workdir)
+        self._remove(self.workdir / VIDEOS_JOURNAL)
+
+    def _close_handles(self) -> None:
+        pass  # every frame file is closed as soon as it is written
