@@ -48,7 +48,7 @@ from packer.errors import OutputClaimed, WriteError
 from packer.manifest import atomic_write_bytes
 
 __all__ = ["HEARTBEAT_S", "LEASE_S", "TOKEN_NAME", "Holder", "Claim", "lock_path", "claim_output",
-           "held", "holder_of", "adopt_partial", "stamp_partial", "publish_guard", "check_part"]
+           "held", "check_held", "holder_of", "adopt_partial", "stamp_partial", "publish_guard", "check_part"]
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class Claim:
             self.lost = (f"its claim {self.path} was broken"
                          + (f" by {holder.describe()}" if holder else ""))
         if self.lost:
-            raise OutputClaimed(f"{self.out}: not published: {self.lost}")
+            raise OutputClaimed(f"{self.out}: this run lost its claim, not published: {self.lost}")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -301,6 +301,14 @@ class Claim:
 def held(out: str | os.PathLike) -> Claim | None:
     """This process's claim on ``out``, if it holds one."""
     return _HELD.get(os.path.abspath(out))
+
+
+def check_held(out: str | os.PathLike) -> None:
+    """Raise OutputClaimed if this process held a claim on ``out`` and lost it (another run
+    broke it with ``--break-lock``): the runner calls it at each durable commit and on errors."""
+    claim = held(out)
+    if claim is not None:
+        claim.check()
 
 
 def _refusal(out: Path, holder: Holder | None, why: str | None, takeover: bool) -> OutputClaimed:

@@ -241,7 +241,11 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     overwrite = opts.overwrite or st.overwrite
     cp = _Checkpointer(writer.resume_state_path(), fp, st.items_done, st.samples, st.failures, st.entries,
                        overwrite)
-    writer.on_durable = cp.durable
+    def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
+        claim.check_held(out)
+        cp.durable(n)
+
+    writer.on_durable = durable
     cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
     try:
@@ -262,6 +266,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                                 counted=counted_failures(st.failures, strict=opts.strict))
     except BaseException:
         writer.abort()
+        claim.check_held(out)  # a write that failed because another run took the output says so
         raise
     return Report(str(out), count=manifest.count, items=len(items),
                   failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,
