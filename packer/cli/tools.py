@@ -86,7 +86,10 @@ def demo(workdir, count, workers):
 @break_lock_option
 @library_call
 def merge(paths, overwrite, any_parts, break_lock):
-    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run).
+
+    A part that another run is writing (PART.lock), whose writer died holding it, or with an
+    unfinished rewrite beside it (PART.partial) is refused, named."""
     from packer.commands.merge import merge_parts
 
     if len(paths) < 2:
