@@ -16,7 +16,9 @@ from click.testing import CliRunner
 from killing import REPO
 from packer.cli import main
 from packer.conversion import claim as claims
-from packer.conversion.claim import TOKEN_NAME, Holder, claim_output, holder_of, lock_path
+from packer.conversion import run_token
+from packer.conversion.claim import Holder, claim_output, holder_of, lock_path
+from packer.conversion.run_token import TOKEN_NAME
 from packer.errors import OutputClaimed, WriteError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.sample import Sample
@@ -246,13 +248,13 @@ def test_adopt_refuses_a_partial_a_live_run_writes(tmp_path):
         (w.workdir / TOKEN_NAME).write_text(json.dumps(other))
         with claim_output(out, takeover=True):
             with pytest.raises(OutputClaimed, match="being written by another run"):
-                claims.adopt_partial(w)
+                run_token.adopt_partial(w)
         with claim_output(out, break_lock=True):
-            claims.adopt_partial(w)  # taken over, said so
+            run_token.adopt_partial(w)  # taken over, said so
     finally:
         proc.kill()
         proc.wait()
-    claims.adopt_partial(w)  # no claim held: nothing to check
+    run_token.adopt_partial(w)  # no claim held: nothing to check
 
 
 def test_cli_exit_2_and_help(tmp_path, image_folder):

@@ -9,7 +9,6 @@ would pass every count check: each read is compared with v1 and v2 byte for byte
 from __future__ import annotations
 
 import subprocess
-import threading
 
 import numpy as np
 import pytest
@@ -151,7 +150,7 @@ def test_reading_while_an_overwrite_runs(fmt, tmp_path):
     argv = [f"to-{fmt}", b, out, "--workers", 0, "--overwrite"]
     proc = subprocess.Popen(packer_cmd(*argv), env=packer_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    seen, stop = [], threading.Event()
+    seen = []
     while proc.poll() is None or not seen:
         seen.extend(_reads(ds, len(old)))
         if len(seen) > 20000:

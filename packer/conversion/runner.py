@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import UsageError, WriteError
-from packer.conversion import claim
+from packer.conversion import claim, run_token
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.options import RunOptions, split_options
 from packer.formats import Writer, open_reader
@@ -235,7 +235,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         log.info("%s is complete; checked its manifest, nothing to do", out)
         return Report(str(out), count=len(reader), items=len(items), status="complete")
     st = _resume_state(items, work_fn, writer, executor, fp) if opts.resume else _State()
-    claim.adopt_partial(writer)  # a partial another live run writes is never touched
+    run_token.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=st.samples if st.resumed else None)
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = opts.overwrite or st.overwrite
