@@ -5,17 +5,18 @@ from typing import Any
 
 import click
 
-from packer.cli.options import (break_lock_option, commit_option, finish, image_pack_options,
+from packer.cli.options import (break_lock_option, claimed, commit_option, finish, image_pack_options,
                                 library_call, main, resize_options, split_paths)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
           **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
-    from packer.commands.pack_images import pack_images
-
     src, out = split_paths(paths, list_file, root)
-    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, **options)
+    with claimed(out, options):
+        from packer.commands.pack_images import pack_images
+
+        report = pack_images(src, out, format=format, list_path=list_file, exts=ext, **options)
     finish(report, options["max_failures"])
 
 
@@ -57,12 +58,13 @@ def to_hdf5(paths, **options):
 @library_call
 def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor, break_lock):
     """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
-    from packer.commands.resize_tree import resize_tree
-
     if resize is None:
         raise click.UsageError("give --short-side N, --max-side N or --size WxH")
-    report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
-                         executor=executor, max_failures=max_failures, break_lock=break_lock)
+    with claimed(out, {"resume": True, "break_lock": break_lock}):  # incremental: a dead run's claim is taken
+        from packer.commands.resize_tree import resize_tree
+
+        report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                             executor=executor, max_failures=max_failures, break_lock=break_lock)
     finish(report, max_failures)
 
 

@@ -14,7 +14,7 @@ from packer.conversion.executors import EXECUTORS
 from packer.errors import OutputClaimed, PackerError
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
-           "commit_option", "break_lock_option", "library_call", "finish", "split_paths"]
+           "commit_option", "break_lock_option", "claimed", "library_call", "finish", "split_paths"]
 
 
 def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,6 +64,15 @@ BREAK_LOCK_HELP = ("Take the claim on OUT (OUT.lock) even from a run that may st
 def break_lock_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--break-lock``: every command that writes an output has it."""
     return click.option("--break-lock", is_flag=True, help=BREAK_LOCK_HELP)(fn)
+
+
+def claimed(out: str, options: dict[str, Any]) -> Any:
+    """Claim OUT before a command imports its (slow) modules, so a second run on the same
+    output fails at once; the library call reuses this claim."""
+    from packer.conversion.claim import ensure_claim
+
+    return ensure_claim(out, takeover=bool(options.get("resume") or options.get("overwrite")),
+                        break_lock=bool(options.get("break_lock")))
 
 
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from packer.cli.options import break_lock_option, library_call, main
+from packer.cli.options import break_lock_option, claimed, library_call, main
 
 
 @main.command()
@@ -90,12 +90,13 @@ def merge(paths, overwrite, any_parts, break_lock):
 
     A part that another run is writing (PART.lock), whose writer died holding it, or with an
     unfinished rewrite beside it (PART.partial) is refused, named."""
-    from packer.commands.merge import merge_parts
-
     if len(paths) < 2:
         raise click.UsageError("expected PART... OUT")
-    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts,
-                         break_lock=break_lock)
+    with claimed(paths[-1], {"resume": True, "break_lock": break_lock}):  # a merge rebuilds: a dead one's claim is taken
+        from packer.commands.merge import merge_parts
+
+        report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts,
+                             break_lock=break_lock)
     click.echo(report.summary())
 
 

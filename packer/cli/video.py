@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_options, finish, library_call, main
+from packer.cli.options import claimed, commit_option, conversion_options, finish, library_call, main
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
@@ -45,7 +45,8 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @library_call
 def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
-    from packer.commands.decode_frames import decode_frames
+    with claimed(out, options):
+        from packer.commands.decode_frames import decode_frames
 
-    report = decode_frames(src, out, to=to, list_out=list_out, **options)
+        report = decode_frames(src, out, to=to, list_out=list_out, **options)
     finish(report, options["max_failures"])

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import cv2
 
-from packer.conversion.claim import claim_output
+from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -230,7 +230,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     """
     options.setdefault("timeout", 600.0)
     frames, inputs, run_opts = split_options(options, FrameOptions, InputOptions, RunOptions)
-    with claim_output(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
         return _decode_frames(src, out, to, list_out, frames, inputs, run_opts)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.conversion.claim import check_part, claim_output
+from packer.conversion.claim import check_part, ensure_claim
 from packer.conversion.runner import check_output_arg
 from packer.errors import CorruptData, OutputClaimed, UsageError
 from packer import formats
@@ -212,7 +212,7 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         OutputClaimed: ``out`` is claimed by another run, or a part is claimed or unfinished.
     """
     # A merge rebuilds from the parts: a claim left by a dead merge is taken over.
-    with claim_output(out, takeover=True, break_lock=break_lock):
+    with ensure_claim(out, takeover=True, break_lock=break_lock):
         return _merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts)
 
 

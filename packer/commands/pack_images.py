@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.conversion.claim import claim_output
+from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
@@ -91,7 +91,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if resize.format != "keep":
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    with claim_output(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts)
         if not items:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.conversion.claim import claim_output
+from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report
 from packer.errors import CorruptSample, UsageError, WriteError
 from packer.conversion.executors import make_executor
@@ -161,7 +161,7 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
     The run holds an exclusive claim on ``out`` (``OUT.lock`` beside it); one left by a dead
     run is taken over (the mirror is incremental), a live one only with ``break_lock``.
     """
-    with claim_output(out, takeover=True, break_lock=break_lock):
+    with ensure_claim(out, takeover=True, break_lock=break_lock):
         return _resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
                             executor=executor, max_failures=max_failures)
 

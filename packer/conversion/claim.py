@@ -46,7 +46,8 @@ except ImportError:  # pragma: no cover - no POSIX locks here: the lock file alo
 from packer.conversion.holders import LEASE_S, Holder
 from packer.errors import OutputClaimed, WriteError
 
-__all__ = ["HEARTBEAT_S", "LEASE_S", "Holder", "Claim", "lock_path", "claim_output", "held", "check_held",
+__all__ = ["HEARTBEAT_S", "LEASE_S", "Holder", "Claim", "lock_path", "claim_output", "ensure_claim", "held",
+           "check_held",
            "holder_of", "check_part"]
 
 log = logging.getLogger(__name__)
@@ -335,6 +336,18 @@ def claim_output(out: str | os.PathLike, *, takeover: bool = False, break_lock: 
         if restore is not None:
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(signal.SIGTERM, restore)
+
+
+@contextlib.contextmanager
+def ensure_claim(out: str | os.PathLike, *, takeover: bool = False, break_lock: bool = False) -> Iterator[Claim]:
+    """``claim_output``, or this process's claim on ``out`` if it already holds one (the CLI
+    claims before importing a command's heavy modules, so a second run fails at once)."""
+    claim = held(out)
+    if claim is not None:
+        yield claim
+        return
+    with claim_output(out, takeover=takeover, break_lock=break_lock) as claim:
+        yield claim
 
 
 def check_part(part: Path) -> None:

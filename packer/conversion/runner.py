@@ -219,9 +219,8 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         a Report.
     """
     (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
-    if claim.held(writer.out) is not None:  # the command took it before listing its inputs
-        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit)
-    with claim.claim_output(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
+    # (the command's own claim when it took one before listing its inputs)
+    with claim.ensure_claim(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
         return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit)
 
 
