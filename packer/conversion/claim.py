@@ -358,6 +358,8 @@ def check_part(part: Path) -> None:
         who = holder.describe() if holder else "an unreadable claim"
         if why is None:
             raise OutputClaimed(f"{part}: part is being written ({who}); merge it when that run is done")
+        if not part.exists():
+            return  # a part that never finished: the caller says "did not finish, --resume"
         raise OutputClaimed(f"{part}: part is claimed by a run that is gone ({who}; {why}); rerun its "
                             "command with --resume, then merge")
     partial = part.with_name(part.name + ".partial")
