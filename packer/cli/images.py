@@ -6,18 +6,19 @@ from typing import Any
 import click
 
 from packer.cli.options import (break_lock_option, claimed, commit_option, finish, image_pack_options,
-                                library_call, main, resize_options, split_paths)
+                                library_call, main, resize_options, split_paths, to_output)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
           **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
     src, out = split_paths(paths, list_file, root)
-    with claimed(out, options):
+    with claimed(out, options):  # before the slow imports: a second run fails at once
         from packer.commands.pack_images import pack_images
 
-        report = pack_images(src, out, format=format, list_path=list_file, exts=ext, **options)
-    finish(report, options["max_failures"])
+        to_output(out, options.get("resume", False), options.get("overwrite", False),
+                  lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext, **options),
+                  options["max_failures"], break_lock=options.get("break_lock", False))
 
 
 @main.command("to-lmdb")

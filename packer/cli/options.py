@@ -14,7 +14,7 @@ from packer.conversion.executors import EXECUTORS
 from packer.errors import OutputClaimed, PackerError
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
-           "commit_option", "break_lock_option", "claimed", "library_call", "finish", "split_paths"]
+           "commit_option", "library_call", "finish", "split_paths", "break_lock_option", "claimed"]
 
 
 def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,7 +68,14 @@ def break_lock_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def claimed(out: str, options: dict[str, Any]) -> Any:
     """Claim OUT before a command imports its (slow) modules, so a second run on the same
-    output fails at once; the library call reuses this claim."""
+    output fails at once; the library call reuses this claim. A URL OUT is claimed through its
+    local staging copy (``to_output``)."""
+    import contextlib
+
+    from packer.remote.url import is_url
+
+    if is_url(out):
+        return contextlib.nullcontext()
     from packer.conversion.claim import ensure_claim
 
     return ensure_claim(out, takeover=bool(options.get("resume") or options.get("overwrite")),
@@ -90,8 +97,9 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Split the sorted input into N parts across jobs.")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
-                      help="Continue an interrupted run (a finished output is checked and kept); "
-                           "takes over the claim of a run that died.")(fn)
+                      help="Continue an interrupted run (a finished output is checked and kept; "
+                           "with a URL OUT the upload resumes too); takes over the claim of a run "
+                           "that died.")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
@@ -146,6 +154,46 @@ def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class PathOrUrl(click.ParamType):
+    """An existing local path, or a URL (``s3://``, ``https://``, ...) read through the cache."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from packer.remote.url import is_url
+
+        if is_url(value):
+            return value
+        return click.Path(exists=True).convert(value, param, ctx)
+
+
+PATH_OR_URL = PathOrUrl()
+
+
+def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int,
+              break_lock: bool = False) -> None:
+    """Run ``build(path)`` (a conversion returning a Report) into ``out``; a URL ``out`` is
+    built in a local staging folder and uploaded when finished, the manifest last (see
+    docs/remote.md), under a claim on the staging copy through the upload. Then the summary
+    and exit status, as ``finish``."""
+    from packer.conversion.claim import ensure_claim
+    from packer.remote.upload import staged_output
+    from packer.remote.url import redact
+
+    staged = staged_output(out, resume=resume, overwrite=overwrite)
+    if not staged.remote:
+        finish(build(out), max_failures)
+        return
+    if staged.complete:
+        click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
+        return
+    with ensure_claim(staged.local, takeover=resume or overwrite, break_lock=break_lock):
+        with staged.uploading_shards():  # records shards go up as they complete
+            report = build(str(staged.local))
+        click.echo(staged.upload().summary())
+    finish(report, max_failures)
+
+
 def finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
@@ -162,7 +210,14 @@ def finish(report: Any, max_failures: int) -> None:
 @click.version_option(__version__, prog_name="packer")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
-    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast."""
+    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast.
+
+    The OUT of to-lmdb, to-hdf5, to-records, decode-frames and merge may be a URL (s3://,
+    gs://, ...): the output is built in a local staging folder ($PACKER_STAGING_DIR) and
+    uploaded, the manifest last. inspect, verify and merge read URLs (https://, s3://, ...)
+    through a node-local cache ($PACKER_CACHE_DIR). Credentials come from the environment and
+    config files only. See docs/remote.md.
+    """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
@@ -170,6 +225,10 @@ def main(verbose: int) -> None:
 def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
     fn = resize_options(fn)
+    fn = click.option("--shuffle", "shuffle", type=click.IntRange(min=0), default=None, metavar="SEED",
+                      help="Store the samples in a permutation of the inputs fixed by SEED (keys still "
+                           "name the sources), so that reading in stored order mixes classes; "
+                           "recorded in the manifest. Default: sorted input order.")(fn)
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)
