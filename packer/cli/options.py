@@ -56,7 +56,8 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 BREAK_LOCK_HELP = ("Take the claim on OUT (OUT.lock) even from a run that may still be alive. RISK: if "
                    "that run is alive (another terminal, a requeued job, another host), both write and "
-                   "the one that loses the claim fails at publish; use it only when the holder named "
+                   "the one that loses the claim fails at its next commit or its publish (it never "
+                   "publishes); use it only when the holder named "
                    "in the error is certainly gone. A dead holder's claim needs no --break-lock: "
                    "--resume takes it over.")
 
