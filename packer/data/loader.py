@@ -16,6 +16,7 @@ allocator, which recycles a block only after the non_blocking copies that read i
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -33,7 +34,7 @@ from packer.errors import PackerError, UsageError
 from packer.data.batchbuf import BufferPool, as_image, copy_into
 from packer.data.streaming import resolve_rank, split_by_rank
 
-__all__ = ["Loader", "LoaderError", "epoch_indices"]
+__all__ = ["Loader", "LoaderOptions", "LoaderError", "epoch_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -296,12 +297,49 @@ class _Epoch:
         return _rebuild(b.like, values)
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a ``Loader`` orders and fetches (its keywords; see ``Loader``).
+
+    Args:
+        batch_size: samples per batch.
+        shuffle: a seeded permutation per epoch.
+        seed: the permutation's seed (the same on every rank).
+        num_threads: loader threads (None: the CPUs this process may use, at most 8).
+        drop_last: drop the uneven tail (across ranks, then the last partial batch).
+        prefetch: batches loaded ahead of the one being consumed.
+        chunk: samples per thread task (None: batch / (2 x threads)).
+        pin_memory: pinned buffers (None: when CUDA is available).
+        rank, world_size: override ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+    """
+
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    num_threads: int | None = None
+    drop_last: bool = False
+    prefetch: int = 2
+    chunk: int | None = None
+    pin_memory: bool | None = None
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, not {self.batch_size}")
+        if ((self.num_threads is not None and self.num_threads < 1) or self.prefetch < 0
+                or (self.chunk is not None and self.chunk < 1)):
+            raise UsageError("num_threads and chunk must be >= 1, prefetch >= 0")
+
+
 class Loader:
     """Batches from any packer dataset, loaded by threads in this process.
 
     Args:
         dataset: any map-style dataset (``PackedDataset``, ``FrameDataset``,
             ``PackedVideoDataset``, your own); samples are tuples/lists/dicts or one image.
+        options: a ``LoaderOptions``; its fields may also be given as keywords (below), which
+            override its own.
         batch_size: samples per batch.
         shuffle: a seeded permutation per epoch (the epoch from ``set_epoch``; without it the
             epochs of successive passes are 0, 1, 2, ...).
@@ -324,32 +362,30 @@ class Loader:
     DataLoader instead.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int, shuffle: bool = False, seed: int = 0,
-                 num_threads: int | None = None, drop_last: bool = False, sampler: Any = None,
-                 collate: Callable[[list], Any] | None = None, prefetch: int = 2, chunk: int | None = None,
-                 pin_memory: bool | None = None, rank: int | None = None, world_size: int | None = None):
-        if batch_size < 1:
-            raise UsageError(f"batch_size must be >= 1, not {batch_size}")
-        if sampler is not None and shuffle:
+    def __init__(self, dataset: Any, options: LoaderOptions | None = None, *, sampler: Any = None,
+                 collate: Callable[[list], Any] | None = None, **option_fields: Any):
+        opts = dataclasses.replace(options, **option_fields) if options is not None else LoaderOptions(**option_fields)
+        if sampler is not None and opts.shuffle:
             raise UsageError("give shuffle or a sampler, not both (the sampler decides the order)")
+        num_threads = opts.num_threads
         if num_threads is None:
             num_threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        if num_threads < 1 or prefetch < 0 or (chunk is not None and chunk < 1):
-            raise UsageError("num_threads and chunk must be >= 1, prefetch >= 0")
+        self.options = opts
         self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = int(seed)
+        self.batch_size = int(opts.batch_size)
+        self.shuffle = opts.shuffle
+        self.seed = int(opts.seed)
         self.num_threads = int(num_threads)
-        self.drop_last = drop_last
+        self.drop_last = opts.drop_last
         self.sampler = sampler
         self.collate = collate
-        self.prefetch = int(prefetch)
-        self.chunk = int(chunk) if chunk else max(1, math.ceil(self.batch_size / (2 * self.num_threads)))
+        self.prefetch = int(opts.prefetch)
+        self.chunk = int(opts.chunk) if opts.chunk else max(1, math.ceil(self.batch_size / (2 * self.num_threads)))
+        pin_memory = opts.pin_memory
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.pool = BufferPool(pin=bool(pin_memory), keep=self.prefetch + 4)
-        self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(rank, world_size)
+        self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(opts.rank, opts.world_size)
         self._epoch: int | None = None
         self._next_epoch = 0
 
