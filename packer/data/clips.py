@@ -16,10 +16,13 @@ from typing import Any, Optional, Union
 import cv2
 import numpy as np
 
-__all__ = ["sample_frames", "ClipSampling", "random_resized_crop_box", "assemble_clip", "LAYOUTS",
-           "OUT_OF_BOUND", "RNG"]
+from packer.errors import UsageError
+
+__all__ = ["sample_frames", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
+           "LAYOUTS", "MODALITIES", "OUT_OF_BOUND", "RNG"]
 
 LAYOUTS = ("TCHW", "CTHW")
+MODALITIES = ("RGB", "Flow")
 OUT_OF_BOUND = ("loop", "repeat_last")
 RNG = Union[np.random.RandomState, Any]  # np.random.RandomState, or the np.random module itself
 
@@ -123,6 +126,37 @@ class ClipSampling:
                              start_index=start_index, out_of_bound_opt=self.out_of_bound_opt,
                              twice_sample=self.twice_sample, keep_tail_frames=self.keep_tail_frames,
                              temporal_jitter=self.temporal_jitter, rng=rng)
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    """What a video dataset returns for each clip (see ``FrameDataset``): layout, crop, draws, labels.
+
+    Args:
+        layout: ``"TCHW"`` or ``"CTHW"``.
+        crop_size: crop every clip to this square (None: no crop).
+        seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
+            function of (seed, epoch, index).
+        modality: ``"RGB"`` or ``"Flow"``.
+        multi_class, num_classes: return mmaction2's multi-hot target.
+    """
+
+    layout: str = "TCHW"
+    crop_size: Optional[int] = None
+    seed: Optional[int] = None
+    modality: str = "RGB"
+    multi_class: bool = False
+    num_classes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.modality not in MODALITIES:
+            raise UsageError(f"modality must be one of {MODALITIES}, not {self.modality!r}")
+        if self.multi_class and (self.num_classes is None or self.num_classes < 1):
+            raise UsageError("multi_class=True needs num_classes (as mmaction2)")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"layout must be one of {LAYOUTS}, not {self.layout!r}")
+        if self.crop_size is not None and self.crop_size < 1:
+            raise UsageError(f"crop_size must be >= 1, not {self.crop_size}")
 
 
 # -- cropping ---------------------------------------------------------------------------------
