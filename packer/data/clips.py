@@ -10,6 +10,7 @@ mmaction2 makes after ``np.random.seed(s)`` (the same calls in the same order).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from packer.errors import UsageError
 
-__all__ = ["sample_frames", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
+__all__ = ["sample_frames", "sampling_options", "train_offsets", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
            "LAYOUTS", "MODALITIES", "OUT_OF_BOUND", "RNG"]
 
 LAYOUTS = ("TCHW", "CTHW")
@@ -28,8 +29,10 @@ RNG = Union[np.random.RandomState, Any]  # np.random.RandomState, or the np.rand
 
 
 # -- sampling ---------------------------------------------------------------------------------
-def _train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool,
-                   rng: RNG) -> np.ndarray:
+def train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool,
+                  rng: RNG) -> np.ndarray:
+    """The first frame of each training clip, as mmaction2's ``SampleFrames._get_train_clips``
+    (``interval`` may be fractional: ``SampleFrames(target_fps=...)`` passes a span)."""
     span = clip_len * interval
     if keep_tail:
         avg = (n - span + 1) / float(num_clips)
@@ -62,34 +65,44 @@ def _test_offsets(n: int, clip_len: int, interval: int, num_clips: int, twice: b
     return np.array([max_offset // 2])
 
 
-def sample_frames(total_frames: int, *, clip_len: int, frame_interval: int = 1, num_clips: int = 1,
-                  test_mode: bool = False, start_index: int = 0, out_of_bound_opt: str = "loop",
-                  twice_sample: bool = False, keep_tail_frames: bool = False,
-                  temporal_jitter: bool = False, rng: Optional[RNG] = None) -> np.ndarray:
+def sampling_options(cls: type, sampling: Any, fields: dict[str, Any], total_frames: int) -> Any:
+    """The options a frame-sampling function uses: ``sampling`` (an instance of ``cls``) with
+    ``fields`` applied, or ``cls(**fields)``, which must then name ``clip_len``; checks
+    ``total_frames`` first."""
+    if sampling is None and "clip_len" not in fields:
+        raise TypeError(f"needs clip_len (or a {cls.__name__})")
+    if total_frames < 1:
+        raise ValueError(f"total_frames must be >= 1, not {total_frames}")
+    if not fields:
+        return sampling
+    return dataclasses.replace(sampling, **fields) if sampling is not None else cls(**fields)
+
+
+def sample_frames(total_frames: int, sampling: Optional["ClipSampling"] = None, *, start_index: int = 0,
+                  rng: Optional[RNG] = None, **sampling_fields: Any) -> np.ndarray:
     """Frame indices of ``num_clips`` clips of ``clip_len`` frames, as mmaction2's
     ``SampleFrames`` picks them (its ``frame_inds``: int32, ``start_index``-based, clips
     concatenated; ``twice_sample`` doubles the clips in test mode).
 
     Args:
         total_frames: frames in the video (> 0).
+        sampling: a ``ClipSampling``; its fields may also be given as keywords (``clip_len``,
+            which is then required, ``frame_interval``, ``num_clips``, ``test_mode``,
+            ``out_of_bound_opt``, ``twice_sample``, ``keep_tail_frames``, ``temporal_jitter``).
         rng: a ``np.random.RandomState`` (default: numpy's global one, as mmaction2).
     """
-    if total_frames < 1:
-        raise ValueError(f"total_frames must be >= 1, not {total_frames}")
-    if clip_len < 1 or frame_interval < 1 or num_clips < 1:
-        raise ValueError("clip_len, frame_interval and num_clips must be >= 1")
-    if out_of_bound_opt not in OUT_OF_BOUND:
-        raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}, not {out_of_bound_opt!r}")
+    s = sampling_options(ClipSampling, sampling, sampling_fields, total_frames)
+    clip_len, frame_interval, num_clips = s.clip_len, s.frame_interval, s.num_clips
     rng = np.random if rng is None else rng
-    if test_mode:
-        offsets = _test_offsets(total_frames, clip_len, frame_interval, num_clips, twice_sample)
+    if s.test_mode:
+        offsets = _test_offsets(total_frames, clip_len, frame_interval, num_clips, s.twice_sample)
     else:
-        offsets = _train_offsets(total_frames, clip_len, frame_interval, num_clips, keep_tail_frames, rng)
+        offsets = train_offsets(total_frames, clip_len, frame_interval, num_clips, s.keep_tail_frames, rng)
     inds = np.concatenate(offsets[:, None] + np.arange(clip_len)[None, :] * frame_interval)
-    if temporal_jitter:
+    if s.temporal_jitter:
         inds = inds + rng.randint(frame_interval, size=len(inds))
     inds = inds.reshape((-1, clip_len))
-    if out_of_bound_opt == "loop":
+    if s.out_of_bound_opt == "loop":
         inds = np.mod(inds, total_frames)
     else:  # repeat_last: past the end, repeat the clip's last frame inside the video
         safe = inds < total_frames
@@ -115,17 +128,13 @@ class ClipSampling:
         if self.clip_len < 1 or self.frame_interval < 1 or self.num_clips < 1:
             raise ValueError("clip_len, frame_interval and num_clips must be >= 1")
         if self.out_of_bound_opt not in OUT_OF_BOUND:
-            raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}")
+            raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}, not {self.out_of_bound_opt!r}")
 
     def indices(self, total_frames: int, rng: RNG, *, start_index: int = 0, fps: Optional[float] = None,
                 clip_len: Optional[int] = None, frame_interval: Optional[int] = None) -> np.ndarray:
         """``sample_frames`` with these options (``fps`` is for samplers that use it)."""
-        return sample_frames(total_frames, clip_len=clip_len or self.clip_len,
-                             frame_interval=frame_interval or self.frame_interval,
-                             num_clips=self.num_clips, test_mode=self.test_mode,
-                             start_index=start_index, out_of_bound_opt=self.out_of_bound_opt,
-                             twice_sample=self.twice_sample, keep_tail_frames=self.keep_tail_frames,
-                             temporal_jitter=self.temporal_jitter, rng=rng)
+        override = {k: v for k, v in (("clip_len", clip_len), ("frame_interval", frame_interval)) if v}
+        return sample_frames(total_frames, self, start_index=start_index, rng=rng, **override)
 
 
 @dataclass(frozen=True)
