@@ -35,18 +35,16 @@ reproducible under ``torch.manual_seed``). Calls from several threads share one 
 """
 from __future__ import annotations
 
-import io
 import math
 import os
 import threading
-import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from packer.codecs.image import _to_rgb_array, to_chw
+from packer.codecs.image import decode_pil, to_chw
 from packer.data.boxdecode import Box, decode_box
 from packer.data.resample import to_chw3
 
@@ -175,12 +173,7 @@ class PilRandomResizedCrop(_RandomCrop):
         if isinstance(data, np.ndarray):
             im = Image.fromarray(data)
         else:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    im = Image.fromarray(_to_rgb_array(Image.open(io.BytesIO(bytes(data)))))
-            except Exception as e:
-                raise ValueError(f"cannot decode image: {e}") from None
+            im = Image.fromarray(decode_pil(data))  # the reference decode (ValueError if undecodable)
         (top, left, h, w), flip = self.sample(im.height, im.width, rng)
         im = im.crop((left, top, left + w, top + h)).resize((self.size[1], self.size[0]), Image.BILINEAR)
         if flip:
