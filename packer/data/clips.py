@@ -19,7 +19,7 @@ import numpy as np
 
 from packer.errors import UsageError
 
-__all__ = ["sample_frames", "sampling_options", "train_offsets", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
+__all__ = ["sample_frames", "sampling_options", "train_offsets", "clip_frames", "bound_clips", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
            "LAYOUTS", "MODALITIES", "OUT_OF_BOUND", "RNG"]
 
 LAYOUTS = ("TCHW", "CTHW")
@@ -98,17 +98,29 @@ def sample_frames(total_frames: int, sampling: Optional["ClipSampling"] = None, 
         offsets = _test_offsets(total_frames, clip_len, frame_interval, num_clips, s.twice_sample)
     else:
         offsets = train_offsets(total_frames, clip_len, frame_interval, num_clips, s.keep_tail_frames, rng)
+    return clip_frames(offsets, total_frames, s, start_index, rng)
+
+
+def clip_frames(offsets: np.ndarray, total_frames: int, s: Any, start_index: int, rng: RNG) -> np.ndarray:
+    """The frames of clips starting at ``offsets``: ``s.clip_len`` frames ``s.frame_interval``
+    apart (each shifted by a random jitter below the interval when ``s.temporal_jitter``), the
+    ones past the end bounded (``bound_clips``), as mmaction2's ``frame_inds``."""
+    clip_len, frame_interval = s.clip_len, s.frame_interval
     inds = np.concatenate(offsets[:, None] + np.arange(clip_len)[None, :] * frame_interval)
     if s.temporal_jitter:
         inds = inds + rng.randint(frame_interval, size=len(inds))
-    inds = inds.reshape((-1, clip_len))
-    if s.out_of_bound_opt == "loop":
-        inds = np.mod(inds, total_frames)
-    else:  # repeat_last: past the end, repeat the clip's last frame inside the video
-        safe = inds < total_frames
-        last = np.max(safe * inds, axis=1)
-        inds = safe * inds + ((1 - safe).T * last).T
+    inds = bound_clips(inds, total_frames, clip_len, s.out_of_bound_opt)
     return (np.concatenate(inds) + start_index).astype(np.int32)
+
+
+def bound_clips(inds: np.ndarray, total: int, clip_len: int, out_of_bound_opt: str) -> np.ndarray:
+    """Clips (rows of ``clip_len``) with indices past the end looped or clamped, as mmaction2."""
+    inds = inds.reshape((-1, clip_len))
+    if out_of_bound_opt == "loop":
+        return np.mod(inds, total)
+    safe = inds < total  # repeat_last: past the end, repeat the clip's last frame inside the video
+    last = np.max(safe * inds, axis=1)
+    return safe * inds + ((1 - safe).T * last).T
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from packer.data.clips import OUT_OF_BOUND, RNG, ClipSampling, sampling_options, train_offsets
+from packer.data.clips import (OUT_OF_BOUND, RNG, ClipSampling, bound_clips, clip_frames, sampling_options,
+                               train_offsets)
 
 __all__ = ["SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames", "fps_sample_frames",
            "dense_sample_frames", "untrimmed_sample_frames"]
-
-
-def _bound(inds: np.ndarray, total: int, clip_len: int, out_of_bound_opt: str) -> np.ndarray:
-    """Clips (rows of ``clip_len``) with indices past the end looped or clamped, as mmaction2."""
-    inds = inds.reshape((-1, clip_len))
-    if out_of_bound_opt == "loop":
-        return np.mod(inds, total)
-    safe = inds < total  # repeat_last: the clip's last in-range index
-    last = np.max(safe * inds, axis=1)
-    return safe * inds + ((1 - safe).T * last).T
 
 
 def _check(total_frames: int, clip_len: int, frame_interval: int, num_clips: int, oob: str) -> None:
@@ -66,7 +57,7 @@ def fps_sample_frames(total_frames: int, sampling: Optional["SampleFrames"] = No
         # the train offsets of SampleFrames with a (fractional) span of ``span`` frames
         offsets = train_offsets(total_frames, 1, span, num_clips, s.keep_tail_frames, rng)
     inds = offsets[:, None] + np.linspace(0, span - 1, clip_len).astype(np.int32)
-    inds = _bound(inds, total_frames, clip_len, s.out_of_bound_opt)
+    inds = bound_clips(inds, total_frames, clip_len, s.out_of_bound_opt)
     return (np.concatenate(inds) + start_index).astype(np.int32)
 
 
@@ -122,22 +113,18 @@ def dense_sample_frames(total_frames: int, sampling: Optional["DenseSampleFrames
     positions in testing (``num_clips * num_sample_positions`` clips). ``sampling`` is a
     ``DenseSampleFrames`` (its fields may also be given as keywords; ``clip_len`` then required)."""
     s = sampling_options(DenseSampleFrames, sampling, sampling_fields, total_frames)
-    clip_len, frame_interval, num_clips, sample_range = s.clip_len, s.frame_interval, s.num_clips, s.sample_range
+    num_clips, sample_range = s.num_clips, s.sample_range
     rng = np.random if rng is None else rng
     positions = max(1, 1 + total_frames - sample_range)
     step = sample_range // num_clips
     base = np.arange(num_clips) * step
     if s.test_mode:
         starts = np.linspace(0, positions - 1, num=s.num_sample_positions, dtype=int)
-        offsets = np.array([o for s in starts for o in (base + s) % total_frames])
+        offsets = np.array([o for at in starts for o in (base + at) % total_frames])
     else:
         start = 0 if positions == 1 else rng.randint(0, positions - 1)
         offsets = (base + start) % total_frames
-    inds = np.concatenate(offsets[:, None] + np.arange(clip_len)[None, :] * frame_interval)
-    if s.temporal_jitter:
-        inds = inds + rng.randint(frame_interval, size=len(inds))
-    inds = _bound(inds, total_frames, clip_len, s.out_of_bound_opt)
-    return (np.concatenate(inds) + start_index).astype(np.int32)
+    return clip_frames(offsets, total_frames, s, start_index, rng)
 
 
 @dataclass(frozen=True)
