@@ -30,6 +30,7 @@ def make_decode(decode: str, resize: int, crop: int) -> Any:
 
 class FolderDataset:
     """The original files of an ImageFolder tree, read and decoded like a packed dataset."""
+    # Reads files as FrameDataset does (read, decode, wrap the error) for a different input: kept apart.
 
     def __init__(self, root: str | os.PathLike, decode: Any):
         from packer.data.datasets import decode_record

@@ -169,7 +169,7 @@ class ClipOptions:
     multi_class: bool = False
     num_classes: Optional[int] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # the usual choice checks, as every options class has them
         if self.modality not in MODALITIES:
             raise UsageError(f"modality must be one of {MODALITIES}, not {self.modality!r}")
         if self.multi_class and (self.num_classes is None or self.num_classes < 1):
@@ -187,6 +187,8 @@ def random_resized_crop_box(height: int, width: int, rng: RNG, *, area_range=(0.
     """(top, left, h, w) of a random crop covering ``area_range`` of the frame with an aspect in
     ``aspect_ratio_range`` (log-uniform), as mmaction2's ``RandomResizedCrop``; center crop of
     the whole frame if no attempt fits."""
+    # Not crops.sample_box on purpose: mmaction2's draws (RandomState.randint, centre-square
+    # fallback) differ from torchvision's (Generator.integers, aspect-clamped fallback).
     area = height * width
     log_ratio = (math.log(aspect_ratio_range[0]), math.log(aspect_ratio_range[1]))
     for _ in range(max_attempts):

@@ -55,6 +55,7 @@ def sample_box(height: int, width: int, rng: np.random.Generator, *,
                scale: Sequence[float] = (0.08, 1.0),
                ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(top, left, height, width) of torchvision's RandomResizedCrop box (see the module doc)."""
+    # Not clips.random_resized_crop_box on purpose: torchvision's draws and fallback differ from mmaction2's.
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):

@@ -130,6 +130,8 @@ def dense_sample_frames(total_frames: int, sampling: Optional["DenseSampleFrames
 @dataclass(frozen=True)
 class DenseSampleFrames:
     """mmaction2 ``DenseSampleFrames`` options (see ``dense_sample_frames``)."""
+    # Fields like ClipSampling's on purpose, but not a subclass: mmaction2's DenseSampleFrames has
+    # no twice_sample/keep_tail_frames, and the datasets tell samplers apart by type.
 
     clip_len: int = 1
     frame_interval: int = 1
