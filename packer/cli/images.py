@@ -21,6 +21,7 @@ def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str 
                   options["max_failures"], break_lock=options.get("break_lock", False))
 
 
+# One click command per format on purpose (each its own help and format flags); _pack holds the logic.
 @main.command("to-lmdb")
 @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
 @image_pack_options

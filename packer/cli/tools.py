@@ -142,13 +142,12 @@ def _bench_help() -> str:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
 @library_call
-def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, transform, fidelity,
-          as_json, plot):
-    from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
+def bench(path, against, as_json, plot, workers_text, **option_fields):
+    from packer.commands.bench import BenchOptions, format_report, parse_workers, plot_bench, run_bench
 
-    result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
-                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms,
-                       transform=transform, fidelity=fidelity)
+    # every other flag is a BenchOptions field of the same name
+    options = BenchOptions(workers=parse_workers(workers_text), **option_fields)
+    result = run_bench(path, options, against=against)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -44,6 +44,7 @@ _PART_OPTIONS = ("num_shards", "shard_index")
 @dataclass
 class MergeReport:
     """The outcome of a merge."""
+    # Shaped like diskspace.Estimate (counts + a one-line summary); nothing in common beyond that.
 
     out: str
     parts: int
