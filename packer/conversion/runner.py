@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
+from packer.conversion import claim, run_token
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.fingerprint import (INPUTS_NAME, Fingerprint, differences, input_stats,
                                            load_inputs, save_inputs)
@@ -255,6 +256,15 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         a Report.
     """
     (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
+    # (the command's own claim when it took one before listing its inputs)
+    with claim.ensure_claim(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
+        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures)
+
+
+def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
+         opts: RunOptions, desc: str, unit: str, sample_unit: str | None,
+         input_failures: Sequence[InputFailure] = ()) -> Report:
+    """``run`` under an exclusive claim on ``writer.out`` (``packer.conversion.claim``)."""
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
@@ -268,6 +278,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines) if opts.resume
           else _State(failures=bad_lines))
+    run_token.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=st.samples if st.resumed else None)
     writer.fingerprint = fp.to_dict()
     try:
@@ -278,7 +289,11 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     overwrite = opts.overwrite or st.overwrite
     cp = _Checkpointer(writer.resume_state_path(), fp.to_dict(), st.items_done, st.samples, st.failures, st.entries,
                        overwrite)
-    writer.on_durable = cp.durable
+    def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
+        claim.check_held(out)
+        cp.durable(n)
+
+    writer.on_durable = durable
     cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
     try:
@@ -300,6 +315,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
                                 counted=counted_failures(st.failures, strict=opts.strict))
     except BaseException:
         writer.abort()
+        claim.check_held(out)  # a write that failed because another run took the output says so
         raise
     return Report(str(out), count=manifest.count, items=n_inputs,
                   failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,
