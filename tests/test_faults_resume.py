@@ -26,10 +26,11 @@ def _conv(cid: str) -> Conversion:
 
 
 def _state_of(out: Path) -> dict[str, bytes]:
-    """Every byte of everything the run keeps under ``out``'s name (partial, journal, output)."""
+    """Every byte of everything the run keeps under ``out``'s name (partial, journal, output;
+    not the claim file ``OUT.lock``, which a refused run may take over from a dead one)."""
     found = {}
     for p in sorted(out.parent.iterdir()):
-        if p.name.startswith(out.name):
+        if p.name.startswith(out.name) and p.name != out.name + ".lock":
             for f in ([p] if p.is_file() else sorted(p.rglob("*"))):
                 if f.is_file():
                     found[str(f.relative_to(out.parent))] = f.read_bytes()

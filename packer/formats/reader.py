@@ -104,6 +104,7 @@ class Reader(abc.ABC):
         (outputs written before these checksums carry none and are read unchecked)."""
         want = self.manifest.integrity.get(name)
         if want is not None and want != actual:
+            self._check_unchanged()  # replaced by an --overwrite: OutputChanged, not damage
             raise CorruptData(str(source), f"{name} checksum mismatch: the {name} were changed or damaged "
                                            f"(manifest records {want}, stored {name} give {actual})")
 
