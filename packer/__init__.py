@@ -6,25 +6,25 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
            "PackedVideoDataset", "DevicePrefetcher"]
 
-from .errors import PackerError
+from packer.errors import PackerError
 
 
 def __getattr__(name: str):
     # The training-side classes import torch; load them on first use so the CLI starts fast.
     if name == "PackedDataset":
-        from .data.datasets import PackedDataset
+        from packer.data.datasets import PackedDataset
 
         return PackedDataset
     if name == "StreamingDataset":
-        from .data.streaming import StreamingDataset
+        from packer.data.streaming import StreamingDataset
 
         return StreamingDataset
     if name in ("FrameDataset", "PackedVideoDataset"):
-        from .data import video
+        from packer.data import video_datasets as video
 
         return getattr(video, name)
     if name == "DevicePrefetcher":
-        from .data.prefetch import DevicePrefetcher
+        from packer.data.prefetch import DevicePrefetcher
 
         return DevicePrefetcher
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -1,4 +1,4 @@
 """``python -m packer``: the same command line as the ``packer`` script."""
-from .cli import main
+from packer.cli import main
 
 main(prog_name="packer")

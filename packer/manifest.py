@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError
+from packer.errors import FormatError
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "Manifest", "created_by", "atomic_write_bytes"]
 
@@ -84,7 +84,7 @@ class Manifest:
 
 def created_by(options: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``created_by`` block: packer version, command line and options."""
-    from . import __version__
+    from packer import __version__
 
     return {"packer": __version__, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
             "options": options}

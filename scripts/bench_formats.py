@@ -11,7 +11,7 @@ per format; then, for each ``num_workers``, a real DataLoader epoch over each of
 * ``stream``         StreamingDataset over the same shards (shard shuffle + buffer)
 * ``hdf5``           PackedDataset over HDF5 (only when the hdf5 format is registered)
 
-Every row decodes with ``packer.imaging.decode`` to a uint8 CHW tensor (``decode="tensor"``),
+Every row decodes with ``packer.codecs.image.decode`` to a uint8 CHW tensor (``decode="tensor"``),
 takes the same fixed-size centre crop so batches stack, and uses the default collate.
 Rows are interleaved, in an order rotating by round, over ``--reps`` rounds and the best
 round is kept, so a burst of load on the shared machine hits every row alike; the table gives
@@ -42,9 +42,9 @@ from torch.utils.data import DataLoader, Dataset
 from packer import PackedDataset, StreamingDataset
 from packer.data.datasets import decode_record
 from packer.formats import FORMATS, open_reader
-from packer.imaging import DECODER
+from packer.codecs.image import DECODER
 from packer.integrity import masked_crc32c
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 from packer.synth import make_image_folder
 
 

@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packer.pack import pack_images  # noqa: E402
-from packer.resize import ResizeSpec  # noqa: E402
+from packer.commands.pack_images import pack_images  # noqa: E402
+from packer.codecs.resize import ResizeSpec  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
 

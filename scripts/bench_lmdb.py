@@ -7,7 +7,7 @@ Generates (once, cached in --workdir) N natural-looking JPEGs of ~0.25 MP, then 
   same workers and no writing (target: packing >= 0.8x);
 * reading, for each ``num_workers``: the plain folder (files opened one by one), PackedDataset
   on the LMDB, and the in-memory ceiling (the same encoded bytes already in RAM), all with the
-  same decode (``packer.imaging.decode``, the fastest decoder available); plus the folder read
+  same decode (``packer.codecs.image.decode``, the fastest decoder available); plus the folder read
   with Pillow, as torchvision's ImageFolder does. Targets: LMDB >= 0.95x the ceiling and >= the
   folder. Each figure is the best of --repeats epochs (the machine is shared and noisy).
 
@@ -32,10 +32,10 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packer import PackedDataset  # noqa: E402
-from packer.executors import make_executor  # noqa: E402
-from packer.imaging import DECODER, decode  # noqa: E402
-from packer.pack import ImageJob, pack_images  # noqa: E402
-from packer.sources import image_folder  # noqa: E402
+from packer.conversion.executors import make_executor  # noqa: E402
+from packer.codecs.image import DECODER, decode  # noqa: E402
+from packer.commands.pack_images import ImageJob, pack_images  # noqa: E402
+from packer.conversion.inputs import image_folder  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
 

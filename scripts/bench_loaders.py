@@ -50,8 +50,8 @@ from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from packer.data.prefetch import DevicePrefetcher, uint8_collate
 from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
 from packer.formats import FORMATS, writer_class
-from packer.pack import pack_images
-from packer.sources import image_folder
+from packer.commands.pack_images import pack_images
+from packer.conversion.inputs import image_folder
 from packer.synth import jpeg_bytes, natural_image
 
 PEERS = ("folder", "webdataset", "litdata", "mds")

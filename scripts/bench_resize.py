@@ -2,7 +2,7 @@
 """Benchmark pre-resizing, side by side in one run (issue 5).
 
 1. Resize throughput on generated ~3000x2000 JPEGs to a short side of 256, one process:
-   the DCT-domain fast path (Pillow ``draft`` + Lanczos, ``packer.resize``) against a full
+   the DCT-domain fast path (Pillow ``draft`` + Lanczos, ``packer.codecs.resize``) against a full
    decode + resize with Pillow (Lanczos, the slow path) and with OpenCV (``imdecode`` +
    ``INTER_AREA``); OpenCV's own reduced decode (``IMREAD_REDUCED_COLOR_*``) is shown for
    context. PSNR of the fast path against the full-decode Lanczos resize.
@@ -30,8 +30,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packer.pack import pack_images  # noqa: E402
-from packer.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels  # noqa: E402
+from packer.commands.pack_images import pack_images  # noqa: E402
+from packer.codecs.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
 cv2.setNumThreads(1)

@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packer.merge import merge_parts  # noqa: E402
-from packer.pack import pack_images  # noqa: E402
+from packer.commands.merge import merge_parts  # noqa: E402
+from packer.commands.pack_images import pack_images  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
 FIXTURES = Path(os.environ.get("PACKER_FIXTURES", Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"))
@@ -38,7 +38,7 @@ K400_FRAMES = 300
 
 def have_decode_frames() -> bool:
     try:
-        import packer.decode_frames  # noqa: F401
+        import packer.commands.decode_frames  # noqa: F401
     except ImportError:
         return False
     return True
@@ -109,7 +109,7 @@ def convert(mode: str, src: Path, out: Path, **kw) -> tuple[float, object]:
     shutil.rmtree(out, ignore_errors=True)
     c, t = cpu_seconds(), time.perf_counter()
     if mode == "videos":
-        from packer.decode_frames import decode_frames
+        from packer.commands.decode_frames import decode_frames
 
         report = decode_frames(src, out, to="lmdb", **kw)
     else:

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer import PackedDataset
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -60,7 +60,7 @@ def packed_snapshot(out) -> dict:
     import dataclasses
 
     from packer.formats import open_reader
-    from packer.merge import read_failures, writer_of
+    from packer.commands.merge import read_failures, writer_of
 
     r = open_reader(out)
     m = r.manifest

@@ -6,10 +6,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from packer.bench import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
+from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
 from packer.cli import main
 from packer.errors import UsageError
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 TINY = ["--batch-size", "8", "--steps", "2", "--resize", "32", "--crop", "32"]
 

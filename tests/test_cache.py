@@ -10,7 +10,7 @@ from packer.data.cache import DeviceCache, cache_bytes, free_memory
 from packer.data.prefetch import DevicePrefetcher
 from packer.data.transforms import DecodeResizeCrop
 from packer.errors import UsageError
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 from test_prefetch import MEAN, STD, reference
 

@@ -12,11 +12,11 @@ from torch.utils.data import DataLoader
 
 from packer import FrameDataset, PackedVideoDataset
 from packer.data.requests import ClipRequest
-from packer.data.video import parse_rawframes, sample_frames
-from packer.decode_frames import decode_frames
+from packer.data.video_datasets import parse_rawframes, sample_frames
+from packer.commands.decode_frames import decode_frames
 from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS
-from packer.imaging import decode
+from packer.codecs.image import decode
 
 
 # -- sampling, against expectations worked out by hand from the rules ------------------------

@@ -11,7 +11,7 @@ from conftest import FIXTURE_IMAGES, needs_fixture_images
 from packer import PackedDataset
 from packer.errors import UsageError
 from packer.formats import FORMATS
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))

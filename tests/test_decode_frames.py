@@ -16,9 +16,9 @@ from killing import checkpoint_at_least, run_and_kill
 from packer.cli import main
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
-from packer.imaging import decode
-from packer.inspection import inspect_dataset, verify_dataset
-from packer.space import Estimate, check_space
+from packer.codecs.image import decode
+from packer.commands.inspection import inspect_dataset, verify_dataset
+from packer.conversion.diskspace import Estimate, check_space
 
 PACKED = sorted(FORMATS)
 ALL_OUTPUTS = ["frames"] + PACKED
@@ -278,7 +278,7 @@ def test_killed_run_resumes_to_the_same_output(tmp_path, to):
     if FIXTURE_VIDEOS.is_dir():
         shutil.copy(FIXTURE_VIDEOS / "decord_corrupted.mp4", src / "class_0" / "corrupted.mp4")
     killed, whole = out_path(tmp_path, to, "killed"), out_path(tmp_path, to, "whole")
-    code = ("import sys; from packer.decode_frames import decode_frames; "
+    code = ("import sys; from packer.commands.decode_frames import decode_frames; "
             f"decode_frames({str(src)!r}, {str(killed)!r}, to={to!r}, workers=1, commit_every=20, "
             "max_failures=9)")
     writer_cls = FORMATS[to][0] if to in FORMATS else None

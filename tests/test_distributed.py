@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from conftest import write_image_folder
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.formats import FORMATS
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 WORLD = 2
 WORKERS = 2
@@ -54,7 +54,7 @@ def _open_packed(data: Path) -> PackedDataset:
 def _decode_videos(data: Path) -> None:
     """7 short videos of 6..12 frames in 2 classes, as frame folders and packed into LMDB."""
     from conftest import write_video
-    from packer.decode_frames import decode_frames
+    from packer.commands.decode_frames import decode_frames
 
     for i in range(7):
         write_video(data / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)

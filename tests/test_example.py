@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.example import _decode_any, decode_example, encode_example
+from packer.codecs.tfexample import _decode_any, decode_example, encode_example
 
 example_pb2 = pytest.importorskip("tfrecord.example_pb2")
 
@@ -75,7 +75,7 @@ def test_decode_reads_what_protobuf_wrote(feats):
 @given(st.lists(int64s, min_size=1, max_size=5))
 def test_decode_accepts_unpacked_int64(vals):
     # Int64List written unpacked (one tag per value), as an old or foreign writer may do.
-    from packer.protowire import encode_varint, field_bytes
+    from packer.codecs.protowire import encode_varint, field_bytes
 
     body = b"".join(encode_varint(1 << 3) + encode_varint(v) for v in vals)
     entry = field_bytes(1, b"k") + field_bytes(2, field_bytes(3, body))
@@ -83,7 +83,7 @@ def test_decode_accepts_unpacked_int64(vals):
 
 
 def test_decode_unpacked_float_and_unknown_fields():
-    from packer.protowire import field_bytes, field_varint
+    from packer.codecs.protowire import field_bytes, field_varint
 
     body = b"".join(bytes([0x0D]) + struct.pack("<f", x) for x in (1.0, -2.5))
     entry = field_bytes(1, b"f") + field_bytes(2, field_bytes(2, body)) + field_varint(9, 7)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from packer.errors import UsageError
-from packer.executors import InlineExecutor, IsolatedExecutor, LocalExecutor, make_executor
+from packer.conversion.executors import InlineExecutor, IsolatedExecutor, LocalExecutor, make_executor
 
 
 def work(x):

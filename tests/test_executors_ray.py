@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from conftest import packed_snapshot, write_image_folder
 from packer.cli import main
 from packer.errors import CorruptSample, UsageError
-from packer.executors import InlineExecutor, LocalExecutor, make_executor
+from packer.conversion.executors import InlineExecutor, LocalExecutor, make_executor
 from packer.formats.base import partial_path
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 from killing import checkpoint_at_least, packer_cmd, run_and_kill
 
 
@@ -94,7 +94,7 @@ def test_ray_map_is_ordered_with_failures(ray_cluster):
 
 @pytest.mark.slow
 def test_ray_timeout_and_crash_cost_one_item(ray_cluster):
-    from packer.executors import RayExecutor
+    from packer.conversion.executors import RayExecutor
 
     items = list(range(12))
     with RayExecutor(workers=2, timeout=3) as ex:
@@ -157,7 +157,7 @@ def test_decode_frames_on_ray_matches_local(ray_cluster, tmp_path):
     """decode-frames passes its per-video timeout: Ray runs one video per task, timed from its
     start, and the frames packed are the local run's."""
     from conftest import write_video_folder
-    from packer.decode_frames import decode_frames
+    from packer.commands.decode_frames import decode_frames
 
     src = write_video_folder(tmp_path / "videos", per_class=2, classes=2, frames=9)
     (src / "class_0" / "broken.mp4").write_bytes(b"not a video")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from packer.formats import FORMATS, open_reader
-from packer.inspection import verify_dataset
-from packer.pack import pack_images
-from packer.sources import image_folder
+from packer.commands.inspection import verify_dataset
+from packer.commands.pack_images import pack_images
+from packer.conversion.inputs import image_folder
 
 ALL = sorted(FORMATS)
 

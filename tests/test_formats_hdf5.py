@@ -23,8 +23,8 @@ from packer.errors import CorruptData, FormatError, PackerError
 from packer.formats import FORMATS, detect_format, open_reader
 from packer.formats.base import Sample
 from packer.formats.hdf5 import MANIFEST_ATTR, HDF5Reader, HDF5Writer
-from packer.imaging import decode
-from packer.resize import ResizeSpec, resize_pixels
+from packer.codecs.image import decode
+from packer.codecs.resize import ResizeSpec, resize_pixels
 
 
 def cli(*args: str):
@@ -119,7 +119,7 @@ def test_raw_needs_a_size_and_hdf5(image_folder, tmp_path):
                       (("--raw", "--size", "8x8", "--format", "png"), "--format does not apply")]:
         r = cli("to-hdf5", str(image_folder), str(tmp_path / "x.h5"), *args)
         assert r.exit_code != 0 and msg in r.output, r.output
-    from packer.pack import pack_images
+    from packer.commands.pack_images import pack_images
     with pytest.raises(PackerError, match="for hdf5 output"):
         pack_images(image_folder, tmp_path / "x.lmdb", format="lmdb", raw=True, resize=ResizeSpec(size=(8, 8)))
 
@@ -148,8 +148,8 @@ def test_writer_checks_layout_and_writes_videos(tmp_path):
 # -- resume after a real SIGKILL --------------------------------------------------------------------
 KILLED_RUN = """
 import sys, time
-import packer.pack as pack
-from packer.resize import ResizeSpec
+import packer.commands.pack_images as pack
+from packer.codecs.resize import ResizeSpec
 call = pack.ImageJob.__call__
 def slow(self, item):  # slow the work down so the kill lands mid-run
     time.sleep(0.03)

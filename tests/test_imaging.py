@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from conftest import FIXTURE_IMAGES, needs_fixture_images
-from packer import imaging
+from packer.codecs import image as imaging
 from packer.errors import CorruptSample
 from packer.synth import jpeg_bytes, natural_image
 
@@ -59,7 +59,7 @@ def test_orientation_applied_on_every_path(orientation):
 def test_every_decoder_choice_gives_identical_pixels(forced, tmp_path):
     data = jpeg_bytes(natural_image(np.random.default_rng(3), 60, 80))
     (tmp_path / "x.jpg").write_bytes(data)
-    code = ("import sys, numpy as np; from packer import imaging; "
+    code = ("import sys, numpy as np; from packer.codecs import image as imaging; "
             f"a = imaging.decode(open(r'{tmp_path / 'x.jpg'}','rb').read()); "
             f"np.save(r'{tmp_path / 'out.npy'}', a); print(imaging.DECODER)")
     out = subprocess.run([sys.executable, "-c", code], env={"PACKER_DECODER": forced, "PATH": ""},

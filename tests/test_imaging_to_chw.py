@@ -1,10 +1,10 @@
-"""packer.imaging.to_chw: the fast HWC -> CHW copy used by decode="tensor"."""
+"""packer.codecs.image.to_chw: the fast HWC -> CHW copy used by decode="tensor"."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from packer.imaging import to_chw
+from packer.codecs.image import to_chw
 
 
 @pytest.mark.parametrize("shape", [(5, 7, 3), (224, 224, 3), (4, 6, 4), (3, 2, 1), (8, 9, 2)])

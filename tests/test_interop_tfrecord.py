@@ -14,8 +14,8 @@ from packer.data.datasets import PackedDataset
 from packer.errors import CorruptData, FormatError
 from packer.formats import detect_format, open_reader
 from packer.formats.records import index_path, read_index
-from packer.inspection import verify_dataset
-from packer.sources import image_folder as walk_folder
+from packer.commands.inspection import verify_dataset
+from packer.conversion.inputs import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
 
 tfrecord = pytest.importorskip("tfrecord")

@@ -11,9 +11,9 @@ import pytest
 from packer.errors import CorruptData
 from packer.formats.base import Sample
 from packer.formats.lmdb import LmdbReader, LmdbWriter, lmdb_key
-from packer.inspection import verify_dataset
+from packer.commands.inspection import verify_dataset
 from packer.integrity import crc32c
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 from test_protowire import Datum
 
 

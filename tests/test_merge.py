@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from conftest import packed_snapshot, write_image_folder
 from packer import formats
 from packer.cli import main
-from packer.convert import WorkResult, run
+from packer.conversion.runner import WorkResult, run
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
 from packer.formats.base import Sample, partial_path
 from packer.manifest import created_by
-from packer.merge import merge_parts, part_of
-from packer.pack import ImageJob, pack_images
-from packer.sources import image_folder as list_image_folder
-from packer.sources import partition
+from packer.commands.merge import merge_parts, part_of
+from packer.commands.pack_images import ImageJob, pack_images
+from packer.conversion.inputs import image_folder as list_image_folder
+from packer.conversion.inputs import partition
 from killing import checkpoint_at_least, packer_cmd, run_and_kill
 
 IMAGE_FORMATS = sorted(FORMATS)
@@ -87,7 +87,7 @@ def _files(out: Path) -> dict[str, bytes]:
 
 @pytest.mark.skipif("hdf5" not in FORMATS, reason="needs the hdf5 format")
 def test_merge_raw_pixel_hdf5(src, tmp_path):
-    from packer.resize import ResizeSpec
+    from packer.codecs.resize import ResizeSpec
 
     spec = ResizeSpec.from_options(size="32x24")
     single = tmp_path / "single.h5"

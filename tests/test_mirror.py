@@ -13,8 +13,8 @@ from PIL import Image
 
 from conftest import FIXTURE_IMAGES, write_image_folder
 from packer.cli import main
-from packer.imaging import decode_pil
-from packer.mirror import STATE_NAME
+from packer.codecs.image import decode_pil
+from packer.commands.resize_tree import STATE_NAME
 from packer.synth import jpeg_bytes, natural_image
 
 

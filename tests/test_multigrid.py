@@ -1,7 +1,7 @@
 """Multigrid schedule, batch sampler and SubBatchNorm3d.
 
 The expected schedules below are derived by hand from the rules of SlowFast's
-``get_long_cycle_schedule`` / ``ShortCycleBatchSampler`` (see packer/data/multigrid.py), not
+``get_long_cycle_schedule`` / ``ShortCycleBatchSampler`` (see packer/data/multigrid/), not
 computed by the code under test.
 """
 from __future__ import annotations

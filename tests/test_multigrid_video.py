@@ -30,7 +30,7 @@ from packer.cli import main
 from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
 from packer.data.requests import ClipRequest
 from packer.formats import FORMATS, open_reader
-from packer.imaging import decode
+from packer.codecs.image import decode
 
 SCHEDULE = dict(base_batch_size=1, num_frames=8, crop_size=32, lr_steps=[0, 4, 6], max_epoch=8,
                 sampling_rate=2)

@@ -11,8 +11,8 @@ from conftest import FIXTURE_IMAGES, needs_fixture_images
 from packer import PackedDataset
 from packer.cli import main
 from packer.formats import FORMATS, open_reader
-from packer.pack import pack_images
-from packer.resize import ResizeSpec, resize_image
+from packer.commands.pack_images import pack_images
+from packer.codecs.resize import ResizeSpec, resize_image
 
 CLI_COMMAND = {"lmdb": "to-lmdb", "hdf5": "to-hdf5", "records": "to-records"}
 

@@ -12,7 +12,7 @@ from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from packer.data.prefetch import DevicePrefetcher, uint8_collate
 from packer.data.transforms import DecodeResizeCrop
 from packer.formats import FORMATS
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 MEAN = (0.5, 0.25, 0.75)
 STD = (0.2, 0.3, 0.125)

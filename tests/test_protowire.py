@@ -6,7 +6,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.protowire import decode_datum, decode_varint, encode_datum, encode_varint, iter_fields
+from packer.codecs.protowire import decode_datum, decode_varint, encode_datum, encode_varint, iter_fields
 
 
 def caffe_datum_class():

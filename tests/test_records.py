@@ -22,17 +22,17 @@ from PIL import Image
 
 from conftest import FIXTURE_IMAGES, REPO, needs_fixture_images, write_image_folder
 from packer.cli import main
-from packer.convert import run
+from packer.conversion.runner import run
 from packer.data.datasets import PackedDataset
 from packer.errors import CorruptData, FormatError, UsageError
 from packer.formats import open_reader
 from packer.formats.base import Sample
 from packer.formats.records import (RecordsReader, RecordsWriter, frame_record, index_path, parse_size,
                                     read_index, scan_tfrecord, unframe_record)
-from packer.imaging import decode
-from packer.inspection import verify_dataset
-from packer.pack import ImageJob
-from packer.sources import image_folder as walk_folder
+from packer.codecs.image import decode
+from packer.commands.inspection import verify_dataset
+from packer.commands.pack_images import ImageJob
+from packer.conversion.inputs import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
 
 

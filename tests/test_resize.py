@@ -1,4 +1,4 @@
-"""packer.resize: size/aspect rules, modes, EXIF, keep-as-is, and the JPEG fast path's quality."""
+"""packer.codecs.resize: size/aspect rules, modes, EXIF, keep-as-is, and the JPEG fast path's quality."""
 from __future__ import annotations
 
 import io
@@ -11,8 +11,8 @@ from PIL import Image, ImageDraw
 
 from conftest import FIXTURE_IMAGES, needs_fixture_images
 from packer.errors import CorruptSample, UsageError
-from packer.imaging import decode_pil
-from packer.resize import ResizeSpec, parse_size, plan_resize, resize_image, resize_pixels
+from packer.codecs.image import decode_pil
+from packer.codecs.resize import ResizeSpec, parse_size, plan_resize, resize_image, resize_pixels
 from packer.synth import jpeg_bytes, natural_image
 
 SPECS = [ResizeSpec(short_side=48), ResizeSpec(max_side=80), ResizeSpec(size=(60, 40)),

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packer.errors import UsageError
-from packer.sources import Item, image_folder, list_file, parse_exts, partition
+from packer.conversion.inputs import Item, image_folder, list_file, parse_exts, partition
 
 
 def touch(p, data=b"x"):

@@ -21,7 +21,7 @@ from packer.data.streaming import (epoch_shard_order, epoch_stream, rank_order, 
                                    split_by_rank, split_by_worker)
 from packer.errors import UsageError
 from packer.formats import open_reader
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from packer.data.transforms import (DecodeResizeCrop, PilResizeCrop, _decode_sca
                                     reduction_factor)
 from packer.errors import CorruptData
 from packer.formats import FORMATS
-from packer.pack import pack_images
+from packer.commands.pack_images import pack_images
 from packer.synth import jpeg_bytes, natural_image
 
 

@@ -1,4 +1,4 @@
-"""packer.video: decoding one video with decord and OpenCV, frame selection, resizing."""
+"""packer.codecs.video: decoding one video with decord and OpenCV, frame selection, resizing."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURE_VIDEOS, needs_fixture_videos, write_video
 from packer.errors import CorruptSample, UsageError
-from packer.video import FrameSelection, Resize, decord_available, parse_size, read_video
+from packer.codecs.video import FrameSelection, Resize, decord_available, parse_size, read_video
 
 BACKENDS = ["opencv"] + (["decord"] if decord_available() else [])
 

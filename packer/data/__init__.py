@@ -1,11 +1,11 @@
 """Training side: datasets over packed outputs. Never imports the conversion side."""
-from .cache import DeviceCache
-from .datasets import PackedDataset
-from .normalize import IMAGENET_MEAN, IMAGENET_STD
-from .prefetch import DevicePrefetcher, uint8_collate
-from .streaming import StreamingDataset
-from .transforms import DecodeResizeCrop, PilResizeCrop
-from .video import FrameDataset, PackedVideoDataset
+from packer.data.cache import DeviceCache
+from packer.data.datasets import PackedDataset
+from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD
+from packer.data.prefetch import DevicePrefetcher, uint8_collate
+from packer.data.streaming import StreamingDataset
+from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
+from packer.data.video_datasets import FrameDataset, PackedVideoDataset
 
 __all__ = ["PackedDataset", "StreamingDataset", "FrameDataset", "PackedVideoDataset", "DevicePrefetcher",
            "DeviceCache", "uint8_collate", "DecodeResizeCrop", "PilResizeCrop", "IMAGENET_MEAN",

@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from ..errors import UsageError
-from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from .prefetch import resolve_device, uint8_collate
+from packer.errors import UsageError
+from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from packer.data.prefetch import resolve_device, uint8_collate
 
 __all__ = ["DeviceCache", "cache_bytes", "free_memory"]
 

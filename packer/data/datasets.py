@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import CorruptData, UsageError
-from ..formats import Reader, Record, open_reader
-from ..imaging import decode, to_chw
+from packer.errors import CorruptData, UsageError
+from packer.formats import Reader, Record, open_reader
+from packer.codecs.image import decode, to_chw
 
 __all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record"]
 
@@ -54,7 +54,7 @@ class PackedDataset(torch.utils.data.Dataset):
     """Random access to any packed output (format read from its manifest).
 
     Returns ``(image, label)``; images are decoded with EXIF orientation applied and as
-    3-channel uint8 RGB (see ``packer.imaging``). Safe with DataLoader workers under ``fork``
+    3-channel uint8 RGB (see ``packer.codecs.image``). Safe with DataLoader workers under ``fork``
     and ``spawn``: storage opens lazily in each process, never pickled open.
 
     Args:

@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate, get_worker_info
 
-from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 
 __all__ = ["DevicePrefetcher", "uint8_collate", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -279,6 +279,6 @@ class DevicePrefetcher:
         ``batch_size``, ``shuffle``, ``drop_last``, ``seed``, ``device``, ``dtype``,
         ``channels_last``, ``layout``, ``num_workers``, ``progress``).
         """
-        from .cache import DeviceCache
+        from packer.data.cache import DeviceCache
 
         return DeviceCache.build(dataset, mean, std, **kwargs)

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import UsageError
-from .datasets import PackedDataset
+from packer.errors import UsageError
+from packer.data.datasets import PackedDataset
 
 __all__ = ["StreamingDataset", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
            "split_by_worker", "rank_order", "resolve_rank", "DEFAULT_BUFFER_SIZE"]

@@ -8,7 +8,7 @@ is resized (bilinear, already below 2x so no aliasing to fight), and the result 
 
 ``PilResizeCrop`` is the reference: what a torchvision ``ImageFolder`` pipeline does
 (Pillow full decode, ``Resize(256)`` bilinear with antialiasing, ``CenterCrop(224)``).
-Both apply EXIF orientation and give 3-channel RGB, under the rule in ``packer.imaging``.
+Both apply EXIF orientation and give 3-channel RGB, under the rule in ``packer.codecs.image``.
 
 Use either as ``PackedDataset(path, decode=DecodeResizeCrop(256, 224))``.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..imaging import _cv2_safe, _to_rgb_array, cv2, decode, sniff_format, to_chw
+from packer.codecs.image import _cv2_safe, _to_rgb_array, cv2, decode, sniff_format, to_chw
 
 __all__ = ["DecodeResizeCrop", "PilResizeCrop", "jpeg_size", "reduction_factor"]
 

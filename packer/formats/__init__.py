@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import FormatError
-from ..manifest import MANIFEST_NAME, Manifest
-from .base import Reader, Record, Sample, Writer
-from .frames import FramesReader, FramesWriter
-from .hdf5 import HDF5Reader, HDF5Writer
-from .lmdb import LmdbReader, LmdbWriter
-from .records import RecordsReader, RecordsWriter
+from packer.errors import FormatError
+from packer.manifest import MANIFEST_NAME, Manifest
+from packer.formats.base import Reader, Record, Sample, Writer
+from packer.formats.frames import FramesReader, FramesWriter
+from packer.formats.hdf5 import HDF5Reader, HDF5Writer
+from packer.formats.lmdb import LmdbReader, LmdbWriter
+from packer.formats.records import RecordsReader, RecordsWriter
 
 __all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
            "open_reader", "detect_format"]

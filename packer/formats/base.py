@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from ..errors import CorruptData, UsageError, WriteError
-from ..manifest import FAILURES_NAME, Manifest, atomic_write_bytes
+from packer.errors import CorruptData, UsageError, WriteError
+from packer.manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
 __all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
            "KEYS_FILE", "write_keys", "load_keys"]
@@ -265,7 +265,7 @@ class Writer(abc.ABC):
                     progress: Callable[[int], None] | None = None, **writer_options: Any) -> Manifest:
         """Combine complete outputs of this format, in order, into one output at ``out``.
 
-        ``packer.merge`` has already checked the parts and combined ``failures`` and ``videos``
+        ``packer.commands.merge`` has already checked the parts and combined ``failures`` and ``videos``
         (starts offset by the preceding parts' counts). This default re-packs every sample
         through a new writer, so it works for any format (the data is read CRC-checked on the
         way); a format may override it with a fast path (records: link the shards into one

@@ -23,10 +23,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptData, UsageError, WriteError
-from ..integrity import crc32c
-from ..manifest import Manifest, atomic_write_bytes
-from .base import Reader, Record, Sample, Writer, _fsync_append, load_checksums
+from packer.errors import CorruptData, UsageError, WriteError
+from packer.integrity import crc32c
+from packer.manifest import Manifest, atomic_write_bytes
+from packer.formats.base import Reader, Record, Sample, Writer, _fsync_append, load_checksums
 
 __all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
            "rawframes_lines"]

@@ -31,11 +31,11 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from ..errors import CorruptData, FormatError
-from ..imaging import sniff_format
-from ..integrity import crc32c
-from ..manifest import Manifest
-from .base import Reader, Record, Sample, Writer
+from packer.errors import CorruptData, FormatError
+from packer.codecs.image import sniff_format
+from packer.integrity import crc32c
+from packer.manifest import Manifest
+from packer.formats.base import Reader, Record, Sample, Writer
 
 __all__ = ["HDF5Writer", "HDF5Reader", "MANIFEST_ATTR", "HDF5_SIGNATURE"]
 

@@ -13,13 +13,13 @@ from typing import Iterator
 import lmdb
 import numpy as np
 
-from ..errors import CorruptData, WriteError
-from ..imaging import sniff_format
-from ..integrity import crc32c
-from ..manifest import Manifest, atomic_write_bytes
-from ..protowire import decode_datum, encode_datum
-from .base import KEYS_FILE  # noqa: F401 (kept importable from here)
-from .base import Reader, Record, Sample, Writer, load_checksums, load_keys, write_keys
+from packer.errors import CorruptData, WriteError
+from packer.codecs.image import sniff_format
+from packer.integrity import crc32c
+from packer.manifest import Manifest, atomic_write_bytes
+from packer.codecs.protowire import decode_datum, encode_datum
+from packer.formats.base import KEYS_FILE  # noqa: F401 (kept importable from here)
+from packer.formats.base import Reader, Record, Sample, Writer, load_checksums, load_keys, write_keys
 
 __all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env", "drop_stale_env"]
 

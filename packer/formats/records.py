@@ -33,12 +33,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptData, FormatError, UsageError
-from ..example import decode_example, encode_example, int64_feature
-from ..imaging import sniff_format
-from ..integrity import crc32c, masked_crc32c
-from ..manifest import MANIFEST_NAME, Manifest, atomic_write_bytes
-from .base import Reader, Record, Sample, Writer, load_keys, write_keys
+from packer.errors import CorruptData, FormatError, UsageError
+from packer.codecs.tfexample import decode_example, encode_example, int64_feature
+from packer.codecs.image import sniff_format
+from packer.integrity import crc32c, masked_crc32c
+from packer.manifest import MANIFEST_NAME, Manifest, atomic_write_bytes
+from packer.formats.base import Reader, Record, Sample, Writer, load_keys, write_keys
 
 __all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "parse_size", "shard_name",
            "index_path", "frame_record", "unframe_record", "scan_tfrecord", "write_index",

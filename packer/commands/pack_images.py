@@ -7,15 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .convert import Report, check_output_arg, run
-from .errors import CorruptSample, UsageError
-from .executors import make_executor
-from .formats import writer_class
-from .formats.base import Sample
-from .imaging import CHECK_MODES, probe
-from .manifest import created_by
-from .resize import ResizeSpec, resize_image, resize_pixels
-from .sources import Item, image_items, partition
+from packer.conversion.runner import Report, check_output_arg, run
+from packer.errors import CorruptSample, UsageError
+from packer.conversion.executors import make_executor
+from packer.formats import writer_class
+from packer.formats.base import Sample
+from packer.codecs.image import CHECK_MODES, probe
+from packer.manifest import created_by
+from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
+from packer.conversion.inputs import Item, image_items, partition
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
 
@@ -38,7 +38,7 @@ class ImageJob:
     """The per-image work (picklable; runs in worker processes): read, check, describe.
 
     Encoded bytes pass through unchanged, unless ``resize`` is given (then they are resized
-    and re-encoded, or kept when already within bounds: see ``packer.resize``; every image is
+    and re-encoded, or kept when already within bounds: see ``packer.codecs.resize``; every image is
     then fully decoded, whatever ``check`` says) or ``raw`` (decoded, resized to
     ``resize.size``, stored as HxWx3 RGB uint8 pixels).
     """

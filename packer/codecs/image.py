@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image, ImageOps
 
-from .errors import CorruptSample
+from packer.errors import CorruptSample
 
 try:  # OpenCV is a dependency, but keep the Pillow path working without it.
     import cv2
@@ -40,7 +40,7 @@ def _load_jpeg4py():
     try:
         import jpeg4py
 
-        from .synth import jpeg_bytes  # a tiny probe image: the library must really decode
+        from packer.synth import jpeg_bytes  # a tiny probe image: the library must really decode
 
         probe_img = np.zeros((8, 8, 3), np.uint8)
         jpeg4py.JPEG(np.frombuffer(jpeg_bytes(probe_img), np.uint8)).decode()

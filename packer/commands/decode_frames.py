@@ -1,7 +1,7 @@
 """``packer decode-frames``: pre-decode a video dataset into frame folders or packed shards.
 
 ``FrameJob`` is the per-video work (picklable; runs in an isolated worker with a timeout):
-decode with ``packer.video``, resize, encode each selected frame, and describe the video
+decode with ``packer.codecs.video``, resize, encode each selected frame, and describe the video
 for the manifest. ``decode_frames`` is the library call behind the command: it lists the
 inputs, checks the arguments and the disk space, then hands everything to ``convert.run``.
 """
@@ -16,16 +16,16 @@ from typing import Any, Optional
 
 import cv2
 
-from .convert import Report, WorkResult, check_output_arg, run
-from .errors import UsageError
-from .executors import make_executor
-from .formats import FORMATS, VIDEO_FORMATS, open_reader
-from .formats.base import Sample, partial_path
-from .formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
-from .manifest import atomic_write_bytes, created_by
-from .space import Estimate, check_space, estimate_output, human_bytes, sample_items
-from .sources import VideoItem, partition, video_items
-from .video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
+from packer.conversion.runner import Report, WorkResult, check_output_arg, run
+from packer.errors import UsageError
+from packer.conversion.executors import make_executor
+from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
+from packer.formats.base import Sample, partial_path
+from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
+from packer.manifest import atomic_write_bytes, created_by
+from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
+from packer.conversion.inputs import VideoItem, partition, video_items
+from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 
 __all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 

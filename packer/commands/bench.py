@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from .errors import UsageError
+from packer.errors import UsageError
 
 __all__ = ["DECODES", "JSON_FIELDS", "SETTING_FIELDS", "FolderDataset", "make_decode", "run_bench",
            "format_report", "plot_bench", "parse_workers"]
@@ -83,7 +83,7 @@ def parse_workers(text: str) -> list[int]:
 
 def make_decode(decode: str, resize: int, crop: int) -> Any:
     """The decode pipeline behind ``--decode``: a PackedDataset ``decode=`` value."""
-    from .data.transforms import DecodeResizeCrop, PilResizeCrop
+    from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
 
     if decode == "fast":
         return DecodeResizeCrop(resize, crop)
@@ -98,8 +98,8 @@ class FolderDataset:
     """The original files of an ImageFolder tree, read and decoded like a packed dataset."""
 
     def __init__(self, root: str | os.PathLike, decode: Any):
-        from .data.datasets import decode_record
-        from .sources import image_folder
+        from packer.data.datasets import decode_record
+        from packer.conversion.inputs import image_folder
 
         self.items, self.classes = image_folder(root)
         if not self.items:
@@ -129,7 +129,7 @@ def _device_sync(device: Any) -> None:
 def _measure(batches: Iterable[Any], *, device: Any, steps: int, batch_size: int, model_ms: float,
              tick: Callable[[], None]) -> dict[str, Any]:
     """Time one epoch of ``batches`` through DevicePrefetcher + a simulated model step."""
-    from .data.prefetch import DevicePrefetcher
+    from packer.data.prefetch import DevicePrefetcher
 
     step_s = model_ms / 1000.0
     t0 = time.perf_counter()
@@ -183,7 +183,7 @@ def _loader(dataset: Any, *, num_workers: int, batch_size: int, batches: int, se
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    from .data.prefetch import uint8_collate
+    from packer.data.prefetch import uint8_collate
 
     sampler = RandomSampler(dataset, num_samples=batches * batch_size,
                             generator=torch.Generator().manual_seed(seed))
@@ -267,9 +267,9 @@ def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequenc
     import torch
     from tqdm import tqdm
 
-    from .data.cache import cache_bytes, free_memory
-    from .data.datasets import PackedDataset
-    from .data.prefetch import resolve_device
+    from packer.data.cache import cache_bytes, free_memory
+    from packer.data.datasets import PackedDataset
+    from packer.data.prefetch import resolve_device
 
     dev = resolve_device(device)
     dataset = PackedDataset(path, decode=pipeline)

@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from .errors import PackerError, UsageError, WriteError
-from .executors import Executor, InlineExecutor, Outcome
-from .formats import Writer, open_reader
-from .formats.base import Sample, partial_path
-from .manifest import atomic_write_bytes
-from .sources import Item, fingerprint
+from packer.errors import PackerError, UsageError, WriteError
+from packer.conversion.executors import Executor, InlineExecutor, Outcome
+from packer.formats import Writer, open_reader
+from packer.formats.base import Sample, partial_path
+from packer.manifest import atomic_write_bytes
+from packer.conversion.inputs import Item, fingerprint
 
 __all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures"]
 

@@ -24,12 +24,12 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from .convert import check_output_arg
-from .errors import CorruptData, UsageError
-from . import formats
-from .formats import Reader, open_reader
-from .formats.base import Writer, partial_path
-from .manifest import created_by
+from packer.conversion.runner import check_output_arg
+from packer.errors import CorruptData, UsageError
+from packer import formats
+from packer.formats import Reader, open_reader
+from packer.formats.base import Writer, partial_path
+from packer.manifest import created_by
 
 __all__ = ["MergeReport", "merge_parts", "part_of", "read_failures", "writer_of"]
 

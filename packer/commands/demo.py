@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .pack import pack_images
-from .synth import make_image_folder
+from packer.commands.pack_images import pack_images
+from packer.synth import make_image_folder
 
 __all__ = ["run_demo"]
 
@@ -17,7 +17,7 @@ def run_demo(workdir: str | os.PathLike, *, count: int = 200, workers: int | Non
     ``PackedDataset`` in a DataLoader, and return what was made and the read throughput."""
     from torch.utils.data import DataLoader
 
-    from .data.datasets import PackedDataset
+    from packer.data.datasets import PackedDataset
 
     workdir = Path(workdir)
     src = workdir / "images"

@@ -1,4 +1,4 @@
-"""``tf.train.Example`` codec on top of ``packer.protowire`` (no TensorFlow, no generated code).
+"""``tf.train.Example`` codec on top of ``packer.codecs.protowire`` (no TensorFlow, no generated code).
 
 ``Example { Features features = 1 }``, ``Features { map<string, Feature> feature = 1 }``,
 ``Feature { oneof { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3 } }``,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Mapping, Sequence, Union
 
-from .protowire import FIXED32, FIXED64, LENGTH, VARINT, decode_varint, encode_varint, field_bytes
+from packer.codecs.protowire import FIXED32, FIXED64, LENGTH, VARINT, decode_varint, encode_varint, field_bytes
 
 __all__ = ["FeatureValue", "encode_example", "decode_example", "int64_feature"]
 

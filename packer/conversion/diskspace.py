@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import UsageError
-from .sources import Item
+from packer.errors import UsageError
+from packer.conversion.inputs import Item
 
 __all__ = ["Estimate", "estimate_output", "sample_items", "free_space", "check_space", "human_bytes"]
 

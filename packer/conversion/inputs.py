@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import UsageError
+from packer.errors import UsageError
 
 __all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
            "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",

@@ -22,14 +22,14 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from .convert import Report
-from .errors import CorruptSample, UsageError, WriteError
-from .executors import make_executor
-from .formats.base import write_failures
-from .manifest import FAILURES_NAME, atomic_write_bytes
-from .pack import read_item_bytes
-from .resize import FORMAT_EXT, ResizeSpec, resize_image
-from .sources import Item, list_file, parse_exts, image_tree
+from packer.conversion.runner import Report
+from packer.errors import CorruptSample, UsageError, WriteError
+from packer.conversion.executors import make_executor
+from packer.formats.base import write_failures
+from packer.manifest import FAILURES_NAME, atomic_write_bytes
+from packer.commands.pack_images import read_item_bytes
+from packer.codecs.resize import FORMAT_EXT, ResizeSpec, resize_image
+from packer.conversion.inputs import Item, list_file, parse_exts, image_tree
 
 __all__ = ["STATE_NAME", "MirrorReport", "MirrorTask", "ResizeFileJob", "resize_tree", "output_path"]
 

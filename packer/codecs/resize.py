@@ -29,7 +29,7 @@ Lanczos resize it measures >= 35 dB PSNR on a hard synthetic photo (text, thin l
 **Modes** (the output's mode is the closest one its format stores):
 
 * palette -> RGBA when it has transparency, else RGB; 1-bit -> L; 16/32-bit grey -> L by the
-  high byte (as ``packer.imaging`` decodes it); CMYK/YCbCr/LAB/HSV -> RGB (Pillow's
+  high byte (as ``packer.codecs.image`` decodes it); CMYK/YCbCr/LAB/HSV -> RGB (Pillow's
   conversion, which undoes Adobe-inverted CMYK).
 * JPEG stores L or RGB: alpha is dropped, keeping the colour under it (as the training
   decode does). PNG stores L, LA, RGB, RGBA. WebP stores RGB, RGBA (grey becomes RGB).
@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .errors import CorruptSample, UsageError
-from .imaging import _channels as stored_channels
-from .imaging import format_name, grey_to_8bit, reading_image
+from packer.errors import CorruptSample, UsageError
+from packer.codecs.image import _channels as stored_channels
+from packer.codecs.image import format_name, grey_to_8bit, reading_image
 
 __all__ = ["FITS", "OUTPUT_FORMATS", "ResizeSpec", "Plan", "Resized", "parse_size", "plan_resize",
            "resize_image", "resize_pixels", "output_format", "FORMAT_EXT"]

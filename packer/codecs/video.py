@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import cv2
 import numpy as np
 
-from .errors import CorruptSample, UsageError
+from packer.errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
            "read_video", "probe_video", "sample_frame", "decord_available", "parse_size"]

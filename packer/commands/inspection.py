@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .errors import CorruptData, PackerError
-from .formats import open_reader
-from .imaging import decode
+from packer.errors import CorruptData, PackerError
+from packer.formats import open_reader
+from packer.codecs.image import decode
 
 __all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
 

@@ -1,0 +1,96 @@
+"""Image commands: ``to-lmdb``, ``to-hdf5``, ``to-records``, ``resize`` and ``index``."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from packer.cli.options import (commit_option, finish, image_pack_options, library_call, main,
+                                resize_options, split_paths)
+
+
+def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
+          max_failures: int, commit_every: int | None = None, writer_options: dict[str, Any] | None = None,
+          **options: Any) -> None:
+    """The body of every image pack command: one ``pack_images`` call, then the summary."""
+    from packer.commands.pack_images import pack_images
+
+    src, out = split_paths(paths, list_file, root)
+    if commit_every is not None:
+        writer_options = {**(writer_options or {}), "commit_every": commit_every}
+    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
+                         writer_options=writer_options, **options)
+    finish(report, max_failures)
+
+
+@main.command("to-lmdb")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@commit_option
+@library_call
+def to_lmdb(paths, **options):
+    """Pack an image folder into LMDB (Caffe Datum values, DALI-readable)."""
+    _pack("lmdb", paths, **options)
+
+
+@main.command("to-hdf5")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT.h5")
+@click.option("--raw", is_flag=True, help="Store decoded HxWx3 uint8 pixels (needs --size WxH).")
+@image_pack_options
+@commit_option
+@library_call
+def to_hdf5(paths, **options):
+    """Pack an image folder into one HDF5 file (encoded blobs, or raw pixels with --raw --size WxH)."""
+    _pack("hdf5", paths, **options)
+
+
+@main.command("resize")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@resize_options
+@click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
+              help="Comma-separated file extensions to take (case-insensitive).")
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="Resize only the files of this list ('relative/path label' lines, relative to SRC).")
+@click.option("--workers", type=int, default=None, help="Worker processes (default: all cores; 0 = in this process).")
+@click.option("--max-failures", type=int, default=0, show_default=True,
+              help="Bad inputs tolerated before the exit status is 1.")
+@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where the per-image work runs.")
+@library_call
+def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor):
+    """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
+    from packer.commands.resize_tree import resize_tree
+
+    if resize is None:
+        raise click.UsageError("give --short-side N, --max-side N or --size WxH")
+    report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                         executor=executor, max_failures=max_failures)
+    finish(report, max_failures)
+
+
+@main.command("to-records")
+@click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+@image_pack_options
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Bytes per shard (KB/MB/GB decimal, KiB/MiB/GiB binary).")
+@click.option("--samples-per-shard", type=int, default=None,
+              help="Records per shard (wins over --shard-size).")
+@click.option("--name", default="train", show_default=True, help="Shard names: {name}-{i:05d}.tfrecord.")
+@library_call
+def to_records(paths, shard_size, samples_per_shard, name, **options):
+    """Pack an image folder into TFRecord shards with DALI .idx indexes (a completed shard is
+    what --resume keeps)."""
+    _pack("records", paths, writer_options={"shard_size": shard_size, "samples_per_shard": samples_per_shard,
+                                            "name": name}, **options)
+
+
+@main.command("index")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@library_call
+def index(paths):
+    """Write a DALI .idx beside each TFRecord file (a folder: each one in it), as tfrecord2idx does."""
+    from packer.formats.records import index_tfrecords
+
+    for path, count in index_tfrecords(paths):
+        click.echo(f"{path}.idx: {count} records")

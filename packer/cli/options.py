@@ -1,0 +1,156 @@
+"""Options and helpers shared by the commands: each option group once, the library-call
+wrapper that turns ``PackerError`` into a one-line error, and the report printer."""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from typing import Any, Callable
+
+import click
+
+from packer import __version__
+from packer.conversion.executors import EXECUTORS
+from packer.errors import PackerError
+
+__all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
+           "commit_option", "library_call", "finish", "split_paths"]
+
+
+def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command body, mapping PackerError to a clean one-line ClickException."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+def split_paths(paths: tuple[str, ...], list_file: str | None, root: str | None) -> tuple[str, str]:
+    """``SRC OUT``, or just ``OUT`` with ``--list FILE --root DIR``."""
+    if root is not None and len(paths) == 1:
+        return root, paths[0]
+    if len(paths) == 2 and root is None:
+        return paths[0], paths[1]
+    raise click.UsageError("expected SRC OUT (or OUT with --root DIR)")
+
+
+def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options that choose the input items."""
+    fn = click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
+                      help="Comma-separated file extensions to take (case-insensitive).")(fn)
+    fn = click.option("--root", type=click.Path(file_okay=False), default=None,
+                      help="Folder the --list paths are relative to (then give only OUT).")(fn)
+    fn = click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+                      help="List file of 'relative/path label' lines instead of an ImageFolder tree.")(fn)
+    return fn
+
+
+def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every conversion command shares."""
+    fn = _with_ray_address(fn)
+    fn = click.option("--ray-address", default=None, metavar="ADDR",
+                      help="Ray cluster to join with --executor ray ('auto', 'ray://head:10001'; "
+                           "default: RAY_ADDRESS, else a local Ray instance).")(fn)
+    fn = click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                      help="Where the per-item work runs: local process pool or a Ray cluster.")(fn)
+    fn = click.option("--shard-index", type=int, default=0, show_default=True,
+                      help="Which part of the input this job converts (with --num-shards).")(fn)
+    fn = click.option("--num-shards", type=int, default=1, show_default=True,
+                      help="Split the sorted input into N parts across jobs.")(fn)
+    fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
+    fn = click.option("--resume", is_flag=True,
+                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+    fn = click.option("--max-failures", type=int, default=0, show_default=True,
+                      help="Bad inputs tolerated before the exit status is 1.")(fn)
+    fn = click.option("--workers", type=int, default=None,
+                      help="Worker processes (default: all cores; 0 = in this process).")(fn)
+    return fn
+
+
+def _with_ray_address(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Fold ``--ray-address`` into the ``executor`` spec (``ray:ADDR``) so commands pass one value."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, ray_address: str | None = None, **kwargs: Any) -> Any:
+        if ray_address is not None:
+            if kwargs.get("executor") != "ray":
+                raise click.UsageError("--ray-address needs --executor ray")
+            kwargs["executor"] = f"ray:{ray_address}"
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The resize options (``packer resize`` and every image pack command), passed to the
+    command as one ``resize`` argument: a ``packer.codecs.resize.ResizeSpec``, or None without them."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, short_side: Any, max_side: Any, size: Any, fit: Any, upscale: bool,
+                out_format: Any, quality: Any, **kwargs: Any) -> Any:
+        from packer.codecs.resize import ResizeSpec
+
+        try:
+            kwargs["resize"] = ResizeSpec.from_options(short_side=short_side, max_side=max_side, size=size,
+                                                       fit=fit, upscale=upscale, format=out_format,
+                                                       quality=quality)
+        except PackerError as e:
+            raise click.UsageError(str(e)) from None
+        return fn(*args, **kwargs)
+
+    wrapper = click.option("--quality", type=int, default=None,
+                           help="JPEG/WebP quality of re-encoded images, 1-100.  [default: 90]")(wrapper)
+    wrapper = click.option("--format", "out_format", type=click.Choice(["keep", "jpeg", "png", "webp"]),
+                           default=None, help="Format of re-encoded images.  [default: keep]")(wrapper)
+    wrapper = click.option("--upscale", is_flag=True, help="Also enlarge images smaller than the target.")(wrapper)
+    wrapper = click.option("--fit", type=click.Choice(["crop", "pad", "stretch"]), default=None,
+                           help="With --size: cover and centre-crop, fit inside and pad, or stretch.  "
+                                "[default: crop]")(wrapper)
+    wrapper = click.option("--size", default=None, metavar="WxH",
+                           help="Resize to exactly WIDTHxHEIGHT (see --fit).")(wrapper)
+    wrapper = click.option("--max-side", type=int, default=None, help="Resize so the long side is N pixels.")(wrapper)
+    wrapper = click.option("--short-side", type=int, default=None,
+                           help="Resize so the short side is N pixels (aspect ratio kept).")(wrapper)
+    return wrapper
+
+
+def finish(report: Any, max_failures: int) -> None:
+    click.echo(report.summary())
+    for f in report.failures[:10]:
+        what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed
+        click.echo(f"  {what} [{f['stage']}] {f['source']}: {f['reason']}", err=True)
+    if len(report.failures) > 10:
+        click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
+    if report.failed > max_failures:
+        click.echo(f"error: {report.failed} inputs failed (--max-failures {max_failures})", err=True)
+        sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="packer")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
+    fn = resize_options(fn)
+    fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
+                      show_default=True, help="How much of each image to decode to decide it is good "
+                                              "(with a resize every image is fully decoded).")(fn)
+    return input_options(conversion_options(fn))
+
+
+def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--commit-every``: the durable-commit granularity of a single-output pack command."""
+    return click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+                        help="Samples per durable commit (what a --resume after a kill redoes at most; "
+                             "for decode-frames --to records, the frames per shard).")(fn)

@@ -1,0 +1,135 @@
+"""Tools over packed outputs: ``inspect``, ``verify``, ``merge``, ``bench`` and ``demo``."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from packer.cli.options import library_call, main
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--grid", type=click.Path(dir_okay=False), default=None,
+              help="Write a contact sheet PNG of a seeded random sample.")
+@click.option("--show", type=int, default=5, show_default=True, help="How many samples to list.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --grid sample.")
+@library_call
+def inspect(path, as_json, grid, show, seed):
+    """Show what a packed dataset holds (format, count, classes, size, samples)."""
+    from packer.commands.inspection import inspect_dataset, render_grid
+
+    info = inspect_dataset(path, show=show)
+    if grid:
+        info["grid"] = {"path": grid, "positions": render_grid(path, grid, seed=seed)}
+    if as_json:
+        click.echo(json.dumps(info, indent=1, ensure_ascii=False))
+        return
+    click.echo(f"{info['path']}: {info['format']} v{info['format_version']}, {info['kind']}, "
+               f"{info['count']} samples, {len(info['classes'])} classes, "
+               f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
+    if "shards" in info:
+        click.echo(f"shards: {info['shards']}")
+    if info["classes"]:
+        shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
+        click.echo(f"classes: {shown}")
+    for s in info["samples"]:
+        click.echo(f"  [{s['index']}] {s['key']}  label={s['label']}  {s['format']} "
+                   f"{s['width']}x{s['height']}x{s['channels']}  {s['bytes']} bytes")
+    if grid:
+        click.echo(f"contact sheet: {grid}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--no-decode", is_flag=True, help="Check structure and checksums only.")
+@library_call
+def verify(path, no_decode):
+    """Read every sample, check checksums and structure; exit 1 on any problem."""
+    from packer.commands.inspection import verify_dataset
+
+    result = verify_dataset(path, decode_images=not no_decode)
+    for p in result.problems[:50]:
+        click.echo(f"  {p}", err=True)
+    if not result.ok:
+        click.echo(f"{path}: {len(result.problems)} problems in {result.count} samples", err=True)
+        sys.exit(1)
+    click.echo(f"{path}: OK ({result.checked} samples checked)")
+
+
+@main.command()
+@click.argument("workdir", type=click.Path(file_okay=False), default="packer-demo")
+@click.option("--count", type=int, default=200, show_default=True, help="Images to generate.")
+@click.option("--workers", type=int, default=None, help="Worker processes for packing.")
+@library_call
+def demo(workdir, count, workers):
+    """Generate sample images, pack them to LMDB and read them back (no download)."""
+    from packer.commands.demo import run_demo
+
+    r = run_demo(workdir, count=count, workers=workers)
+    click.echo(f"generated {r['samples']} images in {r['source']}")
+    click.echo(r["pack"])
+    click.echo(f"read back with PackedDataset: {r['read_samples_per_s']:.0f} samples/s "
+               f"(first: {r['first']['key']} {r['first']['shape']} {r['first']['dtype']} "
+               f"label {r['first']['label']})")
+    click.echo(f"next: packer inspect {r['output']} --grid preview.png && packer verify {r['output']}")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, metavar="PART... OUT")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option("--any-parts", is_flag=True,
+              help="Merge any outputs of one format and class list in the order given, not only "
+                   "parts 0..N-1 of one --num-shards run.")
+@library_call
+def merge(paths, overwrite, any_parts):
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    from packer.commands.merge import merge_parts
+
+    if len(paths) < 2:
+        raise click.UsageError("expected PART... OUT")
+    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
+    click.echo(report.summary())
+
+
+def _bench_help() -> str:
+    from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS
+
+    fields = "; ".join(f"{k}: {v}" for k, v in JSON_FIELDS.items())
+    per = "; ".join(f"{k}: {v}" for k, v in SETTING_FIELDS.items())
+    return ("Is data loading the bottleneck? Times the real DataLoader over PATH for each "
+            "--workers value next to the ceiling (the same batches from memory through the same "
+            "consumer), gives a verdict per setting, a recommended num_workers, persistent_workers / "
+            "prefetch_factor advice and the memory a device cache needs.\n\n"
+            f"JSON fields (--json): {fields}.\n\nEach settings[] entry: {per}.")
+
+
+@main.command(help=_bench_help())
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Samples per batch.")
+@click.option("--workers", "workers_text", default="0,1,2", show_default=True,
+              help="Comma-separated num_workers values to try.")
+@click.option("--decode", type=click.Choice(["fast", "pil", "tensor"]), default="fast", show_default=True,
+              help="fast: DCT-scaled decode + resize + centre crop; pil: the torchvision-style Pillow "
+                   "pipeline; tensor: full-size decode (pre-resized data of one size).")
+@click.option("--resize", type=int, default=256, show_default=True, help="Short side to resize to.")
+@click.option("--crop", type=int, default=224, show_default=True, help="Centre crop side.")
+@click.option("--against", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The original image folder: run the same pipeline over its files, as a ratio.")
+@click.option("--steps", type=int, default=30, show_default=True, help="Batches timed per setting.")
+@click.option("--model-ms", type=float, default=0.0, show_default=True,
+              help="Simulate a training step of this many ms per batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
+@library_call
+def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, as_json, plot):
+    from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
+
+    result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
+                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms)
+    if plot:
+        plot_bench(result, plot)
+    click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -1,0 +1,61 @@
+"""``decode-frames``: videos to mmaction2 frame folders or packed shards."""
+from __future__ import annotations
+
+import click
+
+from packer.cli.options import commit_option, conversion_options, finish, library_call, main
+from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
+
+
+@main.command("decode-frames")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+              help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
+              help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
+@click.option("--class-index", type=click.Path(dir_okay=False), default=None,
+              help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
+@click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+              help="Comma-separated video file extensions to take.")
+@click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
+              help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
+@click.option("--short-side", type=int, default=None, help="Rescale frames so the short side is N.")
+@click.option("--size", default=None, help="Rescale frames to fit WxH (0 on a side: from the aspect).")
+@click.option("--keep-aspect/--no-keep-aspect", default=True, show_default=True,
+              help="With --size: keep the aspect ratio (fit inside) or stretch to exactly WxH.")
+@click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")
+@click.option("--stride", type=int, default=None, help="Keep every K-th frame.")
+@click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
+@click.option("--ext", type=click.Choice(["jpg", "png"]), default="jpg", show_default=True,
+              help="Frame image format.")
+@click.option("--quality", type=int, default=95, show_default=True, help="JPEG quality.")
+@click.option("--tmpl", default=None, help="Frame file names (default img_{:05d}.EXT).")
+@click.option("--start-index", type=int, default=1, show_default=True, help="Number of the first frame file.")
+@click.option("--list-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the rawframes list here (default: OUT/rawframes.txt).")
+@click.option("--strict", is_flag=True, help="Partial decodes count toward --max-failures.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds one video may take before its worker is killed (0: no limit).")
+@click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
+              help="Video decoder (auto: decord, falling back to OpenCV).")
+@click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
+@conversion_options
+@commit_option
+@library_call
+def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
+                      keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
+                      strict, timeout, backend, force, workers, max_failures, resume, overwrite,
+                      num_shards, shard_index, executor, commit_every):
+    """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
+    from packer.commands.decode_frames import decode_frames
+
+    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
+                           class_index=class_index, video_exts=video_exts, short_side=short_side,
+                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
+                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
+                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
+                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
+                           overwrite=overwrite, force=force, num_shards=num_shards,
+                           shard_index=shard_index, executor=executor, commit_every=commit_every)
+    finish(report, max_failures)

@@ -1,0 +1,1 @@
+"""One module per CLI command: parse nothing, validate options, make one conversion or inspection call."""
