@@ -21,8 +21,13 @@ __all__ = [
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 
 
+_ONE_BYTE = [bytes((v,)) for v in range(128)]
+
+
 def encode_varint(value: int) -> bytes:
     """Encode a non-negative int (or a negative int32/int64 as its 64-bit two's complement)."""
+    if 0 <= value < 128:
+        return _ONE_BYTE[value]
     if value < 0:
         value &= 0xFFFFFFFFFFFFFFFF
     out = bytearray()

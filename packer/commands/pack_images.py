@@ -10,6 +10,7 @@ from typing import Any
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
+from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
 from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
@@ -101,7 +102,13 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     if raw:
         options["raw"] = True
     writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
-    with make_executor(executor, workers=workers) as ex:
-        return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
-                   max_failures=max_failures,
+    job = ImageJob(check=check, resize=resize, raw=raw)
+    if workers is not None and workers < 0:
+        raise UsageError("--workers must be >= 0")
+    plan = choose_plan(format=format, check=check, workers=workers, resizing=resize is not None or raw,
+                       executor=executor, fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
+    ex = make_executor(executor, workers=workers) if plan.mode == "pool" else make_pack_executor(plan, writer)
+    with ex:
+        return run(items, job_for(plan, job, writer_cls), writer, executor=ex, max_failures=max_failures,
                    resume=resume, overwrite=overwrite, desc=f"to-{format}")

@@ -2,7 +2,7 @@
 
 The writer (one process) only appends or puts. Everything else runs beside it:
 
-* **verdicts** (``StagedExecutor``): worker processes read each file and check it (header
+* **verdicts** (``packer.conversion.executors.staged``): worker processes read each file and check it (header
   parse or full decode) and hand back only a small ``Verdict`` (format, size, length, CRC32C
   of the bytes they checked); the writer process reads the page-cached file again in a
   thread (file reads and CRC32C release the GIL), checks that its length and CRC32C match
@@ -17,19 +17,19 @@ command asks (format, ``--check``, resize) and the cores there are, from the mea
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from packer.errors import CorruptSample
-from packer.executors import Executor, InlineExecutor, LocalExecutor, Outcome, call_safely
+from packer.codecs.image import probe
+from packer.conversion.executors import Executor, InlineExecutor, LocalExecutor
+from packer.conversion.executors.staged import StagedExecutor
 from packer.formats.base import Sample
 from packer.integrity import crc32c
 
-__all__ = ["Verdict", "VerdictJob", "StagedExecutor", "Plan", "choose_plan", "CHEAP_CHECKS"]
+__all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "make_pack_executor", "job_for", "CHEAP_CHECKS"]
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,18 @@ class VerdictJob:
     same bytes, build the ``Sample``. Calling the job itself does both (in-process work).
     """
 
-    def __init__(self, job: Any):
+    def __init__(self, job: Any, *, prepare: Any = None):
         if getattr(job, "resize", None) is not None or getattr(job, "raw", False):
             raise ValueError("a resizing job stores new bytes: it has no verdict-only form")
         self.job = job
+        self.prepare = prepare  # the writer's ``prepare``: encoding done on the completion thread
 
     def __call__(self, item: Any) -> Sample:
         return self.job(item)
 
     def verdict(self, item: Any) -> Verdict:
         """Read and check one input; the small description the writer needs."""
-        from packer.pack import read_item_bytes
+        from packer.commands.pack_images import read_item_bytes
 
         data = read_item_bytes(item)
         sample = self._describe(item, data)
@@ -75,92 +76,24 @@ class VerdictJob:
 
     def complete(self, item: Any, verdict: Verdict) -> Sample:
         """The sample for ``item`` from its verdict and the bytes read here."""
-        from packer.pack import read_item_bytes
+        from packer.commands.pack_images import read_item_bytes
 
         data = read_item_bytes(item)
         if len(data) != verdict.size or crc32c(data) != verdict.crc:
             raise CorruptSample(item.key, item.path, "file changed while it was being packed "
                                                      "(the bytes read differ from the bytes checked)",
                                 stage="read")
-        return Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels)
+        sample = Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels)
+        if self.prepare is not None:
+            sample.prepared = self.prepare(sample)
+        return sample
 
     def _describe(self, item: Any, data: bytes) -> Sample:
-        from packer.imaging import probe
-        from packer.pack import _EXT_FMT
+        from packer.commands.pack_images import _EXT_FMT
 
         ext = item.key.rsplit(".", 1)[-1].lower()
         info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
         return Sample(item.key, b"", info.fmt, item.label, info.height, info.width, info.channels)
-
-
-class _VerdictOf:
-    """Picklable ``fn.verdict`` (a bound method of a plain object pickles too; this is explicit)."""
-
-    def __init__(self, job: VerdictJob):
-        self.job = job
-
-    def __call__(self, item: Any) -> Verdict:
-        return self.job.verdict(item)
-
-
-class StagedExecutor(Executor):
-    """Verdicts from worker processes, completions on threads of this process, in input order.
-
-    A work function with ``verdict``/``complete`` (``VerdictJob``) runs its ``verdict`` in a
-    process pool and its ``complete`` on ``threads`` threads here; any other work function
-    runs whole in the pool. Failures of either stage become failed Outcomes as everywhere.
-
-    Args:
-        workers: worker processes (>= 1).
-        threads: completion threads in this process (>= 1).
-        chunk_size: items per pool task.
-        window: chunks in flight per worker.
-    """
-
-    name = "staged"
-
-    def __init__(self, *, workers: int, threads: int = 2, chunk_size: int = 32, window: int = 4,
-                 start_method: str | None = None):
-        if threads < 1:
-            raise ValueError("threads must be >= 1")
-        self.workers = workers
-        self.threads = threads
-        self._pool = LocalExecutor(workers=workers, chunk_size=chunk_size, window=window,
-                                   start_method=start_method)
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="packer-complete")
-
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
-        if not hasattr(fn, "verdict"):
-            yield from self._pool.map(fn, items)
-            return
-        items = list(items)
-        pending: collections.deque = collections.deque()
-        limit = 4 * self.threads
-        for item, outcome in zip(items, self._pool.map(_VerdictOf(fn), items)):
-            if outcome.ok:
-                pending.append(self._threads.submit(_complete_safely, fn, item, outcome.value))
-            else:
-                pending.append(outcome)
-            while len(pending) > limit or (pending and _ready(pending[0])):
-                yield _result(pending.popleft())
-        while pending:
-            yield _result(pending.popleft())
-
-    def close(self) -> None:
-        self._threads.shutdown(wait=True)
-        self._pool.close()
-
-
-def _complete_safely(fn: Any, item: Any, verdict: Verdict) -> Outcome:
-    return call_safely(lambda it: fn.complete(it, verdict), item)
-
-
-def _ready(entry: Any) -> bool:
-    return isinstance(entry, Outcome) or entry.done()
-
-
-def _result(entry: Any) -> Outcome:
-    return entry if isinstance(entry, Outcome) else entry.result()
 
 
 @dataclass(frozen=True)
@@ -175,14 +108,16 @@ class Plan:
 
 
 def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool, executor: str = "local",
-                cores: int | None = None, resuming_inside_shard: bool = False) -> Plan:
+                cores: int | None = None, fixed_layout: bool = False) -> Plan:
     """The fastest way to run a pack command, from what it asks and the cores there are.
 
     ``workers`` is ``--workers`` (None: the default, every core). The rules come from
     ``scripts/bench_write.py`` (see ``docs/writing.md``):
 
     * ``--workers 0`` (or 1, or one core): in this process, as always.
-    * records: the workers write their own shards (``sharded``): no single writer to wait on.
+    * records: the workers write their own shards (``sharded``): no single writer to wait on;
+      not with ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records,
+      which only one writer can promise when inputs fail).
     * a cheap check (``header``/``none``) into LMDB/HDF5 without resize: in this process by
       default. The per-sample work (a header parse) costs about what handing it to another
       process and back costs, so the single writer is fastest alone; an explicit ``--workers
@@ -196,10 +131,12 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     n = cores if workers is None else workers
     if n <= 1:
         return Plan("inline", 0, "one worker or none: in this process")
-    if format == "records" and not resizing:
+    if format == "records" and not fixed_layout:
         return Plan("sharded", n, "records: each worker writes its own shards")
     if resizing:
         return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
+    if format == "records":  # a fixed layout: one writer, the records framed on its threads
+        return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
     if check in CHEAP_CHECKS and workers is None:
         return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
                                  "another process; the writer is fastest alone")
@@ -207,16 +144,20 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
                              "the page-cached file")
 
 
-def make_pack_executor(plan: Plan) -> Executor:
-    """The executor a ``Plan`` names (``sharded`` plans build theirs in the records writer)."""
+def make_pack_executor(plan: Plan, writer: Any) -> Executor:
+    """The executor a ``Plan`` names, for ``writer`` (an unopened Writer)."""
     if plan.mode == "inline":
         return InlineExecutor()
     if plan.mode == "staged":
         return StagedExecutor(workers=plan.workers)
+    if plan.mode == "sharded":
+        from packer.conversion.sharded import ShardedExecutor
+
+        return ShardedExecutor(workers=plan.workers, writer=writer)
     return LocalExecutor(workers=plan.workers)
 
 
-def job_for(plan: Plan, job: Any) -> Any:
-    """The work function a plan runs: ``VerdictJob`` for ``staged``."""
-    return VerdictJob(job) if plan.mode == "staged" else job
+def job_for(plan: Plan, job: Any, writer_cls: Any) -> Any:
+    """The work function a plan runs: ``VerdictJob`` (with the writer's encoding) for ``staged``."""
+    return VerdictJob(job, prepare=writer_cls.prepare) if plan.mode == "staged" else job
 

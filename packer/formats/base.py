@@ -44,6 +44,9 @@ class Sample:
     width: int
     channels: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the writer's ``prepare`` made of this sample ahead of time (on a completion thread),
+    # so the writer itself only stores it; never part of equality or of what is stored.
+    prepared: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -145,6 +148,13 @@ class Writer(abc.ABC):
         self._pending_bytes = 0
         self.on_durable: Callable[[int], None] | None = None
         self._opened = False
+
+    @staticmethod
+    def prepare(sample: Sample) -> Any:
+        """What ``_write`` computes from ``sample`` alone (its stored bytes and CRC32C), done
+        ahead on any thread or process, so the writer only appends; None where there is nothing
+        worth doing ahead. The result goes into ``sample.prepared``."""
+        return None
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, resume_samples: int | None = None) -> None:

@@ -118,11 +118,17 @@ class LmdbWriter(Writer):
         except lmdb.Error as e:
             raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from None
 
-    def _write(self, index: int, sample: Sample) -> int:
+    @staticmethod
+    def prepare(sample: Sample) -> tuple[bytes, int]:
+        """The stored ``Datum`` value and its CRC32C."""
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
                              sample.channels, encoded=sample.fmt != "raw")
+        return value, crc32c(value)
+
+    def _write(self, index: int, sample: Sample) -> int:
+        value, crc = sample.prepared or self.prepare(sample)
         self._batch.append((lmdb_key(index), value))
-        return crc32c(value)
+        return crc
 
     def _commit(self) -> None:
         while True:

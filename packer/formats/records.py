@@ -39,6 +39,7 @@ from packer.codecs.image import sniff_format
 from packer.integrity import crc32c, masked_crc32c
 from packer.manifest import MANIFEST_NAME, Manifest, atomic_write_bytes
 from packer.formats.base import Reader, Record, Sample, Writer, load_keys, write_keys
+from packer.formats.records_segments import SegmentShard, Stored, is_segment_file
 
 __all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "parse_size", "shard_name",
            "index_path", "frame_record", "unframe_record", "scan_tfrecord", "write_index",
@@ -280,15 +281,56 @@ class RecordsWriter(Writer):
         self.shards: list[dict[str, Any]] = []
         self._fh = None
         self._next: tuple[bytes, int] | None = None
+        self._adopting: SegmentShard | None = None
 
     # -- rollover: close the current shard before a record that would not fit ---------------
-    def add(self, sample: Sample) -> None:
+    @staticmethod
+    def prepare(sample: Sample) -> tuple[bytes, int]:
+        """The framed record and the CRC32C of its payload."""
         payload = encode_example(sample_features(sample))
-        record = frame_record(payload)
+        return frame_record(payload), crc32c(payload)
+
+    def add(self, sample: Sample) -> None:
+        if isinstance(sample.prepared, Stored):  # already in a worker's shard file
+            self._add_stored(sample, sample.prepared)
+            return
+        record, crc = sample.prepared or self.prepare(sample)
         if self._fh is not None and self._full(len(record)):
             self.flush()  # completes the shard: the durable commit
-        self._next = (record, crc32c(payload))
+        self._next = (record, crc)
         super().add(sample)
+
+    def _add_stored(self, sample: Sample, stored: Stored) -> None:
+        """A sample a worker stored (``packer.formats.records_segments``); the last one of its
+        shard file adopts the file: the durable commit."""
+        if self._fh is not None:  # a shard this writer has open (a resumed one): complete it first
+            if self.count > self.durable:
+                self.flush()
+            else:
+                self._commit()
+        self.keys.append(sample.key)
+        self.crcs.append(stored.crc)
+        self.count += 1
+        self._pending_bytes += stored.size
+        if stored.shard is not None:
+            self._adopting = stored.shard
+            self.flush()
+
+    def _adopt(self, shard: SegmentShard) -> None:
+        """Make a worker's completed (fsynced) shard file the next shard."""
+        final = self._shard_path(len(self.shards))
+        write_index(index_path(final), shard.offsets, shard.sizes)
+        os.replace(shard.path, final)
+        _fsync_dir(self.workdir)
+        self.shards.append({"file": final.name, "index": index_path(final).name, "count": shard.count,
+                            "bytes": shard.bytes, "sha256": shard.sha256})
+        atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
+                           json.dumps({"options": self._options(), "shards": self.shards}).encode())
+
+    def _remove_segment_files(self) -> None:
+        for p in self.workdir.iterdir():
+            if is_segment_file(p.name):
+                p.unlink()
 
     def _full(self, next_size: int) -> bool:
         if self.samples_per_shard is not None:
@@ -356,6 +398,7 @@ class RecordsWriter(Writer):
                     reopened = True
                 kept = resume_samples
         self._remove_shards_from(len(self.shards) + (1 if reopened else 0))
+        self._remove_segment_files()  # workers' shards not adopted before the kill
 
     def _remove_shards_from(self, first: int) -> None:
         pattern = re.compile(_SHARD_RE.format(name=re.escape(self.name)))
@@ -401,6 +444,10 @@ class RecordsWriter(Writer):
         return crc
 
     def _commit(self) -> None:
+        if self._adopting is not None:
+            shard, self._adopting = self._adopting, None
+            self._adopt(shard)
+            return
         if self._fh is None:
             return
         self._fh.flush()
@@ -418,6 +465,7 @@ class RecordsWriter(Writer):
         self._offsets, self._sizes, self._shard_bytes = [], [], 0
 
     def _finish(self, manifest: Manifest) -> None:
+        self._remove_segment_files()  # a crashed worker's, or written for a retry before a resume
         manifest.shards = list(self.shards)
         write_keys(self.workdir, self.keys)
         manifest.save(self.workdir)

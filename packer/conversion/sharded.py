@@ -1,0 +1,167 @@
+"""``to-records`` with several workers: each worker writes its own shards (no single writer).
+
+``ShardedExecutor.map(fn, items)`` splits the inputs into segments (consecutive ranges) and
+runs each in a worker of a ``RangePool`` as a ``SegmentTask``: the per-item work, then each
+sample framed and appended to the worker's own shard file in the output's working folder
+(sha256 as it goes, fsync at the end). Outcomes come back per input, in order, holding
+*stored* samples (no bytes); ``RecordsWriter.add`` adopts each shard file when its last
+sample arrives. The runner, the checkpoint, failure records and ``--resume`` work as with
+any executor. See ``packer.formats.records_segments`` for what the writer does.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from packer.conversion.executors.base import Executor, Outcome, call_safely
+from packer.conversion.executors.ranges import RangePool, even_ranges
+from packer.conversion.runner import _as_result, WorkResult
+from packer.errors import WriteError
+from packer.formats.records_segments import SegmentShard, SegmentWriteError, Stored, segment_file
+
+__all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
+
+
+def segment_size(n: int, workers: int, *, lo: int = 64, hi: int = 2048) -> int:
+    """Inputs per segment: about 8 segments per worker (so they finish together), 64 to 2048."""
+    return max(lo, min(hi, -(-n // (workers * 8))))
+
+
+@dataclass
+class _Segment:
+    """The shard files of one segment as they are written."""
+
+    workdir: Path
+    tag: str
+    shard_size: int
+    done: list[SegmentShard] = field(default_factory=list)
+    _fh: Any = None
+    _offsets: list[int] = field(default_factory=list)
+    _sizes: list[int] = field(default_factory=list)
+    _bytes: int = 0
+
+    def append(self, record: bytes) -> int:
+        """Append one framed record; the number of the shard file it went to."""
+        if self._fh is not None and self._bytes + len(record) > self.shard_size:
+            self.close_shard()
+        if self._fh is None:
+            self._path = self.workdir / segment_file(self.tag, len(self.done))
+            self._fh = open(self._path, "wb")
+            self._hash = hashlib.sha256()
+        self._fh.write(record)
+        self._hash.update(record)
+        self._offsets.append(self._bytes)
+        self._sizes.append(len(record))
+        self._bytes += len(record)
+        return len(self.done)
+
+    def close_shard(self) -> None:
+        if self._fh is None:
+            return
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._fh = None
+        self.done.append(SegmentShard(str(self._path), self._offsets, self._sizes, self._hash.hexdigest()))
+        self._offsets, self._sizes, self._bytes = [], [], 0
+
+    def abandon(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class SegmentTask:
+    """Runs in a worker: the work of inputs ``start:stop``, stored into the worker's own shards.
+
+    Returns one ``Outcome`` per input (ok ones hold a ``WorkResult`` of stored samples), or a
+    ``SegmentWriteError`` when the shard cannot be written.
+    """
+
+    def __init__(self, work_fn: Any, *, workdir: str | os.PathLike, shard_size: int, prepare: Any):
+        self.work_fn = work_fn
+        self.workdir = Path(workdir)
+        self.shard_size = shard_size
+        self.prepare = prepare
+
+    def __call__(self, items: Sequence[Any], start: int, stop: int) -> list[Outcome] | SegmentWriteError:
+        seg = _Segment(self.workdir, f"{start:012d}", self.shard_size)
+        outcomes: list[Outcome] = []
+        last: list[tuple[Any, int]] = []  # (stored sample, shard number) per stored sample
+        try:
+            for i in range(start, stop):
+                outcome = call_safely(self.work_fn, items[i])
+                if outcome.ok:
+                    result = _as_result(outcome.value)
+                    stubs = []
+                    for sample in result.samples:
+                        record, crc = self.prepare(sample)
+                        k = seg.append(record)
+                        sample.prepared = Stored(crc, len(sample.data))
+                        sample.data = b""
+                        stubs.append(sample)
+                        last.append((sample, k))
+                    outcome = Outcome(True, WorkResult(stubs, result.entry, result.note))
+                outcomes.append(outcome)
+            seg.close_shard()
+        except OSError as e:
+            seg.abandon()
+            return SegmentWriteError(f"{self.workdir}: write failed ({e.strerror or e})")
+        for j, (sample, k) in enumerate(last):  # the last stored sample of each file adopts it
+            if j + 1 == len(last) or last[j + 1][1] != k:
+                sample.prepared.shard = seg.done[k]
+        return outcomes
+
+
+def _crashed(start: int, stop: int, why: str) -> list[Outcome]:
+    return [Outcome(False, stage="crash", reason=why) for _ in range(start, stop)]
+
+
+def _join(parts: list[Any]) -> Any:
+    for part in parts:
+        if isinstance(part, SegmentWriteError):
+            return part
+    return [o for part in parts for o in part]
+
+
+class ShardedExecutor(Executor):
+    """Runs the work and the shard writing of ``to-records`` in ``workers`` processes.
+
+    Args:
+        workers: worker processes (>= 1).
+        writer: the (unopened) ``RecordsWriter`` whose working folder the shards go to.
+        segment: inputs per segment (default: ``segment_size``).
+    """
+
+    name = "sharded"
+
+    def __init__(self, *, workers: int, writer: Any, segment: int | None = None, start_method: str | None = None):
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if segment is not None and segment < 1:
+            raise ValueError("segment must be >= 1")
+        self.workers = workers
+        self.writer = writer
+        self.segment = segment
+        self.start_method = start_method
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        items = list(items)
+        if not items:
+            return
+        w = self.writer
+        w.workdir.mkdir(parents=True, exist_ok=True)
+        task = SegmentTask(fn, workdir=w.workdir, shard_size=w.shard_size, prepare=type(w).prepare)
+        pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
+                         window=2, start_method=self.start_method)
+        try:
+            bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers))
+            for outcomes in pool.map(bounds):
+                if isinstance(outcomes, SegmentWriteError):
+                    raise WriteError(outcomes.message)
+                yield from outcomes
+        finally:
+            pool.close()
