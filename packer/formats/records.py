@@ -308,9 +308,7 @@ class RecordsWriter(Writer):
                 self.flush()
             else:
                 self._commit()
-        self.keys.append(sample.key)
-        self.crcs.append(stored.crc)
-        self.count += 1
+        super().add(sample)  # ``_write`` stores nothing: the bytes are in the worker's file
         self._pending_bytes += stored.size
         if stored.shard is not None:
             self._adopting = stored.shard
@@ -431,6 +429,8 @@ class RecordsWriter(Writer):
                 "bytes": path.stat().st_size, "sha256": h.hexdigest()}
 
     def _write(self, index: int, sample: Sample) -> int:
+        if isinstance(sample.prepared, Stored):
+            return sample.prepared.crc
         record, crc = self._next if self._next is not None else (
             frame_record(encode_example(sample_features(sample))), 0)
         self._next = None

@@ -7,9 +7,10 @@ pickled once per worker under ``spawn``), then only ``(start, stop)`` ranges go 
 result per range comes back. Ranges are handed out in order, a bounded number in flight per
 worker, and results are yielded in order.
 
-A worker that dies (a decoder segfault, the OOM killer) is replaced; its range is split into
-one-item ranges and run again, so only the item that kills a worker again fails, through
-``on_crash(start, stop, why)`` which gives the range's result for it.
+A worker that dies (a decoder segfault, the OOM killer) is replaced; the range it was running
+is split into one-item ranges and run again (the ranges queued behind it go out as they
+were), so only the item that kills a worker again fails, through ``on_crash(start, stop,
+why)`` which gives the result for it.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from packer.conversion.executors.base import exit_text, worker_init
 __all__ = ["RangePool", "even_ranges", "pick_chunk"]
 
 
-def _worker_main(conn: Any, task: Callable[[Sequence[Any], int, int], Any], items: Sequence[Any]) -> None:
+def _worker_main(conn: Any, parent_end: Any, task: Callable[[Sequence[Any], int, int], Any],
+                 items: Sequence[Any]) -> None:
+    parent_end.close()  # inherited through fork: only the parent may hold it, or a dead parent is never seen
     worker_init()
     while True:
         try:
@@ -43,7 +46,7 @@ def _worker_main(conn: Any, task: Callable[[Sequence[Any], int, int], Any], item
 class _Worker:
     def __init__(self, ctx: Any, task: Any, items: Sequence[Any]):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, task, items), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, self.conn, task, items), daemon=True)
         self.proc.start()
         child.close()
         self.jobs: collections.deque = collections.deque()  # (start, stop) sent, in order
@@ -122,13 +125,14 @@ class RangePool:
                         lost = list(w.jobs)
                         w.kill()
                         self._workers[i] = _Worker(self._ctx, self._task, self._items)
-                        for start, stop in lost:
-                            if stop - start == 1:  # it killed its worker: the item fails
-                                done[(start, stop)] = self._on_crash(start, stop, why)
-                            else:  # find the item(s) that crash: rerun one item per range
-                                parts = [(k, k + 1) for k in range(start, stop)]
-                                redo[(start, stop)] = parts
-                                todo.extendleft(reversed(parts))
+                        todo.extendleft(reversed(lost[1:]))  # queued behind it, not started: as they were
+                        start, stop = lost[0]  # the range it was running when it died
+                        if stop - start == 1:  # that item killed its worker: it fails
+                            done[(start, stop)] = self._on_crash(start, stop, why)
+                        else:  # find the item(s) that kill: rerun one item per range
+                            parts = [(k, k + 1) for k in range(start, stop)]
+                            redo[(start, stop)] = parts
+                            todo.extendleft(reversed(parts))
         finally:
             if order or any(w.jobs for w in self._workers):  # abandoned mid-way: stop stale work
                 for i, w in enumerate(self._workers):
