@@ -10,17 +10,13 @@ from packer.cli.options import (commit_option, finish, image_pack_options, libra
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
-          max_failures: int, commit_every: int | None = None, writer_options: dict[str, Any] | None = None,
           **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
     from packer.commands.pack_images import pack_images
 
     src, out = split_paths(paths, list_file, root)
-    if commit_every is not None:
-        writer_options = {**(writer_options or {}), "commit_every": commit_every}
-    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, max_failures=max_failures,
-                         writer_options=writer_options, **options)
-    finish(report, max_failures)
+    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, **options)
+    finish(report, options["max_failures"])
 
 
 @main.command("to-lmdb")

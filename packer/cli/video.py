@@ -10,13 +10,13 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @main.command("decode-frames")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path())
-@click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
               help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
-@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
 @click.option("--class-index", type=click.Path(dir_okay=False), default=None,
               help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
-@click.option("--video-exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+@click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
               help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
@@ -43,19 +43,9 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @conversion_options
 @commit_option
 @library_call
-def decode_frames_cmd(src, out, list_file, csv_file, class_index, video_exts, to, short_side, size,
-                      keep_aspect, fps, stride, max_frames, ext, quality, tmpl, start_index, list_out,
-                      strict, timeout, backend, force, workers, max_failures, resume, overwrite,
-                      num_shards, shard_index, executor, commit_every):
+def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from packer.commands.decode_frames import decode_frames
 
-    report = decode_frames(src, out, to=to, list_path=list_file, csv_path=csv_file,
-                           class_index=class_index, video_exts=video_exts, short_side=short_side,
-                           size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
-                           max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl,
-                           start_index=start_index, list_out=list_out, strict=strict, workers=workers,
-                           timeout=timeout, backend=backend, max_failures=max_failures, resume=resume,
-                           overwrite=overwrite, force=force, num_shards=num_shards,
-                           shard_index=shard_index, executor=executor, commit_every=commit_every)
-    finish(report, max_failures)
+    report = decode_frames(src, out, to=to, list_out=list_out, **options)
+    finish(report, options["max_failures"])

@@ -30,12 +30,14 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from packer.errors import UsageError
 
@@ -245,21 +247,44 @@ def _verdict(s: dict[str, Any], ceiling: float) -> str:
     return f"not data-bound: loader keeps up ({100 * s['ratio_to_ceiling']:.0f}% of the ceiling)"
 
 
-def run_bench(path: str | os.PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 1, 2),
-              decode: str = "fast", resize: int = 256, crop: int = 224,
-              against: str | os.PathLike | None = None, steps: int = 30, model_ms: float = 0.0,
-              device: str | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
-    """Benchmark the loader of ``path`` per ``num_workers`` against the in-memory ceiling.
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``run_bench`` measures: batches of ``batch_size`` through ``decode`` (with ``resize``
+    and ``crop`` for the fast pipelines) for ``steps`` steps per ``workers`` setting, each step
+    followed by ``model_ms`` of simulated model time on ``device``; ``seed`` fixes the order."""
 
+    batch_size: int = 64
+    workers: Sequence[int] = (0, 1, 2)
+    decode: str = "fast"
+    resize: int = 256
+    crop: int = 224
+    steps: int = 30
+    model_ms: float = 0.0
+    device: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.steps < 1:
+            raise UsageError("--batch-size and --steps must be >= 1")
+        if self.model_ms < 0:
+            raise UsageError("--model-ms must be >= 0")
+        if not self.workers or any(w < 0 for w in self.workers):
+            raise UsageError("--workers must list integers >= 0")
+
+
+def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
+              against: str | os.PathLike | None = None, progress: bool = True,
+              **fields: Any) -> dict[str, Any]:
+    """Benchmark the loader of ``path`` per ``num_workers`` against the in-memory ceiling
+    (and the same pipeline over the image folder ``against``, when given).
+
+    ``options`` (or its fields as keywords: ``batch_size=``, ``workers=``, ...) say what to run.
     Returns the dict described in this module's docstring (the ``--json`` output).
     Arguments are checked before any work starts.
     """
-    if batch_size < 1 or steps < 1:
-        raise UsageError("--batch-size and --steps must be >= 1")
-    if model_ms < 0:
-        raise UsageError("--model-ms must be >= 0")
-    if not workers or any(w < 0 for w in workers):
-        raise UsageError("--workers must list integers >= 0")
+    o = dataclasses.replace(options or BenchOptions(), **fields)
+    batch_size, workers, decode, resize, crop = o.batch_size, o.workers, o.decode, o.resize, o.crop
+    steps, model_ms, device, seed = o.steps, o.model_ms, o.device, o.seed
     if against is not None and not Path(against).is_dir():
         raise UsageError(f"--against {against}: not a folder")
     pipeline = make_decode(decode, resize, crop)

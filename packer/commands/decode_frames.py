@@ -12,13 +12,14 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import cv2
 
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
+from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.base import Sample, partial_path
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
@@ -27,7 +28,7 @@ from packer.conversion.diskspace import Estimate, check_space, estimate_output, 
 from packer.conversion.inputs import VideoItem, partition, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 
-__all__ = ["FrameJob", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
+__all__ = ["FrameJob", "FrameOptions", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 
 log = logging.getLogger(__name__)
 
@@ -145,79 +146,119 @@ def _writer_for(to: str):
     raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
 
 
+@dataclass(frozen=True)
+class FrameOptions:
+    """What each video becomes: which frames, at what size, encoded how, named how.
+
+    Args:
+        short_side, size, keep_aspect: the resize (``size`` as ``"WxH"`` or ``(W, H)``).
+        fps, stride, max_frames: the frame selection.
+        ext: ``jpg`` or ``png``; quality: JPEG quality.
+        tmpl: frame file names (default ``img_{:05d}.EXT``); start_index: the first frame's number.
+        backend: ``auto`` (decord, falling back to OpenCV), ``decord`` or ``opencv``.
+    """
+
+    short_side: Optional[int] = None
+    size: Optional[Union[str, tuple[int, int]]] = None
+    keep_aspect: bool = True
+    fps: Optional[float] = None
+    stride: Optional[int] = None
+    max_frames: Optional[int] = None
+    ext: str = "jpg"
+    quality: int = 95
+    tmpl: Optional[str] = None
+    start_index: int = 1
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.ext not in FRAME_EXTS:
+            raise UsageError(f"--ext must be jpg or png, not {self.ext!r}")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"--quality must be in 1..100, not {self.quality}")
+        if self.start_index < 0:
+            raise UsageError(f"--start-index must be >= 0, not {self.start_index}")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if FRAME_EXTS[self.ext] != check_template(self.template):
+            raise UsageError(f"--tmpl {self.template!r} does not end in .{self.ext} (--ext {self.ext})")
+        _ = (self.selection, self.resize)  # validate both now, before any work
+
+    @property
+    def template(self) -> str:
+        return self.tmpl or DEFAULT_TEMPLATE.replace(".jpg", f".{self.ext}")
+
+    @property
+    def selection(self) -> FrameSelection:
+        return FrameSelection(fps=self.fps, stride=self.stride, max_frames=self.max_frames)
+
+    @property
+    def resize(self) -> Resize:
+        size = parse_size(self.size) if isinstance(self.size, str) else self.size
+        return Resize(short_side=self.short_side, size=size, keep_aspect=self.keep_aspect)
+
+    def job(self) -> FrameJob:
+        """The per-video work these options describe."""
+        resize = self.resize
+        return FrameJob(selection=self.selection, resize=resize if resize.active else None,
+                        fmt=FRAME_EXTS[self.ext], quality=self.quality, start_index=self.start_index,
+                        backend=self.backend)
+
+    def recorded(self) -> dict[str, Any]:
+        """The options as the manifest's ``created_by`` records them."""
+        resize = self.resize
+        return {"short_side": self.short_side, "size": list(resize.size) if resize.size else None,
+                "keep_aspect": self.keep_aspect, "fps": self.fps, "stride": self.stride,
+                "max_frames": self.max_frames, "ext": self.ext, "quality": self.quality,
+                "tmpl": self.template, "start_index": self.start_index, "backend": self.backend}
+
+
 def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "frames",
-                  list_path: str | os.PathLike | None = None, csv_path: str | os.PathLike | None = None,
-                  class_index: str | os.PathLike | None = None, video_exts: str | None = None,
-                  short_side: int | None = None, size: str | tuple[int, int] | None = None,
-                  keep_aspect: bool = True, fps: float | None = None, stride: int | None = None,
-                  max_frames: int | None = None, ext: str = "jpg", quality: int = 95,
-                  tmpl: str | None = None, start_index: int = 1,
-                  list_out: str | os.PathLike | None = None, strict: bool = False,
-                  workers: int | None = None, timeout: float | None = 600.0, backend: str = "auto",
-                  max_failures: int = 0, resume: bool = False, overwrite: bool = False,
-                  force: bool = False, num_shards: int = 1, shard_index: int = 0,
-                  executor: str = "local", commit_every: int = 1000) -> DecodeReport:
+                  list_out: str | os.PathLike | None = None, **options: Any) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
+
+    ``options``: ``FrameOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
+    fields as keywords (``short_side=``, ``csv_path=``, ``workers=``, ``timeout=``, ...); the
+    per-video ``timeout`` defaults to 600 s here. ``list_out`` also writes the rawframes list there.
 
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
     and recorded with ``stage: "partial"``. Arguments, inputs and the disk space are checked
-    before any work starts. See ``convert.run`` for ``resume``/``overwrite``.
+    before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``.
     """
+    options.setdefault("timeout", 600.0)
+    frames, inputs, run_opts = split_options(options, FrameOptions, InputOptions, RunOptions)
     writer_cls = _writer_for(to)
-    if ext not in FRAME_EXTS:
-        raise UsageError(f"--ext must be jpg or png, not {ext!r}")
-    if not 1 <= quality <= 100:
-        raise UsageError(f"--quality must be in 1..100, not {quality}")
-    if start_index < 0:
-        raise UsageError(f"--start-index must be >= 0, not {start_index}")
-    if max_failures < 0:
-        raise UsageError("--max-failures must be >= 0")
-    if backend not in BACKENDS:
-        raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    tmpl = tmpl or DEFAULT_TEMPLATE.replace(".jpg", f".{ext}")
-    if FRAME_EXTS[ext] != check_template(tmpl):
-        raise UsageError(f"--tmpl {tmpl!r} does not end in .{ext} (--ext {ext})")
     if list_out is not None and to not in VIDEO_FORMATS:
         raise UsageError("--list-out applies to frame folders (--to frames) only")
-    if timeout is not None and timeout <= 0:
-        timeout = None
-    selection = FrameSelection(fps=fps, stride=stride, max_frames=max_frames)
-    resize = Resize(short_side=short_side, size=parse_size(size) if isinstance(size, str) else size,
-                    keep_aspect=keep_aspect)
-    check_output_arg(out, resume=resume, overwrite=overwrite)
-    items, classes = video_items(src, list_path=list_path, csv_path=csv_path, class_index=class_index,
-                                 exts=video_exts)
-    items = partition(items, num_shards, shard_index)
+    timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
+                                 class_index=inputs.class_index, exts=inputs.exts)
+    items = partition(items, inputs.num_shards, inputs.shard_index)
     if not items:
         raise UsageError(f"{src}: no input videos found")
-    job = FrameJob(selection=selection, resize=resize if resize.active else None, fmt=FRAME_EXTS[ext],
-                   quality=quality, start_index=start_index, backend=backend)
-
+    job = frames.job()
     out = Path(out)
-    options = {"to": to, "src": str(Path(src).resolve()), "list": str(list_path) if list_path else None,
-               "csv": str(csv_path) if csv_path else None, "short_side": short_side,
-               "size": list(resize.size) if resize.size else None, "keep_aspect": keep_aspect,
-               "fps": fps, "stride": stride, "max_frames": max_frames, "ext": ext, "quality": quality,
-               "tmpl": tmpl, "start_index": start_index, "backend": backend, "strict": strict,
-               "num_shards": num_shards, "shard_index": shard_index}
+    recorded = {"to": to, "src": str(Path(src).resolve()),
+                "list": str(inputs.list_path) if inputs.list_path else None,
+                "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
+                "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
     frame_folders = to in VIDEO_FORMATS
-    writer_options: dict[str, Any] = {"commit_every": commit_every}
+    writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
     if frame_folders:
-        writer_options.update(filename_tmpl=tmpl, start_index=start_index)
-    writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(options),
+        writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
+    writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
-    with make_executor(executor, workers=workers, timeout=timeout, isolate=True) as ex:
+    with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
         estimate = ""
-        if not (resume and out.exists() and not partial_path(out).exists()):  # not already complete
-            todo = _remaining(items, writer.resume_state_path() if resume else None)
+        if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
+            todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
             est = _estimate(todo, job, ex, per_file=frame_folders)
             estimate = est.describe()
             log.info("%s: the output needs %s", out, estimate)
-            check_space(out, est, force=force)
-        report = run(items, job, writer, executor=ex, max_failures=max_failures, resume=resume,
-                     overwrite=overwrite, strict=strict, unit="video", desc="decode-frames",
+            check_space(out, est, force=run_opts.force)
+        report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
                      sample_unit="frames")
     videos = open_reader(out, check_crc=False).manifest.videos
     if list_out is not None:

@@ -10,6 +10,7 @@ from typing import Any
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
+from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
 from packer.formats.base import Sample
@@ -62,25 +63,24 @@ class ImageJob:
 
 
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
-                list_path: str | os.PathLike | None = None, exts: str | None = None,
-                workers: int | None = None, check: str = "full", max_failures: int = 0,
-                resume: bool = False, overwrite: bool = False, num_shards: int = 1,
-                shard_index: int = 0, executor: str = "local",
-                writer_options: dict[str, Any] | None = None, resize: ResizeSpec | None = None,
-                raw: bool = False) -> Report:
+                check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
+                writer_options: dict[str, Any] | None = None, **options: Any) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
-    Bad images are skipped and recorded in ``failures.jsonl``; see ``convert.run``.
+    ``options``: ``InputOptions`` and ``RunOptions`` objects and/or their fields as keywords
+    (``list_path=``, ``exts=``, ``workers=``, ``resume=``, ...).
+    Bad images are skipped and recorded in ``failures.jsonl``; see ``conversion.runner.run``.
     ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
     ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
     Arguments are validated before any work starts.
     """
+    inputs, run_opts = split_options(options, InputOptions, RunOptions)
     if check not in CHECK_MODES:
         raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
-    if max_failures < 0:
-        raise UsageError("--max-failures must be >= 0")
     writer_cls = writer_class(format)
     writer_options = dict(writer_options or {})
+    if run_opts.commit_every is not None:
+        writer_options["commit_every"] = run_opts.commit_every
     if raw:
         if format != "hdf5":
             raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
@@ -89,26 +89,28 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if resize.format != "keep":
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    check_output_arg(out, resume=resume, overwrite=overwrite)
-    items, classes = image_items(src, list_path=list_path, exts=exts)
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts)
     if not items:
         raise UsageError(f"{src}: no input images found")
-    items = partition(items, num_shards, shard_index)  # may be empty: an empty part still merges
-    options = {"format": format, "check": check, "src": str(Path(src).resolve()),
-               "list": str(list_path) if list_path else None, "num_shards": num_shards,
-               "shard_index": shard_index}
+    items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
+    recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
+                "list": str(inputs.list_path) if inputs.list_path else None,
+                "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
     if resize is not None:
-        options["resize"] = resize.to_dict()
+        recorded["resize"] = resize.to_dict()
     if raw:
-        options["raw"] = True
-    writer = writer_cls(out, classes=classes, created_by=created_by(options), **writer_options)
+        recorded["raw"] = True
+    writer = writer_cls(out, classes=classes, created_by=created_by(recorded), **writer_options)
     job = ImageJob(check=check, resize=resize, raw=raw)
-    if workers is not None and workers < 0:
+    if run_opts.workers is not None and run_opts.workers < 0:
         raise UsageError("--workers must be >= 0")
-    plan = choose_plan(format=format, check=check, workers=workers, resizing=resize is not None or raw,
-                       executor=executor, fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    plan = choose_plan(format=format, check=check, workers=run_opts.workers, resizing=resize is not None or raw,
+                       executor=run_opts.executor,
+                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
     log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-    ex = make_executor(executor, workers=workers) if plan.mode == "pool" else make_pack_executor(plan, writer)
+    ex = (make_executor(run_opts.executor, workers=run_opts.workers) if plan.mode == "pool"
+          else make_pack_executor(plan, writer))
     with ex:
-        return run(items, job_for(plan, job, writer_cls), writer, executor=ex, max_failures=max_failures,
-                   resume=resume, overwrite=overwrite, desc=f"to-{format}")
+        return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
+                   desc=f"to-{format}")

@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from packer.errors import PackerError, UsageError, WriteError
+from packer.errors import UsageError, WriteError
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
+from packer.conversion.options import RunOptions, split_options
 from packer.formats import Writer, open_reader
 from packer.formats.base import Sample, partial_path
 from packer.manifest import atomic_write_bytes
@@ -136,10 +137,67 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("index", "at", "note")}
 
 
+@dataclass
+class _State:
+    """Where a (possibly resumed) conversion stands: input items fully stored, samples they gave,
+    the failure records and manifest entries so far (each with its internal item ``index``)."""
+
+    items_done: int = 0
+    samples: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    overwrite: bool = False
+    resumed: bool = False
+
+
+def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer,
+                  executor: Executor, fp: str) -> _State:
+    """The state a ``--resume`` continues from: the checkpoint's prefix, cut back to the first
+    earlier failure that now succeeds (so the result equals an uninterrupted run)."""
+    state_path = writer.resume_state_path()
+    if not state_path.exists():
+        return _State()
+    ckpt = json.loads(state_path.read_text())
+    if ckpt.get("fingerprint") != fp:
+        raise UsageError(f"{writer.out}: the input changed since the interrupted run; "
+                         "use --overwrite to start again")
+    st = _State(ckpt["items_done"], ckpt["samples"], ckpt["failures"], ckpt["entries"],
+                bool(ckpt.get("overwrite")), resumed=True)
+    # Retry the prefix's failures; the first that now succeeds cuts the output back to it.
+    # Notes (partial decodes) were packed, so they are kept as they are.
+    retry = [f for f in st.failures if not f.get("note")]
+    for f, outcome in zip(retry, executor.map(work_fn, [items[f["index"]] for f in retry])):
+        if outcome.ok:
+            st.items_done, st.samples = f["index"], f["at"]
+            st.failures = [g for g in st.failures if g["index"] < st.items_done]
+            st.entries = [e for e in st.entries if e["index"] < st.items_done]
+            break
+    log.info("resuming %s at input %d of %d (%d samples kept)", writer.out, st.items_done, len(items),
+             st.samples)
+    return st
+
+
+def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State) -> None:
+    """Add one item's outcome to the output: its samples, manifest entry and failure records."""
+    if outcome.ok:
+        result = _as_result(outcome.value)
+        first = writer.count
+        for sample in result.samples:
+            writer.add(sample)
+        if result.entry is not None:
+            st.entries.append({**result.entry, "start": first, "length": writer.count - first, "index": index})
+        if result.note is not None:
+            st.failures.append({"key": item.key, "source": item.path, "stage": "partial",
+                                **result.note, "index": index, "at": first, "note": True})
+    else:
+        st.failures.append({"key": item.key, "source": item.path, "stage": outcome.stage,
+                            "reason": outcome.reason, "index": index, "at": writer.count})
+        log.warning("%s: %s", item.path, outcome.reason)
+
+
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
-        executor: Executor | None = None, max_failures: int = 0, resume: bool = False,
-        overwrite: bool = False, strict: bool = False, unit: str = "img",
-        desc: str = "packing", sample_unit: str | None = None) -> Report:
+        executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
+        unit: str = "img", sample_unit: str | None = None, **run_fields: Any) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -148,92 +206,53 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
             ``CorruptSample`` (or anything) records a failure for that item.
         writer: an unopened Writer; ``run`` opens and closes it.
         executor: where work runs (inline when None).
-        max_failures: failures tolerated before the Report counts as failed (the caller decides
-            the exit status; every good sample is packed either way).
-        resume: continue a partial output, or check a finished one and do nothing.
-        overwrite: replace an existing output when done.
-        strict: partial decodes (``WorkResult.note``) count as failures.
+        options: a ``RunOptions`` (or its fields as keywords): ``max_failures`` (the Report
+            counts as failed past it; every good sample is packed either way), ``resume``
+            (continue a partial output, or check a finished one and do nothing), ``overwrite``
+            (replace an existing output when done), ``strict`` (partial decodes count as failures).
+        desc, unit: the progress bar's label and item unit.
         sample_unit: when given, the progress bar also shows packed samples per second.
     Returns:
         a Report.
     """
+    (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
     fp = fingerprint(items)
-    state_path = writer.resume_state_path()
-    ckpt = None
-    if resume and not partial_path(out).exists() and out.exists():
+    if opts.resume and not partial_path(out).exists() and out.exists():
         reader = open_reader(out)
         log.info("%s is complete; checked its manifest, nothing to do", out)
         return Report(str(out), count=len(reader), items=len(items), status="complete")
-    if resume and state_path.exists():
-        ckpt = json.loads(state_path.read_text())
-        if ckpt.get("fingerprint") != fp:
-            raise UsageError(f"{out}: the input changed since the interrupted run; "
-                             "use --overwrite to start again")
-
-    failures: list[dict[str, Any]] = []
-    entries: list[dict[str, Any]] = []
-    items_done = samples = 0
-    if ckpt is not None:
-        items_done, samples = ckpt["items_done"], ckpt["samples"]
-        failures, entries = ckpt["failures"], ckpt["entries"]
-        # Retry the prefix's failures; the first that now succeeds cuts the output back to it.
-        # Notes (partial decodes) were packed, so they are kept as they are.
-        retry = [f for f in failures if not f.get("note")]
-        for f, outcome in zip(retry, executor.map(work_fn, [items[f["index"]] for f in retry])):
-            if outcome.ok:
-                items_done, samples = f["index"], f["at"]
-                failures = [g for g in failures if g["index"] < items_done]
-                entries = [e for e in entries if e["index"] < items_done]
-                break
-        log.info("resuming %s at input %d of %d (%d samples kept)", out, items_done, len(items), samples)
-
-    writer.open(resume_samples=samples if ckpt is not None else None)
+    st = _resume_state(items, work_fn, writer, executor, fp) if opts.resume else _State()
+    writer.open(resume_samples=st.samples if st.resumed else None)
     # A resumed --overwrite run may still replace the old output it was started over.
-    overwrite = overwrite or bool(ckpt and ckpt.get("overwrite"))
-    cp = _Checkpointer(state_path, fp, items_done, samples, failures, entries, overwrite)
+    overwrite = opts.overwrite or st.overwrite
+    cp = _Checkpointer(writer.resume_state_path(), fp, st.items_done, st.samples, st.failures, st.entries,
+                       overwrite)
     writer.on_durable = cp.durable
     cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
     try:
-        with tqdm(total=len(items), initial=items_done, unit=unit, desc=desc, dynamic_ncols=True,
+        with tqdm(total=len(items), initial=st.items_done, unit=unit, desc=desc, dynamic_ncols=True,
                   disable=None) as bar:
-            todo = items[items_done:]
-            for offset, outcome in enumerate(executor.map(work_fn, todo)):
-                index = items_done + offset
-                item = items[index]
-                if outcome.ok:
-                    result = _as_result(outcome.value)
-                    first = writer.count
-                    for sample in result.samples:
-                        writer.add(sample)
-                    if result.entry is not None:
-                        entries.append({**result.entry, "start": first,
-                                        "length": writer.count - first, "index": index})
-                    if result.note is not None:
-                        failures.append({"key": item.key, "source": item.path, "stage": "partial",
-                                         **result.note, "index": index, "at": first, "note": True})
-                else:
-                    failures.append({"key": item.key, "source": item.path, "stage": outcome.stage,
-                                     "reason": outcome.reason, "index": index, "at": writer.count})
-                    log.warning("%s: %s", item.path, outcome.reason)
+            for offset, outcome in enumerate(executor.map(work_fn, items[st.items_done:])):
+                index = st.items_done + offset
+                _store(index, items[index], outcome, writer, st)
                 cp.processed(index, writer.count)
                 bar.update(1)
                 if sample_unit is not None and time.monotonic() - shown > 0.5:
                     shown = time.monotonic()
-                    bar.set_postfix_str(f"{(writer.count - samples) / (shown - start):.0f} {sample_unit}/s",
+                    bar.set_postfix_str(f"{(writer.count - st.samples) / (shown - start):.0f} {sample_unit}/s",
                                         refresh=False)
             writer.flush()
-        manifest = writer.close(failures=[_public(f) for f in failures],
-                                videos=[_public(e) for e in entries], overwrite=overwrite,
-                                counted=counted_failures(failures, strict=strict))
+        manifest = writer.close(failures=[_public(f) for f in st.failures],
+                                videos=[_public(e) for e in st.entries], overwrite=overwrite,
+                                counted=counted_failures(st.failures, strict=opts.strict))
     except BaseException:
         writer.abort()
         raise
-    report = Report(str(out), count=manifest.count, items=len(items),
-                    failures=[_public(f) for f in failures], elapsed=time.monotonic() - start,
-                    bytes=writer.bytes_written, status="resumed" if ckpt is not None else "done",
-                    strict=strict)
-    return report
+    return Report(str(out), count=manifest.count, items=len(items),
+                  failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,
+                  bytes=writer.bytes_written, status="resumed" if st.resumed else "done",
+                  strict=opts.strict)

@@ -8,6 +8,7 @@ batch sampler (per-sample ``num_frames``/``frame_interval``/``crop_size``).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +31,15 @@ __all__ = ["sample_frames", "ClipSampling", "FrameDataset", "PackedVideoDataset"
 class _ClipDataset(torch.utils.data.Dataset):
     """What both video datasets share: sampling, the per-sample RNG, crops, layout, transform."""
 
-    def __init__(self, *, clip_len: int, frame_interval: int, num_clips: int, test_mode: bool,
-                 out_of_bound_opt: str, twice_sample: bool, keep_tail_frames: bool, temporal_jitter: bool,
-                 layout: str, crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
+    def __init__(self, sampling: Optional[ClipSampling], sampling_fields: dict[str, Any], *, layout: str,
+                 crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
                  seed: Optional[int]):
         if layout not in LAYOUTS:
             raise UsageError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         if crop_size is not None and crop_size < 1:
             raise UsageError(f"crop_size must be >= 1, not {crop_size}")
         try:
-            self.sampling = ClipSampling(clip_len, frame_interval, num_clips, test_mode, out_of_bound_opt,
-                                         twice_sample, keep_tail_frames, temporal_jitter)
+            self.sampling = dataclasses.replace(sampling or ClipSampling(), **sampling_fields)
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.layout = layout
@@ -162,8 +161,10 @@ class FrameDataset(_ClipDataset):
         root: the folder the list's ``frame_dir`` paths are relative to (mmaction2's
             ``data_prefix``).
         list_file: the rawframes list (default ``root/rawframes.txt``).
-        clip_len, frame_interval, num_clips, test_mode, out_of_bound_opt, twice_sample,
-            keep_tail_frames, temporal_jitter: mmaction2 ``SampleFrames`` options.
+        sampling: a ``ClipSampling`` (mmaction2 ``SampleFrames`` options); its fields may also
+            be given as keywords (``clip_len``, ``frame_interval``, ``num_clips``, ``test_mode``,
+            ``out_of_bound_opt``, ``twice_sample``, ``keep_tail_frames``, ``temporal_jitter``),
+            which override ``sampling``'s.
         filename_tmpl: frame file names (mmaction2 default ``img_{:05}.jpg``).
         start_index: the number of each folder's first frame file (mmaction2 default 1).
         with_offset: list lines carry an offset before the frame count.
@@ -178,15 +179,12 @@ class FrameDataset(_ClipDataset):
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
-                 clip_len: int = 1, frame_interval: int = 1, num_clips: int = 1, test_mode: bool = False,
-                 out_of_bound_opt: str = "loop", twice_sample: bool = False, keep_tail_frames: bool = False,
-                 temporal_jitter: bool = False, filename_tmpl: str = "img_{:05}.jpg", start_index: int = 1,
-                 with_offset: bool = False, layout: str = "TCHW", crop_size: Optional[int] = None,
-                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None):
-        super().__init__(clip_len=clip_len, frame_interval=frame_interval, num_clips=num_clips,
-                         test_mode=test_mode, out_of_bound_opt=out_of_bound_opt, twice_sample=twice_sample,
-                         keep_tail_frames=keep_tail_frames, temporal_jitter=temporal_jitter, layout=layout,
-                         crop_size=crop_size, transform=transform, seed=seed)
+                 sampling: Optional[ClipSampling] = None, filename_tmpl: str = "img_{:05}.jpg",
+                 start_index: int = 1, with_offset: bool = False, layout: str = "TCHW",
+                 crop_size: Optional[int] = None, transform: Optional[Callable[[torch.Tensor], Any]] = None,
+                 seed: Optional[int] = None, **sampling_fields: Any):
+        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
+                         seed=seed)
         self.root = Path(root)
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
@@ -235,16 +233,12 @@ class PackedVideoDataset(_ClipDataset):
     ``check_crc`` (verify each frame's CRC32C as it is read).
     """
 
-    def __init__(self, path: str | os.PathLike, *, clip_len: int = 1, frame_interval: int = 1,
-                 num_clips: int = 1, test_mode: bool = False, out_of_bound_opt: str = "loop",
-                 twice_sample: bool = False, keep_tail_frames: bool = False, temporal_jitter: bool = False,
+    def __init__(self, path: str | os.PathLike, *, sampling: Optional[ClipSampling] = None,
                  layout: str = "TCHW", crop_size: Optional[int] = None,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
-                 check_crc: bool = True):
-        super().__init__(clip_len=clip_len, frame_interval=frame_interval, num_clips=num_clips,
-                         test_mode=test_mode, out_of_bound_opt=out_of_bound_opt, twice_sample=twice_sample,
-                         keep_tail_frames=keep_tail_frames, temporal_jitter=temporal_jitter, layout=layout,
-                         crop_size=crop_size, transform=transform, seed=seed)
+                 check_crc: bool = True, **sampling_fields: Any):
+        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
+                         seed=seed)
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc)
         videos = self.reader.manifest.videos
