@@ -7,9 +7,11 @@ inputs, checks the arguments and the disk space, then hands everything to ``conv
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -21,7 +23,8 @@ from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
-from packer.formats.base import Sample, partial_path
+from packer.formats.base import Sample, Stored, partial_path
+from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
@@ -50,6 +53,10 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
+    # Frame folders only: write the frames into the output's working folder here, in the worker
+    # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
+    write_into: Optional[str] = None
+    filename_tmpl: str = DEFAULT_TEMPLATE
 
     def encode(self, frame) -> bytes:
         """One BGR frame -> JPEG/PNG bytes."""
@@ -98,7 +105,24 @@ class FrameJob:
                     "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
         if v.tried:
             log.debug("%s: %s", item.path, "; ".join(v.tried))
+        if self.write_into is not None and samples:
+            self._store(item, samples)
         return WorkResult(samples, entry, note)
+
+    def _store(self, item: VideoItem, samples: list[Sample]) -> None:
+        """Write the frames where ``FramesWriter`` expects them; keep only what it records.
+        The writer's commit (``syncfs``) makes them durable like the frames it writes itself."""
+        from packer.formats.frames import FramesWriter
+
+        tmp = FramesWriter.temp_folder(Path(self.write_into), item.frame_dir)
+        if tmp.exists():  # an earlier try of this video (killed at its timeout)
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        for j, sample in enumerate(samples):
+            with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
+                f.write(sample.data)
+            sample.prepared = Stored(crc32c(sample.data), len(sample.data))
+            sample.data = b""
 
 
 @dataclass
@@ -250,6 +274,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
         writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
+    if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
+        # the workers write the frame files themselves: no frame's bytes cross to this process
+        job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template)
     with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
         estimate = ""
         if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete

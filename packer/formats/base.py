@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 from packer.errors import CorruptData, UsageError, WriteError
 from packer.manifest import FAILURES_NAME, Manifest, atomic_write_bytes
 
-__all__ = ["Sample", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
+__all__ = ["Sample", "Stored", "Record", "Writer", "Reader", "partial_path", "write_failures", "load_checksums",
            "KEYS_FILE", "write_keys", "load_keys"]
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,17 @@ class Sample:
     # What the writer's ``prepare`` made of this sample ahead of time (on a completion thread),
     # so the writer itself only stores it; never part of equality or of what is stored.
     prepared: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Stored:
+    """``Sample.prepared`` of a sample a worker process already stored in the output's working
+    folder (its ``data`` is then empty): the CRC32C the format records for it, the size of its
+    data, and, for records, the worker's shard file it completes (adopted when it arrives)."""
+
+    crc: int
+    size: int
+    shard: Any = None
 
 
 @dataclass

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packer.formats.base import Stored  # noqa: F401 (re-exported: what a stored sample carries)
+
 __all__ = ["SegmentShard", "Stored", "SegmentWriteError", "SEGMENT_PREFIX", "is_segment_file", "segment_file"]
 
 SEGMENT_PREFIX = ".seg-"
@@ -49,16 +51,6 @@ class SegmentShard:
     @property
     def bytes(self) -> int:
         return (self.offsets[-1] + self.sizes[-1]) if self.offsets else 0
-
-
-@dataclass
-class Stored:
-    """``Sample.prepared`` of a sample a worker already stored: its payload's CRC32C, the size of
-    its data, and (on the last sample of a shard file) the shard to adopt."""
-
-    crc: int
-    size: int
-    shard: SegmentShard | None = None
 
 
 @dataclass

@@ -104,16 +104,16 @@ class RangePool:
                 for w in self._workers:
                     while todo and len(w.jobs) < self._window:
                         job = todo.popleft()
+                        try:
+                            w.conn.send(job)
+                        except (BrokenPipeError, OSError):  # it died: its sentinel says so below
+                            todo.appendleft(job)
+                            break
                         w.jobs.append(job)
-                        w.conn.send(job)
                 busy = [w for w in self._workers if w.jobs]
-                if not busy:  # pragma: no cover - every range is done or queued: cannot happen
-                    raise RuntimeError(f"range {head} was never run")
-                ready = set(wait_ready([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
+                ready = set(wait_ready([w.conn for w in busy] + [w.proc.sentinel for w in self._workers]))
                 for i, w in enumerate(list(self._workers)):
-                    if not w.jobs:
-                        continue
-                    if w.conn in ready:
+                    if w.jobs and w.conn in ready:
                         try:
                             done[w.jobs.popleft()] = w.conn.recv()
                             continue
@@ -125,6 +125,8 @@ class RangePool:
                         lost = list(w.jobs)
                         w.kill()
                         self._workers[i] = _Worker(self._ctx, self._task, self._items)
+                        if not lost:  # died idle (killed from outside): nothing to redo
+                            continue
                         todo.extendleft(reversed(lost[1:]))  # queued behind it, not started: as they were
                         start, stop = lost[0]  # the range it was running when it died
                         if stop - start == 1:  # that item killed its worker: it fails
