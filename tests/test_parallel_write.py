@@ -201,3 +201,33 @@ def test_staged_outcomes_come_in_input_order(src):
     assert [o.value.key for o in outcomes if o.ok] == [i.key for i in items if i.key not in (
         "class_1/img_0040.jpg", "class_2/img_0041.jpg")]
     assert all(o.value.prepared is not None for o in outcomes if o.ok)
+
+
+# -- frame folders written by the workers ---------------------------------------------------------
+def test_frame_folders_written_by_the_workers_equal_in_process_ones(video_folder, tmp_path):
+    from packer.commands.decode_frames import decode_frames
+
+    outs = {}
+    for workers in (0, 2):
+        outs[workers] = tmp_path / f"f{workers}"
+        decode_frames(video_folder, outs[workers], short_side=32, workers=workers)
+    assert packed_snapshot(outs[0]) == packed_snapshot(outs[2])
+    files = {w: sorted(p.relative_to(o).as_posix() for p in o.rglob("*") if p.name != "packer.json")
+             for w, o in outs.items()}
+    assert files[0] == files[2] and not [f for f in files[2] if "/." in f or f.startswith(".")]
+    assert CliRunner().invoke(main, ["verify", str(outs[2])]).exit_code == 0
+
+
+# -- packer bench --write ------------------------------------------------------------------------
+def test_bench_write_prints_the_ceiling_scaling_and_model(image_folder):
+    r = CliRunner().invoke(main, ["bench", str(image_folder), "--write", "records", "--workers", "0,1,2"])
+    assert r.exit_code == 0, r.output
+    for text in ("writer ceiling:", "1 -> 2 workers:", "model rate(N)", "| 2 | sharded |", "| 0 | inline |"):
+        assert text in r.output
+    r = CliRunner().invoke(main, ["bench", str(image_folder), "--write", "lmdb", "--check", "full",
+                                  "--workers", "1,2", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    result = json.loads(r.output)
+    assert result["plans"] == {"1": "inline", "2": "staged"} and result["writer_ceiling"] > 0
