@@ -34,9 +34,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from packer.errors import CorruptData, FormatError, UsageError
-from packer.codecs.tfexample import decode_example, encode_example, int64_feature
+from packer.codecs.tfexample import decode_example, encode_example, example_pieces, int64_feature
 from packer.codecs.image import sniff_format
-from packer.integrity import crc32c, masked_crc32c
+from packer.integrity import crc32c, mask_crc, masked_crc32c
 from packer.manifest import MANIFEST_NAME, Manifest, atomic_write_bytes
 from packer.formats.base import Reader, Record, Sample, Writer, load_keys, write_keys
 from packer.formats.records_segments import SegmentShard, Stored, is_segment_file
@@ -286,9 +286,14 @@ class RecordsWriter(Writer):
     # -- rollover: close the current shard before a record that would not fit ---------------
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
-        """The framed record and the CRC32C of its payload."""
-        payload = encode_example(sample_features(sample))
-        return frame_record(payload), crc32c(payload)
+        """The framed record and the CRC32C of its payload (the image bytes copied once)."""
+        pieces, length = example_pieces(sample_features(sample))
+        crc = 0
+        for piece in pieces:
+            crc = crc32c(piece, crc)
+        head = struct.pack("<Q", length)
+        record = b"".join((head, _CRC.pack(masked_crc32c(head)), *pieces, _CRC.pack(mask_crc(crc))))
+        return record, crc
 
     def add(self, sample: Sample) -> None:
         if isinstance(sample.prepared, Stored):  # already in a worker's shard file
