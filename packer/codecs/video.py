@@ -369,7 +369,8 @@ def _run(src: _Source, selection: FrameSelection, resize: Optional[Resize],
 
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
-               process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "") -> VideoFrames:
+               process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
+               prefer: str = "decord") -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
     Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``.
@@ -389,19 +390,24 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         raise CorruptSample(key, path, "is a folder, not a video file", stage="read")
     if stat.S_ISREG(st.st_mode) and st.st_size == 0:
         raise CorruptSample(key, path, "empty file (0 bytes)", stage="read")
-    order = {"auto": ["decord", "opencv"] if decord_available() else ["opencv"],
+    if prefer not in ("decord", "opencv"):
+        raise ValueError(f"prefer must be 'decord' or 'opencv', not {prefer!r}")
+    auto = ["decord", "opencv"] if decord_available() else ["opencv"]
+    if prefer == "opencv":
+        auto.reverse()
+    order = {"auto": auto,
              "decord": ["decord"], "opencv": ["opencv"]}[backend]
     if backend == "decord" and not decord_available():
         raise UsageError("--backend decord: decord is not importable here (pip install decord)")
     probe = None
-    if "decord" in order:  # decord does not report rotation or the container's own size
-        try:
-            probe = probe_video(path)
-        except ValueError:
-            pass
     best: Optional[VideoFrames] = None
     notes = []
     for name in order:
+        if name == "decord":  # decord does not report rotation or the container's own size
+            try:
+                probe = probe_video(path)
+            except ValueError:
+                pass
         try:
             src = _open(name, path, probe)
         except Exception as e:

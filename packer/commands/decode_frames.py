@@ -53,6 +53,13 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
+    # ``--backend auto`` tries OpenCV first, decord second. decord decodes on an extra thread of
+    # its own (~1.4 cores per process even with num_threads=1), so with a worker per core (the
+    # default) it oversubscribes: per frame OpenCV took 1,145 CPU-us against decord's 1,329 on
+    # the 340x256 H.264 fixture and 7,376 against 10,076 at 1280x720, identical pixels on the
+    # fixture (scripts/bench_write.py --section frames; docs/writing.md). Not chosen per
+    # --workers: the output (each video's recorded backend) must not depend on it.
+    prefer: str = "opencv"
     # Frame folders only: write the frames into the output's working folder here, in the worker
     # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
     write_into: Optional[str] = None
@@ -85,7 +92,7 @@ class FrameJob:
 
     def __call__(self, item: VideoItem) -> WorkResult:
         v = read_video(item.path, backend=self.backend, selection=self.selection, resize=self.resize,
-                       process=self.encode, key=item.key)
+                       process=self.encode, key=item.key, prefer=self.prefer)
         n = len(v.frames)
         samples = [Sample(f"{item.key}/{self.start_index + j}", data, self.fmt, item.label,
                           v.height, v.width, 3, {"frame_dir": item.frame_dir, "frame": j, "frames": n})
