@@ -48,7 +48,7 @@ if spec:
             if calls[0] >= n:
                 die()
             real(path, data)
-        for mod in ("packer.formats.base", "packer.formats.frames"):
+        for mod in ("packer.formats.base", "packer.formats.writer", "packer.formats.frames.writer"):
             m = importlib.import_module(mod)
             if getattr(m, "_fsync_append", None) is real:
                 m._fsync_append = hooked_append

@@ -45,7 +45,7 @@ def test_layout_is_caffe_datum_and_only_samples(packed, image_folder):
 
 
 def test_map_grows_on_mapfull(tmp_path, monkeypatch):
-    monkeypatch.setattr("packer.formats.lmdb._INITIAL_MAP", 1 << 16)
+    monkeypatch.setattr("packer.formats.lmdb.writer._INITIAL_MAP", 1 << 16)
     out = tmp_path / "grow"
     blob = np.random.default_rng(0).bytes(40_000)
     with LmdbWriter(out, classes=["a"], commit_every=7) as w:
@@ -97,3 +97,19 @@ def test_unknown_version_is_clear(packed, tmp_path):
 
     with pytest.raises(FormatError, match="unknown format_version 99"):
         LmdbReader(bad)
+
+
+def test_deleted_output_releases_its_cached_environment(image_folder, tmp_path):
+    """A cached read-only environment of a deleted output is closed when another output is
+    opened: py-lmdb keys open environments by inode, and a new output given the deleted one's
+    inode number would otherwise be refused as 'already open' (seen in the corruption suite)."""
+    from packer.formats.lmdb import env as lmdb_env
+
+    gone, other = tmp_path / "gone.lmdb", tmp_path / "other.lmdb"
+    pack_images(image_folder, gone, format="lmdb", workers=0)
+    pack_images(image_folder, other, format="lmdb", workers=0)
+    LmdbReader(gone).read(0)
+    assert str(gone) in lmdb_env._ENVS
+    shutil.rmtree(gone)
+    LmdbReader(other).read(0)
+    assert str(gone) not in lmdb_env._ENVS and str(other) in lmdb_env._ENVS

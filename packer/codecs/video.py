@@ -10,183 +10,33 @@ Rotation: decord 0.6 and OpenCV 5 both return videos with a rotation matrix upri
 frames are never rotated here (rotating again would turn them sideways); the rotation is
 only recorded. Timestamps: a backend's presentation timestamps are used for ``fps``
 resampling when they are sane (finite, increasing); otherwise ``index / fps``.
+
+The selection and resize arithmetic lives in ``packer.codecs.frame_selection``, the decord
+and OpenCV sources in ``packer.codecs.video_sources`` (both re-exported here).
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-import cv2
 import numpy as np
 
+from packer.codecs.frame_selection import FrameSelection, Resize, parse_size
+from packer.codecs.video_sources import VideoInfo, _Source, decord_available, open_source, probe_video, sample_frame
 from packer.errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
            "read_video", "probe_video", "sample_frame", "decord_available", "parse_size"]
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "decord", "opencv")
 # A video is a partial decode when it yields fewer frames than its container claims, beyond
 # this slack: OpenCV estimates the count of containers without one (duration x fps), which
 # overshoots by one on ordinary files (e.g. 311 claimed for 310 frames in a Matroska file).
 PARTIAL_SLACK = 1
-# A target time half-way between two frames goes to the earlier one; timestamps carry float32
-# noise (decord), so "half-way" is judged to within this many seconds.
-_TIE = 1e-4
-
-
-def decord_available() -> bool:
-    """True when ``import decord`` works in this process."""
-    try:
-        import decord  # noqa: F401
-    except Exception:  # ImportError, or a broken binary wheel
-        return False
-    return True
-
-
-# -- options ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FrameSelection:
-    """Which frames to keep: every frame, every ``stride``-th, or resampled to ``fps``
-    (by timestamps: output frame k shows the source frame nearest to time k/fps); at most
-    ``max_frames``."""
-
-    fps: Optional[float] = None
-    stride: Optional[int] = None
-    max_frames: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.fps is not None and self.stride is not None:
-            raise UsageError("--fps and --stride exclude each other")
-        if self.fps is not None and not (self.fps > 0 and math.isfinite(self.fps)):
-            raise UsageError(f"--fps must be a positive number, not {self.fps}")
-        if self.stride is not None and self.stride < 1:
-            raise UsageError(f"--stride must be >= 1, not {self.stride}")
-        if self.max_frames is not None and self.max_frames < 1:
-            raise UsageError(f"--max-frames must be >= 1, not {self.max_frames}")
-
-    def output_fps(self, source_fps: float) -> float:
-        """The frame rate of the selected frames."""
-        if self.fps is not None:
-            return float(self.fps)
-        return source_fps / (self.stride or 1)
-
-    def count(self, frames: int, source_fps: float) -> int:
-        """How many frames the selection keeps from ``frames`` evenly spaced source frames."""
-        if self.fps is not None and source_fps > 0:
-            last = (frames - 0.5) / source_fps + _TIE  # the last target the last frame takes
-            n = int(math.floor(last * self.fps)) + 1 if frames else 0
-        else:
-            n = -(-frames // (self.stride or 1))
-        return min(n, self.max_frames) if self.max_frames else n
-
-    def selector(self, source_fps: float) -> "_Selector":
-        return _Selector(self, source_fps)
-
-
-class _Selector:
-    """Streaming frame selection: ``take(pts)`` says how many copies of this frame to emit."""
-
-    def __init__(self, sel: FrameSelection, source_fps: float):
-        self.sel = sel
-        self.half = 0.5 / source_fps if source_fps > 0 else 0.0
-        self.index = 0  # source frames seen
-        self.emitted = 0
-        self.done = False
-
-    def take(self, pts: float) -> int:
-        i = self.index
-        self.index += 1
-        if self.sel.fps is not None:
-            # targets k/fps not yet emitted whose nearest frame is this one (pts within half a
-            # source frame of the target, or later)
-            n = 0
-            while (self.emitted + n) / self.sel.fps <= pts + self.half + _TIE:
-                n += 1
-        else:
-            n = 1 if i % (self.sel.stride or 1) == 0 else 0
-        if self.sel.max_frames is not None:
-            n = min(n, self.sel.max_frames - self.emitted)
-            if self.emitted + n >= self.sel.max_frames:
-                self.done = True
-        self.emitted += n
-        return n
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"WxH"`` -> (W, H); 0 on one side means "from the aspect ratio"."""
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise UsageError(f"--size must look like WxH (e.g. 340x256), not {text!r}") from None
-    if w < 0 or h < 0 or (w == 0 and h == 0):
-        raise UsageError(f"--size {text!r}: sides must be >= 0 and not both 0")
-    return w, h
-
-
-@dataclass(frozen=True)
-class Resize:
-    """Rescale frames up or down (as mmaction2's ``--new-short``): ``short_side`` N, or
-    ``size`` (W, H) fitted inside with the aspect kept (``keep_aspect=False``: exactly WxH;
-    a 0 side is derived from the aspect)."""
-
-    short_side: Optional[int] = None
-    size: Optional[tuple[int, int]] = None
-    keep_aspect: bool = True
-
-    def __post_init__(self) -> None:
-        if self.short_side is not None and self.size is not None:
-            raise UsageError("--short-side and --size exclude each other")
-        if self.short_side is not None and self.short_side < 1:
-            raise UsageError(f"--short-side must be >= 1, not {self.short_side}")
-
-    @property
-    def active(self) -> bool:
-        return self.short_side is not None or self.size is not None
-
-    def target(self, height: int, width: int) -> tuple[int, int]:
-        """Output (height, width) for a ``height`` x ``width`` frame."""
-        if self.short_side is not None:
-            s = self.short_side / min(height, width)
-        elif self.size is not None:
-            w, h = self.size
-            if w == 0:
-                s = h / height
-            elif h == 0:
-                s = w / width
-            elif not self.keep_aspect:
-                return h, w
-            else:
-                s = min(w / width, h / height)
-        else:
-            return height, width
-        return max(1, int(round(height * s))), max(1, int(round(width * s)))
-
-    def __call__(self, frame: np.ndarray) -> np.ndarray:
-        h, w = frame.shape[:2]
-        th, tw = self.target(h, w)
-        if (th, tw) == (h, w):
-            return frame
-        interp = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
-        return cv2.resize(frame, (tw, th), interpolation=interp)
-
-
-# -- results ----------------------------------------------------------------------------------
-@dataclass
-class VideoInfo:
-    """What the container says: frame count (None when unknown), fps, upright size, rotation."""
-
-    container_frames: Optional[int]
-    fps: float
-    height: int
-    width: int
-    rotation: int = 0
 
 
 @dataclass
@@ -209,122 +59,6 @@ class VideoFrames:
         claimed = self.info.container_frames
         return (not self.stopped_early and claimed is not None
                 and self.decoded_frames < claimed - PARTIAL_SLACK)
-
-
-# -- backends ---------------------------------------------------------------------------------
-def _cv2_capture(path: str) -> "cv2.VideoCapture":
-    # one decoding thread: decode-frames runs one video per worker process
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
-    if cap.isOpened():
-        cap.set(cv2.CAP_PROP_ORIENTATION_AUTO, 1)  # the default; frames come out upright
-    return cap
-
-
-def _cv2_info(cap: "cv2.VideoCapture") -> VideoInfo:
-    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-    return VideoInfo(container_frames=n if n > 0 else None, fps=float(cap.get(cv2.CAP_PROP_FPS) or 0.0),
-                     height=int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
-                     width=int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
-                     rotation=int(cap.get(cv2.CAP_PROP_ORIENTATION_META)) % 360)
-
-
-def probe_video(path: str | os.PathLike) -> VideoInfo:
-    """Container metadata through OpenCV (fast: no frame is decoded). Raises ValueError."""
-    cap = _cv2_capture(str(path))
-    try:
-        if not cap.isOpened():
-            raise ValueError(f"{path}: OpenCV cannot open it")
-        return _cv2_info(cap)
-    finally:
-        cap.release()
-
-
-def sample_frame(path: str | os.PathLike, seconds: float = 2.0) -> Optional[np.ndarray]:
-    """One typical frame (BGR, upright) through OpenCV, or None: ``seconds`` in (past fade-ins),
-    at most half-way, so that finding it decodes a few dozen frames, not half the video."""
-    cap = _cv2_capture(str(path))
-    try:
-        n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-        at = min(n // 2, int(seconds * (cap.get(cv2.CAP_PROP_FPS) or 25.0)))
-        if at > 0:
-            cap.set(cv2.CAP_PROP_POS_FRAMES, at)
-        ok, frame = cap.read()
-        return frame if ok else None
-    finally:
-        cap.release()
-
-
-class _Source:
-    """One backend over one file: ``info`` and ``frames()`` -> (raw pts or None, fetch())."""
-
-    name = ""
-    info: VideoInfo
-
-    def frames(self) -> Iterator[tuple[Optional[float], Callable[[], np.ndarray]]]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class _OpenCVSource(_Source):
-    name = "opencv"
-
-    def __init__(self, path: str):
-        self.cap = _cv2_capture(path)
-        if not self.cap.isOpened():
-            raise ValueError("cannot open the file")
-        self.info = _cv2_info(self.cap)
-
-    def frames(self):
-        fetch = lambda: self.cap.retrieve()[1]  # noqa: E731 - BGR, upright
-        while self.cap.grab():
-            yield self.cap.get(cv2.CAP_PROP_POS_MSEC) / 1000.0, fetch
-
-    def close(self) -> None:
-        self.cap.release()
-
-
-class _DecordSource(_Source):
-    name = "decord"
-
-    def __init__(self, path: str, probe: Optional[VideoInfo]):
-        import decord
-
-        self.vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
-        self.n = n = len(self.vr)
-        if probe is not None:
-            height, width, rotation = probe.height, probe.width, probe.rotation
-        else:  # OpenCV could not read the header: take the size from the first frame
-            shape = self.vr[0].shape if n else (0, 0, 3)
-            self.vr.seek(0)
-            height, width, rotation = int(shape[0]), int(shape[1]), 0
-        self.info = VideoInfo(container_frames=n or None, fps=float(self.vr.get_avg_fps() or 0.0),
-                              height=height, width=width, rotation=rotation)
-
-    def frames(self):
-        try:
-            pts = self.vr.get_frame_timestamp(range(self.n))[:, 0].tolist() if self.n else []
-        except Exception:  # timestamps are a nicety; index / fps works too
-            pts = [None] * self.n
-        pos = [0]  # the frame the reader returns next
-
-        def fetch() -> np.ndarray:
-            frame = self.vr.next().asnumpy()
-            pos[0] += 1
-            return cv2.cvtColor(frame, cv2.COLOR_RGB2BGR)
-
-        for i in range(self.n):
-            yield pts[i], fetch
-            if pos[0] <= i:  # not fetched: step past it without converting it
-                self.vr.skip_frames(i + 1 - pos[0])
-                pos[0] = i + 1
-
-
-def _open(backend: str, path: str, probe: Optional[VideoInfo]) -> _Source:
-    if backend == "decord":
-        return _DecordSource(path, probe)
-    return _OpenCVSource(path)
 
 
 def _run(src: _Source, selection: FrameSelection, resize: Optional[Resize],
@@ -409,7 +143,7 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
             except ValueError:
                 pass
         try:
-            src = _open(name, path, probe)
+            src = open_source(name, path, probe)
         except Exception as e:
             notes.append(f"{name}: cannot open ({_short(e)})")
             continue

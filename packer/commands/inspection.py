@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from packer.errors import CorruptData, PackerError
-from packer.formats import open_reader
+from packer.formats import Record, open_reader
 from packer.codecs.image import decode
 
 __all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
@@ -108,16 +108,14 @@ def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> Ve
             seen.add(text)
             result.problems.append(text)
 
-    for problem in reader.verify_structure():
-        report(problem)
-    for i in range(len(reader)):  # one pass: read (CRC-checked) and decode each sample
-        try:
-            rec = reader.read(i)
-            if decode_images and rec.fmt != "raw":
+    def decodes(i: int, rec: Record) -> None:
+        if decode_images and rec.fmt != "raw":
+            try:
                 decode(rec.data)
-        except CorruptData as e:
-            report(e)
-        except ValueError as e:
-            report(CorruptData(str(path), f"undecodable image ({e})", position=f"sample {i}"))
-        result.checked += 1
+            except ValueError as e:
+                raise CorruptData(str(path), f"undecodable image ({e})", position=f"sample {i}") from None
+
+    for problem in reader.verify(check_record=decodes):  # one pass: read (CRC-checked), decode
+        report(problem)
+    result.checked = len(reader)
     return result

@@ -25,6 +25,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
+# Shaped like commands.merge.MergeReport (counts + a one-line summary) on purpose: two unrelated results.
 @dataclass
 class Estimate:
     """Expected output: bytes on disk and files (frames plus folders), from ``sampled`` videos."""

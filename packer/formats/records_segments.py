@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packer.formats.base import Stored  # noqa: F401 (re-exported: what a stored sample carries)
+from packer.formats.sample import Stored  # noqa: F401 (re-exported: what a stored sample carries)
 
 __all__ = ["SegmentShard", "Stored", "SegmentWriteError", "SEGMENT_PREFIX", "is_segment_file", "segment_file"]
 

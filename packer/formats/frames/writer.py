@@ -1,60 +1,24 @@
-"""Frames format: mmaction2 rawframes folders, the default output of ``decode-frames``.
-
-Layout: ``{out}/{class}/{video}/img_00001.jpg`` (``filename_tmpl``/``start_index`` from the
-manifest's ``extra``), the list file ``{out}/rawframes.txt`` (``{frame_dir} {total_frames}
-{label}`` lines, mmaction2's ``RawframeDataset`` with ``data_prefix={out}``), ``packer.json``
-(one ``videos`` entry per video, with ``frame_dir``), ``checksums.bin`` (u32 CRC32C of each
-frame file by position) and ``failures.jsonl``. Frame folders hold only frame files.
-
-Each video is written into a hidden temporary folder beside its final place and renamed
-when its last frame is written, so a frame folder appears only complete. Video samples
-carry ``extra = {"frame_dir", "frame" (0-based), "frames" (the video's count)}``.
-"""
+"""Frames format, writing: each video's frame files in a temporary folder, renamed when complete."""
 from __future__ import annotations
 
-import bisect
 import ctypes
 import ctypes.util
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-import numpy as np
-
-from packer.errors import CorruptData, UsageError, WriteError
+from packer.errors import WriteError
+from packer.formats.frames.layout import DEFAULT_TEMPLATE, LIST_NAME, VIDEOS_JOURNAL, check_template, rawframes_lines
+from packer.formats.reader import Reader
+from packer.formats.sample import Sample, Stored
+from packer.formats.sidecars import _fsync_append, write_checksums
+from packer.formats.writer import Writer
 from packer.integrity import crc32c
 from packer.manifest import Manifest, atomic_write_bytes
-from packer.formats.base import Reader, Record, Sample, Stored, Writer, _fsync_append, load_checksums
 
-__all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
-           "rawframes_lines"]
-
-LIST_NAME = "rawframes.txt"
-DEFAULT_TEMPLATE = "img_{:05d}.jpg"
-CHECKSUMS_FILE = "checksums.bin"
-VIDEOS_JOURNAL = ".videos.journal"
-_EXT_FMT = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png"}
-
-
-def check_template(tmpl: str) -> str:
-    """Validate a frame file name template (``img_{:05d}.jpg``); return its image format."""
-    try:
-        a, b = tmpl.format(1), tmpl.format(2)
-    except (IndexError, KeyError, ValueError) as e:
-        raise UsageError(f"--tmpl {tmpl!r} is not a format string with one number field ({e})") from None
-    if a == b or "/" in a or "\\" in a or a.startswith("."):
-        raise UsageError(f"--tmpl {tmpl!r} must put the frame number in a plain file name")
-    ext = a.rsplit(".", 1)[-1].lower() if "." in a else ""
-    if ext not in _EXT_FMT:
-        raise UsageError(f"--tmpl {tmpl!r} must end in .jpg or .png")
-    return _EXT_FMT[ext]
-
-
-def rawframes_lines(videos: list[dict[str, Any]]) -> str:
-    """The mmaction2 rawframes list: ``{frame_dir} {total_frames} {label}`` per video."""
-    return "".join(f"{v['frame_dir']} {v['length']} {v['label']}\n" for v in videos)
+__all__ = ["FramesWriter"]
 
 
 def _syncfs(path: Path) -> None:
@@ -97,11 +61,11 @@ class FramesWriter(Writer):
         self.start_index = start_index
 
     @classmethod
-    def merge_parts(cls, parts: Sequence[Reader], out: str | os.PathLike, **options: Any) -> Manifest:
-        """The default re-pack, with the parts' frame file names (``filename_tmpl``, ``start_index``)."""
+    def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
+        """A merge keeps the parts' frame file names (``filename_tmpl``, ``start_index``)."""
         extra = parts[0].manifest.extra
-        return super().merge_parts(parts, out, filename_tmpl=extra.get("filename_tmpl", DEFAULT_TEMPLATE),
-                                   start_index=int(extra.get("start_index", 1)), **options)
+        return {"filename_tmpl": extra.get("filename_tmpl", DEFAULT_TEMPLATE),
+                "start_index": int(extra.get("start_index", 1))}
 
     @staticmethod
     def temp_folder(workdir: Path, frame_dir: str) -> Path:
@@ -201,7 +165,7 @@ class FramesWriter(Writer):
             raise WriteError(f"{self.workdir}: video entries without frame_dir: {missing[:3]}")
         # a worker's temporary folder of a video that then failed (killed at its timeout)
         self._drop_unlisted({v["frame_dir"] for v in manifest.videos})
-        atomic_write_bytes(self.workdir / CHECKSUMS_FILE, np.asarray(self.crcs, dtype="<u4").tobytes())
+        write_checksums(self.workdir, self.crcs)
         atomic_write_bytes(self.workdir / LIST_NAME, rawframes_lines(manifest.videos).encode("utf-8"))
         manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index,
                                "list_file": LIST_NAME})
@@ -210,85 +174,3 @@ class FramesWriter(Writer):
 
     def _close_handles(self) -> None:
         pass  # every frame file is closed as soon as it is written
-
-
-class FramesReader(Reader):
-    """Random access to the frames of a ``frames`` output, by packed position."""
-
-    format_name = "frames"
-
-    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
-        super().__init__(path, check_crc=check_crc)
-        extra = self.manifest.extra
-        self.filename_tmpl = extra.get("filename_tmpl", DEFAULT_TEMPLATE)
-        self.start_index = int(extra.get("start_index", 1))
-        self.fmt = check_template(self.filename_tmpl)
-        self.videos = self.manifest.videos
-        self._starts = [int(v["start"]) for v in self.videos]
-        self._keys: list[str] | None = None
-        self._crcs: np.ndarray | None = None
-
-    @property
-    def keys(self) -> list[str]:
-        if self._keys is None:
-            self._keys = [f"{v['key']}/{self.start_index + j}" for v in self.videos
-                          for j in range(int(v["length"]))]
-        return self._keys
-
-    def frame_path(self, index: int) -> tuple[Path, dict[str, Any]]:
-        """The file of the frame at packed position ``index`` and its video's entry."""
-        index = self._check_index(index)
-        v = self.videos[bisect.bisect_right(self._starts, index) - 1]
-        return self.path / v["frame_dir"] / self.filename_tmpl.format(
-            self.start_index + index - int(v["start"])), v
-
-    def sample(self, index: int) -> Sample:
-        """The frame at ``index`` with the extras the frames writer takes (``packer merge``)."""
-        index = self._check_index(index)
-        _, v = self.frame_path(index)
-        rec = self.read(index)
-        return Sample(self.keys[index], rec.data, rec.fmt, rec.label, rec.height, rec.width, rec.channels,
-                      extra={"frame_dir": v["frame_dir"], "frame": index - int(v["start"]),
-                             "frames": int(v["length"])})
-
-    def _checksums(self) -> np.ndarray:
-        if self._crcs is None:
-            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
-        return self._crcs
-
-    def read(self, index: int) -> Record:
-        path, v = self.frame_path(index)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})",
-                              position=f"sample {index}") from None
-        if self.check_crc and crc32c(data) != int(self._checksums()[index]):
-            raise CorruptData(str(path), "CRC32C mismatch", position=f"sample {index}")
-        return Record(data, int(v["label"]), self.fmt, int(v.get("height", 0)), int(v.get("width", 0)), 3)
-
-    def verify_structure(self) -> Iterator[CorruptData]:
-        try:
-            self._checksums()
-        except CorruptData as e:
-            yield e
-        total = sum(int(v["length"]) for v in self.videos)
-        if total != len(self):
-            yield CorruptData(str(self.path), f"videos hold {total} frames, manifest count says {len(self)}")
-        listed = self.path / LIST_NAME
-        try:
-            if listed.read_text(encoding="utf-8") != rawframes_lines(self.videos):
-                yield CorruptData(str(listed), "does not match the manifest's videos")
-        except OSError as e:
-            yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
-        except ValueError as e:  # not UTF-8
-            yield CorruptData(str(listed), f"cannot read list file ({e})")
-        for v in self.videos:
-            d = self.path / v["frame_dir"]
-            try:
-                n = sum(1 for p in d.iterdir())
-            except OSError:
-                yield CorruptData(str(d), "frame folder missing")
-                continue
-            if n != int(v["length"]):
-                yield CorruptData(str(d), f"holds {n} files, the list says {v['length']} frames")

@@ -1,0 +1,231 @@
+"""HDF5 format, writing: one ``.h5`` file, flushed and fsync'ed at each durable commit."""
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, Iterator, Sequence
+
+import h5py
+import numpy as np
+
+from packer.errors import CorruptData
+from packer.formats.hdf5.layout import BLOB_CHUNK, H5_ERRORS, MANIFEST_ATTR, TABLE_CHUNK
+from packer.formats.reader import Reader
+from packer.formats.sample import Sample
+from packer.formats.writer import Writer
+from packer.integrity import crc32c
+from packer.manifest import Manifest
+
+__all__ = ["HDF5Writer"]
+
+
+def _append(dset: h5py.Dataset, values: Any) -> None:
+    values = np.asarray(values) if not isinstance(values, list) else values
+    n = dset.shape[0]
+    dset.resize(n + len(values), axis=0)
+    dset[n:] = values
+
+
+class HDF5Writer(Writer):
+    """Writes one ``.h5`` file: encoded blobs + offsets, or fixed-size raw ``pixels``.
+
+    Args:
+        pixels_shape: ``(height, width, channels)`` to store raw pixels (samples with
+            ``fmt="raw"`` of that shape); None stores encoded bytes.
+        chunk_bytes: chunk size of the ``blobs`` dataset.
+        (and the base Writer's arguments)
+    """
+
+    format_name = "hdf5"
+    single_file = True
+
+    def __init__(self, out: str | os.PathLike, *, pixels_shape: tuple[int, int, int] | None = None,
+                 chunk_bytes: int = BLOB_CHUNK, **kwargs: Any):
+        super().__init__(out, **kwargs)
+        if pixels_shape is not None:
+            pixels_shape = tuple(int(v) for v in pixels_shape)
+            if len(pixels_shape) != 3 or min(pixels_shape) < 1:
+                raise ValueError(f"pixels_shape must be (height, width, channels), not {pixels_shape!r}")
+        if chunk_bytes < 1:
+            raise ValueError("chunk_bytes must be positive")
+        self.pixels_shape = pixels_shape
+        self.chunk_bytes = chunk_bytes
+        self._f: h5py.File | None = None
+        self._pending: list[Sample] = []
+
+    @classmethod
+    def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
+        """Raw-pixel parts (``to-hdf5 --raw``) merge into a raw-pixel file of their shape."""
+        with h5py.File(parts[0].path, "r") as f:
+            if "pixels" in f:
+                return {"pixels_shape": tuple(int(v) for v in f["pixels"].shape[1:])}
+        return {}
+
+    # -- opening -------------------------------------------------------------------------
+    def _open(self, resume_samples: int) -> None:
+        self._pending = []
+        if self.workdir.exists():
+            try:
+                self._f = h5py.File(self.workdir, "r+")
+                self._cut_back(resume_samples)
+            except H5_ERRORS as e:
+                self._close_handles()
+                raise CorruptData(str(self.workdir), f"the interrupted output cannot be continued ({e}); "
+                                                     "start again with --overwrite") from None
+            self._check_prefix(resume_samples)
+        elif resume_samples:
+            raise CorruptData(str(self.workdir), "the interrupted output is missing; start again with --overwrite")
+        else:
+            self._create()
+
+    def _create(self) -> None:
+        f = self._f = h5py.File(self.workdir, "w")
+        self._stored = 0
+
+        def table(name: str, dtype: Any, tail: tuple[int, ...] = (), chunk: int = TABLE_CHUNK) -> None:
+            f.create_dataset(name, shape=(0,) + tail, maxshape=(None,) + tail, dtype=dtype,
+                             chunks=(chunk,) + tail)
+
+        table("labels", "i8")
+        table("keys", h5py.string_dtype("utf-8"), chunk=4096)
+        table("crc32c", "u4")
+        if self.pixels_shape is not None:
+            table("pixels", "u1", self.pixels_shape, chunk=1)
+        else:
+            table("blobs", "u1", chunk=self.chunk_bytes)
+            table("shapes", "u4", (3,))
+            f.create_dataset("offsets", data=np.zeros(1, dtype="i8"), maxshape=(None,),
+                             chunks=(TABLE_CHUNK,))
+
+    def _cut_back(self, n: int) -> None:
+        f = self._f
+        raw = "pixels" in f
+        if raw != (self.pixels_shape is not None):
+            raise ValueError("the interrupted output was written in the other layout (raw vs encoded)")
+        if raw and f["pixels"].shape[1:] != self.pixels_shape:
+            raise ValueError(f"the interrupted output stores {f['pixels'].shape[1:]} pixels, "
+                             f"not {self.pixels_shape}")
+        names = ["labels", "keys", "crc32c"] + (["pixels"] if raw else ["shapes"])
+        for name in names:
+            if f[name].shape[0] < n:
+                raise ValueError(f"dataset {name!r} holds {f[name].shape[0]} samples, fewer than {n}")
+            f[name].resize(n, axis=0)
+        if not raw:
+            offsets = f["offsets"]
+            if offsets.shape[0] < n + 1:
+                raise ValueError(f"dataset 'offsets' holds fewer than {n + 1} entries")
+            offsets.resize(n + 1, axis=0)
+            f["blobs"].resize(int(offsets[n]), axis=0)
+        self._stored = n
+
+    def _check_prefix(self, n: int) -> None:
+        """The kept samples must match the CRC journal, stored and recomputed."""
+        stored = self._f["crc32c"][:n]
+        for i, (data, crc) in enumerate(zip(_iter_stored(self._f, n), self.crcs)):
+            if crc32c(data) != crc or int(stored[i]) != crc:
+                self._close_handles()
+                raise CorruptData(str(self.workdir), "the interrupted output does not match its journal; "
+                                                     "start again with --overwrite", position=f"sample {i}")
+
+    # -- writing -------------------------------------------------------------------------
+    @staticmethod
+    def prepare(sample: Sample) -> int:
+        """The CRC32C of the stored bytes."""
+        return crc32c(sample.data)
+
+    def _write(self, index: int, sample: Sample) -> int:
+        if self.pixels_shape is not None:
+            shape = (sample.height, sample.width, sample.channels)
+            if sample.fmt != "raw" or shape != self.pixels_shape or len(sample.data) != int(np.prod(shape)):
+                raise ValueError(f"{sample.key}: expected {self.pixels_shape} raw pixels, "
+                                 f"got {sample.fmt} {shape} ({len(sample.data)} bytes)")
+        elif sample.fmt == "raw":
+            raise ValueError(f"{sample.key}: raw pixels need an HDF5Writer made with pixels_shape")
+        self._pending.append(sample)
+        return sample.prepared if sample.prepared is not None else crc32c(sample.data)
+
+    def _commit(self) -> None:
+        if not self._pending:
+            return
+        f, n, batch = self._f, self._stored, self._pending
+        k = len(batch)
+        self._reserve(sum(len(s.data) for s in batch))
+        _append(f["labels"], np.array([s.label for s in batch], dtype="i8"))
+        _append(f["keys"], self.keys[n:n + k])
+        _append(f["crc32c"], np.array(self.crcs[n:n + k], dtype="u4"))
+        data = np.frombuffer(b"".join(s.data for s in batch), dtype=np.uint8)
+        if self.pixels_shape is not None:
+            _append(f["pixels"], data.reshape((k,) + self.pixels_shape))
+        else:
+            base = int(f["offsets"][n])
+            _append(f["blobs"], data)
+            _append(f["offsets"], base + np.cumsum([len(s.data) for s in batch], dtype="i8"))
+            _append(f["shapes"], np.array([(s.height, s.width, s.channels) for s in batch], dtype="u4"))
+        f.flush()
+        os.fsync(f.id.get_vfd_handle())
+        self._stored = n + k
+        self._pending = []
+
+    def _reserve(self, nbytes: int) -> None:
+        """Allocate room for the next commit before HDF5 writes a byte of it.
+
+        HDF5 cannot recover from a failed write (ENOSPC, EFBIG): it reports it while evicting
+        cached chunks, then crashes in the next flush. So the room is tried first: allocate it
+        with ``posix_fallocate`` (a full disk or a file-size limit fails here, as an ``OSError``,
+        with the file as the last commit left it), then give it back for HDF5 to write into.
+        """
+        fd = os.open(self.workdir, os.O_WRONLY)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                os.posix_fallocate(fd, size, nbytes + 2 * self.chunk_bytes + (1 << 20))
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate here: write and see
+                    raise
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def _finish(self, manifest: Manifest) -> None:
+        f = self._f
+        self._reserve(len(manifest.to_json()) + 64 * len(manifest.videos))
+        if manifest.videos:
+            starts = [int(v["start"]) for v in manifest.videos]
+            ends = [int(v["start"]) + int(v["length"]) for v in manifest.videos]
+            f.create_dataset("video_offsets", data=np.array(starts[:1] + ends, dtype="i8"))
+            f.create_dataset("video_labels", data=np.array([int(v.get("label", -1)) for v in manifest.videos],
+                                                           dtype="i8"))
+            f.create_dataset("video_keys", data=[str(v["key"]) for v in manifest.videos],
+                             dtype=h5py.string_dtype("utf-8"))
+        f.attrs[MANIFEST_ATTR] = manifest.to_json()
+        f.flush()
+
+    def _close_handles(self) -> None:
+        if self._f is not None:
+            try:
+                self._f.close()
+            finally:
+                self._f = None
+
+
+def _iter_stored(f: h5py.File, n: int, slab: int = 64 << 20) -> Iterator[memoryview]:
+    """The stored bytes of samples 0..n-1, read in large sequential slabs."""
+    if "pixels" in f:
+        ds = f["pixels"]
+        per = max(1, slab // max(1, int(np.prod(ds.shape[1:]))))
+        for start in range(0, n, per):
+            block = ds[start:min(n, start + per)]
+            for row in block:
+                yield memoryview(np.ascontiguousarray(row)).cast("B")
+        return
+    offsets = f["offsets"][:n + 1]
+    blobs = f["blobs"]
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and offsets[j + 1] - offsets[i] <= slab:
+            j += 1
+        block = blobs[int(offsets[i]):int(offsets[j])]
+        for k in range(i, j):
+            yield memoryview(block)[int(offsets[k] - offsets[i]):int(offsets[k + 1] - offsets[i])]
+        i = j

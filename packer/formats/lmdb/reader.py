@@ -1,0 +1,86 @@
+"""LMDB format, reading: random access to ``Datum`` values by position, CRC-checked."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import lmdb
+
+from packer.codecs.image import sniff_format
+from packer.codecs.protowire import decode_datum
+from packer.errors import CorruptData
+from packer.formats.lmdb.env import close_env, drop_stale_env, lmdb_key, open_env
+from packer.formats.reader import Reader
+from packer.formats.sample import Record
+
+__all__ = ["LmdbReader"]
+
+
+class LmdbReader(Reader):
+    """Random access to a packer LMDB (or any Caffe-Datum LMDB with a packer manifest)."""
+
+    format_name = "lmdb"
+
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
+        super().__init__(path, check_crc=check_crc)
+        drop_stale_env(self.path)
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        return (path / "data.mdb").is_file()
+
+    def _env(self) -> lmdb.Environment:
+        return open_env(self.path)
+
+    def read_value(self, index: int) -> bytes:
+        """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
+        index = self._check_index(index)
+        try:
+            with self._env().begin(buffers=False) as txn:
+                value = txn.get(lmdb_key(index))
+        except lmdb.Error as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
+                              position=f"sample {index}") from None
+        if value is None:
+            raise CorruptData(str(self.path / "data.mdb"), "missing key", position=f"sample {index}",
+                              key=lmdb_key(index).decode())
+        self._check_crc32c(value, index, file=self.path / "data.mdb")
+        return value
+
+    def _fallback_key(self, index: int) -> str:
+        return lmdb_key(index).decode()
+
+    def read(self, index: int) -> Record:
+        value = self.read_value(index)
+        try:
+            d = decode_datum(value)
+        except ValueError as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"malformed Datum ({e})",
+                              position=f"sample {index}", key=self._key_name(index)) from None
+        fmt = sniff_format(d.data) if d.encoded else "raw"
+        return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
+
+    def verify_structure(self) -> Iterator[CorruptData]:
+        try:
+            _ = self.keys
+        except CorruptData as e:
+            yield e
+        try:
+            self._checksums()
+        except CorruptData as e:
+            yield e
+        try:
+            entries = self._env().stat()["entries"]
+        except CorruptData as e:
+            yield e
+            return
+        if entries != len(self):
+            yield CorruptData(str(self.path / "data.mdb"),
+                              f"{entries} entries, manifest says {len(self)}")
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        return ()
+
+    def close(self) -> None:
+        close_env(self.path)

@@ -1,0 +1,155 @@
+"""The base ``Reader`` every packed format implements.
+
+Random access to stored samples by position. Handles open lazily in each process (they never
+cross ``fork`` or pickling). The base owns what every format checks the same way: the keys
+(``keys.json`` unless a format stores them itself), the ``checksums.bin`` sidecar, the CRC32C
+check of a stored value, and ``verify`` (structure, then every value).
+"""
+from __future__ import annotations
+
+import abc
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
+
+from packer.errors import CorruptData
+from packer.formats.sample import Record, Sample
+from packer.formats.sidecars import CHECKSUMS_FILE, load_checksums, load_keys
+from packer.integrity import crc32c
+from packer.manifest import Manifest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Reader"]
+
+
+class Reader(abc.ABC):
+    """Random access to a packed output. Handles open lazily per process; picklable.
+
+    Args:
+        path: the packed output.
+        check_crc: verify each value's CRC32C when it is read (default on).
+    """
+
+    format_name: ClassVar[str] = ""
+
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
+        self.path = Path(path)
+        self.check_crc = check_crc
+        self.manifest = self._load_manifest()
+        if self.manifest.format != self.format_name:
+            raise CorruptData(str(self.path), f"manifest says format {self.manifest.format!r}, "
+                                              f"not {self.format_name!r}")
+        self._pid: int | None = None
+        self._keys: Sequence[str] | None = None
+        self._crcs: "np.ndarray | None" = None
+
+    def _load_manifest(self) -> Manifest:
+        return Manifest.load(self.path)
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        """True when ``path`` looks like this format (used where no manifest says so)."""
+        return False
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest.classes
+
+    @property
+    def keys(self) -> Sequence[str]:
+        """Sample keys by position (loaded once)."""
+        if self._keys is None:
+            self._keys = self._load_keys()
+        return self._keys
+
+    def _load_keys(self) -> Sequence[str]:
+        """The keys by position: ``keys.json`` unless the format stores them itself."""
+        return load_keys(self.path, len(self))
+
+    def _key_name(self, index: int) -> str | None:
+        """The key of sample ``index`` for an error message; never raises."""
+        try:
+            return self.keys[index]
+        except (CorruptData, IndexError):
+            return self._fallback_key(index)
+
+    def _fallback_key(self, index: int) -> str | None:
+        """What names sample ``index`` in an error when its key cannot be read."""
+        return None
+
+    def _checksums(self) -> "np.ndarray":
+        """The ``checksums.bin`` sidecar (loaded once), for formats that keep CRCs there."""
+        if self._crcs is None:
+            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+        return self._crcs
+
+    def _check_crc32c(self, data: Any, index: int, *, file: str | os.PathLike,
+                      expected: int | None = None) -> None:
+        """When ``check_crc`` is on: CorruptData naming ``file``, the position and the key unless
+        ``data`` has the CRC32C stored for sample ``index`` (``expected``, else ``checksums.bin``)."""
+        if not self.check_crc:
+            return
+        want = int(self._checksums()[index]) if expected is None else int(expected)
+        if crc32c(data) != want:
+            raise CorruptData(str(file), "CRC32C mismatch", position=f"sample {index}",
+                              key=self._key_name(index))
+
+    @abc.abstractmethod
+    def read(self, index: int) -> Record:
+        """The stored sample at ``index``; raises CorruptData naming the file and position."""
+
+    def sample(self, index: int) -> Sample:
+        """The stored sample at ``index`` as a writer takes it (what a re-pack needs).
+
+        Formats that keep per-sample ``extra`` fields (video frame numbers) override this.
+        """
+        rec = self.read(index)
+        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label,
+                      rec.height, rec.width, rec.channels)
+
+    def _check_index(self, index: int) -> int:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"{self.path}: index {index} out of range for {n} samples")
+        return index
+
+    def verify(self, *, check_record: Callable[[int, Record], None] | None = None) -> Iterator[CorruptData]:
+        """Check structure and every value's checksum; yield each problem found.
+
+        ``check_record(index, record)`` runs on each record read (``packer verify`` decodes the
+        image there) and raises CorruptData for a problem of its own.
+        """
+        for problem in self.verify_structure():
+            yield problem
+        for i in range(len(self)):
+            try:
+                rec = self.read(i)
+                if check_record is not None:
+                    check_record(i, rec)
+            except CorruptData as e:
+                yield e
+
+    def verify_structure(self) -> Iterator[CorruptData]:
+        """Structural checks against the manifest (count, keys, index files)."""
+        return iter(())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in self._handle_attrs():
+            state[k] = None
+        state["_pid"] = None
+        return state
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        """Attributes holding open handles, dropped when pickled."""
+        return ()
+
+    def close(self) -> None:
+        """Drop open handles (they reopen lazily on the next read)."""

@@ -1,0 +1,266 @@
+"""records format, writing: TFRecord shards in input order; a durable commit is a completed shard."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+from packer.codecs.tfexample import encode_example, example_pieces
+from packer.codecs.tfrecord import _CRC, frame_record, index_path, read_index, scan_tfrecord, write_index
+from packer.errors import CorruptData, UsageError
+from packer.formats.records.example import sample_features
+from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
+                                           shard_name)
+from packer.formats.records_segments import SegmentShard, is_segment_file
+from packer.formats.sample import Sample, Stored
+from packer.formats.sidecars import write_keys
+from packer.formats.writer import Writer
+from packer.integrity import crc32c, mask_crc, masked_crc32c
+from packer.manifest import Manifest, atomic_write_bytes
+
+__all__ = ["RecordsWriter"]
+
+
+class RecordsWriter(Writer):
+    """Writes TFRecord shards in input order; a durable commit is a completed shard.
+
+    Args (besides the base Writer's):
+        shard_size: bytes per shard (int or ``"256MB"``); a shard never exceeds it unless one
+            record alone does.
+        samples_per_shard: records per shard; when given it wins over ``shard_size``.
+        name: shard name prefix (``{name}-{i:05d}.tfrecord``).
+        commit_every: a durable commit here is a completed shard (what ``--resume`` keeps), so
+            when given and ``samples_per_shard`` is not, it caps the records per shard.
+        commit_bytes: taken for the Writer interface; ``shard_size`` plays its part.
+    """
+
+    format_name = "records"
+
+    def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "images",
+                 created_by: dict[str, Any] | None = None, shard_size: int | str = DEFAULT_SHARD_SIZE,
+                 samples_per_shard: int | None = None, name: str = "train", commit_every: int | None = None,
+                 commit_bytes: int | None = None):
+        self.shard_size = parse_size(shard_size)
+        if samples_per_shard is None and commit_every is not None:
+            samples_per_shard = commit_every
+        if samples_per_shard is not None and samples_per_shard < 1:
+            raise UsageError(f"--samples-per-shard must be >= 1, not {samples_per_shard}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or ""):
+            raise UsageError(f"--name {name!r}: use letters, digits, '_', '-' and '.' (not first)")
+        self.samples_per_shard = samples_per_shard
+        self.name = name
+        created_by = dict(created_by or {})
+        created_by["options"] = {**created_by.get("options", {}), "shard_size": self.shard_size,
+                                 "samples_per_shard": samples_per_shard, "name": name}
+        # Commits happen only when a shard completes (see add), never on the base's counters.
+        super().__init__(out, classes=classes, kind=kind, created_by=created_by,
+                         commit_every=sys.maxsize, commit_bytes=sys.maxsize)
+        self.shards: list[dict[str, Any]] = []
+        self._fh = None
+        self._next: tuple[bytes, int] | None = None
+        self._adopting: SegmentShard | None = None
+
+    # -- rollover: close the current shard before a record that would not fit ---------------
+    @staticmethod
+    def prepare(sample: Sample) -> tuple[bytes, int]:
+        """The framed record and the CRC32C of its payload (the image bytes copied once)."""
+        pieces, length = example_pieces(sample_features(sample))
+        crc = 0
+        for piece in pieces:
+            crc = crc32c(piece, crc)
+        head = struct.pack("<Q", length)
+        record = b"".join((head, _CRC.pack(masked_crc32c(head)), *pieces, _CRC.pack(mask_crc(crc))))
+        return record, crc
+
+    def add(self, sample: Sample) -> None:
+        if isinstance(sample.prepared, Stored):  # already in a worker's shard file
+            self._add_stored(sample, sample.prepared)
+            return
+        record, crc = sample.prepared or self.prepare(sample)
+        if self._fh is not None and self._full(len(record)):
+            self.flush()  # completes the shard: the durable commit
+        self._next = (record, crc)
+        super().add(sample)
+
+    def _add_stored(self, sample: Sample, stored: Stored) -> None:
+        """A sample a worker stored (``packer.formats.records_segments``); the last one of its
+        shard file adopts the file: the durable commit."""
+        if self._fh is not None:  # a shard this writer has open (a resumed one): complete it first
+            if self.count > self.durable:
+                self.flush()
+            else:
+                self._commit()
+        super().add(sample)  # ``_write`` stores nothing: the bytes are in the worker's file
+        self._pending_bytes += stored.size
+        if stored.shard is not None:
+            self._adopting = stored.shard
+            self.flush()
+
+    def _adopt(self, shard: SegmentShard) -> None:
+        """Make a worker's completed (fsynced) shard file the next shard."""
+        final = self._shard_path(len(self.shards))
+        write_index(index_path(final), shard.offsets, shard.sizes)
+        os.replace(shard.path, final)
+        _fsync_dir(self.workdir)
+        self.shards.append({"file": final.name, "index": index_path(final).name, "count": shard.count,
+                            "bytes": shard.bytes, "sha256": shard.sha256})
+        atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
+                           json.dumps({"options": self._options(), "shards": self.shards}).encode())
+
+    def _remove_segment_files(self) -> None:
+        for p in self.workdir.iterdir():
+            if is_segment_file(p.name):
+                p.unlink()
+
+    def _full(self, next_size: int) -> bool:
+        if self.samples_per_shard is not None:
+            return len(self._offsets) >= self.samples_per_shard
+        return self._shard_bytes + next_size > self.shard_size
+
+    # -- the seam ------------------------------------------------------------------------------
+    def _shard_path(self, i: int) -> Path:
+        return self.workdir / shard_name(self.name, i)
+
+    def _tmp_path(self, i: int) -> Path:
+        return self.workdir / f".{shard_name(self.name, i)}.partial"
+
+    def _start_shard(self, offsets: list[int] | None = None, sizes: list[int] | None = None) -> None:
+        i = len(self.shards)
+        self._tmp = self._tmp_path(i)
+        self._offsets = offsets or []
+        self._sizes = sizes or []
+        self._shard_bytes = sum(self._sizes)
+        self._hash = hashlib.sha256()
+        if self._offsets:  # a resumed shard: hash what is kept, then append
+            sha256_file(self._tmp, self._hash)
+        self._fh = open(self._tmp, "ab" if self._offsets else "wb")
+
+    def _open(self, resume_samples: int) -> None:
+        self.shards = []
+        self._fh = None
+        self._offsets, self._sizes, self._shard_bytes = [], [], 0
+        reopened = False
+        if resume_samples:
+            journal = self._load_journal()
+            kept = 0
+            while kept < resume_samples:
+                i = len(self.shards)
+                path, tmp, need = self._shard_path(i), self._tmp_path(i), resume_samples - kept
+                if path.is_file() and index_path(path).is_file():
+                    offsets, sizes = read_index(index_path(path))
+                    if len(offsets) <= need:  # a complete shard inside the checkpoint: keep it
+                        entry = journal.get(path.name)
+                        if (not entry or entry.get("count") != len(offsets)
+                                or entry.get("bytes") != path.stat().st_size):
+                            entry = self._entry(path, len(offsets))
+                        self.shards.append(entry)
+                        kept += len(offsets)
+                        continue
+                    # the checkpoint falls inside this shard: cut it (idempotent), make it the open one
+                    with open(path, "r+b") as f:
+                        f.truncate(int(offsets[need]))
+                    os.replace(path, tmp)
+                elif tmp.is_file():  # reopened by an earlier resume, killed before it completed
+                    offsets, sizes = scan_tfrecord(tmp, limit=need)
+                    if len(offsets) < need:
+                        raise CorruptData(str(tmp), f"holds {len(offsets)} whole records, the checkpoint "
+                                                    f"needs {need}")
+                    with open(tmp, "r+b") as f:
+                        f.truncate(int(offsets[-1] + sizes[-1]) if need else 0)
+                else:
+                    raise CorruptData(str(path), f"missing: the checkpoint says {resume_samples} samples "
+                                                 f"are stored, complete shards hold {kept}")
+                index_path(path).unlink(missing_ok=True)
+                if need:
+                    self._start_shard(list(map(int, offsets[:need])), list(map(int, sizes[:need])))
+                    reopened = True
+                kept = resume_samples
+        self._remove_shards_from(len(self.shards) + (1 if reopened else 0))
+        self._remove_segment_files()  # workers' shards not adopted before the kill
+
+    def _remove_shards_from(self, first: int) -> None:
+        pattern = re.compile(SHARD_RE.format(name=re.escape(self.name)))
+        for p in self.workdir.iterdir():
+            m = pattern.match(p.name)
+            if m and int(m.group(1)) >= first:
+                p.unlink()
+
+    def _options(self) -> dict[str, Any]:
+        return {"shard_size": self.shard_size, "samples_per_shard": self.samples_per_shard, "name": self.name}
+
+    def _load_journal(self) -> dict[str, dict[str, Any]]:
+        """Entries of the shards completed so far (their sha256 need not be recomputed)."""
+        try:
+            journal = json.loads((self.workdir / SHARDS_JOURNAL).read_text())
+            options, entries = journal["options"], journal["shards"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        if options != self._options():
+            raise UsageError(f"{self.out}: the interrupted run used {options}; resume with the same "
+                             "--shard-size/--samples-per-shard/--name (or --overwrite)")
+        return {e["file"]: e for e in entries if isinstance(e, dict) and "file" in e}
+
+    def _entry(self, path: Path, count: int) -> dict[str, Any]:
+        return {"file": path.name, "index": index_path(path).name, "count": count,
+                "bytes": path.stat().st_size, "sha256": sha256_file(path).hexdigest()}
+
+    def _write(self, index: int, sample: Sample) -> int:
+        if isinstance(sample.prepared, Stored):
+            return sample.prepared.crc
+        record, crc = self._next if self._next is not None else (
+            frame_record(encode_example(sample_features(sample))), 0)
+        self._next = None
+        if self._fh is None:
+            self._start_shard()
+        self._fh.write(record)
+        self._hash.update(record)
+        self._offsets.append(self._shard_bytes)
+        self._sizes.append(len(record))
+        self._shard_bytes += len(record)
+        return crc
+
+    def _commit(self) -> None:
+        if self._adopting is not None:
+            shard, self._adopting = self._adopting, None
+            self._adopt(shard)
+            return
+        if self._fh is None:
+            return
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._fh = None
+        final = self._shard_path(len(self.shards))
+        write_index(index_path(final), self._offsets, self._sizes)
+        os.replace(self._tmp, final)
+        _fsync_dir(self.workdir)
+        self.shards.append({"file": final.name, "index": index_path(final).name, "count": len(self._offsets),
+                            "bytes": self._shard_bytes, "sha256": self._hash.hexdigest()})
+        atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
+                           json.dumps({"options": self._options(), "shards": self.shards}).encode())
+        self._offsets, self._sizes, self._shard_bytes = [], [], 0
+
+    def _finish(self, manifest: Manifest) -> None:
+        self._remove_segment_files()  # a crashed worker's, or written for a retry before a resume
+        manifest.shards = list(self.shards)
+        write_keys(self.workdir, self.keys)
+        manifest.save(self.workdir)
+        self._remove(self.workdir / SHARDS_JOURNAL)
+
+    def _close_handles(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

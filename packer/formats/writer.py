@@ -1,0 +1,294 @@
+"""The base ``Writer`` every packed format implements.
+
+It owns the boring parts: the ``{out}.partial`` working path and the atomic rename on close,
+the key and CRC32C journals that make ``--resume`` exact, durable-point callbacks, the
+manifest and ``failures.jsonl``. A format only says how samples become bytes (``_open``,
+``_write``, ``_commit``, ``_finish``, ``_close_handles``), and which writer options a merge
+takes from the parts (``merge_options``).
+"""
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from packer.errors import CorruptData, UsageError, WriteError
+from packer.formats.reader import Reader
+from packer.formats.sample import Sample
+from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, _fsync_append, partial_path,
+                                     write_failures)
+from packer.manifest import FAILURES_NAME, Manifest
+
+__all__ = ["Writer"]
+
+log = logging.getLogger(__name__)
+
+
+class Writer(abc.ABC):
+    """Base writer: a context manager; ``add(sample)`` in packed order, ``close() -> Manifest``.
+
+    Args:
+        out: the output path (a directory, or a file for single-file formats).
+        classes: class names, index = label.
+        kind: ``"images"`` or ``"videos"``.
+        created_by: the manifest's ``created_by`` block.
+        commit_every: samples per durable commit (the resume granularity).
+        commit_bytes: bytes per durable commit, whichever comes first.
+    """
+
+    format_name: ClassVar[str] = ""
+    single_file: ClassVar[bool] = False
+
+    def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "images",
+                 created_by: dict[str, Any] | None = None, commit_every: int = 1000,
+                 commit_bytes: int = 64 << 20):
+        if commit_every < 1 or commit_bytes < 1:
+            raise ValueError("commit_every and commit_bytes must be positive")
+        if kind not in ("images", "videos"):
+            raise ValueError(f"kind must be 'images' or 'videos', not {kind!r}")
+        self.out = Path(out)
+        self.workdir = partial_path(self.out)
+        self.classes = list(classes)
+        self.kind = kind
+        self.created_by = created_by or {}
+        self.commit_every = commit_every
+        self.commit_bytes = commit_bytes
+        self.count = 0  # samples added
+        self.durable = 0  # samples safely on disk
+        self.keys: list[str] = []
+        self.crcs: list[int] = []
+        self.bytes_written = 0
+        self._pending_bytes = 0
+        self.on_durable: Callable[[int], None] | None = None
+        self._opened = False
+
+    @staticmethod
+    def prepare(sample: Sample) -> Any:
+        """What ``_write`` computes from ``sample`` alone (its stored bytes and CRC32C), done
+        ahead on any thread or process, so the writer only appends; None where there is nothing
+        worth doing ahead. The result goes into ``sample.prepared``."""
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def open(self, resume_samples: int | None = None) -> None:
+        """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""
+        try:
+            if not resume_samples:  # nothing durable yet: a clean start is the exact resume
+                self._remove(self.workdir)
+                if self.single_file:
+                    self._remove(self._journal_dir())
+                if not self.single_file:
+                    self.workdir.mkdir(parents=True)
+                else:
+                    self.workdir.parent.mkdir(parents=True, exist_ok=True)
+                self._journal_dir().mkdir(parents=True, exist_ok=True)
+                self._open(0)
+            else:
+                for stale in self._journal_dir().glob(".*.tmp-*"):  # a write cut short by a kill
+                    stale.unlink()
+                self.keys = self._read_keys_journal(resume_samples)
+                self.crcs = self._read_crc_journal(resume_samples)
+                self._open(resume_samples)
+                self.count = self.durable = resume_samples
+        except OSError as e:
+            raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from None
+        self._opened = True
+
+    def __enter__(self) -> "Writer":
+        if not self._opened:
+            self.open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def add(self, sample: Sample) -> None:
+        """Append one sample at position ``self.count``; commits when a batch is full."""
+        try:
+            crc = self._write(self.count, sample)
+        except OSError as e:  # formats that write as they go (frame files) hit a full disk here
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
+        self.keys.append(sample.key)
+        self.crcs.append(crc)
+        self.count += 1
+        self._pending_bytes += len(sample.data)
+        if self.count - self.durable >= self.commit_every or self._pending_bytes >= self.commit_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every added sample durable, then journal keys/CRCs and report the durable count."""
+        if self.count == self.durable:
+            return
+        try:
+            self._commit()
+            new_keys = self.keys[self.durable:self.count]
+            new_crcs = self.crcs[self.durable:self.count]
+            jd = self._journal_dir()
+            _fsync_append(jd / KEYS_JOURNAL, "".join(json.dumps(k) + "\n" for k in new_keys).encode())
+            _fsync_append(jd / CRC_JOURNAL, b"".join(c.to_bytes(4, "little") for c in new_crcs))
+        except OSError as e:
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
+        self.bytes_written += self._pending_bytes
+        self._pending_bytes = 0
+        self.durable = self.count
+        if self.on_durable is not None:
+            self.on_durable(self.durable)  # the converter's checkpoint; raises WriteError itself
+
+    def close(self, *, failures: list[dict[str, Any]] | None = None,
+              videos: list[dict[str, Any]] | None = None, overwrite: bool = False,
+              counted: int | None = None) -> Manifest:
+        """Finish the output: manifest, failures file, then the atomic rename to ``out``.
+
+        ``counted``: the manifest's failure count (default: every record but partial decodes).
+        """
+        failures = failures or []
+        self.flush()
+        if counted is None:
+            counted = sum(1 for f in failures if f.get("stage") != "partial")
+        manifest = Manifest(format=self.format_name, kind=self.kind, count=self.count,
+                            classes=self.classes, created_by=self.created_by,
+                            failures=counted,
+                            videos=list(videos or []))
+        try:
+            self._finish(manifest)
+            self._close_handles()
+            write_failures(self.failures_path(self.workdir), failures)
+            self._remove(self._journal_dir() / KEYS_JOURNAL)
+            self._remove(self._journal_dir() / CRC_JOURNAL)
+            self._remove(self.resume_state_path())  # a finished output holds no resume marker
+            self._remove_journal_dir()
+            if self.out.exists() or self.out.is_symlink():
+                if not overwrite:
+                    raise UsageError(f"{self.out}: exists (use --overwrite or --resume)")
+                self._remove(self.out)
+                self._remove(self.failures_path(self.out))
+            if self.single_file:
+                os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
+            os.replace(self.workdir, self.out)
+        except OSError as e:
+            raise WriteError(f"{self.out}: cannot finish output ({e.strerror or e})") from None
+        self._opened = False
+        log.info("wrote %s: %d samples, %d failures", self.out, self.count, len(failures))
+        return manifest
+
+    def abort(self) -> None:
+        """Release handles, keeping the partial output for ``--resume``."""
+        try:
+            self._close_handles()
+        except Exception:  # pragma: no cover - best effort on an error path
+            log.debug("closing %s after an error failed", self.workdir, exc_info=True)
+        self._opened = False
+
+    # -- merging parts (``packer merge``) ----------------------------------------------
+    @classmethod
+    def merge_parts(cls, parts: Sequence["Reader"], out: str | os.PathLike, *,
+                    created_by: dict[str, Any], failures: list[dict[str, Any]],
+                    videos: list[dict[str, Any]], overwrite: bool = False,
+                    progress: Callable[[int], None] | None = None, **writer_options: Any) -> Manifest:
+        """Combine complete outputs of this format, in order, into one output at ``out``.
+
+        ``packer.commands.merge`` has already checked the parts and combined ``failures`` and ``videos``
+        (starts offset by the preceding parts' counts). This default re-packs every sample
+        through a new writer, so it works for any format (the data is read CRC-checked on the
+        way), with the layout options ``merge_options`` takes from the parts; a format may override it with a fast path (records: link the shards into one
+        sequence, no data rewritten) and call this one where the fast path does not apply.
+        ``progress(n)`` is called as samples are written.
+        """
+        first = parts[0]
+        writer = cls(out, classes=first.classes, kind=first.manifest.kind, created_by=created_by,
+                     **{**writer_options, **cls.merge_options(parts)})
+        videos_before = 0
+        with writer:
+            for reader in parts:
+                for i in range(len(reader)):
+                    sample = reader.sample(i)
+                    if "video_index" in sample.extra:  # a position in the manifest's videos
+                        sample.extra["video_index"] += videos_before
+                    writer.add(sample)
+                    if progress is not None:
+                        progress(1)
+                videos_before += len(reader.manifest.videos)
+            return writer.close(failures=failures, videos=videos, overwrite=overwrite)
+
+    @classmethod
+    def merge_options(cls, parts: Sequence["Reader"]) -> dict[str, Any]:
+        """Writer options a merge of ``parts`` must keep (their layout: frame file names, raw
+        pixel shape); read from the parts, not given by the caller. None by default."""
+        return {}
+
+    # -- paths ---------------------------------------------------------------------------
+    def _journal_dir(self) -> Path:
+        """Where journals and the resume checkpoint live (inside the partial dir, or beside the file)."""
+        if self.single_file:
+            return self.workdir.with_name(self.workdir.name + ".journal")
+        return self.workdir
+
+    def _remove_journal_dir(self) -> None:
+        if self.single_file:
+            shutil.rmtree(self._journal_dir(), ignore_errors=True)
+
+    def resume_state_path(self) -> Path:
+        """The checkpoint file the converter writes after each durable commit."""
+        return self._journal_dir() / ".resume.json"
+
+    @classmethod
+    def failures_path(cls, out: Path) -> Path:
+        """``failures.jsonl`` inside a directory output, ``{out}.failures.jsonl`` beside a file."""
+        if cls.single_file:
+            return out.with_name(out.name + ".failures.jsonl")
+        return out / FAILURES_NAME
+
+    @staticmethod
+    def _remove(path: Path) -> None:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+    def _read_keys_journal(self, n: int) -> list[str]:
+        p = self._journal_dir() / KEYS_JOURNAL
+        keys = []
+        with open(p, "rb") as f:
+            for _ in range(n):
+                line = f.readline()
+                if not line.endswith(b"\n"):
+                    raise CorruptData(str(p), f"journal holds fewer than {n} keys")
+                keys.append(json.loads(line))
+        with open(p, "r+b") as f:
+            f.truncate(sum(len(json.dumps(k)) + 1 for k in keys))
+        return keys
+
+    def _read_crc_journal(self, n: int) -> list[int]:
+        p = self._journal_dir() / CRC_JOURNAL
+        raw = p.read_bytes()
+        if len(raw) < 4 * n:
+            raise CorruptData(str(p), f"journal holds fewer than {n} checksums")
+        with open(p, "r+b") as f:
+            f.truncate(4 * n)
+        return [int.from_bytes(raw[i:i + 4], "little") for i in range(0, 4 * n, 4)]
+
+    # -- what a format implements ------------------------------------------------------
+    @abc.abstractmethod
+    def _open(self, resume_samples: int) -> None:
+        """Create (0) or reopen the data files, dropping anything stored past ``resume_samples``."""
+
+    @abc.abstractmethod
+    def _write(self, index: int, sample: Sample) -> int:
+        """Store one sample (possibly buffered); return the CRC32C of what is stored."""
+
+    @abc.abstractmethod
+    def _commit(self) -> None:
+        """Make everything written so far durable."""
+
+    @abc.abstractmethod
+    def _finish(self, manifest: Manifest) -> None:
+        """Write the format's index/sidecar files and the manifest into ``workdir``."""
+
+    @abc.abstractmethod
+    def _close_handles(self) -> None:
+        """Close open files/environments (idempotent)."""
