@@ -38,7 +38,7 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds one video may take before its worker is killed (0: no limit).")
 @click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
-              help="Video decoder (auto: decord, falling back to OpenCV).")
+              help="Video decoder (auto: OpenCV, falling back to decord; see docs/writing.md).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @conversion_options
 @commit_option

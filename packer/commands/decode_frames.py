@@ -186,7 +186,7 @@ class FrameOptions:
         fps, stride, max_frames: the frame selection.
         ext: ``jpg`` or ``png``; quality: JPEG quality.
         tmpl: frame file names (default ``img_{:05d}.EXT``); start_index: the first frame's number.
-        backend: ``auto`` (decord, falling back to OpenCV), ``decord`` or ``opencv``.
+        backend: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
     """
 
     short_side: Optional[int] = None
