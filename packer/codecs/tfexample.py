@@ -77,20 +77,47 @@ def example_pieces(features: Mapping[str, FeatureValue]) -> tuple[list, int]:
     entries: list = []
     total = 0
     for name in sorted(features):
-        kind, values = _kind(features[name])
-        if kind == _BYTES and len(values) == 1:  # the image: its bytes stay where they are
-            value = values[0]
+        value = features[name]
+        if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > 64:
+            # the image: its bytes stay where they are
             body, n = _wrap(1, [value], len(value))
-            feature, n = _wrap(kind, body, n)
+            feature, n = _wrap(_BYTES, body, n)
+            key = _key(name)
+            value_field, n = _wrap(2, feature, n)
+            entry, n = _wrap(1, [key, *value_field], len(key) + n)
+            entries += entry
+            total += n
         else:
-            small = _encode_feature(features[name])
-            feature, n = [small], len(small)
-        key = field_bytes(1, name.encode("utf-8"))
-        value_field, n = _wrap(2, feature, n)
-        entry, n = _wrap(1, [key, *value_field], len(key) + n)
-        entries += entry
-        total += n
+            entry = _small_entry(name, value)
+            entries.append(entry)
+            total += len(entry)
     return _wrap(1, entries, total)
+
+
+_KEYS: dict[str, bytes] = {}
+_ENTRIES: dict[tuple, bytes] = {}  # (name, int value) -> the whole map entry; labels, sizes repeat
+
+
+def _key(name: str) -> bytes:
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = field_bytes(1, name.encode("utf-8"))
+    return key
+
+
+def _small_entry(name: str, value: FeatureValue) -> bytes:
+    """One whole map entry (``key``, ``value``) of a small feature, memoized for ints."""
+    cacheable = type(value) is int
+    if cacheable:
+        entry = _ENTRIES.get((name, value))
+        if entry is not None:
+            return entry
+    entry = field_bytes(1, _key(name) + field_bytes(2, _encode_feature(value)))
+    if cacheable:
+        if len(_ENTRIES) >= 1 << 16:
+            _ENTRIES.clear()
+        _ENTRIES[(name, value)] = entry
+    return entry
 
 
 def _int64(value: int) -> int:

@@ -20,7 +20,8 @@ from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
 from packer.conversion.runner import _as_result, WorkResult
 from packer.errors import WriteError
-from packer.formats.records_segments import SegmentShard, SegmentWriteError, Stored, segment_file
+from packer.formats.records_segments import SegmentShard, SegmentWriteError, segment_file
+from packer.formats.sample import Sample, Stored
 
 __all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
 
@@ -87,44 +88,71 @@ class SegmentTask:
         self.shard_size = shard_size
         self.prepare = prepare
 
-    def __call__(self, items: Sequence[Any], start: int, stop: int) -> list[Outcome] | SegmentWriteError:
+    def __call__(self, items: Sequence[Any], start: int, stop: int) -> _Result | SegmentWriteError:
         seg = _Segment(self.workdir, f"{start:012d}", self.shard_size)
-        outcomes: list[Outcome] = []
-        last: list[tuple[Any, int]] = []  # (stored sample, shard number) per stored sample
+        done: list[tuple] = []  # per input, plain tuples: they cross back cheaply
         try:
             for i in range(start, stop):
                 outcome = call_safely(self.work_fn, items[i])
-                if outcome.ok:
-                    result = _as_result(outcome.value)
-                    stubs = []
-                    for sample in result.samples:
-                        record, crc = self.prepare(sample)
-                        k = seg.append(record)
-                        sample.prepared = Stored(crc, len(sample.data))
-                        sample.data = b""
-                        stubs.append(sample)
-                        last.append((sample, k))
-                    outcome = Outcome(True, WorkResult(stubs, result.entry, result.note))
-                outcomes.append(outcome)
+                if not outcome.ok:
+                    done.append((False, outcome.stage, outcome.reason))
+                    continue
+                result = _as_result(outcome.value)
+                stored = []
+                for s in result.samples:
+                    record, crc = self.prepare(s)
+                    k = seg.append(record)
+                    stored.append((s.key, s.fmt, s.label, s.height, s.width, s.channels, s.extra, crc,
+                                   len(s.data), k))
+                done.append((True, stored, result.entry, result.note))
             seg.close_shard()
         except OSError as e:
             seg.abandon()
             return SegmentWriteError(f"{self.workdir}: write failed ({e.strerror or e})")
-        for j, (sample, k) in enumerate(last):  # the last stored sample of each file adopts it
-            if j + 1 == len(last) or last[j + 1][1] != k:
-                sample.prepared.shard = seg.done[k]
-        return outcomes
+        return _Result(done, seg.done)
 
 
-def _crashed(start: int, stop: int, why: str) -> list[Outcome]:
-    return [Outcome(False, stage="crash", reason=why) for _ in range(start, stop)]
+@dataclass
+class _Result:
+    """What a segment hands back: per input ``(True, stored samples, entry, note)`` or
+    ``(False, stage, reason)``; the shard files it completed, by number."""
+
+    inputs: list[tuple]
+    shards: list[SegmentShard]
+
+    def outcomes(self) -> Iterator[Outcome]:
+        """Per input an Outcome of stored samples; the last sample of each file adopts it."""
+        last = {}
+        for i, entry in enumerate(self.inputs):
+            if entry[0]:
+                for j, s in enumerate(entry[1]):
+                    last[s[9]] = (i, j)
+        for i, entry in enumerate(self.inputs):
+            if not entry[0]:
+                yield Outcome(False, stage=entry[1], reason=entry[2])
+                continue
+            samples = []
+            for j, (key, fmt, label, h, w, c, extra, crc, size, k) in enumerate(entry[1]):
+                shard = self.shards[k] if last[k] == (i, j) else None
+                samples.append(Sample(key, b"", fmt, label, h, w, c, extra, prepared=Stored(crc, size, shard)))
+            yield Outcome(True, WorkResult(samples, entry[2], entry[3]))
+
+
+def _crashed(start: int, stop: int, why: str) -> _Result:
+    return _Result([(False, "crash", why) for _ in range(start, stop)], [])
 
 
 def _join(parts: list[Any]) -> Any:
+    """A crashed segment rerun one input per range: its parts' results as one (files renumbered)."""
+    inputs, shards = [], []
     for part in parts:
         if isinstance(part, SegmentWriteError):
             return part
-    return [o for part in parts for o in part]
+        base = len(shards)
+        shards += part.shards
+        inputs += [e if not e[0] else (True, [(*s[:9], s[9] + base) for s in e[1]], e[2], e[3])
+                   for e in part.inputs]
+    return _Result(inputs, shards)
 
 
 class ShardedExecutor(Executor):
@@ -159,9 +187,9 @@ class ShardedExecutor(Executor):
                          window=2, start_method=self.start_method)
         try:
             bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers))
-            for outcomes in pool.map(bounds):
-                if isinstance(outcomes, SegmentWriteError):
-                    raise WriteError(outcomes.message)
-                yield from outcomes
+            for result in pool.map(bounds):
+                if isinstance(result, SegmentWriteError):
+                    raise WriteError(result.message)
+                yield from result.outcomes()
         finally:
             pool.close()

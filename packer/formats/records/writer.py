@@ -70,11 +70,10 @@ class RecordsWriter(Writer):
     def prepare(sample: Sample) -> tuple[bytes, int]:
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
         pieces, length = example_pieces(sample_features(sample))
-        crc = 0
-        for piece in pieces:
-            crc = crc32c(piece, crc)
         head = struct.pack("<Q", length)
-        record = b"".join((head, _CRC.pack(masked_crc32c(head)), *pieces, _CRC.pack(mask_crc(crc))))
+        record = bytearray().join((head, _CRC.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
+        crc = crc32c(memoryview(record)[12:12 + length])
+        _CRC.pack_into(record, 12 + length, mask_crc(crc))
         return record, crc
 
     def add(self, sample: Sample) -> None:
