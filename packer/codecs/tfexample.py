@@ -78,20 +78,32 @@ def example_pieces(features: Mapping[str, FeatureValue]) -> tuple[list, int]:
     total = 0
     for name in sorted(features):
         value = features[name]
-        if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > 64:
-            # the image: its bytes stay where they are
-            body, n = _wrap(1, [value], len(value))
-            feature, n = _wrap(_BYTES, body, n)
-            key = _key(name)
-            value_field, n = _wrap(2, feature, n)
-            entry, n = _wrap(1, [key, *value_field], len(key) + n)
-            entries += entry
+        if type(value) is bytes:  # one bytes value: the image stays where it is, no copy
+            pieces, n = _bytes_entry(name, value)
+            if n <= 256:
+                entries.append(b"".join(pieces))
+            else:
+                entries += pieces
             total += n
         else:
             entry = _small_entry(name, value)
             entries.append(entry)
             total += len(entry)
     return _wrap(1, entries, total)
+
+
+def _bytes_entry(name: str, value: bytes) -> tuple[list, int]:
+    """The map entry of a one-value ``bytes_list`` feature as pieces (``value`` not copied):
+    entry = {1: key, 2: Feature {1: BytesList {1: value}}}, every tag a length-delimited 1 or 2."""
+    body_head = b"\x0a" + encode_varint(len(value))
+    feature_len = len(body_head) + len(value)
+    feature_head = b"\x0a" + encode_varint(feature_len)
+    value_len = len(feature_head) + feature_len
+    value_head = b"\x12" + encode_varint(value_len)
+    key = _key(name)
+    entry_len = len(key) + len(value_head) + value_len
+    entry_head = b"\x0a" + encode_varint(entry_len)
+    return [entry_head, key, value_head, feature_head, body_head, value], len(entry_head) + entry_len
 
 
 _KEYS: dict[str, bytes] = {}
