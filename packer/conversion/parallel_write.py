@@ -1,14 +1,14 @@
-"""The write path that uses every core: what runs where, and the executor that runs it.
+"""The write path that uses every core: which plan a pack command runs, and its work function.
 
 The writer (one process) only appends or puts. Everything else runs beside it:
 
-* **verdicts** (``packer.conversion.executors.staged``): worker processes read each file and check it (header
-  parse or full decode) and hand back only a small ``Verdict`` (format, size, length, CRC32C
-  of the bytes they checked); the writer process reads the page-cached file again in a
-  thread (file reads and CRC32C release the GIL), checks that its length and CRC32C match
-  the verdict (a file changed in between is a recorded failure, never a silent mismatch)
-  and builds the sample. No sample's bytes cross a process boundary.
-* **sharded writers** (records: ``packer.formats.records_segments``): the workers write whole
+* **verdicts** (``packer.conversion.executors.staged``): worker processes read each file and
+  check it (header parse or full decode) and hand back only a small ``Verdict`` (format,
+  size, length, CRC32C of the bytes they checked); the writer process reads the page-cached
+  file again in a thread (file reads and CRC32C release the GIL), checks that its length and
+  CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
+  mismatch) and builds the sample. No sample's bytes cross a process boundary.
+* **sharded writers** (records: ``packer.conversion.sharded``): the workers write whole
   shards themselves; the writer only adopts them (rename, index, journal).
 
 ``choose_plan`` picks between those, a plain process pool and in-process work from what the
