@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,33 @@ def test_bench_write_prints_the_ceiling_scaling_and_model(image_folder):
 
     result = json.loads(r.output)
     assert result["plans"] == {"1": "inline", "2": "staged"} and result["writer_ceiling"] > 0
+
+
+@pytest.mark.slow
+def test_workers_of_a_killed_run_stop_instead_of_writing_beside_the_resume(src, tmp_path):
+    """Only the writer is killed (an OOM kill): its workers must exit, not write on."""
+    import time
+
+    out = tmp_path / "o.records"
+    proc = subprocess.Popen(packer_cmd("to-records", src, out, "--workers", 2, "--max-failures", 2,
+                                       "--shard-size", "20KB"), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    deadline = time.monotonic() + 60
+    kids: list[int] = []
+    while time.monotonic() < deadline and len(kids) < 2 and proc.poll() is None:
+        kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                               text=True).stdout.split()]
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    time.sleep(3)
+    alive = [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in
+             Path(f"/proc/{k}/stat").read_text().split()[2]]
+    for k in alive:
+        os.kill(k, signal.SIGKILL)
+    assert alive == []
+    done = subprocess.run(packer_cmd("to-records", src, out, "--workers", 2, "--max-failures", 2,
+                                     "--shard-size", "20KB", "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []

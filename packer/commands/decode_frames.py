@@ -64,6 +64,7 @@ class FrameJob:
     # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
     write_into: Optional[str] = None
     filename_tmpl: str = DEFAULT_TEMPLATE
+    owner: Optional[int] = None  # the writer's pid: a worker it no longer parents stops writing
 
     def encode(self, frame) -> bytes:
         """One BGR frame -> JPEG/PNG bytes."""
@@ -116,16 +117,24 @@ class FrameJob:
             self._store(item, samples)
         return WorkResult(samples, entry, note)
 
+    def _check_owner(self) -> None:
+        """Exit when the writer that started this worker is gone (killed): an orphan must never
+        touch the output beside the run that resumes it."""
+        if self.owner is not None and os.getppid() != self.owner:
+            os._exit(1)
+
     def _store(self, item: VideoItem, samples: list[Sample]) -> None:
         """Write the frames where ``FramesWriter`` expects them; keep only what it records.
         The writer's commit (``syncfs``) makes them durable like the frames it writes itself."""
         from packer.formats.frames import FramesWriter
 
         tmp = FramesWriter.temp_folder(Path(self.write_into), item.frame_dir)
+        self._check_owner()
         if tmp.exists():  # an earlier try of this video (killed at its timeout)
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         for j, sample in enumerate(samples):
+            self._check_owner()
             with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
                 f.write(sample.data)
             sample.prepared = Stored(crc32c(sample.data), len(sample.data))
@@ -283,7 +292,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                         **writer_options)
     if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
         # the workers write the frame files themselves: no frame's bytes cross to this process
-        job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template)
+        job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
+                                  owner=os.getpid())
     with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
         estimate = ""
         if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete

@@ -82,17 +82,24 @@ class SegmentTask:
     ``SegmentWriteError`` when the shard cannot be written.
     """
 
-    def __init__(self, work_fn: Any, *, workdir: str | os.PathLike, shard_size: int, prepare: Any):
+    def __init__(self, work_fn: Any, *, workdir: str | os.PathLike, shard_size: int, prepare: Any,
+                 owner: int | None = None):
+        self.owner = owner if owner is not None else os.getpid()  # the writer's process
         self.work_fn = work_fn
         self.workdir = Path(workdir)
         self.shard_size = shard_size
         self.prepare = prepare
 
     def __call__(self, items: Sequence[Any], start: int, stop: int) -> _Result | SegmentWriteError:
-        seg = _Segment(self.workdir, f"{start:012d}", self.shard_size)
+        # the writer's pid in the names: a worker orphaned by a killed run never shares a file
+        # with the run that resumes it (and stops at its next input, below)
+        seg = _Segment(self.workdir, f"{self.owner}-{start:012d}-{stop:012d}", self.shard_size)
         done: list[tuple] = []  # per input, plain tuples: they cross back cheaply
         try:
             for i in range(start, stop):
+                if os.getppid() != self.owner:  # the run that wanted this segment is gone
+                    seg.abandon()
+                    os._exit(1)
                 outcome = call_safely(self.work_fn, items[i])
                 if not outcome.ok:
                     done.append((False, outcome.stage, outcome.reason))
