@@ -4,7 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "PackedDataset", "StreamingDataset", "PackerError", "FrameDataset",
-           "PackedVideoDataset", "DevicePrefetcher"]
+           "PackedVideoDataset", "DevicePrefetcher", "Loader"]
 
 from packer.errors import PackerError
 
@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from packer.data import video_datasets as video
 
         return getattr(video, name)
+    if name == "Loader":
+        from packer.data.loader import Loader
+
+        return Loader
     if name == "DevicePrefetcher":
         from packer.data.prefetch import DevicePrefetcher
 

@@ -25,6 +25,7 @@ reported as such and skipped, never faked. Run::
 
     python scripts/bench_loaders.py                 # full run, ~5 min on 2 cores
     python scripts/bench_loaders.py --count 200 --steps 3 --peers none   # smoke run
+    python scripts/bench_loaders.py --training      # training pipeline: + SPDL, DALI, FFCV
 """
 from __future__ import annotations
 
@@ -398,7 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of peers, or 'none'")
     ap.add_argument("--formats", default=",".join(FORMATS), help="packer formats to include")
     ap.add_argument("--json", default=None, help="write results here (default: CACHE/results.json)")
+    ap.add_argument("--training", action="store_true",
+                    help="the training pipeline instead (RandomResizedCrop + flip): packer.Loader against "
+                         "SPDL, DALI (CPU), FFCV and WebDataset; see scripts/bench_loaders_train.py")
+    ap.add_argument("--parallel", type=int, default=2, help="--training: threads or workers per row")
     args = ap.parse_args(argv)
+    if args.training:
+        return main_training(args)
     torch.set_num_threads(1)
     cache = Path(args.cache_dir) / f"n{args.count}"
     workers = [int(w) for w in args.workers.split(",")]
@@ -462,6 +469,33 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
     print(f"results: {out}")
+    return 0
+
+
+def main_training(args: argparse.Namespace) -> int:
+    """``--training``: every loader with the training transform (see bench_loaders_train.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_loaders_train import TRAIN_PEERS, run_training
+
+    torch.set_num_threads(1)
+    cache = Path(args.cache_dir) / f"n{args.count}"
+    peers = list(TRAIN_PEERS) if args.peers == ",".join(PEERS) else [p for p in args.peers.split(",") if p]
+    formats = [f for f in args.formats.split(",") if f in ("lmdb", "hdf5")]
+    src = make_images(cache / "images", args.count, args.classes)
+    items, _ = image_folder(src)
+    env: dict[str, Any] = {"batch_size": args.batch_size, "items": items, "cache": cache, "images": src,
+                           "packed": {name: build_packed(src, cache, name) for name in formats}}
+    skipped: dict[str, str] = {}
+    if "webdataset" in peers:
+        try:
+            env["wds"] = build_webdataset(items, cache)
+        except Exception as e:
+            skipped["webdataset"] = f"{type(e).__name__}: {e}"
+    load = os.getloadavg()[0]
+    lines = run_training(env, peers, parallel=args.parallel, steps=args.steps, repeats=args.repeats, skipped=skipped)
+    print(f"{args.count} JPEGs ({SIZE[0]}x{SIZE[1]} +-1/8), {os.cpu_count()} CPUs, load average {load:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}, torch {torch.__version__}")
+    print("\n".join(lines))
     return 0
 
 

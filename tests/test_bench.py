@@ -42,6 +42,10 @@ def check_result(r: dict, workers: list[int], count: int) -> None:
     assert r["cache"]["bytes"] == count * (3 * 32 * 32 + 8)
     assert isinstance(r["cache"]["fits"], bool)
     assert r["verdict"].startswith(f"num_workers={rec['num_workers']}")
+    fid = {row["pipeline"]: row for row in r["fidelity"]}
+    assert len(fid) == 4 and all(row["images"] == 16 for row in fid.values())
+    fast = fid["DecodeResizeCrop(32, 32)"]
+    assert fast["shift_median"] < 0.15 and fast["psnr_median"] > 25
 
 
 def test_library_call_with_against_and_model_step(packed, image_folder):
@@ -68,6 +72,7 @@ def test_cli_table(packed):
     assert "ceiling (same batches from memory" in res.stdout
     assert "recommended: num_workers=" in res.stdout
     assert "device cache: 24 x 3x32x32 uint8" in res.stdout
+    assert "| DecodeRandomResizedCrop(32) |" in res.stdout
 
 
 def test_cli_plot(packed, tmp_path):
@@ -104,3 +109,39 @@ def test_full_size_decode_of_mixed_sizes_is_a_clear_error(packed):
     res = CliRunner().invoke(main, ["bench", str(packed), "--decode", "tensor", "--workers", "0", *TINY])
     assert res.exit_code != 0
     assert "cannot batch samples with --decode tensor" in res.output and "differ in shape" in res.output
+
+
+def slow_python_transform(image):
+    """A transform in pure Python that holds the GIL (what a user's augmentation can be)."""
+    total = 0
+    for v in range(20000):
+        total += v
+    return image
+
+
+def test_threads_and_mixing_fields(packed):
+    res = CliRunner().invoke(main, ["bench", str(packed), "--json", "--workers", "0", *TINY])
+    r = json.loads(res.output)
+    t, m = r["threads"], r["mixing"]
+    assert t["samples_per_s"] > 0 and t["one_thread_samples_per_s"] > 0 and t["threads"] >= 2
+    assert t["scaling"] == pytest.approx(t["samples_per_s"] / t["one_thread_samples_per_s"])
+    assert t["advice"] and t["holds_gil"] in (True, False, None) and t["available"] > 0
+    assert m["batch_size"] == 8 and 2.9 < m["iid"] < 3.0  # 3 classes x 8 images, 8-batches
+    assert m["stored"]["median"] == 1  # a class-sorted pack read in stored order
+    assert m["streaming"]["median"] >= 2 and m["streaming"]["ratio"] == pytest.approx(m["streaming"]["median"] / m["iid"])
+    res = CliRunner().invoke(main, ["bench", str(packed), "--workers", "0", *TINY,
+                                    "--transform", "test_bench:slow_python_transform"])
+    assert res.exit_code == 0, res.output
+    assert "threads: packer.Loader" in res.output and "mixing: distinct classes" in res.output
+    res = CliRunner().invoke(main, ["bench", str(packed), "--transform", "nomodule"])
+    assert res.exit_code != 0 and "module:callable" in res.output
+
+
+def test_gil_verdict_rule():
+    from packer.commands.bench_threads import gil_verdict
+
+    assert gil_verdict(1.05, cpus=2, threads=2, available=1.9)["holds_gil"] is True
+    assert "DataLoader" in gil_verdict(1.05, cpus=2, threads=2, available=1.9)["advice"]
+    assert gil_verdict(1.8, cpus=2, threads=2, available=1.9)["holds_gil"] is False
+    assert gil_verdict(1.8, cpus=1, threads=2)["holds_gil"] is None
+    assert gil_verdict(1.05, cpus=2, threads=2, available=1.1)["holds_gil"] is None  # too busy to tell

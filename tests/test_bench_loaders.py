@@ -28,3 +28,18 @@ def test_smoke_run(tmp_path, capsys, monkeypatch):
     assert report["host_cost"]["uint8_path_ms"] > 0 and report["host_cost"]["cpu_float32_ms"] > 0
     printed = capsys.readouterr().out
     assert "packer/lmdb" in printed and "host-side cost per batch" in printed
+
+
+@pytest.mark.slow
+def test_training_smoke_run(tmp_path, capsys, monkeypatch):
+    """``--training`` with packer's rows only (the peers need the bench venv)."""
+    spec = importlib.util.spec_from_file_location("bench_loaders", REPO / "scripts" / "bench_loaders.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_loaders", mod)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--training", "--cache-dir", str(tmp_path), "--count", "40", "--classes", "2",
+                   "--batch-size", "4", "--steps", "2", "--repeats", "1", "--peers", "none"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    for row in ("packer/lmdb Loader", "packer/lmdb DataLoader", "packer/hdf5 Loader"):
+        assert f"| {row} |" in printed

@@ -219,8 +219,11 @@ def test_rawframes_list_parsing(tmp_path):
     (tmp_path / "b.txt").write_text("some/dir-1 12 163 3\n")
     (info,) = parse_rawframes(tmp_path / "b.txt", with_offset=True)
     assert (info.offset, info.total_frames, info.label) == (12, 163, 3)
-    for bad, match in (("d 10\n", "expected"), ("d 10 1 2\n", "more than one label"), ("d x 1\n", "non-integer"),
-                       ("d 0 1\n", "0 frames")):
+    # mmaction2: a line without a label reads as -1, several labels make a multi-label line
+    (tmp_path / "d.txt").write_text("d 10\r\ne 11 1 2\r\n")
+    assert [(i.total_frames, i.label, i.labels) for i in parse_rawframes(tmp_path / "d.txt")] == [
+        (10, -1, (-1,)), (11, 1, (1, 2))]
+    for bad, match in (("d\n", "expected"), ("d x 1\n", "non-integer"), ("d 0 1\n", "0 frames")):
         (tmp_path / "c.txt").write_text(bad)
         with pytest.raises(CorruptData, match=match):
             parse_rawframes(tmp_path / "c.txt")

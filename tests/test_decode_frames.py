@@ -164,6 +164,33 @@ def test_packed_output_holds_the_same_frames(video_folder, tmp_path, to):
     assert pr.manifest.kind == "videos" and verify_dataset(packed).ok
 
 
+def test_records_frames_carry_video_and_frame_index(tmp_path):
+    """Each frame's ``video/index`` is its video's position in the manifest's videos (a failed
+    video takes none), also across ``--num-shards`` parts merged into one output."""
+    src = write_video_folder(tmp_path / "src", per_class=2, classes=2, frames=4)
+    (src / "class_0" / "clip_0_05_broken.mp4").write_text("not a video")  # sorts between two good ones
+
+    def expected(out: Path) -> list[tuple[int, int]]:
+        videos = open_reader(out).manifest.videos
+        return [(v, f) for v, video in enumerate(videos) for f in range(video["length"])]
+
+    def stored(out: Path) -> list[tuple[int, int]]:
+        r = open_reader(out)
+        return [(r.sample(i).extra["video_index"], r.sample(i).extra["frame_index"]) for i in range(len(r))]
+
+    whole = tmp_path / "whole"
+    assert cli("decode-frames", src, whole, "--to", "records", "--workers", 0, "--max-failures", 1).exit_code == 0
+    assert len(open_reader(whole).manifest.videos) == 4 and stored(whole) == expected(whole)
+    assert {v for v, _ in stored(whole)} == {0, 1, 2, 3}
+    parts = [tmp_path / f"part{k}" for k in range(2)]
+    for k, part in enumerate(parts):
+        assert cli("decode-frames", src, part, "--to", "records", "--workers", 0, "--max-failures", 1,
+                   "--num-shards", 2, "--shard-index", k).exit_code == 0
+    assert stored(parts[1])[0] == (0, 0)  # numbered within its part ...
+    assert cli("merge", *parts, tmp_path / "merged").exit_code == 0
+    assert stored(tmp_path / "merged") == stored(whole)  # ... and renumbered by the merge
+
+
 def test_same_stem_videos_never_overwrite_each_other(tmp_path):
     src = tmp_path / "src"
     write_video(src / "c" / "a.mp4", frames=12)

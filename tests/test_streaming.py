@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader
 
 from conftest import write_image_folder
 from packer import StreamingDataset
-from packer.data.streaming import (epoch_shard_order, epoch_stream, rank_order, shuffle_buffer,
-                                   split_by_rank, split_by_worker)
+from packer.data.mixing import mixing_report
+from packer.data.streaming import (DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_SIZE, block_shuffle, epoch_shard_order,
+                                   epoch_stream, rank_order, shuffle_buffer, split_by_rank, split_by_worker)
 from packer.errors import UsageError
 from packer.formats import open_reader
 from packer.commands.pack_images import pack_images
@@ -224,3 +225,65 @@ def test_two_gloo_ranks_two_workers_each(shards, tmp_path):
     for r in ranks:
         assert r["state"]["epoch"] == 1 and r["state"]["position"] == 6
         assert r["epochs"]["1"][:6] + r["rest"] == r["epochs"]["1"]
+
+
+# -- the block shuffle: mixing across shards ----------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 300), st.integers(1, 64), st.integers(0, 2**32 - 1))
+def test_block_shuffle_permutes_within_blocks_of_bounded_size(n, block, seed):
+    items = np.arange(n, dtype=np.int64) * 3
+    out = block_shuffle(items, block, np.random.default_rng(seed))
+    assert sorted(out.tolist()) == items.tolist()
+    assert out.tolist() == block_shuffle(items, block, np.random.default_rng(seed)).tolist()
+    start = 0  # every element stays inside a block of at most 1.25 x block_size positions
+    hi = max(2, int(1.25 * block))
+    while start < n:
+        for stop in range(start + 1, min(n, start + hi) + 1):
+            if sorted(out[start:stop].tolist()) == items[start:stop].tolist():
+                break
+        else:
+            raise AssertionError(f"no block boundary within {hi} positions of {start}")
+        start = stop
+
+
+def test_default_order_mixes_a_class_sorted_pack():
+    """200 classes x 300 samples, class-sorted, in 3000-sample shards (the issue's case)."""
+    counts = [3000] * 20
+    kw = dict(seed=0, epoch=0, shuffle=True, buffer_size=DEFAULT_BUFFER_SIZE, rank=0, world_size=1, drop_last=False)
+    old = mixing_report(np.array(rank_order(counts, **kw)) // 300, 256)
+    new = mixing_report(np.array(rank_order(counts, block_size=DEFAULT_BLOCK_SIZE, **kw)) // 300, 256)
+    assert old["ratio"] < 0.4  # the shuffle buffer: ~48 classes of the ~145 expected
+    assert new["ratio"] >= 0.95 and abs(new["iid"] - 144.72) < 0.01
+    ds_default = StreamingDataset.__init__.__kwdefaults__
+    assert ds_default["block_size"] == DEFAULT_BLOCK_SIZE
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_small_blocks_resume_exactly_and_split_evenly(shards, workers):
+    ids = ids_of(shards)
+    kw = dict(decode="bytes", seed=4, block_size=6, batch_size=3)
+    per_rank = []
+    for rank in range(2):
+        ds = StreamingDataset(shards, rank=rank, world_size=2, **kw)
+        ds.set_epoch(1)
+        full = ds.order()
+        assert len(full) == len(ds) == 13
+        loader = DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=no_collate)
+        taken = []
+        for step, batch in enumerate(loader):
+            taken += [ids[b] for b, _ in batch]
+            if step == 1:
+                break
+        state = json.loads(json.dumps(ds.state_dict(num_samples=len(taken))))
+        fresh = StreamingDataset(shards, rank=rank, world_size=2, **kw)
+        fresh.load_state_dict(state)
+        rest = [ids[b] for batch in DataLoader(fresh, batch_size=3, num_workers=workers, collate_fn=no_collate)
+                for b, _ in batch]
+        assert taken + rest == full
+        per_rank.append(full)
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(25))
+    with pytest.raises(UsageError, match="block_size"):
+        StreamingDataset(shards, **{**kw, "block_size": 7}).load_state_dict(state)
+    old_state = {k: v for k, v in state.items() if k != "block_size"}
+    with pytest.raises(UsageError, match="predates the block shuffle"):
+        StreamingDataset(shards, **kw).load_state_dict(old_state)

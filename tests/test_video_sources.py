@@ -89,9 +89,15 @@ def test_kinetics_csv_flat_or_class_folders(tmp_path, nested):
 
 def test_kinetics_csv_errors(tmp_path):
     (tmp_path / "v").mkdir()
-    (tmp_path / "k.csv").write_text("youtube_id,time_start,time_end,split\nabc,0,10,test\n")
+    (tmp_path / "k.csv").write_text("label,time_start,time_end,split\na,0,10,test\n")
     with pytest.raises(UsageError, match="Kinetics header"):
         video_items(tmp_path / "v", csv_path=tmp_path / "k.csv")
+    # the test split has no label column: label -1, as mmaction2's list builder gives it
+    (tmp_path / "k.csv").write_text("youtube_id,time_start,time_end,split\nabc,0,10,test\n")
+    items, classes = video_items(tmp_path / "v", csv_path=tmp_path / "k.csv")
+    assert [(it.key, it.label, it.frame_dir) for it in items] == [("abc_000000_000010.mp4", -1,
+                                                                   "abc_000000_000010")]
+    assert classes == []
     (tmp_path / "k.csv").write_text("label,youtube_id,time_start,time_end,split\na,abc,x,10,test\n")
     with pytest.raises(UsageError, match=r"k.csv:2"):
         video_items(tmp_path / "v", csv_path=tmp_path / "k.csv")

@@ -6,7 +6,7 @@ from typing import Any
 import click
 
 from packer.cli.options import (commit_option, finish, image_pack_options, library_call, main,
-                                resize_options, split_paths)
+                                resize_options, split_paths, to_output)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
@@ -15,8 +15,9 @@ def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str 
     from packer.commands.pack_images import pack_images
 
     src, out = split_paths(paths, list_file, root)
-    report = pack_images(src, out, format=format, list_path=list_file, exts=ext, **options)
-    finish(report, options["max_failures"])
+    to_output(out, options.get("resume", False), options.get("overwrite", False),
+              lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext, **options),
+              options["max_failures"])
 
 
 @main.command("to-lmdb")

@@ -64,7 +64,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Split the sorted input into N parts across jobs.")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
-                      help="Continue an interrupted run (a finished output is checked and kept).")(fn)
+                      help="Continue an interrupted run (a finished output is checked and kept; "
+                           "with a URL OUT the upload resumes too).")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
@@ -121,6 +122,42 @@ def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class PathOrUrl(click.ParamType):
+    """An existing local path, or a URL (``s3://``, ``https://``, ...) read through the cache."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        from packer.remote.url import is_url
+
+        if is_url(value):
+            return value
+        return click.Path(exists=True).convert(value, param, ctx)
+
+
+PATH_OR_URL = PathOrUrl()
+
+
+def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int) -> None:
+    """Run ``build(path)`` (a conversion returning a Report) into ``out``; a URL ``out`` is
+    built in a local staging folder and uploaded when finished, the manifest last (see
+    docs/remote.md). Then the summary and exit status, as ``finish``."""
+    from packer.remote.upload import staged_output
+    from packer.remote.url import redact
+
+    staged = staged_output(out, resume=resume, overwrite=overwrite)
+    if not staged.remote:
+        finish(build(out), max_failures)
+        return
+    if staged.complete:
+        click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
+        return
+    with staged.uploading_shards():  # records shards go up as they complete
+        report = build(str(staged.local))
+    click.echo(staged.upload().summary())
+    finish(report, max_failures)
+
+
 def finish(report: Any, max_failures: int) -> None:
     click.echo(report.summary())
     for f in report.failures[:10]:
@@ -137,7 +174,14 @@ def finish(report: Any, max_failures: int) -> None:
 @click.version_option(__version__, prog_name="packer")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
-    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast."""
+    """packer: pre-decode, pre-resize and pack datasets offline, then stream them back fast.
+
+    The OUT of to-lmdb, to-hdf5, to-records, decode-frames and merge may be a URL (s3://,
+    gs://, ...): the output is built in a local staging folder ($PACKER_STAGING_DIR) and
+    uploaded, the manifest last. inspect, verify and merge read URLs (https://, s3://, ...)
+    through a node-local cache ($PACKER_CACHE_DIR). Credentials come from the environment and
+    config files only. See docs/remote.md.
+    """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
@@ -145,6 +189,10 @@ def main(verbose: int) -> None:
 def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Everything an image pack command takes: input, conversion, ``--check`` and resize options."""
     fn = resize_options(fn)
+    fn = click.option("--shuffle", "shuffle", type=click.IntRange(min=0), default=None, metavar="SEED",
+                      help="Store the samples in a permutation of the inputs fixed by SEED (keys still "
+                           "name the sources), so that reading in stored order mixes classes; "
+                           "recorded in the manifest. Default: sorted input order.")(fn)
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)

@@ -6,11 +6,11 @@ import sys
 
 import click
 
-from packer.cli.options import library_call, main
+from packer.cli.options import PATH_OR_URL, library_call, main
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=PATH_OR_URL)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--grid", type=click.Path(dir_okay=False), default=None,
               help="Write a contact sheet PNG of a seeded random sample.")
@@ -18,7 +18,8 @@ from packer.cli.options import library_call, main
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --grid sample.")
 @library_call
 def inspect(path, as_json, grid, show, seed):
-    """Show what a packed dataset holds (format, count, classes, size, samples)."""
+    """Show what a packed dataset holds (format, count, classes, size, samples). PATH may be a
+    URL (s3://, https://, ...): read through the cache ($PACKER_CACHE_DIR, docs/remote.md)."""
     from packer.commands.inspection import inspect_dataset, render_grid
 
     info = inspect_dataset(path, show=show)
@@ -43,11 +44,12 @@ def inspect(path, as_json, grid, show, seed):
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=PATH_OR_URL)
 @click.option("--no-decode", is_flag=True, help="Check structure and checksums only.")
 @library_call
 def verify(path, no_decode):
-    """Read every sample, check checksums and structure; exit 1 on any problem."""
+    """Read every sample, check checksums and structure; exit 1 on any problem. PATH may be a URL
+    (every file is fetched into the cache and checked against its sha256)."""
     from packer.commands.inspection import verify_dataset
 
     result = verify_dataset(path, decode_images=not no_decode)
@@ -85,7 +87,8 @@ def demo(workdir, count, workers):
                    "parts 0..N-1 of one --num-shards run.")
 @library_call
 def merge(paths, overwrite, any_parts):
-    """Combine the parts of a --num-shards conversion into one dataset (same content as one run)."""
+    """Combine the parts of a --num-shards conversion into one dataset (same content as one run).
+    Parts and OUT may be URLs (parts read through the cache; OUT built locally, then uploaded)."""
     from packer.commands.merge import merge_parts
 
     if len(paths) < 2:
@@ -102,7 +105,9 @@ def _bench_help() -> str:
     return ("Is data loading the bottleneck? Times the real DataLoader over PATH for each "
             "--workers value next to the ceiling (the same batches from memory through the same "
             "consumer), gives a verdict per setting, a recommended num_workers, persistent_workers / "
-            "prefetch_factor advice and the memory a device cache needs.\n\n"
+            "prefetch_factor advice and the memory a device cache needs; then packer.Loader's thread "
+            "scaling (a pipeline that holds the GIL: use the DataLoader) and distinct classes per "
+            "batch of the stored and StreamingDataset orders against a truly random batch.\n\n"
             f"JSON fields (--json): {fields}.\n\nEach settings[] entry: {per}.")
 
 
@@ -121,6 +126,12 @@ def _bench_help() -> str:
 @click.option("--steps", type=int, default=30, show_default=True, help="Batches timed per setting.")
 @click.option("--model-ms", type=float, default=0.0, show_default=True,
               help="Simulate a training step of this many ms per batch.")
+@click.option("--transform", default=None, metavar="MODULE:CALLABLE",
+              help="Your transform, applied after the decode (e.g. mypkg.aug:train_transform); "
+                   "its thread scaling says whether it holds the GIL.")
+@click.option("--fidelity", type=int, default=16, show_default=True,
+              help="Samples for the fidelity table (PSNR against a full-decode Lanczos reference and "
+                   "shift, per fast path beside torchvision's pipeline); 0 skips it.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
@@ -131,8 +142,8 @@ def _bench_help() -> str:
 @click.option("--check", type=click.Choice(["full", "header", "none"]), default="header", show_default=True,
               help="With --write: the --check of the packing runs.")
 @library_call
-def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, as_json, plot,
-          write_to, check):
+def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, transform, fidelity,
+          as_json, plot, write_to, check):
     from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
 
     if write_to is not None:
@@ -143,7 +154,8 @@ def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, 
         return
 
     result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
-                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms)
+                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms,
+                       transform=transform, fidelity=fidelity)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_options, finish, library_call, main
+from packer.cli.options import commit_option, conversion_options, library_call, main, to_output
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
 @main.command("decode-frames")
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path())
+@click.argument("out")
 @click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
-              help="mmaction2 video list ('relative/path label' lines, relative to SRC).")
+              help="mmaction2 video list, relative to SRC: 'path label', 'path l1 l2 ...' (multi-label) "
+                   "or 'path' (no label: -1, or its folder's class with --class-index).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
 @click.option("--class-index", type=click.Path(dir_okay=False), default=None,
-              help="UCF-101 classInd.txt ('1 ApplyEyeMakeup' lines) instead of sorted class folders.")
+              help="Class names by label: UCF-101 classInd.txt ('1 ApplyEyeMakeup', 1-based; list labels "
+                   "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt) or "
+                   "the Kinetics training CSV. Default: class folders / CSV labels in mmaction2's order.")
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
@@ -40,6 +43,15 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
               help="Video decoder (auto: OpenCV, falling back to decord; see docs/writing.md).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
+@click.option("--task", type=click.Choice(["rgb", "flow", "both"]), default="rgb", show_default=True,
+              help="RGB frames, optical flow (x/y grey images), or both (mmaction2 build_rawframes --task).")
+@click.option("--flow", "flow", type=click.Choice(["tvl1", "farneback", "dis"]), default="tvl1",
+              show_default=True, help="Flow method between consecutive selected frames (TV-L1 needs "
+              "opencv-contrib; dis is the fast one).")
+@click.option("--bound", type=float, default=20.0, show_default=True,
+              help="Flow quantization bound: clip to [-B, B] pixels, then map onto 0..255.")
+@click.option("--flow-tmpl", default=None, help="Flow file names: direction, then number "
+              "(default {}_{:05d}.EXT).")
 @conversion_options
 @commit_option
 @library_call
@@ -47,5 +59,5 @@ def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
     from packer.commands.decode_frames import decode_frames
 
-    report = decode_frames(src, out, to=to, list_out=list_out, **options)
-    finish(report, options["max_failures"])
+    to_output(out, options.get("resume", False), options.get("overwrite", False),
+              lambda path: decode_frames(src, path, to=to, list_out=list_out, **options), options["max_failures"])

@@ -27,6 +27,18 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   ``DevicePrefetcher.cache`` (fits = bytes <= half the free memory, leaving the rest to the
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
+* ``threads``: ``packer.Loader`` with 1 and N threads over the same samples:
+  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil,
+  advice}`` (``available``: the scaling GIL-free work got at the same moment; ``holds_gil`` null
+  when the machine was too busy to tell)
+  (``holds_gil``: N threads give < 1.3x one thread: use the DataLoader); null if not batchable.
+* ``mixing``: distinct classes per batch, ``{batch_size, iid, stored: {median, p10, ratio},
+  streaming: {...}}`` for the stored order and ``StreamingDataset``'s default order against
+  the exact iid expectation (ratio = median / iid); null for one class.
+* ``fidelity``: per fast decode path and its torchvision pipeline, median PSNR against a
+  full-decode Lanczos reference and the measured shift over ``--fidelity`` samples
+  (``packer.commands.fidelity``; rows ``pipeline, kind, images, psnr_median, psnr_p10,
+  shift_median, shift_max``); empty with ``--fidelity 0``.
 """
 from __future__ import annotations
 
@@ -39,7 +51,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from packer.errors import UsageError
+from packer.errors import PackerError, UsageError
 
 __all__ = ["DECODES", "JSON_FIELDS", "SETTING_FIELDS", "FolderDataset", "make_decode", "run_bench",
            "format_report", "plot_bench", "parse_workers"]
@@ -60,6 +72,10 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
+    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil, "
+               "advice} or null",
+    "mixing": "{batch_size, iid, stored, streaming}: distinct classes per batch vs iid, or null",
+    "fidelity": "[{pipeline, kind, images, psnr_median, psnr_p10, shift_median, shift_max}]",
 }
 SETTING_FIELDS = {
     "num_workers": "DataLoader workers", "samples_per_s": "loader throughput",
@@ -251,7 +267,8 @@ def _verdict(s: dict[str, Any], ceiling: float) -> str:
 class BenchOptions:
     """What ``run_bench`` measures: batches of ``batch_size`` through ``decode`` (with ``resize``
     and ``crop`` for the fast pipelines) for ``steps`` steps per ``workers`` setting, each step
-    followed by ``model_ms`` of simulated model time on ``device``; ``seed`` fixes the order."""
+    followed by ``model_ms`` of simulated model time on ``device``; ``seed`` fixes the order;
+    ``fidelity`` samples for the fidelity table (0: none)."""
 
     batch_size: int = 64
     workers: Sequence[int] = (0, 1, 2)
@@ -262,6 +279,8 @@ class BenchOptions:
     model_ms: float = 0.0
     device: Optional[str] = None
     seed: int = 0
+    transform: Optional[str] = None  # "module:callable" applied after the decode (its GIL use is judged)
+    fidelity: int = 16
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:
@@ -270,6 +289,8 @@ class BenchOptions:
             raise UsageError("--model-ms must be >= 0")
         if not self.workers or any(w < 0 for w in self.workers):
             raise UsageError("--workers must list integers >= 0")
+        if self.fidelity < 0:
+            raise UsageError("--fidelity must be >= 0")
 
 
 def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
@@ -288,6 +309,9 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     if against is not None and not Path(against).is_dir():
         raise UsageError(f"--against {against}: not a folder")
     pipeline = make_decode(decode, resize, crop)
+    from packer.commands.bench_threads import load_transform, order_mixing, thread_scaling
+
+    user_transform = load_transform(o.transform)
 
     import torch
     from tqdm import tqdm
@@ -297,7 +321,7 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     from packer.data.prefetch import resolve_device
 
     dev = resolve_device(device)
-    dataset = PackedDataset(path, decode=pipeline)
+    dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
     folder = FolderDataset(against, pipeline) if against is not None else None
     pin = dev.type == "cuda"
     result: dict[str, Any] = {
@@ -347,9 +371,19 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
                            "fits": free is not None and need <= CACHE_FITS_FRACTION * free, "device": str(dev)}
     else:
         result["cache"] = None
+    try:
+        result["threads"] = thread_scaling(dataset, batch_size=batch_size, batches=min(steps, 8))
+    except PackerError as e:  # e.g. images of different sizes with --decode tensor
+        log.warning("thread scaling not measured: %s", e)
+        result["threads"] = None
+    result["mixing"] = order_mixing(dataset, batch_size=batch_size)
     result["recommended"] = _recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])
     result["verdict"] = f"num_workers={pick['num_workers']}: {pick['verdict']}"
+    from packer.commands.fidelity import dataset_fidelity
+
+    result["fidelity"] = dataset_fidelity(dataset.reader, count=o.fidelity, short_side=resize,
+                                          crop=crop) if o.fidelity else []
     return result
 
 
@@ -374,12 +408,20 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"recommended: num_workers={rec['num_workers']}, persistent_workers={rec['persistent_workers']}"
                  + (f", prefetch_factor={rec['prefetch_factor']}" if rec["prefetch_factor"] else ""))
     lines += [f"  - {reason}" for reason in rec["reasons"]]
+    from packer.commands.bench_threads import format_extras
+
+    lines += format_extras(r)
     c = r["cache"]
     if c:
         free = "unknown" if c["free_bytes"] is None else f"{c['free_bytes'] / 2**30:.2f} GiB free"
         lines.append(f"device cache: {r['count']} x {'x'.join(map(str, c['sample_shape']))} uint8 = "
                      f"{c['bytes'] / 2**30:.2f} GiB; {c['device']} has {free}: "
                      f"{'fits' if c['fits'] else 'does not fit (needs <= half the free memory)'}")
+    if r.get("fidelity"):
+        from packer.commands.fidelity import format_fidelity
+
+        lines += [f"fidelity on {r['fidelity'][0]['images']} samples (reference: full decode + Lanczos "
+                  "from the exact box; shift in output pixels):", format_fidelity(r["fidelity"])]
     return "\n".join(lines)
 
 

@@ -30,14 +30,15 @@ from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
 from packer.conversion.inputs import VideoItem, partition, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
+from packer.codecs.flow import encode_grey, grey
+from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
-__all__ = ["FrameJob", "FrameOptions", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
+__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats",
+           "disk_used"]
 
 log = logging.getLogger(__name__)
 
 FRAME_EXTS = {"jpg": "jpeg", "png": "png"}
-
-
 def output_formats() -> list[str]:
     """What ``--to`` accepts: frame folders, then every packed format in the registry."""
     return [*VIDEO_FORMATS, *sorted(FORMATS)]
@@ -65,6 +66,7 @@ class FrameJob:
     write_into: Optional[str] = None
     filename_tmpl: str = DEFAULT_TEMPLATE
     owner: Optional[int] = None  # the writer's pid: a worker it no longer parents stops writing
+    flow: Optional[FlowOptions] = None  # resolved; None: RGB frames only
 
     def encode(self, frame) -> bytes:
         """One BGR frame -> JPEG/PNG bytes."""
@@ -89,15 +91,36 @@ class FrameJob:
             size = len(self.encode(frame)) * th * tw / (h * w)
         else:
             size = len(self.encode(self.resize(frame) if self.resize is not None else frame))
-        return self.selection.count(info.container_frames, info.fps), float(size)
+        frames = self.selection.count(info.container_frames, info.fps)
+        if self.flow is None:
+            return frames, float(size)
+        # flow images are smooth: a grey frame's size bounds each of x and y from above
+        small = self.resize(frame) if self.resize is not None and th * tw <= h * w else frame
+        flow_size = len(encode_grey(grey(small), self.flow.fmt, self.quality)) * th * tw / (
+            small.shape[0] * small.shape[1])
+        files = 2 * frames + (frames if self.flow.task == "both" else 0)
+        total = 2 * frames * flow_size + (frames * size if self.flow.task == "both" else 0)
+        return files, float(total / max(files, 1))
 
     def __call__(self, item: VideoItem) -> WorkResult:
+        rgb = self.flow is None or self.flow.task == "both"
+        process = self.encode if self.flow is None else FlowProcess(self.flow, self.encode if rgb else None,
+                                                                    self.quality)
         v = read_video(item.path, backend=self.backend, selection=self.selection, resize=self.resize,
-                       process=self.encode, key=item.key, prefer=self.prefer)
-        n = len(v.frames)
+                       process=process, key=item.key, prefer=self.prefer)
+        rgb_data = v.frames if self.flow is None else [value[0] for value in v.frames] if rgb else []
+        flows = (flow_images(item, v.frames, v.height, v.width, self.flow, self.quality)
+                 if self.flow is not None else [])
+        total = len(rgb_data) + len(flows)
         samples = [Sample(f"{item.key}/{self.start_index + j}", data, self.fmt, item.label,
-                          v.height, v.width, 3, {"frame_dir": item.frame_dir, "frame": j, "frames": n})
-                   for j, data in enumerate(v.frames)]
+                          v.height, v.width, 3, {"frame_dir": item.frame_dir, "frame": j, "frames": total})
+                   for j, data in enumerate(rgb_data)]
+        for k, data in enumerate(flows):
+            direction, number = "xy"[k % 2], self.start_index + k // 2
+            samples.append(Sample(f"{item.key}/{direction}/{number}", data, self.flow.fmt, item.label,
+                                  v.height, v.width, 1,
+                                  {"frame_dir": item.frame_dir, "frame": len(rgb_data) + k, "frames": total,
+                                   "file": self.flow.flow_tmpl.format(direction, number)}))
         info = v.info
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(self.selection.output_fps(info.fps), 6), "height": v.height,
@@ -105,6 +128,10 @@ class FrameJob:
                  "container_frames": info.container_frames, "source_fps": round(info.fps, 6),
                  "source_height": info.height, "source_width": info.width,
                  "rotation": info.rotation, "backend": v.backend}
+        if getattr(item, "labels", None):  # a multi-label list line
+            entry["labels"] = list(item.labels)
+        if self.flow is not None:
+            entry.update(rgb_frames=len(rgb_data), flow_frames=len(flows) // 2)
         note = None
         if v.partial:
             note = {"stage": "partial",
@@ -135,7 +162,8 @@ class FrameJob:
         tmp.mkdir(parents=True)
         for j, sample in enumerate(samples):
             self._check_owner()
-            with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
+            name = sample.extra.get("file") or self.filename_tmpl.format(self.start_index + j)  # flow: x/y files
+            with open(tmp / name, "wb") as f:
                 f.write(sample.data)
             sample.prepared = Stored(crc32c(sample.data), len(sample.data))
             sample.data = b""
@@ -257,7 +285,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
 
-    ``options``: ``FrameOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
+    ``options``: ``FrameOptions``, ``InputOptions``, ``RunOptions`` and ``FlowOptions`` (``--task
+    flow|both``: optical flow too, listed in ``rawframes_flow.txt``) objects and/or their
     fields as keywords (``short_side=``, ``csv_path=``, ``workers=``, ``timeout=``, ...); the
     per-video ``timeout`` defaults to 600 s here. ``list_out`` also writes the rawframes list there.
 
@@ -267,7 +296,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``.
     """
     options.setdefault("timeout", 600.0)
-    frames, inputs, run_opts = split_options(options, FrameOptions, InputOptions, RunOptions)
+    frames, inputs, run_opts, flow_opts = split_options(options, FrameOptions, InputOptions, RunOptions,
+                                                        FlowOptions)
+    flow = flow_opts.resolved(frames.ext)
     writer_cls = _writer_for(to)
     if list_out is not None and to not in VIDEO_FORMATS:
         raise UsageError("--list-out applies to frame folders (--to frames) only")
@@ -278,16 +309,20 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     items = partition(items, inputs.num_shards, inputs.shard_index)
     if not items:
         raise UsageError(f"{src}: no input videos found")
-    job = frames.job()
+    job = dataclasses.replace(frames.job(), flow=flow)
     out = Path(out)
     recorded = {"to": to, "src": str(Path(src).resolve()),
                 "list": str(inputs.list_path) if inputs.list_path else None,
                 "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
                 "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
+    if flow is not None:
+        recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
     frame_folders = to in VIDEO_FORMATS
     writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
     if frame_folders:
         writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
+        if flow is not None:
+            writer_options.update(flow_tmpl=flow.flow_tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
     if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
@@ -306,11 +341,22 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                      sample_unit="frames")
     videos = open_reader(out, check_crc=False).manifest.videos
     if list_out is not None:
-        atomic_write_bytes(list_out, rawframes_lines(videos).encode("utf-8"))
+        _write_lists(Path(list_out), videos, flow)
     return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
                         videos=len(videos),
                         partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
                         disk_bytes=disk_used(out), estimate=estimate)
+
+
+def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:
+    """``--list-out``: the RGB list at ``path`` and, with flow, the flow list (mmaction2's
+    ``*_flow`` lists) at ``path`` with ``_flow`` before the suffix (at ``path`` itself for
+    ``--task flow``)."""
+    if flow is None or flow.task == "both":
+        atomic_write_bytes(path, rawframes_lines(videos).encode("utf-8"))
+    if flow is not None:
+        target = path if flow.task == "flow" else path.with_name(f"{path.stem}_flow{path.suffix}")
+        atomic_write_bytes(target, rawframes_lines(videos, modality="Flow").encode("utf-8"))
 
 
 def _estimate(items: list[VideoItem], job: FrameJob, executor, *, per_file: bool) -> Estimate:

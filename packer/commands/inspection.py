@@ -25,6 +25,18 @@ def disk_usage(path: str | os.PathLike) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _stored_bytes(path: str | os.PathLike, reader: Any) -> int:
+    """Bytes on disk; for a URL, what the manifest lists (records shards) or the fetched copy."""
+    from packer.remote.url import is_url
+
+    if not is_url(path):
+        return disk_usage(path)
+    shards = reader.manifest.shards
+    if shards and all("bytes" in s for s in shards):
+        return sum(int(s["bytes"]) for s in shards)
+    return disk_usage(reader.path)
+
+
 def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]:
     """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes."""
     reader = open_reader(path, check_crc=False)
@@ -37,7 +49,7 @@ def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]
                         "format": rec.fmt, "height": rec.height, "width": rec.width,
                         "channels": rec.channels})
     info = {"path": str(path), "format": m.format, "format_version": m.format_version, "kind": m.kind,
-            "count": n, "classes": m.classes, "bytes_on_disk": disk_usage(path), "failures": m.failures,
+            "count": n, "classes": m.classes, "bytes_on_disk": _stored_bytes(path, reader), "failures": m.failures,
             "created_by": m.created_by, "samples": samples}
     if m.videos:
         info["videos"] = len(m.videos)

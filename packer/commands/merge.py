@@ -30,6 +30,7 @@ from packer import formats
 from packer.formats import Reader, open_reader
 from packer.formats.base import Writer, partial_path
 from packer.manifest import created_by
+from packer.remote.url import is_url, redact
 
 __all__ = ["MergeReport", "merge_parts", "part_of", "read_failures", "writer_of"]
 
@@ -99,7 +100,9 @@ def read_failures(reader: Reader) -> list[dict[str, Any]]:
     return records
 
 
-def _open_part(path: Path) -> Reader:
+def _open_part(path: Path | str, remote: Any = None) -> Reader:
+    if is_url(path):  # a remote part: read through the node cache
+        return open_reader(path, remote=remote)
     if path.name.endswith(".partial"):
         raise UsageError(f"{path}: is an unfinished part; rerun its command with --resume, then merge "
                          f"{path.name[:-len('.partial')]}")
@@ -190,7 +193,7 @@ def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
-                any_parts: bool = False) -> MergeReport:
+                any_parts: bool = False, remote: Any = None) -> MergeReport:
     """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
 
     Args:
@@ -199,17 +202,21 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         overwrite: replace an existing packer output at ``out``.
         any_parts: merge any outputs of one format, kind and class list in the order given,
             not only the parts ``0..N-1`` of one ``--num-shards`` run.
+        remote: ``packer.remote.RemoteOptions`` for parts or ``out`` given as URLs (parts are read
+            through the node cache; a URL ``out`` is built in a staging folder, then uploaded).
     Returns:
         a MergeReport.
     """
     start = time.monotonic()
     if not parts:
         raise UsageError("merge needs at least one part")
-    paths = [Path(p) for p in parts]
+    if is_url(out):
+        return _merge_to_url(parts, str(out), overwrite=overwrite, any_parts=any_parts, remote=remote)
+    paths = [p if is_url(p) else Path(p) for p in parts]
     out = Path(out)
     seen: dict[str, Path] = {}
     for p in paths:
-        real = os.path.realpath(p)
+        real = str(p) if is_url(p) else os.path.realpath(p)
         if real in seen:
             raise UsageError(f"{p}: given twice (as {seen[real]} too)")
         seen[real] = p
@@ -218,7 +225,7 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise UsageError(f"{out}: already exists (use --overwrite to replace it)")
     check_output_arg(out, resume=False, overwrite=overwrite)  # never deletes a foreign folder
-    readers = [_open_part(p) for p in paths]
+    readers = [_open_part(p, remote) for p in paths]
     _check_compatible(readers)
     if not any_parts:
         readers = _shard_order(readers)
@@ -243,6 +250,21 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
             r.close()
     return MergeReport(str(out), parts=len(readers), count=manifest.count, failures=manifest.failures,
                        videos=len(manifest.videos), elapsed=time.monotonic() - start)
+
+
+def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bool, any_parts: bool,
+                  remote: Any) -> MergeReport:
+    """Merge into a local staging folder, then upload (a merge is not resumable: stale staging goes)."""
+    from packer.remote.upload import staged_output
+
+    if any(str(p).rstrip("/") == url.rstrip("/") for p in parts):
+        raise UsageError(f"{redact(url)}: is one of the parts; merge into a new path")
+    storage = getattr(remote, "storage_options", None)
+    staged = staged_output(url, overwrite=overwrite, storage_options=storage, fresh=True)
+    report = merge_parts(parts, staged.local, overwrite=True, any_parts=any_parts, remote=remote)
+    staged.upload()
+    report.out = redact(url)
+    return report
 
 
 def _remove_partial(writer_cls: type, out: Path) -> None:

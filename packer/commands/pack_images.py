@@ -17,7 +17,7 @@ from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
-from packer.conversion.inputs import Item, image_items, partition
+from packer.conversion.inputs import Item, image_items, partition, shuffle_items
 
 __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
 
@@ -64,7 +64,8 @@ class ImageJob:
 
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
-                writer_options: dict[str, Any] | None = None, **options: Any) -> Report:
+                writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
+                **options: Any) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
     ``options``: ``InputOptions`` and ``RunOptions`` objects and/or their fields as keywords
@@ -72,6 +73,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     Bad images are skipped and recorded in ``failures.jsonl``; see ``conversion.runner.run``.
     ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
     ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
+    ``shuffle`` (a seed) stores the samples in a seeded permutation of the sorted inputs
+    (``shuffle_items``; keys still name the sources), so that even reading in stored order
+    mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
     Arguments are validated before any work starts.
     """
     inputs, run_opts = split_options(options, InputOptions, RunOptions)
@@ -93,6 +97,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts)
     if not items:
         raise UsageError(f"{src}: no input images found")
+    if shuffle is not None:  # before partition: the parts of a split pack share one permutation
+        items = shuffle_items(items, shuffle)
     items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
     recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
                 "list": str(inputs.list_path) if inputs.list_path else None,
@@ -101,6 +107,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         recorded["resize"] = resize.to_dict()
     if raw:
         recorded["raw"] = True
+    if shuffle is not None:
+        recorded["shuffle"] = int(shuffle)
     writer = writer_cls(out, classes=classes, created_by=created_by(recorded), **writer_options)
     job = ImageJob(check=check, resize=resize, raw=raw)
     if run_opts.workers is not None and run_opts.workers < 0:

@@ -7,18 +7,21 @@ folders are not followed (no loops), and list files may not point outside their 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import logging
 import os
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
+from packer.conversion import lists
 from packer.errors import UsageError
 
 __all__ = ["Item", "DEFAULT_IMAGE_EXTS", "parse_exts", "image_folder", "list_file",
-           "image_items", "image_tree", "partition", "fingerprint", "safe_key", "VideoItem",
+           "image_items", "image_tree", "partition", "shuffle_items", "fingerprint", "safe_key", "VideoItem",
            "DEFAULT_VIDEO_EXTS", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
 
 log = logging.getLogger(__name__)
@@ -175,11 +178,22 @@ def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[
     return list(items[start:end])
 
 
+def shuffle_items(items: Sequence[Item], seed: int) -> list[Item]:
+    """``items`` in a permutation fixed by ``seed`` (Python's ``random.Random(seed).shuffle``:
+    the same on every platform and Python version)."""
+    if int(seed) < 0:
+        raise UsageError(f"--shuffle takes a seed >= 0, not {seed}")
+    out = list(items)
+    random.Random(int(seed)).shuffle(out)
+    return out
+
+
 def fingerprint(items: Sequence[Item]) -> str:
     """A hash of the input list (keys and labels), to refuse resuming on a changed input."""
     h = hashlib.sha256()
     for it in items:
-        h.update(f"{it.key}\0{it.label}\n".encode("utf-8", "surrogateescape"))
+        labels = getattr(it, "labels", ())
+        h.update(f"{it.key}\0{it.label}{labels if labels else ''}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -189,6 +203,7 @@ class VideoItem(Item):
     """A video input plus its frame folder, relative to the output (``{class}/{video}``)."""
 
     frame_dir: str = ""
+    labels: tuple[int, ...] = ()  # every label of a multi-label list line (label is the first)
 
 
 _SPACE = re.compile(r"\s+")
@@ -234,52 +249,45 @@ def _with_frame_dirs(entries: Sequence[tuple[str, str, int, str]], where: str) -
 
 
 def read_class_index(path: str | os.PathLike) -> list[str]:
-    """UCF-101's ``classInd.txt`` (``1 ApplyEyeMakeup`` lines, 1-based) -> class names by label."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: class index file does not exist")
-    found: dict[int, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            parts = line.split(None, 1)
-            if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) < 1:
-                raise UsageError(f"{path}:{lineno}: expected 'INDEX NAME' (1-based), got {line.strip()!r}")
-            index, name = int(parts[0]) - 1, parts[1].strip()
-            if index in found or name in found.values():
-                raise UsageError(f"{path}:{lineno}: {line.strip()!r} repeats an index or a name")
-            found[index] = name
-    if sorted(found) != list(range(len(found))):
-        raise UsageError(f"{path}: indices must run 1..{len(found)} without gaps")
-    return [found[i] for i in range(len(found))]
+    """Class names by label from ``classInd.txt`` (``1 ApplyEyeMakeup`` lines), a label map (one
+    name per line) or a Kinetics training CSV (see ``packer.conversion.lists``)."""
+    return lists.read_class_index(path).classes
 
 
-def _labels(names: Iterable[str], class_index: str | os.PathLike | None, where: str) -> list[str]:
-    if class_index is None:
-        return sorted(set(names))
-    classes = read_class_index(class_index)
-    missing = sorted(set(names) - set(classes))
-    if missing:
-        raise UsageError(f"{where}: classes not in {class_index}: {', '.join(missing[:5])}"
-                         + (" ..." if len(missing) > 5 else ""))
-    return classes
+def _index(class_index: str | os.PathLike | None) -> Optional[lists.ClassIndex]:
+    return lists.read_class_index(class_index) if class_index is not None else None
 
 
 def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
                  class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
-    """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the
-    sorted class folders, or from ``class_index`` (UCF-101's ``classInd.txt``)."""
+    """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the class
+    folders in mmaction2's order (sorted with spaces as ``_``), or from ``class_index``
+    (``classInd.txt`` or a label map). A flat folder of videos (mmaction2's ``--level 1``)
+    gives label -1 and no classes."""
     root = Path(root)
-    names = _class_folders(root, "ROOT/<class>/<video>, or --csv/--list")
-    classes = _labels(names, class_index, str(root))
+    if not root.is_dir():
+        raise UsageError(f"{root}: input folder does not exist")
+    names = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    loose = sorted(f.name for f in root.iterdir()
+                   if f.is_file() and not f.name.startswith(".") and _has_ext(f.name, exts))
+    if not names and not loose:
+        raise UsageError(f"{root}: no class folders and no videos (expected ROOT/<class>/<video>, "
+                         "ROOT/<video>, or --csv/--list)")
+    if not names:
+        log.warning("%s: no class folders: %d videos packed with label -1 (unlabelled)", root, len(loose))
+        entries = [(safe_key(name, str(root)), str(root / name), -1, "") for name in loose]
+        return _with_frame_dirs(entries, str(root)), []
+    if loose:
+        log.warning("%s: %d videos beside the class folders are not in any class and are skipped "
+                    "(e.g. %s)", root, len(loose), loose[0])
+    classes, label_of = lists.labels_of(names, _index(class_index), str(root), class_index)
     entries = []
     for cls in names:
         for rel in sorted(_walk_files(root / cls)):
             if _has_ext(rel, exts):
                 key = safe_key(f"{cls}/{rel}", str(root))
                 folder = "/".join(_dir_part(p) for p in key.split("/")[:-1])
-                entries.append((key, str(root / cls / rel), classes.index(cls), folder))
+                entries.append((key, str(root / cls / rel), label_of[cls], folder))
     entries.sort(key=lambda e: (e[2], e[0]))
     return _with_frame_dirs(entries, str(root)), classes
 
@@ -291,8 +299,11 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
     videos below ``root`` (flat or in class folders), named as the Kinetics downloader writes
     them (``{youtube_id}_{start:06d}_{end:06d}.mp4``) or plainly ``{youtube_id}.mp4``.
 
-    A row whose video is not found stays an item (its decode fails as ``file not found``,
-    so missing downloads are counted in ``failures.jsonl``, not silently dropped).
+    Classes come from ``class_index`` (a label map, ``classInd.txt`` or the training CSV), or
+    from this CSV when it is a training CSV (in mmaction2's order); a validation or test CSV
+    alone is refused (it may miss classes, shifting every label). A CSV without a ``label``
+    column (the test split) gives label -1. A row whose video is not found stays an item (its
+    decode fails as ``file not found``, so missing downloads are counted in ``failures.jsonl``).
     """
     csv_path, root = Path(csv_path), Path(root)
     if not csv_path.is_file():
@@ -303,23 +314,35 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
     for rel in sorted(_walk_files(root)):
         if _has_ext(rel, exts):
             by_stem.setdefault(Path(rel).stem, rel)
-    with open(csv_path, newline="", encoding="utf-8") as f:
+    with open(csv_path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
-        need = {"label", "youtube_id", "time_start", "time_end"}
-        if reader.fieldnames is None or not need <= {n.strip() for n in reader.fieldnames}:
+        need = {"youtube_id", "time_start", "time_end"}
+        fields = {n.strip() for n in reader.fieldnames or []}
+        if not need <= fields:
             raise UsageError(f"{csv_path}: expected the Kinetics header "
                              f"'label,youtube_id,time_start,time_end,split', got {reader.fieldnames}")
-        rows = []
+        labelled = "label" in fields
+        rows, splits = [], set()
         for lineno, row in enumerate(reader, 2):
             row = {k.strip(): (v or "").strip() for k, v in row.items() if k}
             try:
                 start, end = int(float(row["time_start"])), int(float(row["time_end"]))
             except ValueError:
                 raise UsageError(f"{csv_path}:{lineno}: time_start/time_end are not numbers") from None
-            if not row["youtube_id"] or not row["label"]:
+            if not row["youtube_id"] or (labelled and not row["label"]):
                 raise UsageError(f"{csv_path}:{lineno}: empty label or youtube_id")
-            rows.append((row["label"], row["youtube_id"], start, end))
-    classes = _labels((r[0] for r in rows), class_index, str(csv_path))
+            splits.add(row.get("split", "").lower())
+            rows.append((row["label"] if labelled else None, row["youtube_id"], start, end))
+    index = _index(class_index)
+    if labelled and index is None and splits - {"train", ""}:
+        raise UsageError(f"{csv_path}: a {'/'.join(sorted(splits - {'train', ''}))} CSV may miss classes, "
+                         "which would shift every label: give the classes with --class-index "
+                         "(mmaction2's label_map_k400.txt, or the training CSV)")
+    if labelled:
+        classes, label_of = lists.labels_of((r[0] for r in rows), index, str(csv_path), class_index)
+    else:
+        log.warning("%s: no label column: every video gets label -1", csv_path)
+        classes, label_of = (index.classes if index is not None else []), {}
     entries, seen = [], set()
     for label, yid, start, end in rows:
         clip = f"{yid}_{start:06d}_{end:06d}"
@@ -329,18 +352,56 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
             log.warning("%s: %s is listed more than once; kept the first", csv_path, key)
             continue
         seen.add(key)
-        entries.append((key, str(root / rel), classes.index(label), _dir_part(label)))
+        entries.append((key, str(root / rel), label_of.get(label, -1), _dir_part(label) if label else ""))
     entries.sort(key=lambda e: (e[2], e[0]))
     return _with_frame_dirs(entries, str(csv_path)), classes
 
 
 def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
-               exts: Sequence[str] | None = None) -> tuple[list[VideoItem], list[str]]:
-    """An mmaction2 video list (``path label`` lines, paths relative to ``root``); order kept."""
-    items, classes = list_file(list_path, root, exts)
-    entries = [(it.key, it.path, it.label, "/".join(_dir_part(p) for p in it.key.split("/")[:-1]))
-               for it in items]
-    return _with_frame_dirs(entries, str(list_path)), classes
+               exts: Sequence[str] | None = None, *,
+               class_index: str | os.PathLike | None = None) -> tuple[list[VideoItem], list[str]]:
+    """An mmaction2 video list (paths relative to ``root``; order kept): ``path label``,
+    ``path l1 l2 ...`` (multi-label) or ``path`` (no label: -1, or with ``class_index`` the
+    class of its folder, as UCF-101's ``testlist01.txt``). With ``class_index`` the labels are
+    in its numbering (``classInd.txt``: 1-based, as UCF-101's ``trainlist01.txt``) and become
+    0-based; a label that disagrees with the line's class folder is refused."""
+    list_path = Path(list_path)
+    if not list_path.is_file():
+        raise UsageError(f"{list_path}: list file does not exist")
+    if not Path(root).is_dir():
+        raise UsageError(f"{root}: root folder does not exist")
+    index = _index(class_index)
+    entries, labels_by_key, seen, skipped = [], {}, set(), 0
+    for lineno, line in enumerate(lists.read_lines(list_path, "list file"), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{list_path}:{lineno}"
+        parsed = lists.parse_list_line(line, where)
+        key = safe_key(parsed.path, where)
+        if exts is not None and not _has_ext(key, exts):
+            skipped += 1
+            continue
+        if key in seen:
+            raise UsageError(f"{where}: {key!r} is listed twice")
+        seen.add(key)
+        labels = lists.line_labels(parsed.labels, key, index, where)
+        if len(labels) > 1:
+            labels_by_key[key] = labels
+        entries.append((key, str(Path(root) / key), labels[0],
+                        "/".join(_dir_part(p) for p in key.split("/")[:-1])))
+    if skipped:
+        log.warning("%s: %d lines skipped (extension not in --video-exts)", list_path, skipped)
+    if index is not None:
+        classes = index.classes
+    else:
+        if entries and min(e[2] for e in entries) == 1:
+            log.warning("%s: labels start at 1; if they are 1-based (UCF-101's trainlist), pass "
+                        "--class-index classInd.txt, or every label is one too high", list_path)
+        n = max((x for e in entries for x in labels_by_key.get(e[0], (e[2],))), default=-1) + 1
+        classes = [str(i) for i in range(n)]
+    items = _with_frame_dirs(entries, str(list_path))
+    return [dataclasses.replace(it, labels=labels_by_key[it.key]) if it.key in labels_by_key else it
+            for it in items], classes
 
 
 def video_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None = None,
@@ -353,9 +414,7 @@ def video_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None =
     if list_path is not None and csv_path is not None:
         raise UsageError("--list and --csv exclude each other")
     if list_path is not None:
-        if class_index is not None:
-            raise UsageError("--class-index applies to class folders and --csv, not --list")
-        return video_list(list_path, src, exts)
+        return video_list(list_path, src, exts, class_index=class_index)
     if csv_path is not None:
         return kinetics_csv(csv_path, src, exts, class_index=class_index)
     return video_folder(src, exts, class_index=class_index)

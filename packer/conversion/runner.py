@@ -183,6 +183,8 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
         result = _as_result(outcome.value)
         first = writer.count
         for sample in result.samples:
+            if result.entry is not None:  # a video's frames: its position in the manifest's videos
+                sample.extra["video_index"] = len(st.entries)
             writer.add(sample)
         if result.entry is not None:
             st.entries.append({**result.entry, "start": first, "length": writer.count - first, "index": index})

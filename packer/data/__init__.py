@@ -1,12 +1,15 @@
 """Training side: datasets over packed outputs. Never imports the conversion side."""
 from packer.data.cache import DeviceCache
+from packer.data.crops import DecodeRandomResizedCrop, PilRandomResizedCrop
 from packer.data.datasets import PackedDataset
+from packer.data.loader import Loader, LoaderError
 from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD
 from packer.data.prefetch import DevicePrefetcher, uint8_collate
 from packer.data.streaming import StreamingDataset
 from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
 from packer.data.video_datasets import FrameDataset, PackedVideoDataset
 
-__all__ = ["PackedDataset", "StreamingDataset", "FrameDataset", "PackedVideoDataset", "DevicePrefetcher",
-           "DeviceCache", "uint8_collate", "DecodeResizeCrop", "PilResizeCrop", "IMAGENET_MEAN",
+__all__ = ["PackedDataset", "Loader", "LoaderError", "StreamingDataset", "FrameDataset", "PackedVideoDataset",
+           "DevicePrefetcher", "DeviceCache", "uint8_collate", "DecodeResizeCrop", "PilResizeCrop",
+           "DecodeRandomResizedCrop", "PilRandomResizedCrop", "IMAGENET_MEAN",
            "IMAGENET_STD"]

@@ -114,8 +114,9 @@ class ClipSampling:
         if self.out_of_bound_opt not in OUT_OF_BOUND:
             raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}")
 
-    def indices(self, total_frames: int, rng: RNG, *, start_index: int = 0,
+    def indices(self, total_frames: int, rng: RNG, *, start_index: int = 0, fps: Optional[float] = None,
                 clip_len: Optional[int] = None, frame_interval: Optional[int] = None) -> np.ndarray:
+        """``sample_frames`` with these options (``fps`` is for samplers that use it)."""
         return sample_frames(total_frames, clip_len=clip_len or self.clip_len,
                              frame_interval=frame_interval or self.frame_interval,
                              num_clips=self.num_clips, test_mode=self.test_mode,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -65,14 +65,27 @@ class PackedDataset(torch.utils.data.Dataset):
         transform: applied to the decoded image.
         target_transform: applied to the label.
         check_crc: verify each sample's CRC32C on read.
+        cache_dir, cache_limit: for a URL ``path`` (``s3://``, ``https://``, ...): the node
+            cache folder and its size limit (bytes or ``"50GB"``); see docs/remote.md.
+        remote: the other URL options (``packer.remote.RemoteOptions``: storage options,
+            prefetch, access, retries); ``cache_dir``/``cache_limit`` given here win.
     """
 
     def __init__(self, path: str | os.PathLike, *, decode: str | Callable[[Any], Any] = "pil",
                  transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[int], Any] | None = None, check_crc: bool = True):
+                 target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 remote: Any = None):
         if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
-        self.reader: Reader = open_reader(path, check_crc=check_crc)
+        if cache_dir is not None or cache_limit is not None or remote is not None:
+            from packer.remote import RemoteOptions
+            from dataclasses import replace
+
+            remote = remote or RemoteOptions()
+            remote = replace(remote, cache_dir=cache_dir if cache_dir is not None else remote.cache_dir,
+                             cache_limit=cache_limit if cache_limit is not None else remote.cache_limit)
+        self.reader: Reader = open_reader(path, check_crc=check_crc, remote=remote)
         self.path = str(path)
         self.decode = decode
         self.transform = transform
@@ -97,7 +110,20 @@ class PackedDataset(torch.utils.data.Dataset):
         return self.reader.manifest
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        rec = self.reader.read(index)
+        return self._sample(index, self.reader.read(index))
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
+        """Several samples with one batched read where the format has one (the DataLoader calls
+        this with a batch's indices)."""
+        return list(self.iter_items(indices))
+
+    def iter_items(self, indices: Sequence[int]) -> Iterator[tuple[Any, Any]]:
+        """``__getitems__`` lazily: each sample is decoded right after its read (while its bytes
+        are in the CPU cache) and can be consumed before the next is read (``packer.Loader``)."""
+        for i, rec in zip(indices, self.reader.read_many(indices)):
+            yield self._sample(i, rec)
+
+    def _sample(self, index: int, rec: Record) -> tuple[Any, Any]:
         if callable(self.decode):
             image = self._decode_with(self.decode, rec, index)
         elif rec.fmt == "raw":

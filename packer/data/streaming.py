@@ -7,11 +7,20 @@ pieces that each do one thing:
 ``epoch_stream``       the shards' sample positions concatenated in that order
 ``split_by_rank``      this rank's contiguous slice of the stream, padded (by repeating the
                        stream's start) or cut so that every rank gets the same count
-``shuffle_buffer``     a seeded sample shuffle buffer over the rank's slice
+``block_shuffle``      the default sample shuffle: the rank's slice cut into blocks of a
+                       random size in [0.75, 1.25) x ``block_size`` samples, each block
+                       permuted (MosaicML Streaming's py1br idea): a block spans several
+                       shards, so batches mix classes even when each shard holds few
+``shuffle_buffer``     the older streaming buffer (``block_size=None``): only mixes within
+                       a window of ``buffer_size`` samples, i.e. within one or two shards
 ``split_by_worker``    this DataLoader worker's batches of what remains
 
-The buffer shuffles sample *positions*; records are then read through the shard indexes (a
-window of ``buffer_size`` records around the current stream position, so reads stay local).
+Both shuffle sample *positions*; records are then read through the shard indexes. The
+locality cost of the block shuffle: inside a block, reads jump at random between the block's
+shards (``block_size / samples per shard`` of them, all mapped at once) instead of walking
+one shard front to back; on local disks with the data in the page cache this costs nothing
+measurable (``scripts/bench_loader.py``), on cold storage it means random reads across that
+many files: lower ``block_size`` there, or shuffle once at pack time (``--shuffle SEED``).
 Because the order is computed, not replayed, ``state_dict()`` is just the epoch and how many
 samples of this rank's order were consumed, and ``load_state_dict()`` continues with exactly
 the remaining order, whatever the number of DataLoader workers.
@@ -32,11 +41,13 @@ from packer.errors import UsageError
 from packer.data.datasets import PackedDataset
 
 __all__ = ["StreamingDataset", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
-           "split_by_worker", "rank_order", "resolve_rank", "DEFAULT_BUFFER_SIZE"]
+           "split_by_worker", "rank_order", "resolve_rank", "block_shuffle", "DEFAULT_BUFFER_SIZE",
+           "DEFAULT_BLOCK_SIZE"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_SIZE = 4096
+DEFAULT_BLOCK_SIZE = 1 << 18  # samples per shuffle block (MosaicML Streaming's default too)
 T = TypeVar("T")
 
 
@@ -87,6 +98,19 @@ def shuffle_buffer(items: Iterable[T], size: int, rng: random.Random) -> Iterato
     yield from buf
 
 
+def block_shuffle(items: np.ndarray, block_size: int, rng: np.random.Generator) -> np.ndarray:
+    """``items`` cut into consecutive blocks of ``[0.75, 1.25) x block_size`` (random, so block
+    edges move between epochs), each block permuted; a new array."""
+    out = np.array(items, dtype=np.int64, copy=True)
+    lo, hi = max(1, int(0.75 * block_size)), max(2, int(1.25 * block_size))
+    start = 0
+    while start < len(out):
+        stop = min(len(out), start + int(rng.integers(lo, hi)))
+        rng.shuffle(out[start:stop])
+        start = stop
+    return out
+
+
 def split_by_worker(items: Iterable[T], worker: int, num_workers: int, batch_size: int = 1) -> Iterator[T]:
     """Worker ``worker``'s share: batches ``worker, worker + num_workers, ...`` of ``items``.
 
@@ -99,13 +123,25 @@ def split_by_worker(items: Iterable[T], worker: int, num_workers: int, batch_siz
 
 
 def rank_order(counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool, buffer_size: int,
-               rank: int, world_size: int, drop_last: bool) -> list[int]:
-    """The whole order of sample positions rank ``rank`` reads in ``epoch``."""
+               rank: int, world_size: int, drop_last: bool, block_size: int | None = None) -> list[int]:
+    """The whole order of sample positions rank ``rank`` reads in ``epoch``: shards in a seeded
+    order, this rank's slice, then a block shuffle (``block_size``) or else a shuffle buffer."""
+    return rank_order_array(counts, seed=seed, epoch=epoch, shuffle=shuffle, buffer_size=buffer_size,
+                            rank=rank, world_size=world_size, drop_last=drop_last,
+                            block_size=block_size).tolist()
+
+
+def rank_order_array(counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool, buffer_size: int,
+                     rank: int, world_size: int, drop_last: bool, block_size: int | None = None) -> np.ndarray:
+    """``rank_order`` as an int64 array (8 bytes a sample)."""
     order = epoch_shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
-    mine = split_by_rank(epoch_stream(counts, order), rank=rank, world_size=world_size,
-                         drop_last=drop_last).tolist()
+    mine = split_by_rank(epoch_stream(counts, order), rank=rank, world_size=world_size, drop_last=drop_last)
+    if shuffle and block_size is not None and block_size > 1:
+        sq = np.random.SeedSequence([seed, epoch, 2, rank])
+        return block_shuffle(mine, block_size, np.random.default_rng(sq))
     if shuffle and buffer_size > 1:
-        mine = list(shuffle_buffer(mine, buffer_size, _rng(seed, epoch, 1, rank)))
+        return np.fromiter(shuffle_buffer(mine.tolist(), buffer_size, _rng(seed, epoch, 1, rank)),
+                           dtype=np.int64, count=len(mine))
     return mine
 
 
@@ -134,30 +170,40 @@ class StreamingDataset(IterableDataset):
 
     Args:
         path: the packed output (or a list of TFRecord files with ``.idx`` indexes).
-        shuffle: shuffle shard order per epoch and samples through a buffer.
+        shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
-        buffer_size: the sample shuffle buffer's size (positions, 8 bytes each).
+        block_size: samples per shuffle block (sizes vary +-25% per block); a block spans
+            ``block_size / samples per shard`` shards, read interleaved (see the module doc for
+            the I/O locality cost). ``None``: the older shuffle buffer instead.
+        buffer_size: the shuffle buffer's size when ``block_size=None`` (positions, 8 bytes each).
         drop_last: drop the uneven tail instead of padding each rank by repetition.
         batch_size: the DataLoader's batch size; with it the loader's output is exactly this
             rank's order (what makes a resume exact with several workers).
         decode, transform, target_transform, check_crc: as ``PackedDataset``.
         rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
+        cache_dir, cache_limit, remote: for a URL ``path``, as ``PackedDataset``; each worker
+            prefetches the next shards of its own order (``remote.prefetch`` of them).
     """
 
     def __init__(self, path: Any, *, shuffle: bool = True, seed: int = 0,
-                 buffer_size: int = DEFAULT_BUFFER_SIZE, drop_last: bool = False, batch_size: int = 1,
+                 buffer_size: int = DEFAULT_BUFFER_SIZE, block_size: int | None = DEFAULT_BLOCK_SIZE,
+                 drop_last: bool = False, batch_size: int = 1,
                  decode: str = "pil", transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
-                 rank: int | None = None, world_size: int | None = None):
-        if buffer_size < 1 or batch_size < 1:
-            raise UsageError("buffer_size and batch_size must be >= 1")
+                 rank: int | None = None, world_size: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 remote: Any = None):
+        if buffer_size < 1 or batch_size < 1 or (block_size is not None and block_size < 1):
+            raise UsageError("buffer_size, block_size and batch_size must be >= 1")
         self.dataset = PackedDataset(path, decode=decode, transform=transform,
-                                     target_transform=target_transform, check_crc=check_crc)
+                                     target_transform=target_transform, check_crc=check_crc,
+                                     cache_dir=cache_dir, cache_limit=cache_limit, remote=remote)
         reader = self.dataset.reader
         self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
         self.shuffle = shuffle
         self.seed = int(seed)
         self.buffer_size = buffer_size
+        self.block_size = block_size
         self.drop_last = drop_last
         self.batch_size = batch_size
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -186,19 +232,27 @@ class StreamingDataset(IterableDataset):
 
     def order(self, epoch: int | None = None) -> list[int]:
         """This rank's sample positions for ``epoch`` (default: the current one), in order."""
-        return rank_order(self.counts, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                          shuffle=self.shuffle, buffer_size=self.buffer_size, rank=self.rank,
-                          world_size=self.world_size, drop_last=self.drop_last)
+        return self._order(epoch).tolist()
+
+    def _order(self, epoch: int | None = None) -> np.ndarray:
+        return rank_order_array(self.counts, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                                shuffle=self.shuffle, buffer_size=self.buffer_size, rank=self.rank,
+                                world_size=self.world_size, drop_last=self.drop_last,
+                                block_size=self.block_size)
 
     def __iter__(self) -> Iterator[Any]:
         epoch, skip = int(self._shared[0]), int(self._shared[1])
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        todo = self.order(epoch)[skip:]
+        todo = self._order(epoch)[skip:]
         self._position = skip
-        for i in split_by_worker(todo, worker, workers, self.batch_size):
+        mine = list(split_by_worker(todo, worker, workers, self.batch_size))
+        plan = getattr(self.dataset.reader, "plan", None)  # remote shards: prefetch in this order
+        if plan is not None:
+            plan(mine)
+        for i in mine:
             self._position += 1
-            yield self.dataset[i]
+            yield self.dataset[int(i)]
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
         """Where this rank is in the epoch.
@@ -210,12 +264,15 @@ class StreamingDataset(IterableDataset):
         """
         position = self._position if num_samples is None else int(self._shared[1]) + int(num_samples)
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
-                "buffer_size": self.buffer_size, "drop_last": self.drop_last,
+                "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
                 "world_size": self.world_size, "count": sum(self.counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch's order."""
-        for k in ("seed", "shuffle", "buffer_size", "drop_last", "world_size", "count"):
+        if "block_size" not in state and self.shuffle and self.block_size is not None:
+            raise UsageError("cannot resume: the state predates the block shuffle (it has no block_size); "
+                             "build the dataset with block_size=None to continue its buffer-shuffled order")
+        for k in ("seed", "shuffle", "buffer_size", "block_size", "drop_last", "world_size", "count"):
             mine = getattr(self, k) if k != "count" else sum(self.counts)
             if k in state and state[k] != mine:
                 raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this dataset {mine!r}")

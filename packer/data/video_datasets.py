@@ -5,10 +5,18 @@
 decode only the chosen frames and return ``(clip, label)`` with ``clip`` a uint8 tensor
 ``T x C x H x W`` (or ``C x T x H x W``), and accept ``ClipRequest`` keys from a multigrid
 batch sampler (per-sample ``num_frames``/``frame_interval``/``crop_size``).
+
+``sampling=`` takes a ``ClipSampling`` (mmaction2 ``SampleFrames`` options) or any sampler of
+``packer.data.samplers`` (``SampleFrames(target_fps=...)``, ``DenseSampleFrames``,
+``UntrimmedSampleFrames``); its fields may also be given as keywords. ``modality="Flow"`` reads optical flow (``decode-frames
+--task flow|both``) as ``(T, 2, H, W)`` uint8 clips (x, y), as mmaction2's ``RawFrameDecode``
+stacks them; ``multi_class=True`` returns mmaction2's multi-hot target (float32, ``num_classes``)
+for multi-label videos. A video without a label (a label-less list line) has label -1.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,25 +31,41 @@ from packer.codecs.image import decode
 from packer.data.clips import (LAYOUTS, RNG, ClipSampling, assemble_clip, random_resized_crop_box,
                                sample_frames)
 from packer.data.requests import ClipRequest, split_request
+from packer.codecs.flow import decode_grey
+from packer.formats.frames import video_streams
 
 __all__ = ["sample_frames", "ClipSampling", "FrameDataset", "PackedVideoDataset", "parse_rawframes",
-           "RawframeInfo", "random_resized_crop_box", "assemble_clip", "LAYOUTS"]
+           "RawframeInfo", "random_resized_crop_box", "assemble_clip", "LAYOUTS", "MODALITIES"]
+
+MODALITIES = ("RGB", "Flow")
 
 # -- the shared dataset part ------------------------------------------------------------------
 class _ClipDataset(torch.utils.data.Dataset):
     """What both video datasets share: sampling, the per-sample RNG, crops, layout, transform."""
 
-    def __init__(self, sampling: Optional[ClipSampling], sampling_fields: dict[str, Any], *, layout: str,
+    def __init__(self, sampling: Any, sampling_fields: dict[str, Any], *, layout: str,
                  crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
-                 seed: Optional[int]):
+                 seed: Optional[int], modality: str = "RGB", multi_class: bool = False,
+                 num_classes: Optional[int] = None):
+        if modality not in MODALITIES:
+            raise UsageError(f"modality must be one of {MODALITIES}, not {modality!r}")
+        if multi_class and (num_classes is None or num_classes < 1):
+            raise UsageError("multi_class=True needs num_classes (as mmaction2)")
+        self.modality = modality
+        self.multi_class = multi_class
+        self.num_classes = num_classes
         if layout not in LAYOUTS:
             raise UsageError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         if crop_size is not None and crop_size < 1:
             raise UsageError(f"crop_size must be >= 1, not {crop_size}")
+        if sampling is not None and not callable(getattr(sampling, "indices", None)):
+            raise UsageError(f"sampling must be a ClipSampling or a packer.data.samplers sampler, not {sampling!r}")
         try:
             self.sampling = dataclasses.replace(sampling or ClipSampling(), **sampling_fields)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        except TypeError as e:  # a field this sampler does not have
+            raise UsageError(f"{type(sampling or ClipSampling()).__name__}: {e}") from None
         self.layout = layout
         self.crop_size = crop_size
         self.transform = transform
@@ -60,9 +84,28 @@ class _ClipDataset(torch.utils.data.Dataset):
         state = np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]
         return np.random.RandomState(int(state))
 
-    def _video(self, index: int) -> tuple[int, int]:
-        """(total frames, label) of video ``index``."""
+    def _video(self, index: int) -> tuple[int, Any]:
+        """(total frames, label or tuple of labels) of video ``index``."""
         raise NotImplementedError
+
+    def _fps(self, index: int) -> Optional[float]:
+        """The frame rate of video ``index`` when known (``SampleFrames(target_fps=...)``)."""
+        return None
+
+    def _target(self, label: Any) -> Any:
+        """The label as returned: an int, or mmaction2's multi-hot float32 vector."""
+        labels = label if isinstance(label, tuple) else (label,)
+        if not self.multi_class:
+            if len(labels) != 1:
+                raise UsageError(f"a video has {len(labels)} labels: pass multi_class=True, num_classes=N")
+            return labels[0]
+        target = torch.zeros(self.num_classes)
+        for x in labels:
+            if x >= self.num_classes:
+                raise UsageError(f"label {x} is not below num_classes={self.num_classes}")
+            if x >= 0:  # -1: no label (mmaction2 would set the last class here)
+                target[x] = 1.0
+        return target
 
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         """Decoded RGB frames (HxWx3 uint8) of video ``index`` for each distinct index."""
@@ -85,7 +128,7 @@ class _ClipDataset(torch.utils.data.Dataset):
 
     def _indices(self, req: ClipRequest, rng: RNG) -> np.ndarray:
         total, _ = self._video(req.index)
-        return self.sampling.indices(total, rng, start_index=self._start_index,
+        return self.sampling.indices(total, rng, start_index=self._start_index, fps=self._fps(req.index),
                                      clip_len=req.num_frames, frame_interval=req.frame_interval)
 
     def __getitem__(self, key: Union[int, ClipRequest]) -> tuple[Any, int]:
@@ -105,7 +148,7 @@ class _ClipDataset(torch.utils.data.Dataset):
         _, label = self._video(index)
         if self.transform is not None:
             clip = self.transform(clip)
-        return clip, label
+        return clip, self._target(label)
 
     def _where(self, index: int) -> str:
         return f"video {index}"
@@ -114,17 +157,20 @@ class _ClipDataset(torch.utils.data.Dataset):
 # -- rawframe folders -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RawframeInfo:
-    """One line of an mmaction2 rawframes list."""
+    """One line of an mmaction2 rawframes list (``label`` -1 for a label-less line; ``labels``
+    holds every label of a multi-label line)."""
 
     frame_dir: str
     total_frames: int
     label: int
     offset: int = 0
+    labels: tuple[int, ...] = ()
 
 
 def parse_rawframes(list_file: str | os.PathLike, *, with_offset: bool = False) -> list[RawframeInfo]:
     """Parse an mmaction2 rawframes list as ``RawframeDataset.load_data_list`` does: each line
-    split on whitespace into ``frame_dir [offset] total_frames label`` (blank lines skipped)."""
+    split on whitespace into ``frame_dir [offset] total_frames [label ...]`` (blank lines
+    skipped; no label reads as -1, several as a multi-label line)."""
     list_file = Path(list_file)
     try:
         lines = list_file.read_text(encoding="utf-8").splitlines()
@@ -135,23 +181,29 @@ def parse_rawframes(list_file: str | os.PathLike, *, with_offset: bool = False) 
         parts = line.strip().split()
         if not parts:
             continue
-        want = 4 if with_offset else 3
+        want = 3 if with_offset else 2
         where = f"{list_file}:{lineno}"
         if len(parts) < want:
             raise CorruptData(where, f"expected 'frame_dir {'offset ' if with_offset else ''}"
-                                     f"total_frames label', got {line.strip()!r}")
-        if len(parts) > want:
-            raise CorruptData(where, "more than one label (multi-label lists are not supported)")
+                                     f"total_frames [label ...]', got {line.strip()!r}")
         try:
             numbers = [int(p) for p in parts[1:]]
         except ValueError:
             raise CorruptData(where, f"non-integer field in {line.strip()!r}") from None
         offset = numbers.pop(0) if with_offset else 0
-        total, label = numbers
+        total, labels = numbers[0], tuple(numbers[1:]) or (-1,)
         if total < 1:
             raise CorruptData(where, f"{parts[0]} has {total} frames")
-        infos.append(RawframeInfo(parts[0], total, label, offset))
+        infos.append(RawframeInfo(parts[0], total, labels[0], offset, labels))
     return infos
+
+
+def _manifest_extra(root: Path) -> dict[str, Any]:
+    """``extra`` of the packer manifest in ``root`` (a decode-frames output), or {}."""
+    try:
+        return dict(json.loads((root / "packer.json").read_text(encoding="utf-8")).get("extra") or {})
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 class FrameDataset(_ClipDataset):
@@ -160,68 +212,83 @@ class FrameDataset(_ClipDataset):
     Args:
         root: the folder the list's ``frame_dir`` paths are relative to (mmaction2's
             ``data_prefix``).
-        list_file: the rawframes list (default ``root/rawframes.txt``).
-        sampling: a ``ClipSampling`` (mmaction2 ``SampleFrames`` options); its fields may also
-            be given as keywords (``clip_len``, ``frame_interval``, ``num_clips``, ``test_mode``,
-            ``out_of_bound_opt``, ``twice_sample``, ``keep_tail_frames``, ``temporal_jitter``),
-            which override ``sampling``'s.
-        filename_tmpl: frame file names (mmaction2 default ``img_{:05}.jpg``).
+        list_file: the rawframes list (default ``root/rawframes.txt``, or
+            ``root/rawframes_flow.txt`` for ``modality="Flow"``).
+        sampling: a ``ClipSampling`` (mmaction2 ``SampleFrames`` options) or a sampler of
+            ``packer.data.samplers``; its fields may also be given as keywords (``clip_len``,
+            ``frame_interval``, ``num_clips``, ``test_mode``, ...), which override its own.
+            Rawframe lists carry no frame rate: ``SampleFrames(target_fps=...)`` samples with
+            the ratio 1, as mmaction2's ``RawframeDataset`` does.
+        filename_tmpl: frame file names (mmaction2 defaults ``img_{:05}.jpg``, and
+            ``{}_{:05d}.jpg`` for flow: direction ``x``/``y``, then number).
         start_index: the number of each folder's first frame file (mmaction2 default 1).
         with_offset: list lines carry an offset before the frame count.
-        layout: ``"TCHW"`` -> ``(num_clips*clip_len, 3, H, W)``; ``"CTHW"`` -> ``(3, clip_len, H, W)``,
-            or ``(num_clips, 3, clip_len, H, W)`` when ``num_clips > 1`` (mmaction2's NCTHW).
+        layout: ``"TCHW"`` -> ``(num_clips*clip_len, C, H, W)``; ``"CTHW"`` -> ``(C, clip_len, H, W)``,
+            or ``(num_clips, C, clip_len, H, W)`` when ``num_clips > 1`` (mmaction2's NCTHW);
+            C is 3 (RGB) or 2 (flow x, y).
         crop_size: crop every clip to this square (random-resized crop in training, centre crop
             in testing); a ``ClipRequest`` may set it per sample.
         transform: applied to the uint8 clip tensor.
         seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
             function of (seed, epoch, index), whatever the workers (the epoch of a
             ``ClipRequest`` key when it has one, else ``set_epoch``'s).
+        modality: ``"RGB"`` or ``"Flow"``.
+        multi_class, num_classes: return mmaction2's multi-hot target.
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
-                 sampling: Optional[ClipSampling] = None, filename_tmpl: str = "img_{:05}.jpg",
-                 start_index: int = 1, with_offset: bool = False, layout: str = "TCHW",
-                 crop_size: Optional[int] = None, transform: Optional[Callable[[torch.Tensor], Any]] = None,
-                 seed: Optional[int] = None, **sampling_fields: Any):
+                 sampling: Any = None, filename_tmpl: Optional[str] = None, start_index: int = 1,
+                 with_offset: bool = False, layout: str = "TCHW", crop_size: Optional[int] = None,
+                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
+                 modality: str = "RGB", multi_class: bool = False, num_classes: Optional[int] = None,
+                 **sampling_fields: Any):
         super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
-                         seed=seed)
+                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
         self.root = Path(root)
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
-        self.list_file = Path(list_file) if list_file is not None else self.root / "rawframes.txt"
+        flow = modality == "Flow"
+        extra = _manifest_extra(self.root) if flow else {}
+        default_list = extra.get("flow_list_file", "rawframes_flow.txt") if flow else "rawframes.txt"
+        self.list_file = Path(list_file) if list_file is not None else self.root / default_list
         self.videos = parse_rawframes(self.list_file, with_offset=with_offset)
+        if filename_tmpl is None:
+            filename_tmpl = extra.get("flow_tmpl", "{}_{:05d}.jpg") if flow else "img_{:05}.jpg"
         try:
-            filename_tmpl.format(1)
+            filename_tmpl.format("x", 1) if flow else filename_tmpl.format(1)
         except (IndexError, KeyError, ValueError):
-            raise UsageError(f"filename_tmpl {filename_tmpl!r} needs one number field") from None
+            raise UsageError(f"filename_tmpl {filename_tmpl!r} needs "
+                             f"{'a direction field and ' if flow else ''}one number field") from None
         self.filename_tmpl = filename_tmpl
         self._start_index = start_index
 
     def __len__(self) -> int:
         return len(self.videos)
 
-    def _video(self, index: int) -> tuple[int, int]:
+    def _video(self, index: int) -> tuple[int, Any]:
         v = self.videos[index]
-        return v.total_frames, v.label
+        return v.total_frames, v.labels if len(v.labels) > 1 else v.label
 
     def _where(self, index: int) -> str:
         return str(self.root / self.videos[index].frame_dir)
 
+    def _read(self, path: Path, flow: bool) -> np.ndarray:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
+        try:
+            return decode_grey(data) if flow else decode(data)
+        except ValueError as e:
+            raise CorruptData(str(path), str(e)) from None
+
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         v = self.videos[index]
         folder = self.root / v.frame_dir
-        frames = []
-        for i in frame_inds:
-            path = folder / self.filename_tmpl.format(int(i) + v.offset)
-            try:
-                data = path.read_bytes()
-            except OSError as e:
-                raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
-            try:
-                frames.append(decode(data))
-            except ValueError as e:
-                raise CorruptData(str(path), str(e)) from None
-        return frames
+        if self.modality == "Flow":  # x and y stacked per frame, as mmaction2's RawFrameDecode
+            return [np.stack([self._read(folder / self.filename_tmpl.format(d, int(i) + v.offset), True)
+                              for d in "xy"], axis=-1) for i in frame_inds]
+        return [self._read(folder / self.filename_tmpl.format(int(i) + v.offset), False) for i in frame_inds]
 
 
 # -- packed outputs ---------------------------------------------------------------------------
@@ -230,21 +297,34 @@ class PackedVideoDataset(_ClipDataset):
     located through the manifest's ``videos`` entries; storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
-    ``check_crc`` (verify each frame's CRC32C as it is read).
+    ``check_crc`` (verify each frame's CRC32C as it is read). ``num_classes`` defaults to the
+    manifest's class count; ``SampleFrames(target_fps=...)`` uses each video's stored fps.
     """
 
-    def __init__(self, path: str | os.PathLike, *, sampling: Optional[ClipSampling] = None,
-                 layout: str = "TCHW", crop_size: Optional[int] = None,
-                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
-                 check_crc: bool = True, **sampling_fields: Any):
-        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
-                         seed=seed)
+    def __init__(self, path: str | os.PathLike, *, sampling: Any = None, layout: str = "TCHW",
+                 crop_size: Optional[int] = None, transform: Optional[Callable[[torch.Tensor], Any]] = None,
+                 seed: Optional[int] = None, check_crc: bool = True, modality: str = "RGB",
+                 multi_class: bool = False, num_classes: Optional[int] = None, **sampling_fields: Any):
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc)
+        if multi_class and num_classes is None:
+            num_classes = len(self.reader.classes)
+        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
+                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
         videos = self.reader.manifest.videos
         if self.reader.manifest.kind != "videos" or not videos:
             raise UsageError(f"{path}: not a packed video output (no videos in its manifest)")
-        self._videos = [(int(v["start"]), int(v["length"]), int(v["label"])) for v in videos]
+        flow = modality == "Flow"
+        self._videos = []  # (first sample of the stream, frames, label(s), fps)
+        for v in videos:
+            rgb, flows = video_streams(v)
+            labels = tuple(int(x) for x in v["labels"]) if v.get("labels") else int(v["label"])
+            start = int(v["start"]) + (rgb if flow else 0)
+            self._videos.append((start, flows if flow else rgb, labels, v.get("fps")))
+        empty = [v["key"] for v, (_, n, _, _) in zip(videos, self._videos) if n < 1]
+        if empty:
+            raise UsageError(f"{path}: {len(empty)} videos hold no {modality} frames (e.g. {empty[0]!r})"
+                             + ("; decode with --task flow or both" if flow else ""))
         self.keys = [v["key"] for v in videos]
 
     @property
@@ -255,24 +335,29 @@ class PackedVideoDataset(_ClipDataset):
     def __len__(self) -> int:
         return len(self._videos)
 
-    def _video(self, index: int) -> tuple[int, int]:
-        _, length, label = self._videos[index]
+    def _video(self, index: int) -> tuple[int, Any]:
+        _, length, label, _ = self._videos[index]
         return length, label
+
+    def _fps(self, index: int) -> Optional[float]:
+        fps = self._videos[index][3]
+        return float(fps) if fps else None
 
     def _where(self, index: int) -> str:
         return f"{self.path} video {self.keys[index]!r}"
 
+    def _decode(self, index: int, position: int, flow: bool) -> np.ndarray:
+        rec = self.reader.read(position)
+        if rec.fmt == "raw":
+            return np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
+        try:
+            return decode_grey(rec.data) if flow else decode(rec.data)
+        except ValueError as e:
+            raise CorruptData(self._where(index), f"sample {position}: {e}") from None
+
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         start = self._videos[index][0]
-        frames = []
-        for i in frame_inds:
-            rec = self.reader.read(start + int(i))
-            if rec.fmt == "raw":
-                pixels = np.frombuffer(rec.data, dtype=np.uint8)
-                frames.append(pixels.reshape(rec.height, rec.width, rec.channels))
-                continue
-            try:
-                frames.append(decode(rec.data))
-            except ValueError as e:
-                raise CorruptData(self._where(index), f"frame {int(i)}: {e}") from None
-        return frames
+        if self.modality == "Flow":  # flow frame i is the samples x, y at start + 2i, 2i + 1
+            return [np.stack([self._decode(index, start + 2 * int(i) + d, True) for d in (0, 1)], axis=-1)
+                    for i in frame_inds]
+        return [self._decode(index, start + int(i), False) for i in frame_inds]

@@ -103,6 +103,11 @@ class Reader(abc.ABC):
     def read(self, index: int) -> Record:
         """The stored sample at ``index``; raises CorruptData naming the file and position."""
 
+    def read_many(self, indices: Sequence[int]) -> Iterator[Record]:
+        """``read`` of each index, lazily (use each record before the next is read: the bytes stay
+        in the CPU cache); formats with a cheaper batched read override it."""
+        return (self.read(i) for i in indices)
+
     def sample(self, index: int) -> Sample:
         """The stored sample at ``index`` as a writer takes it (what a re-pack needs).
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from packer.errors import CorruptData
-from packer.formats.frames.layout import DEFAULT_TEMPLATE, LIST_NAME, check_template, rawframes_lines
+from packer.formats.frames.layout import DEFAULT_TEMPLATE, EXT_FMT, check_template, list_files, video_streams
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample
 
@@ -25,11 +25,20 @@ class FramesReader(Reader):
         self.filename_tmpl = extra.get("filename_tmpl", DEFAULT_TEMPLATE)
         self.start_index = int(extra.get("start_index", 1))
         self.fmt = check_template(self.filename_tmpl)
+        self.flow_tmpl = extra.get("flow_tmpl")
         self.videos = self.manifest.videos
         self._starts = [int(v["start"]) for v in self.videos]
 
     def _load_keys(self) -> Sequence[str]:
-        return [f"{v['key']}/{self.start_index + j}" for v in self.videos for j in range(int(v["length"]))]
+        return [f"{v['key']}/{self._name(v, j)[1]}" for v in self.videos for j in range(int(v["length"]))]
+
+    def _name(self, v: dict[str, Any], j: int) -> tuple[str, str]:
+        """(file name, key suffix) of sample ``j`` of video entry ``v``."""
+        rgb, _ = video_streams(v)
+        if j < rgb or self.flow_tmpl is None:
+            return self.filename_tmpl.format(self.start_index + j), str(self.start_index + j)
+        direction, number = "xy"[(j - rgb) % 2], self.start_index + (j - rgb) // 2
+        return self.flow_tmpl.format(direction, number), f"{direction}/{number}"
 
     def _key_name(self, index: int) -> None:
         return None  # a frame's errors name its own file
@@ -38,17 +47,18 @@ class FramesReader(Reader):
         """The file of the frame at packed position ``index`` and its video's entry."""
         index = self._check_index(index)
         v = self.videos[bisect.bisect_right(self._starts, index) - 1]
-        return self.path / v["frame_dir"] / self.filename_tmpl.format(
-            self.start_index + index - int(v["start"])), v
+        return self.path / v["frame_dir"] / self._name(v, index - int(v["start"]))[0], v
 
     def sample(self, index: int) -> Sample:
         """The frame at ``index`` with the extras the frames writer takes (``packer merge``)."""
         index = self._check_index(index)
-        _, v = self.frame_path(index)
+        path, v = self.frame_path(index)
         rec = self.read(index)
+        extra = {"frame_dir": v["frame_dir"], "frame": index - int(v["start"]), "frames": int(v["length"])}
+        if index - int(v["start"]) >= video_streams(v)[0]:
+            extra["file"] = path.name
         return Sample(self.keys[index], rec.data, rec.fmt, rec.label, rec.height, rec.width, rec.channels,
-                      extra={"frame_dir": v["frame_dir"], "frame": index - int(v["start"]),
-                             "frames": int(v["length"])})
+                      extra=extra)
 
     def read(self, index: int) -> Record:
         path, v = self.frame_path(index)
@@ -58,7 +68,10 @@ class FramesReader(Reader):
             raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})",
                               position=f"sample {index}") from None
         self._check_crc32c(data, index, file=path)
-        return Record(data, int(v["label"]), self.fmt, int(v.get("height", 0)), int(v.get("width", 0)), 3)
+        flow = index - int(v["start"]) >= video_streams(v)[0]
+        fmt = EXT_FMT[path.suffix[1:].lower()] if flow else self.fmt
+        return Record(data, int(v["label"]), fmt, int(v.get("height", 0)), int(v.get("width", 0)),
+                      1 if flow else 3)
 
     def verify_structure(self) -> Iterator[CorruptData]:
         try:
@@ -68,14 +81,15 @@ class FramesReader(Reader):
         total = sum(int(v["length"]) for v in self.videos)
         if total != len(self):
             yield CorruptData(str(self.path), f"videos hold {total} frames, manifest count says {len(self)}")
-        listed = self.path / LIST_NAME
-        try:
-            if listed.read_text(encoding="utf-8") != rawframes_lines(self.videos):
-                yield CorruptData(str(listed), "does not match the manifest's videos")
-        except OSError as e:
-            yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
-        except ValueError as e:  # not UTF-8
-            yield CorruptData(str(listed), f"cannot read list file ({e})")
+        for name, text in list_files(self.videos, flow=self.flow_tmpl is not None).items():
+            listed = self.path / name
+            try:
+                if listed.read_text(encoding="utf-8") != text:
+                    yield CorruptData(str(listed), "does not match the manifest's videos")
+            except OSError as e:
+                yield CorruptData(str(listed), f"cannot read list file ({e.strerror or e})")
+            except ValueError as e:  # not UTF-8
+                yield CorruptData(str(listed), f"cannot read list file ({e})")
         for v in self.videos:
             d = self.path / v["frame_dir"]
             try:

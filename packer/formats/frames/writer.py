@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from packer.errors import WriteError
-from packer.formats.frames.layout import DEFAULT_TEMPLATE, LIST_NAME, VIDEOS_JOURNAL, check_template, rawframes_lines
+from packer.formats.frames.layout import (DEFAULT_TEMPLATE, FLOW_LIST_NAME, LIST_NAME, VIDEOS_JOURNAL, check_template,
+                                         list_files)
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import _fsync_append, write_checksums
@@ -42,6 +43,7 @@ class FramesWriter(Writer):
     Args (beyond the base Writer's):
         filename_tmpl: frame file names (``img_{:05d}.jpg``).
         start_index: the number of a video's first frame file (mmaction2: 1).
+        flow_tmpl: flow file names (``{}_{:05d}.jpg``) when the output holds optical flow.
     """
 
     format_name = "frames"
@@ -49,7 +51,7 @@ class FramesWriter(Writer):
     def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "videos",
                  created_by: dict[str, Any] | None = None, commit_every: int = 1000,
                  commit_bytes: int = 64 << 20, filename_tmpl: str = DEFAULT_TEMPLATE,
-                 start_index: int = 1):
+                 start_index: int = 1, flow_tmpl: str | None = None):
         if kind != "videos":
             raise ValueError("the frames format holds video frames only (kind='videos')")
         super().__init__(out, classes=classes, kind=kind, created_by=created_by,
@@ -59,13 +61,14 @@ class FramesWriter(Writer):
             raise ValueError("start_index must be >= 0")
         self.filename_tmpl = filename_tmpl
         self.start_index = start_index
+        self.flow_tmpl = flow_tmpl  # set when the output holds optical flow
 
     @classmethod
     def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
-        """A merge keeps the parts' frame file names (``filename_tmpl``, ``start_index``)."""
+        """A merge keeps the parts' frame file names (``filename_tmpl``, ``start_index``, ``flow_tmpl``)."""
         extra = parts[0].manifest.extra
         return {"filename_tmpl": extra.get("filename_tmpl", DEFAULT_TEMPLATE),
-                "start_index": int(extra.get("start_index", 1))}
+                "start_index": int(extra.get("start_index", 1)), "flow_tmpl": extra.get("flow_tmpl")}
 
     @staticmethod
     def temp_folder(workdir: Path, frame_dir: str) -> Path:
@@ -135,7 +138,7 @@ class FramesWriter(Writer):
         tmp = self._current[1]
         data = sample.data
         if stored is None:
-            with open(tmp / self.filename_tmpl.format(self.start_index + j), "wb") as f:
+            with open(tmp / (extra.get("file") or self.filename_tmpl.format(self.start_index + j)), "wb") as f:
                 f.write(data)
         if j == total - 1:
             if final.exists():  # left by a killed run past the resume point
@@ -166,9 +169,14 @@ class FramesWriter(Writer):
         # a worker's temporary folder of a video that then failed (killed at its timeout)
         self._drop_unlisted({v["frame_dir"] for v in manifest.videos})
         write_checksums(self.workdir, self.crcs)
-        atomic_write_bytes(self.workdir / LIST_NAME, rawframes_lines(manifest.videos).encode("utf-8"))
-        manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index,
-                               "list_file": LIST_NAME})
+        lists = list_files(manifest.videos, flow=self.flow_tmpl is not None)
+        for name, text in lists.items():
+            atomic_write_bytes(self.workdir / name, text.encode("utf-8"))
+        manifest.extra.update({"filename_tmpl": self.filename_tmpl, "start_index": self.start_index})
+        if LIST_NAME in lists:
+            manifest.extra["list_file"] = LIST_NAME
+        if self.flow_tmpl is not None:
+            manifest.extra.update(flow_tmpl=self.flow_tmpl, flow_list_file=FLOW_LIST_NAME)
         manifest.save(self.workdir)
         self._remove(self.workdir / VIDEOS_JOURNAL)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -34,6 +35,9 @@ def _chunk_table(dset: h5py.Dataset) -> np.ndarray | None:
 
     dset.id.chunk_iter(visit)
     return table if table.size == 0 or table.min() >= 0 else None
+
+
+_OPEN_LOCK = threading.Lock()
 
 
 @dataclass
@@ -112,7 +116,13 @@ class HDF5Reader(Reader):
 
     # -- per-process state ------------------------------------------------------------------
     def _open(self) -> _Open:
-        pid = os.getpid()
+        h, pid = self._h, os.getpid()
+        if h is not None and self._pid == pid:
+            return h
+        with _OPEN_LOCK:  # packer.Loader's threads share one reader: open once
+            return self._open_locked(pid)
+
+    def _open_locked(self, pid: int) -> _Open:
         if self._h is not None and self._pid == pid:
             return self._h
         if self._h is not None and self._h.fd >= 0:  # inherited across fork: drop the parent's

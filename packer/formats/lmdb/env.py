@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import lmdb
 
@@ -13,6 +14,7 @@ __all__ = ["lmdb_key", "open_env", "close_env", "drop_stale_env"]
 # One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
 # in a process, and a forked child inherits its parent's handle, which it must drop first.
 _ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+_ENVS_LOCK = threading.RLock()
 _INODES: dict[str, tuple[int, int]] = {}  # the data.mdb each cached environment maps
 
 
@@ -60,6 +62,14 @@ def _drop_dead_envs() -> None:
 
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
     """The shared read-only environment of ``path`` for this process (opened on first use)."""
+    entry = _ENVS.get(os.path.abspath(path))
+    if entry is not None and entry[0] == os.getpid():
+        return entry[1]
+    with _ENVS_LOCK:  # packer.Loader's threads share the cache: open once
+        return _open_env(path)
+
+
+def _open_env(path: str | os.PathLike) -> lmdb.Environment:
     path = os.path.abspath(path)
     pid = os.getpid()
     entry = _ENVS.get(path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import lmdb
 
@@ -33,11 +33,14 @@ class LmdbReader(Reader):
     def _env(self) -> lmdb.Environment:
         return open_env(self.path)
 
-    def read_value(self, index: int) -> bytes:
+    def read_value(self, index: int, txn: lmdb.Transaction | None = None) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
         index = self._check_index(index)
         try:
-            with self._env().begin(buffers=False) as txn:
+            if txn is None:
+                with self._env().begin(buffers=False) as txn:
+                    value = txn.get(lmdb_key(index))
+            else:
                 value = txn.get(lmdb_key(index))
         except lmdb.Error as e:
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
@@ -51,8 +54,8 @@ class LmdbReader(Reader):
     def _fallback_key(self, index: int) -> str:
         return lmdb_key(index).decode()
 
-    def read(self, index: int) -> Record:
-        value = self.read_value(index)
+    def read(self, index: int, txn: lmdb.Transaction | None = None) -> Record:
+        value = self.read_value(index, txn)
         try:
             d = decode_datum(value)
         except ValueError as e:
@@ -60,6 +63,16 @@ class LmdbReader(Reader):
                               position=f"sample {index}", key=self._key_name(index)) from None
         fmt = sniff_format(d.data) if d.encoded else "raw"
         return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
+
+    def read_many(self, indices: Sequence[int]) -> Iterator[Record]:
+        """Several samples in one read transaction, lazily."""
+        try:
+            txn = self._env().begin(buffers=False)
+        except lmdb.Error as e:
+            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from None
+        with txn:
+            for i in indices:
+                yield self.read(i, txn)
 
     def verify_structure(self) -> Iterator[CorruptData]:
         try:

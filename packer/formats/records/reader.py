@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -22,6 +23,7 @@ from packer.manifest import MANIFEST_NAME, Manifest
 __all__ = ["RecordsReader"]
 
 _MAX_OPEN = 64  # shard files a reader keeps mapped per process
+_MAPS_LOCK = threading.RLock()  # readers are shared by packer.Loader's threads
 
 
 def _checked_shards(manifest: Manifest, source: Path) -> Manifest:
@@ -134,6 +136,10 @@ class RecordsReader(Reader):
 
     def _view(self, k: int) -> memoryview:
         """Shard ``k`` mapped read-only (opened lazily in each process, at most _MAX_OPEN at once)."""
+        with _MAPS_LOCK:
+            return self._view_locked(k)
+
+    def _view_locked(self, k: int) -> memoryview:
         if self._pid != os.getpid():  # inherited across fork: map our own
             self._unmap_all()
             self._pid = os.getpid()

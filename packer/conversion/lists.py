@@ -1,0 +1,180 @@
+"""The list and label files video users have: class indexes, label maps, split lists.
+
+* ``read_class_index``: UCF-101/HMDB51 ``classInd.txt`` (``1 ApplyEyeMakeup``, 1-based),
+  a 0-based ``0 name`` index, mmaction2's label maps (``label_map_k400.txt``: one class name
+  per line, line number = label; names may hold spaces and parentheses), or a Kinetics
+  training CSV (its classes in mmaction2's order).
+* ``mmaction2_order``: class names ordered as mmaction2's list builder orders them (sorted
+  with ``"`` removed and spaces replaced by ``_``), so both tools number a dataset alike.
+* ``parse_list_line``: one line of a video list: ``path``, ``path label``, or ``path l1 l2 ...``
+  (a multi-label line); UCF-101's ``testlist01.txt`` lines carry no label at all.
+
+CRLF files (UCF-101's split files are CRLF) and a UTF-8 byte-order mark are accepted.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from packer.errors import UsageError
+
+__all__ = ["ClassIndex", "read_class_index", "mmaction2_order", "mmaction2_name", "ListLine",
+           "parse_list_line", "read_lines", "is_kinetics_csv", "labels_of", "line_labels"]
+
+_INDEXED = re.compile(r"^(\d+)\s+(\S.*)$")
+_INT = re.compile(r"^[+-]?\d+$")
+KINETICS_FIELDS = {"label", "youtube_id", "time_start", "time_end"}
+
+
+def mmaction2_name(name: str) -> str:
+    """A class name as mmaction2's Kinetics list builder keys it (``convert_label``)."""
+    return name.replace('"', "").replace(" ", "_")
+
+
+def mmaction2_order(names: Iterable[str]) -> list[str]:
+    """Distinct class names sorted as mmaction2 sorts them (by ``mmaction2_name``)."""
+    return sorted(set(names), key=lambda n: (mmaction2_name(n), n))
+
+
+def read_lines(path: str | os.PathLike, what: str) -> list[str]:
+    """The lines of a text file without line ends (LF or CRLF) or a UTF-8 BOM."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: {what} is not UTF-8 ({e})") from None
+    return text.splitlines()
+
+
+@dataclass(frozen=True)
+class ClassIndex:
+    """Class names by label, and how the file numbered them (``base`` 1 for classInd.txt,
+    0 for label maps), so list labels written in the file's numbering can be converted."""
+
+    classes: list[str]
+    base: int
+    kind: str  # "index" (INDEX NAME lines), "names" (a label map), "csv" (a Kinetics CSV)
+
+    def label_of(self, name: str) -> Optional[int]:
+        """The label of class ``name`` (also matched with spaces as ``_``), or None."""
+        lookup = self.__dict__.get("_lookup")
+        if lookup is None:
+            lookup = {}
+            for i, c in enumerate(self.classes):
+                lookup.setdefault(c, i)
+                lookup.setdefault(mmaction2_name(c), i)
+            object.__setattr__(self, "_lookup", lookup)
+        return lookup.get(name, lookup.get(mmaction2_name(name)))
+
+
+def is_kinetics_csv(path: str | os.PathLike) -> bool:
+    """True when the file's first line is a Kinetics CSV header (label, youtube_id, ...)."""
+    lines = read_lines(path, "class index")
+    head = {f.strip().lower() for f in lines[0].split(",")} if lines else set()
+    return KINETICS_FIELDS <= head
+
+
+def read_class_index(path: str | os.PathLike) -> ClassIndex:
+    """Read a class index in any of the forms above (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: class index file does not exist")
+    if is_kinetics_csv(path):
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+        names = [(r.get("label") or "").strip() for r in rows]
+        if not any(names):
+            raise UsageError(f"{path}: a Kinetics CSV without labels cannot name the classes")
+        return ClassIndex(mmaction2_order(n for n in names if n), 0, "csv")
+    lines = [(n, line.strip()) for n, line in enumerate(read_lines(path, "class index"), 1) if line.strip()]
+    if not lines:
+        raise UsageError(f"{path}: class index file is empty")
+    indexed = [_INDEXED.match(line) for _, line in lines]
+    if all(indexed):
+        found: dict[int, str] = {}
+        for (lineno, line), m in zip(lines, indexed):
+            index, name = int(m.group(1)), m.group(2).strip()
+            if index in found or name in found.values():
+                raise UsageError(f"{path}:{lineno}: {line!r} repeats an index or a name")
+            found[index] = name
+        base = min(found)
+        if base not in (0, 1) or sorted(found) != list(range(base, base + len(found))):
+            raise UsageError(f"{path}: indices must run 1..{len(found)} (or 0..{len(found) - 1}) "
+                             "without gaps")
+        return ClassIndex([found[i] for i in sorted(found)], base, "index")
+    seen: dict[str, int] = {}
+    for lineno, name in lines:  # a label map: one class name per line
+        if name in seen:
+            raise UsageError(f"{path}:{lineno}: class {name!r} is listed twice (also line {seen[name]})")
+        seen[name] = lineno
+    return ClassIndex([name for _, name in lines], 0, "names")
+
+
+@dataclass(frozen=True)
+class ListLine:
+    """One video list line: the path and its labels (none, one, or several)."""
+
+    path: str
+    labels: tuple[int, ...]
+
+
+def parse_list_line(line: str, where: str) -> ListLine:
+    """``path [label ...]``: the labels are the trailing integer fields (at least one field
+    is left for the path, which may itself contain spaces)."""
+    parts = line.split()
+    if not parts:
+        raise UsageError(f"{where}: empty line")
+    k = len(parts)
+    while k > 1 and _INT.match(parts[k - 1]):
+        k -= 1
+    labels = tuple(int(p) for p in parts[k:])
+    # keep the path's own inner spacing: cut the line after its k-th field
+    rest = line.strip()
+    for p in parts[k:][::-1]:
+        rest = rest[: rest.rfind(p)].rstrip()
+    return ListLine(rest, labels)
+
+
+def labels_of(names: Iterable[str], index: Optional[ClassIndex], where: str,
+              source: str | os.PathLike | None) -> tuple[list[str], dict[str, int]]:
+    """(classes, name -> label): ``index``'s classes, or the names in mmaction2's order."""
+    names = set(names)
+    if index is None:
+        classes = mmaction2_order(names)
+        return classes, {n: i for i, n in enumerate(classes)}
+    found = {n: index.label_of(n) for n in names}
+    missing = sorted(n for n, label in found.items() if label is None)
+    if missing:
+        raise UsageError(f"{where}: classes not in {source}: {', '.join(missing[:5])}"
+                         + (" ..." if len(missing) > 5 else ""))
+    return index.classes, found
+
+
+def line_labels(found: tuple[int, ...], key: str, index: Optional[ClassIndex],
+                where: str) -> tuple[int, ...]:
+    """The 0-based labels of one list line (see ``video_list``)."""
+    if index is None:
+        if any(x < -1 for x in found):
+            raise UsageError(f"{where}: negative label in {found}")
+        return found or (-1,)
+    folder = key.split("/")[0] if "/" in key else None
+    from_folder = index.label_of(folder) if folder is not None else None
+    if not found:
+        if from_folder is None:
+            raise UsageError(f"{where}: no label, and its folder {folder!r} is not a class of the class index")
+        return (from_folder,)
+    labels = tuple(x - index.base for x in found)
+    bad = [x for x in found if not 0 <= x - index.base < len(index.classes)]
+    if bad:
+        raise UsageError(f"{where}: label {bad[0]} is outside the class index "
+                         f"({index.base}..{len(index.classes) - 1 + index.base})")
+    if len(labels) == 1 and from_folder is not None and labels[0] != from_folder:
+        raise UsageError(f"{where}: label {found[0]} is class {index.classes[labels[0]]!r} in the class "
+                         f"index, but the video is in folder {folder!r}")
+    return labels

@@ -1,0 +1,246 @@
+"""A packed output at a URL, seen through the node cache: ``RemoteOptions`` says how,
+``RemoteSource`` fetches its files, ``open_remote`` returns an ordinary Reader over the
+cached copy (the seam ``packer.formats.open_reader`` calls for URLs).
+
+What is fetched when:
+
+* records: the manifest, ``keys.json``, ``failures.jsonl`` and every ``.idx`` at open; each
+  shard when first read (or prefetched), checked against the manifest's sha256. With
+  ``access="range"`` shards are never downloaded: each record is one ranged read through the
+  index (CRC-checked; no shard hash applies), for sparse random access.
+* lmdb: the whole folder at open (``data.mdb`` is memory-mapped by LMDB, so it must be local).
+* hdf5: the whole file at open (one request; see docs/remote.md for why not ranged reads).
+* frame folders: refused (thousands of small files); pack frames as records instead.
+
+Per-file hashes: records shards carry ``sha256`` in the manifest. ``packer.sha256`` (folder
+outputs) or ``{file}.sha256`` (single files), written by the upload, lists every file's sha256
+in ``sha256sum`` format; files it lists are checked too. Files with no hash anywhere (outputs
+copied up by other tools) are still CRC32C-checked per sample when read.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer.errors import FormatError, UsageError
+from packer.manifest import MANIFEST_NAME, Manifest
+from packer.remote.cache import NodeCache, default_cache_dir
+from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
+from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
+
+__all__ = ["RemoteOptions", "RemoteSource", "open_remote", "SUMS_NAME", "parse_sums"]
+
+log = logging.getLogger(__name__)
+
+SUMS_NAME = "packer.sha256"
+ACCESS = ("shard", "range")
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How URLs are read.
+
+    Args:
+        cache_dir: the node cache folder (default ``$PACKER_CACHE_DIR`` or ``~/.cache/packer``).
+        cache_limit: bytes of data files the cache keeps (int or ``"50GB"``; None: no limit).
+        storage_options: passed to fsspec (credentials, ``endpoint_url``, ...); never logged.
+        prefetch: shards fetched ahead of the one being read, in the epoch's order.
+        access: ``"shard"`` (download whole shards into the cache) or ``"range"`` (records
+            only: one ranged read per record, nothing cached).
+        retry: retries, backoff, budget and per-request timeout.
+    """
+
+    cache_dir: str | os.PathLike | None = None
+    cache_limit: int | str | None = None
+    storage_options: dict[str, Any] | None = None
+    prefetch: int = 2
+    access: str = "shard"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS:
+            raise UsageError(f"access must be one of {ACCESS}, not {self.access!r}")
+        if self.prefetch < 0:
+            raise UsageError("prefetch must be >= 0")
+
+    def __repr__(self) -> str:  # storage_options may hold credentials
+        return (f"RemoteOptions(cache_dir={self.cache_dir!r}, cache_limit={self.cache_limit!r}, "
+                f"storage_options={'<set>' if self.storage_options else None}, prefetch={self.prefetch}, "
+                f"access={self.access!r})")
+
+    def limit_bytes(self) -> int | None:
+        if self.cache_limit is None:
+            return None
+        from packer.formats.records import parse_size
+
+        return parse_size(self.cache_limit)
+
+
+def parse_sums(text: str) -> dict[str, str]:
+    """``sha256sum`` lines (``{hex}  {name}``) -> {name: hex}."""
+    sums = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and len(parts[0]) == 64:
+            sums[parts[1].lstrip("*")] = parts[0].lower()
+    return sums
+
+
+class RemoteSource:
+    """The files of one packed output at ``url``, fetched into ``cache`` on demand."""
+
+    def __init__(self, url: str, options: RemoteOptions):
+        if not is_url(url):
+            raise UsageError(f"{url!r} is not a URL")
+        self.url = url.rstrip("/")
+        self.options = options
+        self.cache = NodeCache(options.cache_dir or default_cache_dir(), limit=options.limit_bytes())
+        self.key = cache_key(self.url)
+        self.sums: dict[str, str] = {}
+        self._fs: Any = None
+        self._fs_pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None
+        state["_fs_pid"] = None
+        return state
+
+    @property
+    def secrets(self) -> list[str]:
+        return secrets_of(self.url, self.options.storage_options)
+
+    @property
+    def fs(self) -> tuple[Any, str]:
+        """(filesystem, base path); made again in each process (never crosses a fork)."""
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs = url_filesystem(self.url, self.options.storage_options, timeout=self.options.retry.timeout)
+            self._fs_pid = os.getpid()
+        return self._fs
+
+    def name_url(self, name: str) -> str:
+        return join_url(self.url, name)
+
+    def remote_path(self, name: str) -> str:
+        return join_url(self.fs[1], name)
+
+    @property
+    def local_root(self) -> Path:
+        """The cached copy's folder (single-file outputs sit inside it under their name)."""
+        return self.cache.directory / self.key
+
+    def local(self, name: str) -> Path:
+        return self.cache.path(self.key, name)
+
+    def fetch(self, name: str, *, sha256: str | None = None, size: int | None = None,
+              wait: bool = True) -> Path | None:
+        """The cached path of file ``name``, downloaded (once per node) and checked first."""
+        sha256 = sha256 or self.sums.get(name)
+        url = self.name_url(name)
+        fs, _ = self.fs
+
+        def download(dest: Path) -> FetchStats:
+            return fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
+                              policy=self.options.retry, secrets=self.secrets)
+
+        return self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
+
+    def read_text(self, name: str) -> str:
+        """A small file's text, always fetched fresh (no cache)."""
+        fs, _ = self.fs
+        stats = FetchStats()
+        start = time.monotonic()
+        try:
+            raw = retrying(redact(self.name_url(name)), lambda: fs.cat_file(self.remote_path(name)),
+                           policy=self.options.retry, secrets=self.secrets, stats=stats)
+        finally:
+            if stats.retries:  # retries of small reads are counted with the downloads
+                self.cache._record(redact(self.name_url(name)), self.local(name), stats, time.monotonic() - start)
+        return raw.decode("utf-8")
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of file ``name`` (one ranged request, retried)."""
+        fs, _ = self.fs
+        return retrying(redact(self.name_url(name)),
+                        lambda: fs.cat_file(self.remote_path(name), start=start, end=end),
+                        policy=self.options.retry, secrets=self.secrets)
+
+    def optional_text(self, name: str) -> str | None:
+        try:
+            return self.read_text(name)
+        except RemoteMissing:
+            return None
+
+    def refresh_manifest(self, name: str = MANIFEST_NAME) -> str:
+        """Fetch the manifest fresh; when it differs from the cached copy the dataset changed
+        at the URL, and everything cached for it is dropped before the new one is stored."""
+        text = self.read_text(name)
+        local = self.local(name)
+        with self.cache._lock(local, wait=True):
+            old = local.read_text(encoding="utf-8") if local.is_file() else None
+            if old != text:
+                if old is not None:
+                    log.warning("%s changed since it was cached; dropping the cached copy", redact(self.url))
+                    shutil.rmtree(self.local_root, ignore_errors=True)
+                local.parent.mkdir(parents=True, exist_ok=True)
+                tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, local)
+        return text
+
+
+def open_remote(url: str, *, check_crc: bool = True, options: RemoteOptions | None = None):
+    """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
+    from packer.formats import FORMATS
+    from packer.remote.records import RemoteRecordsReader
+
+    options = options or RemoteOptions()
+    source = RemoteSource(url, options)
+    try:
+        text = source.refresh_manifest()
+    except RemoteMissing:
+        return _open_single_file(source, check_crc=check_crc)
+    manifest = Manifest.from_json(text, redact(source.name_url(MANIFEST_NAME)))
+    source.sums = parse_sums(source.optional_text(SUMS_NAME) or "")
+    if manifest.format == "records":
+        if manifest.created_by.get("foreign"):
+            raise FormatError(f"{redact(url)}: foreign TFRecord folders are read locally only")
+        return RemoteRecordsReader(source, check_crc=check_crc)
+    if options.access == "range":
+        raise UsageError(f"{redact(url)}: access='range' is for records outputs, this one is {manifest.format}")
+    if manifest.format == "lmdb":
+        for name in ("keys.json", "checksums.bin", "data.mdb"):
+            source.fetch(name)
+        _fetch_optional(source, "failures.jsonl")
+        return FORMATS.reader("lmdb")(source.local_root, check_crc=check_crc)
+    if manifest.format == "frames":
+        raise UsageError(f"{redact(url)}: frame folders are not read over URLs (thousands of small files); "
+                         "pack the frames as records (`packer decode-frames --to records`) and read that")
+    raise FormatError(f"{redact(url)}: format {manifest.format!r} is not read over URLs")
+
+
+def _fetch_optional(source: RemoteSource, name: str) -> None:
+    try:
+        source.fetch(name)
+    except RemoteMissing:
+        pass
+
+
+def _open_single_file(source: RemoteSource, *, check_crc: bool):
+    """An HDF5 output is one file: fetched whole (hash from ``{file}.sha256`` when uploaded by packer)."""
+    from packer.formats import FORMATS
+
+    base, name = source.url.rsplit("/", 1)
+    if not name.lower().endswith((".h5", ".hdf5", ".hdf", ".he5")):
+        raise RemoteMissing(f"{redact(source.name_url(MANIFEST_NAME))}: not found (and {redact(source.url)} "
+                            "is no .h5 file): not a packed dataset")
+    parent = RemoteSource(base, source.options)
+    parent.sums = parse_sums(parent.optional_text(f"{name}.sha256") or "")
+    path = parent.fetch(name)
+    _fetch_optional(parent, f"{name}.failures.jsonl")
+    return FORMATS.reader("hdf5")(path, check_crc=check_crc)

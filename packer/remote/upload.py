@@ -1,0 +1,312 @@
+"""Writing outputs to URLs: build in a local staging folder, upload each finished file, the
+manifest last (so a partial upload is never a dataset), resumable.
+
+``staged_output(url, resume=..., overwrite=...)`` gives a conversion its local path. While the
+conversion runs, ``ShardUploader`` uploads each records shard (with its ``.idx``) as soon as
+the writer completes it; when the conversion has finished, ``StagedOutput.upload()`` uploads
+the rest. A journal beside the staging output (``.{name}.upload.json``) records every file
+uploaded with its size and sha256; a file is skipped later only when the journal's sha256 is
+the file's (the manifest's sha256 for a records shard, else hashed) and the object is on the
+server with that size, so ``--resume`` after a kill uploads exactly what is missing or changed.
+The staging copy is deleted after a complete upload; a marker records that it was complete.
+
+Order: data files, then the per-file hash list (``packer.sha256`` inside a folder output,
+``{file}.sha256`` beside a single file, in ``sha256sum`` format, so readers check every
+download), then ``packer.json`` (folder outputs) or the ``.h5`` file itself (its manifest is
+inside it).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME, atomic_write_bytes
+from packer.remote.cache import default_cache_dir
+from packer.remote.fetch import RemoteMissing, RetryPolicy, file_sha256, retrying
+from packer.remote.source import SUMS_NAME
+from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
+
+__all__ = ["StagedOutput", "staged_output", "upload_output", "UploadReport", "remote_exists", "ShardUploader"]
+
+log = logging.getLogger(__name__)
+
+_SINGLE_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+@dataclass
+class UploadReport:
+    """What an upload did."""
+
+    url: str
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+    def summary(self) -> str:
+        return (f"{redact(self.url)}: uploaded {len(self.uploaded)} files ({self.bytes / 1e6:.1f} MB)"
+                + (f", {len(self.skipped)} already there" if self.skipped else ""))
+
+
+def _files(local: Path) -> list[tuple[str, Path]]:
+    """(name, path) of a folder output's data files (not the manifest or hash list), sorted."""
+    names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    return [(n, local / n) for n in names if n not in (MANIFEST_NAME, SUMS_NAME)]
+
+
+def _main_name(url: str) -> str:
+    """The file whose arrival makes the output a dataset: the manifest, or the single file."""
+    return url.rstrip("/").rsplit("/", 1)[-1] if url.lower().endswith(_SINGLE_SUFFIXES) else MANIFEST_NAME
+
+
+def remote_exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """True when a finished packed output is at ``url`` (its manifest, or the single file)."""
+    fs, path = url_filesystem(url, storage_options)
+    target = path if url.lower().endswith(_SINGLE_SUFFIXES) else join_url(path, MANIFEST_NAME)
+    try:
+        return bool(fs.exists(target))
+    except FileNotFoundError:
+        return False
+
+
+class _Uploader:
+    """Puts files under one remote folder, journaled beside ``local`` (thread-safe)."""
+
+    def __init__(self, local: Path, url: str, storage_options: dict[str, Any] | None, policy: RetryPolicy):
+        self.url = url.rstrip("/")
+        self.single = self.url.lower().endswith(_SINGLE_SUFFIXES)
+        self.udir = self.url.rsplit("/", 1)[0] if self.single else self.url
+        fs, rbase = url_filesystem(url, storage_options, timeout=policy.timeout)
+        self.fs = fs
+        self.rdir = rbase.rsplit("/", 1)[0] if self.single else rbase
+        self.policy = policy
+        self.secrets = secrets_of(url, storage_options)
+        self.journal_path = local.with_name(f".{local.name}.upload.json")
+        self.lock = threading.Lock()
+        try:
+            self.journal: dict[str, dict[str, Any]] = json.loads(self.journal_path.read_text())
+        except (OSError, ValueError):
+            self.journal = {}
+        self.report = UploadReport(url)
+
+    def _retry(self, name: str, fn: Callable[[], Any]) -> Any:
+        return retrying(redact(join_url(self.udir, name)), fn, policy=self.policy, secrets=self.secrets)
+
+    def uploaded(self, name: str, size: int, sha256: str) -> bool:
+        """True when the journal has ``name`` with this content and the server has its size."""
+        entry = self.journal.get(name)
+        if not entry or entry.get("bytes") != size or entry.get("sha256") != sha256:
+            return False
+        try:
+            there = self._retry(name, lambda: self.fs.info(join_url(self.rdir, name)))
+        except RemoteMissing:
+            return False
+        return int(there.get("size", -1)) == size
+
+    def put(self, name: str, path: Path, sha256: str | None = None, *, force: bool = False) -> str:
+        """Upload ``path`` as ``name`` unless already there with this content; its sha256."""
+        size = path.stat().st_size
+        sha256 = sha256 or file_sha256(path)
+        if not force and self.uploaded(name, size, sha256):
+            self.report.skipped.append(name)
+            return sha256
+        self._retry(name, lambda: self.fs.put_file(str(path), join_url(self.rdir, name)))
+        with self.lock:
+            self.journal[name] = {"bytes": size, "sha256": sha256}
+            atomic_write_bytes(self.journal_path, json.dumps(self.journal).encode())
+            self.report.uploaded.append(name)
+            self.report.bytes += size
+        return sha256
+
+    def remove_main(self) -> None:
+        """Delete the remote manifest (or single file): what was there stops being a dataset."""
+        try:
+            self.fs.rm_file(join_url(self.rdir, _main_name(self.url)))
+        except (FileNotFoundError, OSError):
+            pass
+
+
+def upload_output(local: str | os.PathLike, url: str, *, storage_options: dict[str, Any] | None = None,
+                  policy: RetryPolicy = RetryPolicy(),
+                  on_file: Callable[[str], None] | None = None) -> UploadReport:
+    """Upload the finished output ``local`` to ``url`` (a folder URL, or the file's URL).
+
+    Files the journal shows already uploaded with the same content are skipped (see the module
+    docstring). ``on_file(name)`` is called after each file is done.
+    """
+    local = Path(local)
+    if not local.exists():
+        raise UsageError(f"{local}: nothing to upload")
+    up = _Uploader(local, url, storage_options, policy)
+    if up.single:
+        fail = local.with_name(local.name + ".failures.jsonl")
+        data = [(fail.name, fail)] if fail.is_file() else []
+        main_name, main_path = local.name, local
+        sums_name, sums_path = f"{local.name}.sha256", local.with_name(f"{local.name}.sha256")
+        known: dict[str, str] = {}
+    else:
+        main_name, main_path = MANIFEST_NAME, local / MANIFEST_NAME
+        if not main_path.is_file():
+            raise UsageError(f"{local}: no {MANIFEST_NAME} (not a finished packer output)")
+        data = _files(local)
+        sums_name, sums_path = SUMS_NAME, local / SUMS_NAME
+        manifest = json.loads(main_path.read_text(encoding="utf-8"))
+        known = {s["file"]: s["sha256"] for s in manifest.get("shards", []) if isinstance(s, dict) and s.get("sha256")}
+    hashes: dict[str, str] = {}
+    with tqdm(total=len(data) + 2, unit="file", desc="upload", dynamic_ncols=True, disable=None) as bar:
+        for name, path in data:
+            hashes[name] = up.put(name, path, known.get(name))
+            bar.update(1)
+            if on_file is not None:
+                on_file(name)
+        if up.single:
+            hashes[main_name] = file_sha256(main_path)
+        atomic_write_bytes(sums_path, "".join(f"{h}  {n}\n" for n, h in sorted(hashes.items())).encode())
+        up.put(sums_name, sums_path)
+        bar.update(1)
+        up.put(main_name, main_path, hashes.get(main_name), force=True)  # last: now it is a dataset
+        bar.update(1)
+    up.journal_path.unlink(missing_ok=True)
+    log.info("%s", up.report.summary())
+    return up.report
+
+
+class ShardUploader:
+    """Uploads each records shard (and its ``.idx``) from a running conversion's working folder
+    as soon as the writer completes it (a completed shard is renamed into place after its index
+    is written), polling every ``interval`` seconds in a background thread."""
+
+    def __init__(self, staged: "StagedOutput", *, interval: float = 1.0, policy: RetryPolicy = RetryPolicy()):
+        from packer.formats.base import partial_path
+
+        self.work = partial_path(staged.local)
+        self.up = _Uploader(staged.local, staged.url, staged.storage_options, policy)
+        self.interval = interval
+        self.seen: dict[str, tuple[int, int]] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
+
+    def __enter__(self) -> "ShardUploader":
+        if not self.up.single:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except Exception as e:  # noqa: BLE001 - the final upload retries whatever failed here
+                log.warning("background upload: %s (the final upload pass will retry)", e)
+            self._stop.wait(self.interval)
+
+    def scan(self) -> None:
+        """Upload every completed shard not uploaded yet."""
+        if not self.work.is_dir():
+            return
+        try:  # the records writer's journal of completed shards already has their sha256
+            journal = json.loads((self.work / ".shards.json").read_text())
+            known = {e["file"]: (e["bytes"], e["sha256"]) for e in journal.get("shards", []) if "sha256" in e}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            known = {}
+        for shard in sorted(self.work.glob("*.tfrecord")):
+            idx = shard.with_name(shard.name + ".idx")
+            if shard.name.startswith(".") or not idx.is_file() or self._stop.is_set():
+                continue
+            try:
+                st = shard.stat()
+            except FileNotFoundError:  # renamed away (the conversion finished) or cut by a resume
+                continue
+            if self.seen.get(shard.name) == (st.st_size, st.st_mtime_ns):
+                continue
+            self.up.put(idx.name, idx)
+            size, sha = known.get(shard.name, (None, None))
+            self.up.put(shard.name, shard, sha if size == st.st_size else None)
+            self.seen[shard.name] = (st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class StagedOutput:
+    """A conversion's output that goes to ``url``: build it at ``local``, then ``upload()``."""
+
+    url: str | None
+    local: Path
+    storage_options: dict[str, Any] | None = None
+    complete: bool = False  # the upload finished earlier (a --resume has nothing to do)
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+    def uploading_shards(self, interval: float = 1.0) -> ShardUploader | None:
+        """A context manager uploading finished shards while the conversion runs (None: local)."""
+        return ShardUploader(self, interval=interval) if self.url is not None else None
+
+    def upload(self, *, on_file: Callable[[str], None] | None = None) -> UploadReport | None:
+        """Upload the finished staging output, then drop the staging copy (a local output: no-op)."""
+        if self.url is None:
+            return None
+        report = upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
+        atomic_write_bytes(self.local.parent / ".uploaded", json.dumps({"url": redact(self.url)}).encode())
+        for p in (self.local, self.local.with_name(self.local.name + ".failures.jsonl"),
+                  self.local.with_name(self.local.name + ".sha256")):
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        return report
+
+
+def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
+                  storage_options: dict[str, Any] | None = None,
+                  staging_dir: str | os.PathLike | None = None, fresh: bool = False) -> StagedOutput:
+    """Where to build ``out``: itself when local; for a URL, a staging folder
+    (``staging_dir``, ``$PACKER_STAGING_DIR`` or ``{cache}/staging``) keyed by the URL.
+
+    Refuses before any work when a dataset is already at the URL (or a staging copy from an
+    interrupted run is here) and neither ``resume`` nor ``overwrite`` is given. ``overwrite``
+    deletes the remote manifest at once (the old dataset stops being one before its files are
+    replaced) and forgets earlier uploads. ``fresh`` drops what an earlier run left in staging
+    (for work that is not resumable, like a merge).
+    """
+    if not is_url(out):
+        return StagedOutput(None, Path(out))
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    url = str(out).rstrip("/")
+    base = Path(staging_dir or os.environ.get("PACKER_STAGING_DIR") or default_cache_dir() / "staging")
+    folder = base / cache_key(url)
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    local = folder / url.rsplit("/", 1)[-1]
+    marker = folder / ".uploaded"
+    journal = local.with_name(f".{local.name}.upload.json")
+    there = remote_exists(url, storage_options)
+    if there and not (resume or overwrite):
+        raise UsageError(f"{redact(url)}: a dataset is already there (use --overwrite to replace it or "
+                         "--resume to continue)")
+    if not resume and not overwrite and (local.exists() or Path(f"{local}.partial").exists()):
+        raise UsageError(f"{local}: a staging copy of {redact(url)} is there from an interrupted run "
+                         "(use --resume to continue it or --overwrite to start again)")
+    if overwrite or fresh:
+        marker.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
+        if there:
+            _Uploader(local, url, storage_options, RetryPolicy()).remove_main()
+    complete = resume and there and marker.exists() and not local.exists()
+    return StagedOutput(url, local, storage_options=storage_options, complete=complete)
