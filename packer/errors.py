@@ -8,6 +8,8 @@ __all__ = [
     "CorruptData",
     "FormatError",
     "WriteError",
+    "OutputClaimed",
+    "OutputChanged",
 ]
 
 
@@ -52,3 +54,17 @@ class FormatError(PackerError):
 
 class WriteError(PackerError):
     """Writing the output failed (disk full, permissions); names the path."""
+
+
+class OutputClaimed(PackerError):
+    """Another run holds the output (or wrote into this run's partial output); exit status 2."""
+
+
+class OutputChanged(PackerError):
+    """A packed output was replaced (``--overwrite``) or removed after a reader opened it."""
+
+    def __init__(self, path: str, reason: str = "replaced or removed since this dataset was opened "
+                                                "(an --overwrite?); open it again to read the new version"):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")

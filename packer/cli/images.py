@@ -5,21 +5,23 @@ from typing import Any
 
 import click
 
-from packer.cli.options import (commit_option, finish, image_pack_options, library_call, main,
-                                resize_options, split_paths, to_output)
+from packer.cli.options import (break_lock_option, claimed, commit_option, finish, image_pack_options,
+                                library_call, main, resize_options, split_paths, to_output)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
           **options: Any) -> None:
     """The body of every image pack command: one ``pack_images`` call, then the summary."""
-    from packer.commands.pack_images import pack_images
-
     src, out = split_paths(paths, list_file, root)
-    to_output(out, options.get("resume", False), options.get("overwrite", False),
-              lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext, **options),
-              options["max_failures"])
+    with claimed(out, options):  # before the slow imports: a second run fails at once
+        from packer.commands.pack_images import pack_images
+
+        to_output(out, options.get("resume", False), options.get("overwrite", False),
+                  lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext, **options),
+                  options["max_failures"], break_lock=options.get("break_lock", False))
 
 
+# One click command per format on purpose (each its own help and format flags); _pack holds the logic.
 @main.command("to-lmdb")
 @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
 @image_pack_options
@@ -54,15 +56,17 @@ def to_hdf5(paths, **options):
               help="Bad inputs tolerated before the exit status is 1.")
 @click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
               help="Where the per-image work runs.")
+@break_lock_option
 @library_call
-def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor):
+def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor, break_lock):
     """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
-    from packer.commands.resize_tree import resize_tree
-
     if resize is None:
         raise click.UsageError("give --short-side N, --max-side N or --size WxH")
-    report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
-                         executor=executor, max_failures=max_failures)
+    with claimed(out, {"resume": True, "break_lock": break_lock}):  # incremental: a dead run's claim is taken
+        from packer.commands.resize_tree import resize_tree
+
+        report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                             executor=executor, max_failures=max_failures, break_lock=break_lock)
     finish(report, max_failures)
 
 
@@ -84,10 +88,14 @@ def to_records(paths, shard_size, samples_per_shard, name, **options):
 
 @main.command("index")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@break_lock_option
 @library_call
-def index(paths):
-    """Write a DALI .idx beside each TFRecord file (a folder: each one in it), as tfrecord2idx does."""
-    from packer.formats.records import index_tfrecords
+def index(paths, break_lock):
+    """Write a DALI .idx beside each TFRecord file (a folder: each one in it), as tfrecord2idx does.
 
-    for path, count in index_tfrecords(paths):
+    Each PATH is claimed while its indexes are written (PATH.lock beside a folder,
+    FILE.idx.lock beside a file)."""
+    from packer.commands.index import index_paths
+
+    for path, count in index_paths(paths, break_lock=break_lock):
         click.echo(f"{path}.idx: {count} records")

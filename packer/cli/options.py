@@ -11,10 +11,10 @@ import click
 
 from packer import __version__
 from packer.conversion.executors import EXECUTORS
-from packer.errors import PackerError
+from packer.errors import OutputClaimed, PackerError
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
-           "commit_option", "library_call", "finish", "split_paths"]
+           "commit_option", "library_call", "finish", "split_paths", "break_lock_option", "claimed"]
 
 
 def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,6 +24,10 @@ def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except OutputClaimed as e:  # another run holds the output: exit status 2
+            err = click.ClickException(str(e))
+            err.exit_code = 2
+            raise err from None
         except PackerError as e:
             raise click.ClickException(str(e)) from None
 
@@ -50,8 +54,38 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+BREAK_LOCK_HELP = ("Take the claim on OUT (OUT.lock) even from a run that may still be alive. RISK: if "
+                   "that run is alive (another terminal, a requeued job, another host), both write and "
+                   "the one that loses the claim fails at its next commit or its publish (it never "
+                   "publishes); use it only when the holder named "
+                   "in the error is certainly gone. A dead holder's claim needs no --break-lock: "
+                   "--resume takes it over.")
+
+
+def break_lock_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--break-lock``: every command that writes an output has it."""
+    return click.option("--break-lock", is_flag=True, help=BREAK_LOCK_HELP)(fn)
+
+
+def claimed(out: str, options: dict[str, Any]) -> Any:
+    """Claim OUT before a command imports its (slow) modules, so a second run on the same
+    output fails at once; the library call reuses this claim. A URL OUT is claimed through its
+    local staging copy (``to_output``)."""
+    import contextlib
+
+    from packer.remote.url import is_url
+
+    if is_url(out):
+        return contextlib.nullcontext()
+    from packer.conversion.claim import ensure_claim
+
+    return ensure_claim(out, takeover=bool(options.get("resume") or options.get("overwrite")),
+                        break_lock=bool(options.get("break_lock")))
+
+
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every conversion command shares."""
+    fn = break_lock_option(fn)
     fn = _with_ray_address(fn)
     fn = click.option("--ray-address", default=None, metavar="ADDR",
                       help="Ray cluster to join with --executor ray ('auto', 'ray://head:10001'; "
@@ -65,7 +99,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
                       help="Continue an interrupted run (a finished output is checked and kept; "
-                           "with a URL OUT the upload resumes too).")(fn)
+                           "with a URL OUT the upload resumes too); takes over the claim of a run "
+                           "that died.")(fn)
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
@@ -138,10 +173,13 @@ class PathOrUrl(click.ParamType):
 PATH_OR_URL = PathOrUrl()
 
 
-def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int) -> None:
+def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int,
+              break_lock: bool = False) -> None:
     """Run ``build(path)`` (a conversion returning a Report) into ``out``; a URL ``out`` is
     built in a local staging folder and uploaded when finished, the manifest last (see
-    docs/remote.md). Then the summary and exit status, as ``finish``."""
+    docs/remote.md), under a claim on the staging copy through the upload. Then the summary
+    and exit status, as ``finish``."""
+    from packer.conversion.claim import ensure_claim
     from packer.remote.upload import staged_output
     from packer.remote.url import redact
 
@@ -152,9 +190,10 @@ def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], An
     if staged.complete:
         click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
         return
-    with staged.uploading_shards():  # records shards go up as they complete
-        report = build(str(staged.local))
-    click.echo(staged.upload().summary())
+    with ensure_claim(staged.local, takeover=resume or overwrite, break_lock=break_lock):
+        with staged.uploading_shards():  # records shards go up as they complete
+            report = build(str(staged.local))
+        click.echo(staged.upload().summary())
     finish(report, max_failures)
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from packer.cli.options import PATH_OR_URL, library_call, main
+from packer.cli.options import PATH_OR_URL, break_lock_option, claimed, library_call, main
 
 
 @main.command()
@@ -85,15 +85,21 @@ def demo(workdir, count, workers):
 @click.option("--any-parts", is_flag=True,
               help="Merge any outputs of one format and class list in the order given, not only "
                    "parts 0..N-1 of one --num-shards run.")
+@break_lock_option
 @library_call
-def merge(paths, overwrite, any_parts):
+def merge(paths, overwrite, any_parts, break_lock):
     """Combine the parts of a --num-shards conversion into one dataset (same content as one run).
-    Parts and OUT may be URLs (parts read through the cache; OUT built locally, then uploaded)."""
-    from packer.commands.merge import merge_parts
+    Parts and OUT may be URLs (parts read through the cache; OUT built locally, then uploaded).
 
+    A part that another run is writing (PART.lock), or a finished part whose rewrite is half
+    done (PART.partial beside it, or the claim of a run that died), is refused, named."""
     if len(paths) < 2:
         raise click.UsageError("expected PART... OUT")
-    report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts)
+    with claimed(paths[-1], {"resume": True, "break_lock": break_lock}):  # a merge rebuilds: a dead one's claim is taken
+        from packer.commands.merge import merge_parts
+
+        report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts,
+                             break_lock=break_lock)
     click.echo(report.summary())
 
 
@@ -142,9 +148,8 @@ def _bench_help() -> str:
 @click.option("--check", type=click.Choice(["full", "header", "none"]), default="header", show_default=True,
               help="With --write: the --check of the packing runs.")
 @library_call
-def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, model_ms, transform, fidelity,
-          as_json, plot, write_to, check):
-    from packer.commands.bench import format_report, parse_workers, plot_bench, run_bench
+def bench(path, against, as_json, plot, workers_text, write_to, check, **option_fields):
+    from packer.commands.bench import BenchOptions, format_report, parse_workers, plot_bench, run_bench
 
     if write_to is not None:
         from packer.commands.bench_write import format_write_report, run_write_bench
@@ -152,10 +157,9 @@ def bench(path, batch_size, workers_text, decode, resize, crop, against, steps, 
         result = run_write_bench(path, to=write_to, check=check, workers=parse_workers(workers_text))
         click.echo(json.dumps(result, indent=1) if as_json else format_write_report(result))
         return
-
-    result = run_bench(path, batch_size=batch_size, workers=parse_workers(workers_text), decode=decode,
-                       resize=resize, crop=crop, against=against, steps=steps, model_ms=model_ms,
-                       transform=transform, fidelity=fidelity)
+    # every other flag is a BenchOptions field of the same name
+    options = BenchOptions(workers=parse_workers(workers_text), **option_fields)
+    result = run_bench(path, options, against=against)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

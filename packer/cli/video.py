@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_options, library_call, main, to_output
+from packer.cli.options import claimed, commit_option, conversion_options, library_call, main, to_output
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
@@ -57,7 +57,9 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @library_call
 def decode_frames_cmd(src, out, to, list_out, **options):
     """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
-    from packer.commands.decode_frames import decode_frames
+    with claimed(out, options):  # before the slow imports: a second run fails at once
+        from packer.commands.decode_frames import decode_frames
 
-    to_output(out, options.get("resume", False), options.get("overwrite", False),
-              lambda path: decode_frames(src, path, to=to, list_out=list_out, **options), options["max_failures"])
+        to_output(out, options.get("resume", False), options.get("overwrite", False),
+                  lambda path: decode_frames(src, path, to=to, list_out=list_out, **options),
+                  options["max_failures"], break_lock=options.get("break_lock", False))

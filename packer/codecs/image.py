@@ -54,7 +54,8 @@ _FORCED = os.environ.get("PACKER_DECODER", "").lower()
 _jpeg4py = _load_jpeg4py() if _FORCED in ("", "jpeg4py") else None
 
 __all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER",
-           "format_name", "reading_image", "grey_to_8bit", "to_chw"]
+           "format_name", "reading_image", "grey_to_8bit", "to_chw", "to_rgb_array", "stored_channels",
+           "cv2_safe"]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ def sniff_format(data: bytes | memoryview) -> str:
     return "unknown"
 
 
-def _channels(im: Image.Image) -> int:
+def stored_channels(im: Image.Image) -> int:
+    """Channels the image stores (a palette image: 3, or 4 with transparency)."""
     if im.mode == "P":
         return 4 if "transparency" in im.info else 3
     return _MODE_CHANNELS.get(im.mode, len(im.getbands()))
@@ -121,7 +123,7 @@ def probe(data: bytes, *, check: str = "full", key: str = "", source: str = "",
         im = Image.open(io.BytesIO(data))
         if check == "full":
             im.load()
-    return ImageInfo(format_name(im), im.height, im.width, _channels(im))
+    return ImageInfo(format_name(im), im.height, im.width, stored_channels(im))
 
 
 def format_name(im: Image.Image) -> str:
@@ -171,7 +173,7 @@ def to_chw(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def _to_rgb_array(im: Image.Image) -> np.ndarray:
+def to_rgb_array(im: Image.Image) -> np.ndarray:
     """Pillow image -> HxWx3 uint8 RGB under the module's decoding rule."""
     im = ImageOps.exif_transpose(im)
     if im.mode.startswith("I;16") or im.mode == "I":
@@ -187,7 +189,7 @@ def decode_pil(data: bytes | memoryview) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             im = Image.open(io.BytesIO(bytes(data)))
-            return np.ascontiguousarray(_to_rgb_array(im))
+            return np.ascontiguousarray(to_rgb_array(im))
     except Exception as e:
         raise ValueError(f"cannot decode image: {e}") from None
 
@@ -202,7 +204,8 @@ def _decode_cv2(data: bytes | memoryview) -> np.ndarray | None:
 
 # CMYK JPEGs (Adobe inverted) and a few exotic modes decode differently in OpenCV; route
 # anything that is not a plain baseline 8-bit image through Pillow so every path agrees.
-def _cv2_safe(data: bytes | memoryview) -> bool:
+def cv2_safe(data: bytes | memoryview) -> bool:
+    """True when OpenCV decodes ``data`` to the same pixels as Pillow (plain 8-bit JPEG/PNG, BMP, WebP)."""
     fmt = sniff_format(data)
     if fmt == "jpeg":
         # Adobe APP14 marker => possibly CMYK/YCCK: let Pillow do it.
@@ -255,7 +258,7 @@ def decode(data: bytes | memoryview) -> np.ndarray:
 
     Raises ValueError when the bytes are not a decodable image.
     """
-    if DECODER != "pillow" and _cv2_safe(data):
+    if DECODER != "pillow" and cv2_safe(data):
         if DECODER == "jpeg4py" and sniff_format(data) == "jpeg" and jpeg_orientation(data) == 1:
             try:
                 return _jpeg4py.JPEG(np.frombuffer(data, np.uint8)).decode()

@@ -52,7 +52,7 @@ import numpy as np
 from PIL import Image
 
 from packer.errors import CorruptSample, UsageError
-from packer.codecs.image import _channels as stored_channels
+from packer.codecs.image import stored_channels
 from packer.codecs.image import format_name, grey_to_8bit, reading_image
 
 __all__ = ["FITS", "OUTPUT_FORMATS", "ResizeSpec", "Plan", "Resized", "parse_size", "plan_resize",

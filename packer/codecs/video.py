@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from packer.codecs.frame_selection import FrameSelection, Resize, parse_size
-from packer.codecs.video_sources import VideoInfo, _Source, decord_available, open_source, probe_video, sample_frame
+from packer.codecs.video_sources import VideoInfo, VideoSource, decord_available, open_source, probe_video, sample_frame
 from packer.errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
@@ -62,7 +62,7 @@ class VideoFrames:
                 and self.decoded_frames < claimed - PARTIAL_SLACK)
 
 
-def _run(src: _Source, selection: FrameSelection, resize: Optional[Resize],
+def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
          process: Callable[[np.ndarray], Any]) -> VideoFrames:
     fps = src.info.fps
     sel = selection.selector(fps if fps > 0 else 25.0)

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Optional
 import cv2
 import numpy as np
 
-__all__ = ["VideoInfo", "decord_available", "probe_video", "sample_frame", "open_source"]
+__all__ = ["VideoInfo", "VideoSource", "decord_available", "probe_video", "sample_frame", "open_source"]
 
 
 def decord_available() -> bool:
@@ -78,7 +78,7 @@ def sample_frame(path: str | os.PathLike, seconds: float = 2.0) -> Optional[np.n
         cap.release()
 
 
-class _Source:
+class VideoSource:
     """One backend over one file: ``info`` and ``frames()`` -> (raw pts or None, fetch())."""
 
     name = ""
@@ -91,7 +91,7 @@ class _Source:
         pass
 
 
-class _OpenCVSource(_Source):
+class _OpenCVSource(VideoSource):
     name = "opencv"
 
     def __init__(self, path: str):
@@ -109,7 +109,7 @@ class _OpenCVSource(_Source):
         self.cap.release()
 
 
-class _DecordSource(_Source):
+class _DecordSource(VideoSource):
     name = "decord"
 
     def __init__(self, path: str, probe: Optional[VideoInfo]):
@@ -145,7 +145,7 @@ class _DecordSource(_Source):
                 pos[0] = i + 1
 
 
-def open_source(backend: str, path: str, probe: Optional[VideoInfo]) -> _Source:
+def open_source(backend: str, path: str, probe: Optional[VideoInfo]) -> VideoSource:
     """The ``backend`` (``decord`` or ``opencv``) source over ``path``; raises when it cannot open it."""
     if backend == "decord":
         return _DecordSource(path, probe)

@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 
 import cv2
 
+from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -293,59 +294,61 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
     and recorded with ``stage: "partial"``. Arguments, inputs and the disk space are checked
-    before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``.
+    before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``. The run
+    holds an exclusive claim on ``out`` throughout (``packer.conversion.claim``).
     """
     options.setdefault("timeout", 600.0)
     frames, inputs, run_opts, flow_opts = split_options(options, FrameOptions, InputOptions, RunOptions,
                                                         FlowOptions)
-    flow = flow_opts.resolved(frames.ext)
-    writer_cls = _writer_for(to)
-    if list_out is not None and to not in VIDEO_FORMATS:
-        raise UsageError("--list-out applies to frame folders (--to frames) only")
-    timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-    items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
-                                 class_index=inputs.class_index, exts=inputs.exts)
-    items = partition(items, inputs.num_shards, inputs.shard_index)
-    if not items:
-        raise UsageError(f"{src}: no input videos found")
-    job = dataclasses.replace(frames.job(), flow=flow)
-    out = Path(out)
-    recorded = {"to": to, "src": str(Path(src).resolve()),
-                "list": str(inputs.list_path) if inputs.list_path else None,
-                "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
-                "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
-    if flow is not None:
-        recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
-    frame_folders = to in VIDEO_FORMATS
-    writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
-    if frame_folders:
-        writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+        flow = flow_opts.resolved(frames.ext)
+        writer_cls = _writer_for(to)
+        if list_out is not None and to not in VIDEO_FORMATS:
+            raise UsageError("--list-out applies to frame folders (--to frames) only")
+        timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+        items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
+                                     class_index=inputs.class_index, exts=inputs.exts)
+        items = partition(items, inputs.num_shards, inputs.shard_index)
+        if not items:
+            raise UsageError(f"{src}: no input videos found")
+        job = dataclasses.replace(frames.job(), flow=flow)
+        out = Path(out)
+        recorded = {"to": to, "src": str(Path(src).resolve()),
+                    "list": str(inputs.list_path) if inputs.list_path else None,
+                    "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
+                    "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
         if flow is not None:
-            writer_options.update(flow_tmpl=flow.flow_tmpl)
-    writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
-                        **writer_options)
-    if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
-        # the workers write the frame files themselves: no frame's bytes cross to this process
-        job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
-                                  owner=os.getpid())
-    with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
-        estimate = ""
-        if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
-            todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
-            est = _estimate(todo, job, ex, per_file=frame_folders)
-            estimate = est.describe()
-            log.info("%s: the output needs %s", out, estimate)
-            check_space(out, est, force=run_opts.force)
-        report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
-                     sample_unit="frames")
-    videos = open_reader(out, check_crc=False).manifest.videos
-    if list_out is not None:
-        _write_lists(Path(list_out), videos, flow)
-    return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
-                        videos=len(videos),
-                        partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
-                        disk_bytes=disk_used(out), estimate=estimate)
+            recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
+        frame_folders = to in VIDEO_FORMATS
+        writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
+        if frame_folders:
+            writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
+            if flow is not None:
+                writer_options.update(flow_tmpl=flow.flow_tmpl)
+        writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
+                            **writer_options)
+        if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
+            # the workers write the frame files themselves: no frame's bytes cross to this process
+            job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
+                                      owner=os.getpid())
+        with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
+            estimate = ""
+            if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
+                todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
+                est = _estimate(todo, job, ex, per_file=frame_folders)
+                estimate = est.describe()
+                log.info("%s: the output needs %s", out, estimate)
+                check_space(out, est, force=run_opts.force)
+            report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
+                         sample_unit="frames")
+        videos = open_reader(out, check_crc=False).manifest.videos
+        if list_out is not None:
+            _write_lists(Path(list_out), videos, flow)
+        return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
+                            videos=len(videos),
+                            partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
+                            disk_bytes=disk_used(out), estimate=estimate)
 
 
 def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:

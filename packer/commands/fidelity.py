@@ -76,13 +76,13 @@ def measure_shift(a: np.ndarray, b: np.ndarray, *, iterations: int = 8) -> tuple
 
 
 def _upright_pil(data: Any) -> Image.Image:
-    from packer.codecs.image import _to_rgb_array
+    from packer.codecs.image import to_rgb_array
 
     if isinstance(data, np.ndarray):
         return Image.fromarray(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Image.fromarray(_to_rgb_array(Image.open(io.BytesIO(bytes(data)))))
+        return Image.fromarray(to_rgb_array(Image.open(io.BytesIO(bytes(data)))))
 
 
 def lanczos_reference(im: Image.Image, box: Sequence[float], out_h: int, out_w: int) -> np.ndarray:

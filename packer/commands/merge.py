@@ -24,8 +24,9 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from packer.conversion.claim import check_part, ensure_claim
 from packer.conversion.runner import check_output_arg
-from packer.errors import CorruptData, UsageError
+from packer.errors import CorruptData, OutputClaimed, UsageError
 from packer import formats
 from packer.formats import Reader, open_reader
 from packer.formats.base import Writer, partial_path
@@ -43,6 +44,7 @@ _PART_OPTIONS = ("num_shards", "shard_index")
 @dataclass
 class MergeReport:
     """The outcome of a merge."""
+    # Shaped like diskspace.Estimate (counts + a one-line summary); nothing in common beyond that.
 
     out: str
     parts: int
@@ -103,6 +105,11 @@ def read_failures(reader: Reader) -> list[dict[str, Any]]:
 def _open_part(path: Path | str, remote: Any = None) -> Reader:
     if is_url(path):  # a remote part: read through the node cache
         return open_reader(path, remote=remote)
+    if path.name.endswith(".lock") and not path.is_dir():
+        base = path.with_name(path.name[:-len(".lock")])
+        check_part(base)  # names the holder
+        raise UsageError(f"{path}: is the claim file of {base.name}, not a part")
+    check_part(path)
     if path.name.endswith(".partial"):
         raise UsageError(f"{path}: is an unfinished part; rerun its command with --resume, then merge "
                          f"{path.name[:-len('.partial')]}")
@@ -193,7 +200,7 @@ def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
-                any_parts: bool = False, remote: Any = None) -> MergeReport:
+                any_parts: bool = False, remote: Any = None, break_lock: bool = False) -> MergeReport:
     """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
 
     Args:
@@ -204,14 +211,25 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
             not only the parts ``0..N-1`` of one ``--num-shards`` run.
         remote: ``packer.remote.RemoteOptions`` for parts or ``out`` given as URLs (parts are read
             through the node cache; a URL ``out`` is built in a staging folder, then uploaded).
+        break_lock: take the claim on ``out`` even from a run that may be alive.
     Returns:
         a MergeReport.
+    Raises:
+        OutputClaimed: ``out`` is claimed by another run, or a part is claimed or half rewritten.
     """
-    start = time.monotonic()
     if not parts:
         raise UsageError("merge needs at least one part")
     if is_url(out):
-        return _merge_to_url(parts, str(out), overwrite=overwrite, any_parts=any_parts, remote=remote)
+        return _merge_to_url(parts, str(out), overwrite=overwrite, any_parts=any_parts, remote=remote,
+                             break_lock=break_lock)
+    # A merge rebuilds from the parts: a claim left by a dead merge is taken over.
+    with ensure_claim(out, takeover=True, break_lock=break_lock):
+        return _merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, remote=remote)
+
+
+def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool,
+                 any_parts: bool, remote: Any) -> MergeReport:
+    start = time.monotonic()
     paths = [p if is_url(p) else Path(p) for p in parts]
     out = Path(out)
     seen: dict[str, Path] = {}
@@ -242,6 +260,8 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         with tqdm(total=total, unit="sample", desc="merge", dynamic_ncols=True, disable=None) as bar:
             manifest = writer_cls.merge_parts(readers, out, created_by=made_by, failures=failures,
                                               videos=videos, overwrite=overwrite, progress=bar.update)
+    except OutputClaimed:
+        raise  # the partial is not (or no longer) this run's to remove
     except BaseException:
         _remove_partial(writer_cls, out)
         raise
@@ -253,7 +273,7 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
 
 
 def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bool, any_parts: bool,
-                  remote: Any) -> MergeReport:
+                  remote: Any, break_lock: bool) -> MergeReport:
     """Merge into a local staging folder, then upload (a merge is not resumable: stale staging goes)."""
     from packer.remote.upload import staged_output
 
@@ -261,8 +281,9 @@ def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bo
         raise UsageError(f"{redact(url)}: is one of the parts; merge into a new path")
     storage = getattr(remote, "storage_options", None)
     staged = staged_output(url, overwrite=overwrite, storage_options=storage, fresh=True)
-    report = merge_parts(parts, staged.local, overwrite=True, any_parts=any_parts, remote=remote)
-    staged.upload()
+    with ensure_claim(staged.local, takeover=True, break_lock=break_lock):  # through the upload
+        report = merge_parts(parts, staged.local, overwrite=True, any_parts=any_parts, remote=remote)
+        staged.upload()
     report.out = redact(url)
     return report
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
@@ -76,49 +77,52 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     ``shuffle`` (a seed) stores the samples in a seeded permutation of the sorted inputs
     (``shuffle_items``; keys still name the sources), so that even reading in stored order
     mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
-    Arguments are validated before any work starts.
+    Arguments are validated before any work starts. The run holds an exclusive claim on
+    ``out`` throughout (``packer.conversion.claim``; ``break_lock=True``: even from a holder
+    that may be alive).
     """
     inputs, run_opts = split_options(options, InputOptions, RunOptions)
-    if check not in CHECK_MODES:
-        raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
-    writer_cls = writer_class(format)
-    writer_options = dict(writer_options or {})
-    if run_opts.commit_every is not None:
-        writer_options["commit_every"] = run_opts.commit_every
-    if raw:
-        if format != "hdf5":
-            raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
-        if resize is None or resize.size is None:
-            raise UsageError("--raw needs --size WIDTHxHEIGHT (every stored image has one shape)")
-        if resize.format != "keep":
-            raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
-        writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-    items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts)
-    if not items:
-        raise UsageError(f"{src}: no input images found")
-    if shuffle is not None:  # before partition: the parts of a split pack share one permutation
-        items = shuffle_items(items, shuffle)
-    items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
-    recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
-                "list": str(inputs.list_path) if inputs.list_path else None,
-                "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
-    if resize is not None:
-        recorded["resize"] = resize.to_dict()
-    if raw:
-        recorded["raw"] = True
-    if shuffle is not None:
-        recorded["shuffle"] = int(shuffle)
-    writer = writer_cls(out, classes=classes, created_by=created_by(recorded), **writer_options)
-    job = ImageJob(check=check, resize=resize, raw=raw)
-    if run_opts.workers is not None and run_opts.workers < 0:
-        raise UsageError("--workers must be >= 0")
-    plan = choose_plan(format=format, check=check, workers=run_opts.workers, resizing=resize is not None or raw,
-                       executor=run_opts.executor,
-                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
-    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-    ex = (make_executor(run_opts.executor, workers=run_opts.workers) if plan.mode == "pool"
-          else make_pack_executor(plan, writer))
-    with ex:
-        return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
-                   desc=f"to-{format}")
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+        if check not in CHECK_MODES:
+            raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
+        writer_cls = writer_class(format)
+        writer_options = dict(writer_options or {})
+        if run_opts.commit_every is not None:
+            writer_options["commit_every"] = run_opts.commit_every
+        if raw:
+            if format != "hdf5":
+                raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
+            if resize is None or resize.size is None:
+                raise UsageError("--raw needs --size WIDTHxHEIGHT (every stored image has one shape)")
+            if resize.format != "keep":
+                raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
+            writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+        items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts)
+        if not items:
+            raise UsageError(f"{src}: no input images found")
+        if shuffle is not None:  # before partition: the parts of a split pack share one permutation
+            items = shuffle_items(items, shuffle)
+        items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
+        recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
+                    "list": str(inputs.list_path) if inputs.list_path else None,
+                    "num_shards": inputs.num_shards, "shard_index": inputs.shard_index}
+        if resize is not None:
+            recorded["resize"] = resize.to_dict()
+        if raw:
+            recorded["raw"] = True
+        if shuffle is not None:
+            recorded["shuffle"] = int(shuffle)
+        writer = writer_cls(out, classes=classes, created_by=created_by(recorded), **writer_options)
+        job = ImageJob(check=check, resize=resize, raw=raw)
+        if run_opts.workers is not None and run_opts.workers < 0:
+            raise UsageError("--workers must be >= 0")
+        plan = choose_plan(format=format, check=check, workers=run_opts.workers,
+                           resizing=resize is not None or raw, executor=run_opts.executor,
+                           fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+        log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
+        ex = (make_executor(run_opts.executor, workers=run_opts.workers) if plan.mode == "pool"
+              else make_pack_executor(plan, writer))
+        with ex:
+            return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
+                       desc=f"to-{format}")

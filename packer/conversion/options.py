@@ -51,6 +51,8 @@ class RunOptions:
         commit_every: samples per durable commit (what a resume after a kill redoes at most;
             None: the format's default).
         force: start even when the disk space estimate says the output will not fit.
+        break_lock: take the claim on the output even from a run that may be alive
+            (``--break-lock``; see ``packer.conversion.claim``).
     """
 
     workers: Optional[int] = None
@@ -62,6 +64,7 @@ class RunOptions:
     timeout: Optional[float] = None
     commit_every: Optional[int] = None
     force: bool = False
+    break_lock: bool = False
 
     def __post_init__(self) -> None:
         if self.max_failures < 0:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import UsageError, WriteError
+from packer.conversion import claim, run_token
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.options import RunOptions, split_options
 from packer.formats import Writer, open_reader
@@ -218,6 +219,14 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         a Report.
     """
     (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
+    # (the command's own claim when it took one before listing its inputs)
+    with claim.ensure_claim(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
+        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit)
+
+
+def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
+         opts: RunOptions, desc: str, unit: str, sample_unit: str | None) -> Report:
+    """``run`` under an exclusive claim on ``writer.out`` (``packer.conversion.claim``)."""
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
@@ -227,12 +236,17 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         log.info("%s is complete; checked its manifest, nothing to do", out)
         return Report(str(out), count=len(reader), items=len(items), status="complete")
     st = _resume_state(items, work_fn, writer, executor, fp) if opts.resume else _State()
+    run_token.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=st.samples if st.resumed else None)
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = opts.overwrite or st.overwrite
     cp = _Checkpointer(writer.resume_state_path(), fp, st.items_done, st.samples, st.failures, st.entries,
                        overwrite)
-    writer.on_durable = cp.durable
+    def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
+        claim.check_held(out)
+        cp.durable(n)
+
+    writer.on_durable = durable
     cp.save()  # also after a resume: a retried failure may have cut the output back
     shown = start
     try:
@@ -253,6 +267,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
                                 counted=counted_failures(st.failures, strict=opts.strict))
     except BaseException:
         writer.abort()
+        claim.check_held(out)  # a write that failed because another run took the output says so
         raise
     return Report(str(out), count=manifest.count, items=len(items),
                   failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,

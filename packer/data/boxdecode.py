@@ -95,7 +95,7 @@ def reduction_for(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
 def decode_scaled(data: bytes | memoryview, k: int) -> np.ndarray:
     """The whole JPEG decoded at 1/k in the DCT domain (EXIF applied), HxWx3 RGB uint8."""
     if k > 1:
-        if _REDUCED_RGB and imaging._cv2_safe(data) and imaging.DECODER != "pillow":
+        if _REDUCED_RGB and imaging.cv2_safe(data) and imaging.DECODER != "pillow":
             arr = _cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED_RGB[k])
             if arr is not None:
                 return arr
@@ -105,7 +105,7 @@ def decode_scaled(data: bytes | memoryview, k: int) -> np.ndarray:
                 im = Image.open(io.BytesIO(bytes(data)))
                 # Pillow picks the 1/k IDCT for floor sizes and makes the image ceil(side / k)
                 im.draft(im.mode if im.mode in ("CMYK", "L") else "RGB", (im.width // k, im.height // k))
-                return np.ascontiguousarray(imaging._to_rgb_array(im))
+                return np.ascontiguousarray(imaging.to_rgb_array(im))
         except Exception as e:
             raise ValueError(f"cannot decode image: {e}") from None
     return imaging.decode(data)

@@ -8,6 +8,7 @@ there: no per-epoch CPU work, no DataLoader workers. For datasets whose decoded 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, Iterator, Sequence
@@ -20,7 +21,7 @@ from packer.errors import UsageError
 from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from packer.data.prefetch import resolve_device, uint8_collate
 
-__all__ = ["DeviceCache", "cache_bytes", "free_memory"]
+__all__ = ["DeviceCache", "CacheBatches", "cache_bytes", "free_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,20 @@ def free_memory(device: str | torch.device | None = None) -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheBatches:
+    """How a ``DeviceCache`` serves its samples: batch size and the per-epoch order."""
+
+    batch_size: int = 256
+    shuffle: bool = True
+    drop_last: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
 class DeviceCache:
     """Every sample of a dataset as one uint8 tensor on a device, served in shuffled batches.
 
@@ -72,17 +87,20 @@ class DeviceCache:
 
     @classmethod
     def build(cls, dataset: Any, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-              *, batch_size: int = 256, shuffle: bool = True, drop_last: bool = False, seed: int = 0,
-              device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
-              channels_last: bool = False, layout: str | None = None, num_workers: int = 0,
-              progress: bool = True) -> "DeviceCache":
+              *, batches: CacheBatches | None = None, device: str | torch.device | None = None,
+              dtype: torch.dtype = torch.float32, channels_last: bool = False, layout: str | None = None,
+              num_workers: int = 0, progress: bool = True, **batch_fields: Any) -> "DeviceCache":
         """Decode ``dataset`` (``(image, label)`` samples of one shape) into a cache on ``device``.
 
-        Decoding runs once through a DataLoader with ``num_workers`` workers. Raises
-        ``UsageError`` when the cache would not fit in the device's free memory and
-        ValueError when samples differ in shape.
+        ``batches`` (a ``CacheBatches``: ``batch_size``, ``shuffle``, ``drop_last``, ``seed``)
+        says how the cache is served; its fields may also be given as keywords. ``mean``,
+        ``std``, ``dtype``, ``channels_last`` and ``layout`` are ``Normalize``'s. Decoding runs
+        once through a DataLoader with ``num_workers`` workers. Raises ``UsageError`` when the
+        cache would not fit in the device's free memory and ValueError when samples differ in shape.
         """
         normalize = Normalize(mean, std, dtype=dtype, channels_last=channels_last, layout=layout)
+        batches = (dataclasses.replace(batches, **batch_fields) if batches is not None
+                   else CacheBatches(**batch_fields))
         device = resolve_device(device)
         n = len(dataset)
         if n == 0:
@@ -113,8 +131,7 @@ class DeviceCache:
                 pos += len(x)
                 bar.update(len(x))
         log.info("cached %d samples (%.1f MB) on %s", n, images.numel() / 1e6, device)
-        return cls(images, labels, normalize, batch_size=batch_size, shuffle=shuffle,
-                   drop_last=drop_last, seed=seed)
+        return cls(images, labels, normalize, **dataclasses.asdict(batches))
 
     @property
     def device(self) -> torch.device:

@@ -10,23 +10,29 @@ mmaction2 makes after ``np.random.seed(s)`` (the same calls in the same order).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import cv2
 import numpy as np
 
-__all__ = ["sample_frames", "ClipSampling", "random_resized_crop_box", "assemble_clip", "LAYOUTS",
-           "OUT_OF_BOUND", "RNG"]
+from packer.errors import UsageError
+
+__all__ = ["sample_frames", "sampling_options", "train_offsets", "clip_frames", "bound_clips", "ClipSampling", "ClipOptions", "random_resized_crop_box", "assemble_clip",
+           "LAYOUTS", "MODALITIES", "OUT_OF_BOUND", "RNG"]
 
 LAYOUTS = ("TCHW", "CTHW")
+MODALITIES = ("RGB", "Flow")
 OUT_OF_BOUND = ("loop", "repeat_last")
 RNG = Union[np.random.RandomState, Any]  # np.random.RandomState, or the np.random module itself
 
 
 # -- sampling ---------------------------------------------------------------------------------
-def _train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool,
-                   rng: RNG) -> np.ndarray:
+def train_offsets(n: int, clip_len: int, interval: int, num_clips: int, keep_tail: bool,
+                  rng: RNG) -> np.ndarray:
+    """The first frame of each training clip, as mmaction2's ``SampleFrames._get_train_clips``
+    (``interval`` may be fractional: ``SampleFrames(target_fps=...)`` passes a span)."""
     span = clip_len * interval
     if keep_tail:
         avg = (n - span + 1) / float(num_clips)
@@ -59,40 +65,62 @@ def _test_offsets(n: int, clip_len: int, interval: int, num_clips: int, twice: b
     return np.array([max_offset // 2])
 
 
-def sample_frames(total_frames: int, *, clip_len: int, frame_interval: int = 1, num_clips: int = 1,
-                  test_mode: bool = False, start_index: int = 0, out_of_bound_opt: str = "loop",
-                  twice_sample: bool = False, keep_tail_frames: bool = False,
-                  temporal_jitter: bool = False, rng: Optional[RNG] = None) -> np.ndarray:
+def sampling_options(cls: type, sampling: Any, fields: dict[str, Any], total_frames: int) -> Any:
+    """The options a frame-sampling function uses: ``sampling`` (an instance of ``cls``) with
+    ``fields`` applied, or ``cls(**fields)``, which must then name ``clip_len``; checks
+    ``total_frames`` first."""
+    if sampling is None and "clip_len" not in fields:
+        raise TypeError(f"needs clip_len (or a {cls.__name__})")
+    if total_frames < 1:
+        raise ValueError(f"total_frames must be >= 1, not {total_frames}")
+    if not fields:
+        return sampling
+    return dataclasses.replace(sampling, **fields) if sampling is not None else cls(**fields)
+
+
+def sample_frames(total_frames: int, sampling: Optional["ClipSampling"] = None, *, start_index: int = 0,
+                  rng: Optional[RNG] = None, **sampling_fields: Any) -> np.ndarray:
     """Frame indices of ``num_clips`` clips of ``clip_len`` frames, as mmaction2's
     ``SampleFrames`` picks them (its ``frame_inds``: int32, ``start_index``-based, clips
     concatenated; ``twice_sample`` doubles the clips in test mode).
 
     Args:
         total_frames: frames in the video (> 0).
+        sampling: a ``ClipSampling``; its fields may also be given as keywords (``clip_len``,
+            which is then required, ``frame_interval``, ``num_clips``, ``test_mode``,
+            ``out_of_bound_opt``, ``twice_sample``, ``keep_tail_frames``, ``temporal_jitter``).
         rng: a ``np.random.RandomState`` (default: numpy's global one, as mmaction2).
     """
-    if total_frames < 1:
-        raise ValueError(f"total_frames must be >= 1, not {total_frames}")
-    if clip_len < 1 or frame_interval < 1 or num_clips < 1:
-        raise ValueError("clip_len, frame_interval and num_clips must be >= 1")
-    if out_of_bound_opt not in OUT_OF_BOUND:
-        raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}, not {out_of_bound_opt!r}")
+    s = sampling_options(ClipSampling, sampling, sampling_fields, total_frames)
+    clip_len, frame_interval, num_clips = s.clip_len, s.frame_interval, s.num_clips
     rng = np.random if rng is None else rng
-    if test_mode:
-        offsets = _test_offsets(total_frames, clip_len, frame_interval, num_clips, twice_sample)
+    if s.test_mode:
+        offsets = _test_offsets(total_frames, clip_len, frame_interval, num_clips, s.twice_sample)
     else:
-        offsets = _train_offsets(total_frames, clip_len, frame_interval, num_clips, keep_tail_frames, rng)
+        offsets = train_offsets(total_frames, clip_len, frame_interval, num_clips, s.keep_tail_frames, rng)
+    return clip_frames(offsets, total_frames, s, start_index, rng)
+
+
+def clip_frames(offsets: np.ndarray, total_frames: int, s: Any, start_index: int, rng: RNG) -> np.ndarray:
+    """The frames of clips starting at ``offsets``: ``s.clip_len`` frames ``s.frame_interval``
+    apart (each shifted by a random jitter below the interval when ``s.temporal_jitter``), the
+    ones past the end bounded (``bound_clips``), as mmaction2's ``frame_inds``."""
+    clip_len, frame_interval = s.clip_len, s.frame_interval
     inds = np.concatenate(offsets[:, None] + np.arange(clip_len)[None, :] * frame_interval)
-    if temporal_jitter:
+    if s.temporal_jitter:
         inds = inds + rng.randint(frame_interval, size=len(inds))
+    inds = bound_clips(inds, total_frames, clip_len, s.out_of_bound_opt)
+    return (np.concatenate(inds) + start_index).astype(np.int32)
+
+
+def bound_clips(inds: np.ndarray, total: int, clip_len: int, out_of_bound_opt: str) -> np.ndarray:
+    """Clips (rows of ``clip_len``) with indices past the end looped or clamped, as mmaction2."""
     inds = inds.reshape((-1, clip_len))
     if out_of_bound_opt == "loop":
-        inds = np.mod(inds, total_frames)
-    else:  # repeat_last: past the end, repeat the clip's last frame inside the video
-        safe = inds < total_frames
-        last = np.max(safe * inds, axis=1)
-        inds = safe * inds + ((1 - safe).T * last).T
-    return (np.concatenate(inds) + start_index).astype(np.int32)
+        return np.mod(inds, total)
+    safe = inds < total  # repeat_last: past the end, repeat the clip's last frame inside the video
+    last = np.max(safe * inds, axis=1)
+    return safe * inds + ((1 - safe).T * last).T
 
 
 @dataclass(frozen=True)
@@ -112,17 +140,44 @@ class ClipSampling:
         if self.clip_len < 1 or self.frame_interval < 1 or self.num_clips < 1:
             raise ValueError("clip_len, frame_interval and num_clips must be >= 1")
         if self.out_of_bound_opt not in OUT_OF_BOUND:
-            raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}")
+            raise ValueError(f"out_of_bound_opt must be one of {OUT_OF_BOUND}, not {self.out_of_bound_opt!r}")
 
     def indices(self, total_frames: int, rng: RNG, *, start_index: int = 0, fps: Optional[float] = None,
                 clip_len: Optional[int] = None, frame_interval: Optional[int] = None) -> np.ndarray:
         """``sample_frames`` with these options (``fps`` is for samplers that use it)."""
-        return sample_frames(total_frames, clip_len=clip_len or self.clip_len,
-                             frame_interval=frame_interval or self.frame_interval,
-                             num_clips=self.num_clips, test_mode=self.test_mode,
-                             start_index=start_index, out_of_bound_opt=self.out_of_bound_opt,
-                             twice_sample=self.twice_sample, keep_tail_frames=self.keep_tail_frames,
-                             temporal_jitter=self.temporal_jitter, rng=rng)
+        override = {k: v for k, v in (("clip_len", clip_len), ("frame_interval", frame_interval)) if v}
+        return sample_frames(total_frames, self, start_index=start_index, rng=rng, **override)
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    """What a video dataset returns for each clip (see ``FrameDataset``): layout, crop, draws, labels.
+
+    Args:
+        layout: ``"TCHW"`` or ``"CTHW"``.
+        crop_size: crop every clip to this square (None: no crop).
+        seed: None draws from numpy's global RNG (as mmaction2); an int makes each clip a
+            function of (seed, epoch, index).
+        modality: ``"RGB"`` or ``"Flow"``.
+        multi_class, num_classes: return mmaction2's multi-hot target.
+    """
+
+    layout: str = "TCHW"
+    crop_size: Optional[int] = None
+    seed: Optional[int] = None
+    modality: str = "RGB"
+    multi_class: bool = False
+    num_classes: Optional[int] = None
+
+    def __post_init__(self) -> None:  # the usual choice checks, as every options class has them
+        if self.modality not in MODALITIES:
+            raise UsageError(f"modality must be one of {MODALITIES}, not {self.modality!r}")
+        if self.multi_class and (self.num_classes is None or self.num_classes < 1):
+            raise UsageError("multi_class=True needs num_classes (as mmaction2)")
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"layout must be one of {LAYOUTS}, not {self.layout!r}")
+        if self.crop_size is not None and self.crop_size < 1:
+            raise UsageError(f"crop_size must be >= 1, not {self.crop_size}")
 
 
 # -- cropping ---------------------------------------------------------------------------------
@@ -132,6 +187,8 @@ def random_resized_crop_box(height: int, width: int, rng: RNG, *, area_range=(0.
     """(top, left, h, w) of a random crop covering ``area_range`` of the frame with an aspect in
     ``aspect_ratio_range`` (log-uniform), as mmaction2's ``RandomResizedCrop``; center crop of
     the whole frame if no attempt fits."""
+    # Not crops.sample_box on purpose: mmaction2's draws (RandomState.randint, centre-square
+    # fallback) differ from torchvision's (Generator.integers, aspect-clamped fallback).
     area = height * width
     log_ratio = (math.log(aspect_ratio_range[0]), math.log(aspect_ratio_range[1]))
     for _ in range(max_attempts):

@@ -35,18 +35,16 @@ reproducible under ``torch.manual_seed``). Calls from several threads share one 
 """
 from __future__ import annotations
 
-import io
 import math
 import os
 import threading
-import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from packer.codecs.image import _to_rgb_array, to_chw
+from packer.codecs.image import decode_pil, to_chw
 from packer.data.boxdecode import Box, decode_box
 from packer.data.resample import to_chw3
 
@@ -57,6 +55,7 @@ def sample_box(height: int, width: int, rng: np.random.Generator, *,
                scale: Sequence[float] = (0.08, 1.0),
                ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(top, left, height, width) of torchvision's RandomResizedCrop box (see the module doc)."""
+    # Not clips.random_resized_crop_box on purpose: torchvision's draws and fallback differ from mmaction2's.
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):
@@ -175,12 +174,7 @@ class PilRandomResizedCrop(_RandomCrop):
         if isinstance(data, np.ndarray):
             im = Image.fromarray(data)
         else:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    im = Image.fromarray(_to_rgb_array(Image.open(io.BytesIO(bytes(data)))))
-            except Exception as e:
-                raise ValueError(f"cannot decode image: {e}") from None
+            im = Image.fromarray(decode_pil(data))  # the reference decode (ValueError if undecodable)
         (top, left, h, w), flip = self.sample(im.height, im.width, rng)
         im = im.crop((left, top, left + w, top + h)).resize((self.size[1], self.size[0]), Image.BILINEAR)
         if flip:

@@ -16,36 +16,24 @@ allocator, which recycles a block only after the non_blocking copies that read i
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
-import queue
-import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
 
-from packer.errors import PackerError, UsageError
-from packer.data.batchbuf import BufferPool, as_image, copy_into
+from packer.errors import UsageError
+from packer.data.batchbuf import BufferPool
+from packer.data.loader_epoch import Epoch, LoaderError
 from packer.data.streaming import resolve_rank, split_by_rank
 
-__all__ = ["Loader", "LoaderError", "epoch_indices"]
+__all__ = ["Loader", "LoaderOptions", "LoaderError", "epoch_indices"]
 
 log = logging.getLogger(__name__)
-
-_THREAD_PREFIX = "packer-loader"
-
-
-class LoaderError(PackerError):
-    """Loading one sample failed in a loader thread; names the sample (index and key)."""
-
-    def __init__(self, index: int, where: str, cause: BaseException):
-        self.index = index
-        super().__init__(f"loading sample {index}{where} failed: {type(cause).__name__}: {cause}")
 
 
 def epoch_indices(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int,
@@ -56,244 +44,39 @@ def epoch_indices(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, wo
     return split_by_rank(order, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
-# -- sample structure ----------------------------------------------------------------------------
-def _fields(sample: Any) -> list[tuple[Any, Any]]:
-    """(key, value) of a sample's top-level fields: dict keys, tuple positions, or one field."""
-    if isinstance(sample, Mapping):
-        return list(sample.items())
-    if isinstance(sample, (tuple, list)):
-        return list(enumerate(sample))
-    return [(None, sample)]
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a ``Loader`` orders and fetches (its keywords; see ``Loader``).
 
+    Args:
+        batch_size: samples per batch.
+        shuffle: a seeded permutation per epoch.
+        seed: the permutation's seed (the same on every rank).
+        num_threads: loader threads (None: the CPUs this process may use, at most 8).
+        drop_last: drop the uneven tail (across ranks, then the last partial batch).
+        prefetch: batches loaded ahead of the one being consumed.
+        chunk: samples per thread task (None: batch / (2 x threads)).
+        pin_memory: pinned buffers (None: when CUDA is available).
+        rank, world_size: override ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+    """
 
-def _rebuild(like: Any, values: dict[Any, Any]) -> Any:
-    if isinstance(like, Mapping):
-        return {k: values[k] for k in like}
-    if isinstance(like, tuple) and hasattr(like, "_fields"):
-        return type(like)(*(values[i] for i in range(len(like))))
-    if isinstance(like, (tuple, list)):
-        out = [values[i] for i in range(len(like))]
-        return tuple(out) if isinstance(like, tuple) else out
-    return values[None]
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    num_threads: int | None = None
+    drop_last: bool = False
+    prefetch: int = 2
+    chunk: int | None = None
+    pin_memory: bool | None = None
+    rank: int | None = None
+    world_size: int | None = None
 
-
-# -- one batch in flight -----------------------------------------------------------------------
-@dataclass
-class _Batch:
-    number: int
-    indices: np.ndarray
-    remaining: int
-    done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    like: Any = None  # the first sample (its structure)
-    images: dict[Any, torch.Tensor] = field(default_factory=dict)  # field -> buffer
-    arrays: dict[Any, np.ndarray] = field(default_factory=dict)  # field -> the buffer as numpy
-    other: dict[Any, list] = field(default_factory=dict)  # field -> values by position
-    samples: list | None = None  # user collate: the samples by position
-    error: tuple[int, BaseException] | None = None
-    result: Any = None
-
-
-class _Epoch:
-    """The threads and in-flight batches of one pass; closes cleanly from anywhere."""
-
-    def __init__(self, loader: "Loader", indices: np.ndarray):
-        self.loader = loader
-        self.batches = [indices[i:i + loader.batch_size] for i in range(0, len(indices), loader.batch_size)]
-        if loader.drop_last and self.batches and len(self.batches[-1]) < loader.batch_size:
-            self.batches.pop()
-        self.tasks: queue.Queue = queue.Queue()
-        self.stop = threading.Event()
-        self.inflight: dict[int, _Batch] = {}
-        self.next_submit = 0
-        self.threads: list[threading.Thread] = []
-
-    def _start(self) -> None:  # in run(): a pass that is never iterated starts no thread
-        for i in range(self.loader.num_threads):
-            t = threading.Thread(target=self._work, name=f"{_THREAD_PREFIX}-{i}", daemon=True)
-            self.threads.append(t)
-            t.start()
-
-    # -- main thread ----------------------------------------------------------------------------
-    def _submit(self, upto: int) -> None:
-        chunk = self.loader.chunk
-        while self.next_submit < min(upto, len(self.batches)):
-            k = self.next_submit
-            idx = self.batches[k]
-            b = _Batch(k, idx, len(idx))
-            if self.loader.collate is not None:
-                b.samples = [None] * len(idx)
-            self.inflight[k] = b
-            for s in range(0, len(idx), chunk):
-                self.tasks.put((b, s, min(s + chunk, len(idx))))
-            self.next_submit += 1
-
-    def run(self) -> Iterator[Any]:
-        self._start()
-        try:
-            for k in range(len(self.batches)):
-                self._submit(k + 1 + self.loader.prefetch)
-                b = self.inflight[k]
-                while not b.done.wait(0.05):
-                    if not any(t.is_alive() for t in self.threads):
-                        raise RuntimeError("packer.Loader: every loader thread died")
-                del self.inflight[k]
-                if b.error is not None:
-                    index, exc = b.error
-                    raise LoaderError(index, self.loader._where(index), exc) from exc
-                out = b.result
-                b.result = None
-                b.arrays.clear()  # (numpy views count as references to the buffer)
-                for buf in b.images.values():
-                    self.loader.pool.release(buf)
-                b = None
-                yield out
-                del out
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop the threads (they finish the chunk in hand) and wait for them."""
-        self.stop.set()
-        while True:
-            try:
-                self.tasks.get_nowait()
-            except queue.Empty:
-                break
-        for _ in self.threads:
-            self.tasks.put(None)
-        me = threading.current_thread()
-        for t in self.threads:
-            if t is not me:
-                t.join()
-        for b in self.inflight.values():
-            b.arrays.clear()
-            for buf in b.images.values():
-                self.loader.pool.release(buf)
-        self.inflight.clear()
-
-    # -- loader threads -------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            task = self.tasks.get()
-            if task is None or self.stop.is_set():
-                return
-            b, start, end = task
-            if b.error is not None:
-                self._finish(b, end - start)
-                continue
-            try:
-                self._fill(b, start, end)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-                with b.lock:
-                    pos = getattr(e, "_packer_pos", start)
-                    if b.error is None:
-                        b.error = (int(b.indices[pos]), e)
-            self._finish(b, end - start)
-
-    def _finish(self, b: _Batch, n: int) -> None:
-        with b.lock:
-            b.remaining -= n
-            last = b.remaining == 0
-        if not last:
-            return
-        if b.error is None:
-            try:
-                b.result = self._assemble(b)
-            except BaseException as e:  # noqa: BLE001
-                b.error = (int(b.indices[0]), e)
-        b.done.set()
-
-    def _fetch(self, indices: list[int]) -> Iterator[Any]:
-        """The samples of ``indices`` in order, lazily where the dataset allows it
-        (``iter_items``, e.g. ``PackedDataset``: one batched read, each sample decoded right
-        after its read), else ``__getitems__``, else one by one. An exception carries the
-        position (within ``indices``) of the sample that raised it."""
-        ds = self.loader.dataset
-        lazy = getattr(ds, "iter_items", None)
-        getitems = getattr(ds, "__getitems__", None)
-        done = 0  # samples handed out: the next one is the one that failed
-        try:
-            if lazy is not None:
-                for sample in lazy(indices):
-                    yield sample
-                    done += 1
-                return
-            if getitems is not None and len(indices) > 1:
-                batch = None
-                try:
-                    batch = list(getitems(indices))
-                except Exception:  # noqa: BLE001 - below, one by one, to name the failing sample
-                    pass
-                if batch is not None:
-                    yield from batch
-                    return
-            for i in indices:
-                yield ds[i]
-                done += 1
-        except GeneratorExit:
-            raise
-        except BaseException as e:
-            e._packer_pos = done  # type: ignore[attr-defined]
-            raise
-
-    def _fill(self, b: _Batch, start: int, end: int) -> None:
-        indices = [int(i) for i in b.indices[start:end]]
-        try:
-            for j, sample in enumerate(self._fetch(indices), start):
-                if b.samples is not None:
-                    b.samples[j] = sample
-                    with b.lock:
-                        if b.like is None:
-                            b.like = sample
-                    continue
-                try:
-                    self._place(b, j, sample)
-                except BaseException as e:
-                    e._packer_pos = j - start  # type: ignore[attr-defined]
-                    raise
-        except BaseException as e:
-            e._packer_pos = start + getattr(e, "_packer_pos", 0)  # type: ignore[attr-defined]
-            raise
-
-    def _place(self, b: _Batch, pos: int, sample: Any) -> None:
-        fields = _fields(sample)
-        images = {k: as_image(v) for k, v in fields}
-        with b.lock:
-            if b.like is None:
-                n = len(b.indices)
-                for k, v in fields:
-                    if images[k] is not None:
-                        buf = self.loader.pool.acquire((n, *images[k].shape))
-                        b.images[k] = buf
-                        b.arrays[k] = buf.numpy()
-                    else:
-                        b.other[k] = [None] * n
-                b.like = sample
-        for k, v in fields:
-            if k in b.images:
-                img = images[k]
-                dst = b.arrays[k]
-                if img is None or img.shape != dst.shape[1:]:
-                    got = "not a uint8 image" if img is None else f"shape {tuple(img.shape)}"
-                    raise ValueError(f"field {k!r} is {got}, the batch's first sample has "
-                                     f"{tuple(dst.shape[1:])}; resize/crop images to one size "
-                                     f"(e.g. decode=DecodeResizeCrop(256, 224))")
-                copy_into(dst[pos], img)
-            elif k in b.other:
-                b.other[k][pos] = v
-            else:
-                raise ValueError(f"sample has field {k!r} that the batch's first sample lacks")
-
-    def _assemble(self, b: _Batch) -> Any:
-        if b.samples is not None:
-            return self.loader.collate(b.samples)
-        values: dict[Any, Any] = {}
-        for k, buf in b.images.items():
-            values[k] = buf[:len(b.indices)]  # a view: its references keep the buffer from reuse
-        for k, vals in b.other.items():
-            values[k] = default_collate(vals)
-        return _rebuild(b.like, values)
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, not {self.batch_size}")
+        if ((self.num_threads is not None and self.num_threads < 1) or self.prefetch < 0
+                or (self.chunk is not None and self.chunk < 1)):
+            raise UsageError("num_threads and chunk must be >= 1, prefetch >= 0")
 
 
 class Loader:
@@ -302,6 +85,8 @@ class Loader:
     Args:
         dataset: any map-style dataset (``PackedDataset``, ``FrameDataset``,
             ``PackedVideoDataset``, your own); samples are tuples/lists/dicts or one image.
+        options: a ``LoaderOptions``; its fields may also be given as keywords (below), which
+            override its own.
         batch_size: samples per batch.
         shuffle: a seeded permutation per epoch (the epoch from ``set_epoch``; without it the
             epochs of successive passes are 0, 1, 2, ...).
@@ -324,32 +109,30 @@ class Loader:
     DataLoader instead.
     """
 
-    def __init__(self, dataset: Any, *, batch_size: int, shuffle: bool = False, seed: int = 0,
-                 num_threads: int | None = None, drop_last: bool = False, sampler: Any = None,
-                 collate: Callable[[list], Any] | None = None, prefetch: int = 2, chunk: int | None = None,
-                 pin_memory: bool | None = None, rank: int | None = None, world_size: int | None = None):
-        if batch_size < 1:
-            raise UsageError(f"batch_size must be >= 1, not {batch_size}")
-        if sampler is not None and shuffle:
+    def __init__(self, dataset: Any, options: LoaderOptions | None = None, *, sampler: Any = None,
+                 collate: Callable[[list], Any] | None = None, **option_fields: Any):
+        opts = dataclasses.replace(options, **option_fields) if options is not None else LoaderOptions(**option_fields)
+        if sampler is not None and opts.shuffle:
             raise UsageError("give shuffle or a sampler, not both (the sampler decides the order)")
+        num_threads = opts.num_threads
         if num_threads is None:
             num_threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        if num_threads < 1 or prefetch < 0 or (chunk is not None and chunk < 1):
-            raise UsageError("num_threads and chunk must be >= 1, prefetch >= 0")
+        self.options = opts
         self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = int(seed)
+        self.batch_size = int(opts.batch_size)
+        self.shuffle = opts.shuffle
+        self.seed = int(opts.seed)
         self.num_threads = int(num_threads)
-        self.drop_last = drop_last
+        self.drop_last = opts.drop_last
         self.sampler = sampler
         self.collate = collate
-        self.prefetch = int(prefetch)
-        self.chunk = int(chunk) if chunk else max(1, math.ceil(self.batch_size / (2 * self.num_threads)))
+        self.prefetch = int(opts.prefetch)
+        self.chunk = int(opts.chunk) if opts.chunk else max(1, math.ceil(self.batch_size / (2 * self.num_threads)))
+        pin_memory = opts.pin_memory
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.pool = BufferPool(pin=bool(pin_memory), keep=self.prefetch + 4)
-        self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(rank, world_size)
+        self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(opts.rank, opts.world_size)
         self._epoch: int | None = None
         self._next_epoch = 0
 
@@ -383,7 +166,7 @@ class Loader:
         epoch = self._epoch if self._epoch is not None else self._next_epoch
         indices = self.indices(epoch)
         self._next_epoch, self._epoch = epoch + 1, None
-        return _Epoch(self, indices).run()
+        return Epoch(self, indices).run()
 
     def _where(self, index: int) -> str:
         keys = getattr(self.dataset, "keys", None)

@@ -13,24 +13,15 @@ computed by mmaction2 1.2's own transforms, ``tests/reference/mmaction2_samplers
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from packer.data.clips import OUT_OF_BOUND, RNG, ClipSampling, _train_offsets
+from packer.data.clips import (OUT_OF_BOUND, RNG, ClipSampling, bound_clips, clip_frames, sampling_options,
+                               train_offsets)
 
 __all__ = ["SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames", "fps_sample_frames",
            "dense_sample_frames", "untrimmed_sample_frames"]
-
-
-def _bound(inds: np.ndarray, total: int, clip_len: int, out_of_bound_opt: str) -> np.ndarray:
-    """Clips (rows of ``clip_len``) with indices past the end looped or clamped, as mmaction2."""
-    inds = inds.reshape((-1, clip_len))
-    if out_of_bound_opt == "loop":
-        return np.mod(inds, total)
-    safe = inds < total  # repeat_last: the clip's last in-range index
-    last = np.max(safe * inds, axis=1)
-    return safe * inds + ((1 - safe).T * last).T
 
 
 def _check(total_frames: int, clip_len: int, frame_interval: int, num_clips: int, oob: str) -> None:
@@ -43,28 +34,30 @@ def _check(total_frames: int, clip_len: int, frame_interval: int, num_clips: int
 
 
 # -- SampleFrames(target_fps=...) -------------------------------------------------------------
-def fps_sample_frames(total_frames: int, *, clip_len: int, frame_interval: int = 1, num_clips: int = 1,
-                      target_fps: float, fps: Optional[float] = None, test_mode: bool = False,
-                      start_index: int = 0, out_of_bound_opt: str = "loop", twice_sample: bool = False,
-                      keep_tail_frames: bool = False, rng: Optional[RNG] = None) -> np.ndarray:
+def fps_sample_frames(total_frames: int, sampling: Optional["SampleFrames"] = None, *,
+                      fps: Optional[float] = None, start_index: int = 0, rng: Optional[RNG] = None,
+                      **sampling_fields: Any) -> np.ndarray:
     """mmaction2 ``SampleFrames(target_fps=...)``: a clip spans ``clip_len * frame_interval``
     frames at ``target_fps``, i.e. ``clip_len * frame_interval * fps / target_fps`` source
     frames (at least 1), and its ``clip_len`` frames are spread evenly over that span
     (PySlowFast's sampling). ``fps=None`` (unknown) samples as if ``fps == target_fps``.
-    Test clips are spaced by the floor of the span between them, as mmaction2 does."""
-    _check(total_frames, clip_len, frame_interval, num_clips, out_of_bound_opt)
+    Test clips are spaced by the floor of the span between them, as mmaction2 does.
+    ``sampling`` is a ``SampleFrames`` (its fields may also be given as keywords: ``clip_len``,
+    then required, ``target_fps``, ``frame_interval``, ``num_clips``, ``test_mode``, ...)."""
+    s = sampling_options(SampleFrames, sampling, sampling_fields, total_frames)
+    target_fps, clip_len, num_clips = s.target_fps, s.clip_len, s.num_clips
     if not target_fps or target_fps <= 0:
         raise ValueError(f"target_fps must be > 0, not {target_fps}")
     rng = np.random if rng is None else rng
     ratio = fps / target_fps if fps else 1.0
-    span = np.maximum(1, clip_len * frame_interval * ratio)  # a numpy float, as mmaction2's
-    if test_mode:
-        offsets = _fps_test_offsets(total_frames, span, clip_len, num_clips, twice_sample)
+    span = np.maximum(1, clip_len * s.frame_interval * ratio)  # a numpy float, as mmaction2's
+    if s.test_mode:
+        offsets = _fps_test_offsets(total_frames, span, clip_len, num_clips, s.twice_sample)
     else:
         # the train offsets of SampleFrames with a (fractional) span of ``span`` frames
-        offsets = _train_offsets(total_frames, 1, span, num_clips, keep_tail_frames, rng)
+        offsets = train_offsets(total_frames, 1, span, num_clips, s.keep_tail_frames, rng)
     inds = offsets[:, None] + np.linspace(0, span - 1, clip_len).astype(np.int32)
-    inds = _bound(inds, total_frames, clip_len, out_of_bound_opt)
+    inds = bound_clips(inds, total_frames, clip_len, s.out_of_bound_opt)
     return (np.concatenate(inds) + start_index).astype(np.int32)
 
 
@@ -106,47 +99,39 @@ class SampleFrames(ClipSampling):
         if self.target_fps is None:
             return super().indices(total_frames, rng, start_index=start_index, clip_len=clip_len,
                                    frame_interval=frame_interval)
-        return fps_sample_frames(total_frames, clip_len=clip_len or self.clip_len,
-                                 frame_interval=frame_interval or self.frame_interval,
-                                 num_clips=self.num_clips, target_fps=self.target_fps, fps=fps,
-                                 test_mode=self.test_mode, start_index=start_index,
-                                 out_of_bound_opt=self.out_of_bound_opt, twice_sample=self.twice_sample,
-                                 keep_tail_frames=self.keep_tail_frames, rng=rng)
+        override = {k: v for k, v in (("clip_len", clip_len), ("frame_interval", frame_interval)) if v}
+        return fps_sample_frames(total_frames, self, fps=fps, start_index=start_index, rng=rng, **override)
 
 
 # -- DenseSampleFrames ------------------------------------------------------------------------
-def dense_sample_frames(total_frames: int, *, clip_len: int, frame_interval: int = 1, num_clips: int = 1,
-                        sample_range: int = 64, num_sample_positions: int = 10, test_mode: bool = False,
-                        start_index: int = 0, out_of_bound_opt: str = "loop",
-                        temporal_jitter: bool = False, rng: Optional[RNG] = None) -> np.ndarray:
+def dense_sample_frames(total_frames: int, sampling: Optional["DenseSampleFrames"] = None, *,
+                        start_index: int = 0, rng: Optional[RNG] = None, **sampling_fields: Any) -> np.ndarray:
     """mmaction2 ``DenseSampleFrames``: ``num_clips`` clip starts ``sample_range // num_clips``
     apart inside a window of ``sample_range`` frames; the window starts at a random frame of
     ``[0, max(1, total - sample_range))`` in training (mmaction2's ``randint(0, positions - 1)``,
     so the last position is never drawn), and at ``num_sample_positions`` evenly spaced
-    positions in testing (``num_clips * num_sample_positions`` clips)."""
-    _check(total_frames, clip_len, frame_interval, num_clips, out_of_bound_opt)
-    if sample_range < 1 or num_sample_positions < 1:
-        raise ValueError("sample_range and num_sample_positions must be >= 1")
+    positions in testing (``num_clips * num_sample_positions`` clips). ``sampling`` is a
+    ``DenseSampleFrames`` (its fields may also be given as keywords; ``clip_len`` then required)."""
+    s = sampling_options(DenseSampleFrames, sampling, sampling_fields, total_frames)
+    num_clips, sample_range = s.num_clips, s.sample_range
     rng = np.random if rng is None else rng
     positions = max(1, 1 + total_frames - sample_range)
     step = sample_range // num_clips
     base = np.arange(num_clips) * step
-    if test_mode:
-        starts = np.linspace(0, positions - 1, num=num_sample_positions, dtype=int)
-        offsets = np.array([o for s in starts for o in (base + s) % total_frames])
+    if s.test_mode:
+        starts = np.linspace(0, positions - 1, num=s.num_sample_positions, dtype=int)
+        offsets = np.array([o for at in starts for o in (base + at) % total_frames])
     else:
         start = 0 if positions == 1 else rng.randint(0, positions - 1)
         offsets = (base + start) % total_frames
-    inds = np.concatenate(offsets[:, None] + np.arange(clip_len)[None, :] * frame_interval)
-    if temporal_jitter:
-        inds = inds + rng.randint(frame_interval, size=len(inds))
-    inds = _bound(inds, total_frames, clip_len, out_of_bound_opt)
-    return (np.concatenate(inds) + start_index).astype(np.int32)
+    return clip_frames(offsets, total_frames, s, start_index, rng)
 
 
 @dataclass(frozen=True)
 class DenseSampleFrames:
     """mmaction2 ``DenseSampleFrames`` options (see ``dense_sample_frames``)."""
+    # Fields like ClipSampling's on purpose, but not a subclass: mmaction2's DenseSampleFrames has
+    # no twice_sample/keep_tail_frames, and the datasets tell samplers apart by type.
 
     clip_len: int = 1
     frame_interval: int = 1
@@ -164,12 +149,8 @@ class DenseSampleFrames:
 
     def indices(self, total_frames: int, rng: RNG, *, start_index: int = 0, fps: Optional[float] = None,
                 clip_len: Optional[int] = None, frame_interval: Optional[int] = None) -> np.ndarray:
-        return dense_sample_frames(total_frames, clip_len=clip_len or self.clip_len,
-                                   frame_interval=frame_interval or self.frame_interval,
-                                   num_clips=self.num_clips, sample_range=self.sample_range,
-                                   num_sample_positions=self.num_sample_positions, test_mode=self.test_mode,
-                                   start_index=start_index, out_of_bound_opt=self.out_of_bound_opt,
-                                   temporal_jitter=self.temporal_jitter, rng=rng)
+        override = {k: v for k, v in (("clip_len", clip_len), ("frame_interval", frame_interval)) if v}
+        return dense_sample_frames(total_frames, self, start_index=start_index, rng=rng, **override)
 
 
 # -- UntrimmedSampleFrames --------------------------------------------------------------------

@@ -27,6 +27,7 @@ the remaining order, whatever the number of DataLoader workers.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,7 +41,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.errors import UsageError
 from packer.data.datasets import PackedDataset
 
-__all__ = ["StreamingDataset", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
+__all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
            "split_by_worker", "rank_order", "resolve_rank", "block_shuffle", "DEFAULT_BUFFER_SIZE",
            "DEFAULT_BLOCK_SIZE"]
 
@@ -160,6 +161,25 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     return rank, world_size
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamOrder:
+    """How a ``StreamingDataset`` orders an epoch (see its Args for each field)."""
+
+    shuffle: bool = True
+    seed: int = 0
+    buffer_size: int = DEFAULT_BUFFER_SIZE
+    block_size: int | None = DEFAULT_BLOCK_SIZE
+    drop_last: bool = False
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1 or self.batch_size < 1 or (self.block_size is not None and self.block_size < 1):
+            raise UsageError("buffer_size, block_size and batch_size must be >= 1")
+
+
+_ORDER_FIELDS = frozenset(f.name for f in dataclasses.fields(StreamOrder))
+
+
 class StreamingDataset(IterableDataset):
     """Iterate a records output (any packed output works) in a seeded, per-epoch order.
 
@@ -170,6 +190,7 @@ class StreamingDataset(IterableDataset):
 
     Args:
         path: the packed output (or a list of TFRecord files with ``.idx`` indexes).
+        order: a ``StreamOrder`` (its fields may also be given as keywords, which win):
         shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
         block_size: samples per shuffle block (sizes vary +-25% per block); a block spans
@@ -181,31 +202,24 @@ class StreamingDataset(IterableDataset):
             rank's order (what makes a resume exact with several workers).
         decode, transform, target_transform, check_crc: as ``PackedDataset``.
         rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
-        cache_dir, cache_limit, remote: for a URL ``path``, as ``PackedDataset``; each worker
+        options: the ``StreamOrder`` fields above, and ``cache_dir``, ``cache_limit``,
+            ``remote``: for a URL ``path``, as ``PackedDataset``; each worker
             prefetches the next shards of its own order (``remote.prefetch`` of them).
     """
 
-    def __init__(self, path: Any, *, shuffle: bool = True, seed: int = 0,
-                 buffer_size: int = DEFAULT_BUFFER_SIZE, block_size: int | None = DEFAULT_BLOCK_SIZE,
-                 drop_last: bool = False, batch_size: int = 1,
-                 decode: str = "pil", transform: Callable[[Any], Any] | None = None,
+    def __init__(self, path: Any, order: StreamOrder | None = None, *, decode: str = "pil",
+                 transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
-                 rank: int | None = None, world_size: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-                 remote: Any = None):
-        if buffer_size < 1 or batch_size < 1 or (block_size is not None and block_size < 1):
-            raise UsageError("buffer_size, block_size and batch_size must be >= 1")
+                 rank: int | None = None, world_size: int | None = None, **options: Any):
+        order_fields = {k: options.pop(k) for k in list(options) if k in _ORDER_FIELDS}
+        self.options = dataclasses.replace(order or StreamOrder(), **order_fields)
         self.dataset = PackedDataset(path, decode=decode, transform=transform,
-                                     target_transform=target_transform, check_crc=check_crc,
-                                     cache_dir=cache_dir, cache_limit=cache_limit, remote=remote)
+                                     target_transform=target_transform, check_crc=check_crc, **options)
         reader = self.dataset.reader
         self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.buffer_size = buffer_size
-        self.block_size = block_size
-        self.drop_last = drop_last
-        self.batch_size = batch_size
+        o = self.options
+        self.shuffle, self.seed, self.buffer_size = o.shuffle, int(o.seed), o.buffer_size
+        self.block_size, self.drop_last, self.batch_size = o.block_size, o.drop_last, o.batch_size
         self.rank, self.world_size = resolve_rank(rank, world_size)
         # [epoch, samples to skip]: in shared memory so that set_epoch/load_state_dict reach
         # DataLoader workers that persist across epochs (fork or spawn).

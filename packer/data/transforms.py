@@ -18,15 +18,13 @@ Use either as ``PackedDataset(path, decode=DecodeResizeCrop(256, 224))``.
 """
 from __future__ import annotations
 
-import io
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from packer.codecs.image import _to_rgb_array, to_chw
+from packer.codecs.image import decode_pil, to_chw
 from packer.data.boxdecode import Box, decode_box, decode_scaled, jpeg_size
 from packer.data.resample import to_chw3
 
@@ -116,12 +114,7 @@ class PilResizeCrop(_ResizeCrop):
         elif isinstance(data, np.ndarray):
             im = Image.fromarray(data)
         else:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    im = Image.fromarray(_to_rgb_array(Image.open(io.BytesIO(bytes(data)))))
-            except Exception as e:
-                raise ValueError(f"cannot decode image: {e}") from None
+            im = Image.fromarray(decode_pil(data))  # the reference decode (ValueError if undecodable)
         w, h = im.size
         if w <= h:
             size = (self.short_side, int(self.short_side * h / w))

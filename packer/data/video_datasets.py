@@ -25,39 +25,42 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from packer.errors import CorruptData, UsageError
+from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats import open_reader
+from packer.formats.reader import output_identity
 from packer.codecs.image import decode
-from packer.data.clips import (LAYOUTS, RNG, ClipSampling, assemble_clip, random_resized_crop_box,
-                               sample_frames)
+from packer.data.clips import (LAYOUTS, MODALITIES, RNG, ClipOptions, ClipSampling, assemble_clip,
+                               random_resized_crop_box, sample_frames)
 from packer.data.requests import ClipRequest, split_request
 from packer.codecs.flow import decode_grey
 from packer.formats.frames import video_streams
 
-__all__ = ["sample_frames", "ClipSampling", "FrameDataset", "PackedVideoDataset", "parse_rawframes",
+__all__ = ["sample_frames", "ClipSampling", "ClipOptions", "FrameDataset", "PackedVideoDataset", "parse_rawframes",
            "RawframeInfo", "random_resized_crop_box", "assemble_clip", "LAYOUTS", "MODALITIES"]
 
-MODALITIES = ("RGB", "Flow")
+_CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipOptions))
+
+
+def _split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keywords -> (``ClipOptions`` fields, the sampler's fields)."""
+    return ({k: v for k, v in fields.items() if k in _CLIP_FIELDS},
+            {k: v for k, v in fields.items() if k not in _CLIP_FIELDS})
+
+
+def _clip_options(options: Optional[ClipOptions], fields: dict[str, Any]) -> ClipOptions:
+    return dataclasses.replace(options, **fields) if options is not None else ClipOptions(**fields)
+
 
 # -- the shared dataset part ------------------------------------------------------------------
 class _ClipDataset(torch.utils.data.Dataset):
     """What both video datasets share: sampling, the per-sample RNG, crops, layout, transform."""
 
-    def __init__(self, sampling: Any, sampling_fields: dict[str, Any], *, layout: str,
-                 crop_size: Optional[int], transform: Optional[Callable[[torch.Tensor], Any]],
-                 seed: Optional[int], modality: str = "RGB", multi_class: bool = False,
-                 num_classes: Optional[int] = None):
-        if modality not in MODALITIES:
-            raise UsageError(f"modality must be one of {MODALITIES}, not {modality!r}")
-        if multi_class and (num_classes is None or num_classes < 1):
-            raise UsageError("multi_class=True needs num_classes (as mmaction2)")
-        self.modality = modality
-        self.multi_class = multi_class
-        self.num_classes = num_classes
-        if layout not in LAYOUTS:
-            raise UsageError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-        if crop_size is not None and crop_size < 1:
-            raise UsageError(f"crop_size must be >= 1, not {crop_size}")
+    def __init__(self, sampling: Any, sampling_fields: dict[str, Any], options: ClipOptions, *,
+                 transform: Optional[Callable[[torch.Tensor], Any]]):
+        self.options = options
+        self.modality = options.modality
+        self.multi_class = options.multi_class
+        self.num_classes = options.num_classes
         if sampling is not None and not callable(getattr(sampling, "indices", None)):
             raise UsageError(f"sampling must be a ClipSampling or a packer.data.samplers sampler, not {sampling!r}")
         try:
@@ -66,10 +69,10 @@ class _ClipDataset(torch.utils.data.Dataset):
             raise UsageError(str(e)) from None
         except TypeError as e:  # a field this sampler does not have
             raise UsageError(f"{type(sampling or ClipSampling()).__name__}: {e}") from None
-        self.layout = layout
-        self.crop_size = crop_size
+        self.layout = options.layout
+        self.crop_size = options.crop_size
         self.transform = transform
-        self.seed = seed
+        self.seed = options.seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -219,6 +222,9 @@ class FrameDataset(_ClipDataset):
             ``frame_interval``, ``num_clips``, ``test_mode``, ...), which override its own.
             Rawframe lists carry no frame rate: ``SampleFrames(target_fps=...)`` samples with
             the ratio 1, as mmaction2's ``RawframeDataset`` does.
+        options: a ``ClipOptions`` (``layout``, ``crop_size``, ``seed``, ``modality``,
+            ``multi_class``, ``num_classes``, described below); its fields may also be given as
+            keywords, which override its own.
         filename_tmpl: frame file names (mmaction2 defaults ``img_{:05}.jpg``, and
             ``{}_{:05d}.jpg`` for flow: direction ``x``/``y``, then number).
         start_index: the number of each folder's first frame file (mmaction2 default 1).
@@ -237,13 +243,12 @@ class FrameDataset(_ClipDataset):
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
-                 sampling: Any = None, filename_tmpl: Optional[str] = None, start_index: int = 1,
-                 with_offset: bool = False, layout: str = "TCHW", crop_size: Optional[int] = None,
-                 transform: Optional[Callable[[torch.Tensor], Any]] = None, seed: Optional[int] = None,
-                 modality: str = "RGB", multi_class: bool = False, num_classes: Optional[int] = None,
-                 **sampling_fields: Any):
-        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
-                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
+                 sampling: Any = None, options: Optional[ClipOptions] = None, filename_tmpl: Optional[str] = None,
+                 start_index: int = 1, with_offset: bool = False,
+                 transform: Optional[Callable[[torch.Tensor], Any]] = None, **fields: Any):
+        clip_fields, sampling_fields = _split_fields(fields)
+        super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
+        modality = self.modality
         self.root = Path(root)
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
@@ -251,7 +256,13 @@ class FrameDataset(_ClipDataset):
         extra = _manifest_extra(self.root) if flow else {}
         default_list = extra.get("flow_list_file", "rawframes_flow.txt") if flow else "rawframes.txt"
         self.list_file = Path(list_file) if list_file is not None else self.root / default_list
+        # Frames are read by path: see _check_root. A packer output is never changed in place
+        # (device, inode, ctime); any other rawframes tree may be added to (device, inode).
+        identity = output_identity(self.root)
+        packed = (self.root / "packer.json").is_file()
+        self._identity = identity if packed or identity is None else identity[:2]
         self.videos = parse_rawframes(self.list_file, with_offset=with_offset)
+        self._check_root()
         if filename_tmpl is None:
             filename_tmpl = extra.get("flow_tmpl", "{}_{:05d}.jpg") if flow else "img_{:05}.jpg"
         try:
@@ -272,11 +283,20 @@ class FrameDataset(_ClipDataset):
     def _where(self, index: int) -> str:
         return str(self.root / self.videos[index].frame_dir)
 
+    def _check_root(self) -> None:
+        """The frame root is still the folder the list was read from: a ``decode-frames
+        --overwrite`` renames a new one over it, whose frames must not fill the old list."""
+        now = output_identity(self.root)
+        if self._identity is not None and (now[:len(self._identity)] if now else None) != self._identity:
+            raise OutputChanged(str(self.root))
+
     def _read(self, path: Path, flow: bool) -> np.ndarray:
         try:
             data = path.read_bytes()
         except OSError as e:
+            self._check_root()
             raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
+        self._check_root()
         try:
             return decode_grey(data) if flow else decode(data)
         except ValueError as e:
@@ -301,16 +321,17 @@ class PackedVideoDataset(_ClipDataset):
     manifest's class count; ``SampleFrames(target_fps=...)`` uses each video's stored fps.
     """
 
-    def __init__(self, path: str | os.PathLike, *, sampling: Any = None, layout: str = "TCHW",
-                 crop_size: Optional[int] = None, transform: Optional[Callable[[torch.Tensor], Any]] = None,
-                 seed: Optional[int] = None, check_crc: bool = True, modality: str = "RGB",
-                 multi_class: bool = False, num_classes: Optional[int] = None, **sampling_fields: Any):
+    def __init__(self, path: str | os.PathLike, *, sampling: Any = None, options: Optional[ClipOptions] = None,
+                 transform: Optional[Callable[[torch.Tensor], Any]] = None, check_crc: bool = True,
+                 **fields: Any):
+        clip_fields, sampling_fields = _split_fields(fields)
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc)
-        if multi_class and num_classes is None:
-            num_classes = len(self.reader.classes)
-        super().__init__(sampling, sampling_fields, layout=layout, crop_size=crop_size, transform=transform,
-                         seed=seed, modality=modality, multi_class=multi_class, num_classes=num_classes)
+        given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}
+        if given.get("multi_class") and given.get("num_classes") is None:
+            clip_fields["num_classes"] = len(self.reader.classes)
+        super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
+        modality = self.modality
         videos = self.reader.manifest.videos
         if self.reader.manifest.kind != "videos" or not videos:
             raise UsageError(f"{path}: not a packed video output (no videos in its manifest)")

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
-from packer.errors import CorruptData
+from packer.errors import CorruptData, OutputChanged
 from packer.formats.sample import Record, Sample
 from packer.formats.sidecars import CHECKSUMS_FILE, load_checksums, load_keys
 from packer.integrity import crc32c
@@ -21,7 +21,17 @@ from packer.manifest import Manifest
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "output_identity"]
+
+
+def output_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """Which output is at ``path`` now: (device, inode, ctime). A published output is never
+    modified in place, so a replaced one (even on a reused inode) compares different."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class Reader(abc.ABC):
@@ -37,13 +47,22 @@ class Reader(abc.ABC):
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         self.path = Path(path)
         self.check_crc = check_crc
+        self._identity = output_identity(self.path)
         self.manifest = self._load_manifest()
+        self._check_unchanged()  # not replaced between the stat and the manifest read
         if self.manifest.format != self.format_name:
             raise CorruptData(str(self.path), f"manifest says format {self.manifest.format!r}, "
                                               f"not {self.format_name!r}")
         self._pid: int | None = None
         self._keys: Sequence[str] | None = None
         self._crcs: "np.ndarray | None" = None
+
+    def _check_unchanged(self) -> None:
+        """Raise OutputChanged if the output at ``path`` is no longer the one this reader opened
+        (an ``--overwrite`` renames a new output over it). Formats call it after opening any file
+        of the output by path, so a reader never mixes the old manifest with new data."""
+        if self._identity is not None and output_identity(self.path) != self._identity:
+            raise OutputChanged(str(self.path))
 
     def _load_manifest(self) -> Manifest:
         return Manifest.load(self.path)
@@ -64,7 +83,9 @@ class Reader(abc.ABC):
     def keys(self) -> Sequence[str]:
         """Sample keys by position (loaded once)."""
         if self._keys is None:
-            self._keys = self._load_keys()
+            keys = self._load_keys()
+            self._check_unchanged()  # the keys of the output the manifest came from
+            self._keys = keys
         return self._keys
 
     def _load_keys(self) -> Sequence[str]:
@@ -85,7 +106,9 @@ class Reader(abc.ABC):
     def _checksums(self) -> "np.ndarray":
         """The ``checksums.bin`` sidecar (loaded once), for formats that keep CRCs there."""
         if self._crcs is None:
-            self._crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            self._check_unchanged()
+            self._crcs = crcs
         return self._crcs
 
     def _check_crc32c(self, data: Any, index: int, *, file: str | os.PathLike,

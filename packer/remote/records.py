@@ -46,6 +46,7 @@ class RemoteRecordsReader(RecordsReader):
         except RemoteMissing:
             pass
         super().__init__(source.local_root, check_crc=check_crc)
+        self._identity = None  # the node cache fills in as shards arrive: no output identity to check
 
     @property
     def url(self) -> str:

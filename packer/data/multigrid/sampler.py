@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from packer.data.multigrid.schedule import MultigridSchedule, _count_batches
+from packer.data.multigrid.schedule import MultigridSchedule, count_batches
 from packer.data.requests import ClipRequest
 
 __all__ = ["MultigridBatchSampler"]
@@ -150,4 +150,4 @@ class MultigridBatchSampler(Sampler):
             k += 1
 
     def __len__(self) -> int:
-        return _count_batches(self._per_rank(), [b for b, _ in self.stage["short_cycle"]], self.drop_last)
+        return count_batches(self._per_rank(), [b for b, _ in self.stage["short_cycle"]], self.drop_last)

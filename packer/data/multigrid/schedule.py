@@ -3,13 +3,15 @@ epoch (the method, its paper and SlowFast's rounding conventions: see ``packer.d
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from fractions import Fraction
 from typing import Any, Sequence
 
 
-__all__ = ["MultigridSchedule", "DEFAULT_LONG_CYCLE_FACTORS", "DEFAULT_SHORT_CYCLE_FACTORS"]
+__all__ = ["MultigridSchedule", "CycleOptions", "count_batches", "DEFAULT_LONG_CYCLE_FACTORS",
+           "DEFAULT_SHORT_CYCLE_FACTORS"]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def _short_cycle_phases(batch_size: int, crop_size: int, full_crop: int,
     return phases
 
 
-def _count_batches(num_samples: int, batch_sizes: Sequence[int], drop_last: bool) -> int:
+def count_batches(num_samples: int, batch_sizes: Sequence[int], drop_last: bool) -> int:
     """How many batches cycling through ``batch_sizes`` makes of ``num_samples`` indices."""
     period = sum(batch_sizes)
     full, rest = divmod(num_samples, period)
@@ -66,6 +68,39 @@ def _count_batches(num_samples: int, batch_sizes: Sequence[int], drop_last: bool
     return count
 
 
+@dataclasses.dataclass(frozen=True)
+class CycleOptions:
+    """Which cycles a ``MultigridSchedule`` runs and their factors (see ``MultigridSchedule``).
+
+    The factors are stored as tuples of floats, checked to lie in (0, 1]; the last long-cycle
+    factor must be ``(1, 1)``, the full shape.
+    """
+
+    long_cycle: bool = True
+    short_cycle: bool = True
+    long_cycle_factors: Sequence[tuple[float, float]] = DEFAULT_LONG_CYCLE_FACTORS
+    short_cycle_factors: Sequence[float] = DEFAULT_SHORT_CYCLE_FACTORS
+    epoch_factor: float = 1.5
+
+    def __post_init__(self) -> None:
+        epoch_factor = self.epoch_factor
+        if isinstance(epoch_factor, bool) or not isinstance(epoch_factor, (int, float)) \
+                or not epoch_factor > 0:
+            raise ValueError(f"epoch_factor must be a positive number, not {epoch_factor!r}")
+        given = self.long_cycle_factors
+        long_factors = tuple((_factor("long_cycle_factors t", t), _factor("long_cycle_factors s", s))
+                             for t, s in given)
+        if not long_factors or long_factors[-1] != (1.0, 1.0):
+            raise ValueError("the last of long_cycle_factors must be (1, 1), the full shape, "
+                             f"not {tuple(given)!r}")
+        object.__setattr__(self, "long_cycle", bool(self.long_cycle))
+        object.__setattr__(self, "short_cycle", bool(self.short_cycle))
+        object.__setattr__(self, "epoch_factor", float(epoch_factor))
+        object.__setattr__(self, "long_cycle_factors", long_factors)
+        object.__setattr__(self, "short_cycle_factors",
+                           tuple(_factor("short_cycle_factors", f) for f in self.short_cycle_factors))
+
+
 class MultigridSchedule:
     """The long/short-cycle schedule of multigrid training, as a list of stages.
 
@@ -77,6 +112,8 @@ class MultigridSchedule:
         lr_steps: epochs at which each learning-rate stage starts, first ``0``
             (SlowFast's ``SOLVER.STEPS``, e.g. ``[0, 94, 154, 196]``).
         max_epoch: length of the ordinary (non-multigrid) schedule, e.g. ``239``.
+        cycles: a ``CycleOptions`` holding the five options below; they may also be given as
+            keywords, which override its own.
         long_cycle: run the long cycle (shape changes every few epochs).
         short_cycle: run the short cycle (crop changes every iteration).
         long_cycle_factors: ``(t, s)`` per long-cycle shape: ``T' = round(T t)``,
@@ -112,11 +149,8 @@ class MultigridSchedule:
     """
 
     def __init__(self, base_batch_size: int, num_frames: int, crop_size: int,
-                 lr_steps: Sequence[int], max_epoch: int, *, long_cycle: bool = True,
-                 short_cycle: bool = True,
-                 long_cycle_factors: Sequence[tuple[float, float]] = DEFAULT_LONG_CYCLE_FACTORS,
-                 short_cycle_factors: Sequence[float] = DEFAULT_SHORT_CYCLE_FACTORS,
-                 epoch_factor: float = 1.5, sampling_rate: int = 1):
+                 lr_steps: Sequence[int], max_epoch: int, *, sampling_rate: int = 1,
+                 cycles: CycleOptions | None = None, **cycle_fields: Any):
         self.base_batch_size = _positive_int("base_batch_size", base_batch_size)
         self.num_frames = _positive_int("num_frames", num_frames)
         self.crop_size = _positive_int("crop_size", crop_size)
@@ -127,22 +161,17 @@ class MultigridSchedule:
             raise ValueError(f"lr_steps must start at 0 and increase strictly, not {list(lr_steps)!r}")
         if steps[-1] >= self.max_epoch:
             raise ValueError(f"lr_steps {steps} must all be before max_epoch={self.max_epoch}")
-        if long_cycle and len(steps) < 2:
+        cycles = dataclasses.replace(cycles, **cycle_fields) if cycles is not None else CycleOptions(**cycle_fields)
+        if cycles.long_cycle and len(steps) < 2:
             raise ValueError("the long cycle needs at least two lr_steps (the last one starts "
                              f"the fine-tune stage), not {steps}")
-        if isinstance(epoch_factor, bool) or not isinstance(epoch_factor, (int, float)) \
-                or not epoch_factor > 0:
-            raise ValueError(f"epoch_factor must be a positive number, not {epoch_factor!r}")
+        self.cycles = cycles
         self.base_lr_steps = steps
-        self.long_cycle = bool(long_cycle)
-        self.short_cycle = bool(short_cycle)
-        self.epoch_factor = float(epoch_factor)
-        self.long_cycle_factors = tuple((_factor("long_cycle_factors t", t), _factor("long_cycle_factors s", s))
-                                        for t, s in long_cycle_factors)
-        if not self.long_cycle_factors or self.long_cycle_factors[-1] != (1.0, 1.0):
-            raise ValueError("the last of long_cycle_factors must be (1, 1), the full shape, "
-                             f"not {tuple(long_cycle_factors)!r}")
-        self.short_cycle_factors = tuple(_factor("short_cycle_factors", f) for f in short_cycle_factors)
+        self.long_cycle = cycles.long_cycle
+        self.short_cycle = cycles.short_cycle
+        self.epoch_factor = cycles.epoch_factor
+        self.long_cycle_factors = cycles.long_cycle_factors
+        self.short_cycle_factors = cycles.short_cycle_factors
         self.plan: list[dict[str, Any]] = self._build_plan()
         self.total_epochs: int = self.plan[-1]["end_epoch"]
         starts = [s["start_epoch"] for s in self.plan]
@@ -253,7 +282,7 @@ class MultigridSchedule:
         """
         per_rank = math.ceil(num_samples / num_replicas)
         return [(s["end_epoch"] - s["start_epoch"])
-                * _count_batches(per_rank, [b for b, _ in s["short_cycle"]], drop_last)
+                * count_batches(per_rank, [b for b, _ in s["short_cycle"]], drop_last)
                 for s in self.plan]
 
     def relative_cost(self) -> float:

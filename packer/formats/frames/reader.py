@@ -65,8 +65,12 @@ class FramesReader(Reader):
         try:
             data = path.read_bytes()
         except OSError as e:
+            self._check_unchanged()  # a frame gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})",
                               position=f"sample {index}") from None
+        # Frames are opened file by file by path: one stat per frame makes sure this file came
+        # from the output the manifest describes, not from an --overwrite renamed over it.
+        self._check_unchanged()
         self._check_crc32c(data, index, file=path)
         flow = index - int(v["start"]) >= video_streams(v)[0]
         fmt = EXT_FMT[path.suffix[1:].lower()] if flow else self.fmt

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 from packer.codecs.image import sniff_format
-from packer.errors import CorruptData, FormatError
+from packer.errors import CorruptData, FormatError, OutputChanged
 from packer.formats.hdf5.layout import H5_ERRORS, HDF5_SUFFIXES, MANIFEST_ATTR, has_signature
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
@@ -138,6 +138,7 @@ class HDF5Reader(Reader):
             shapes = None if raw else f["shapes"][:]
             data = f["pixels"] if raw else f["blobs"]
         except H5_ERRORS as e:
+            self._check_unchanged()  # gone because the output was replaced: say so
             raise CorruptData(str(self.path), f"cannot read HDF5 datasets ({e})") from None
         for name, arr, want in (("labels", labels, n), ("crc32c", crcs, n),
                                 ("offsets", offsets, n + 1), ("shapes", shapes, n)):
@@ -155,6 +156,11 @@ class HDF5Reader(Reader):
             table = _chunk_table(data)
         if table is not None:
             h.fd, h.chunk_offsets = os.open(self.path, os.O_RDONLY), table
+        try:  # both handles opened the file the manifest came from, not an --overwrite's new one
+            self._check_unchanged()
+        except OutputChanged:
+            h.close()
+            raise
         self._h = h
         self._pid = pid
         return h

@@ -8,7 +8,7 @@ import lmdb
 
 from packer.errors import CorruptData
 
-__all__ = ["lmdb_key", "open_env", "close_env", "drop_stale_env"]
+__all__ = ["lmdb_key", "open_env", "close_env", "drop_stale_env", "mapped_file"]
 
 
 # One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
@@ -37,6 +37,11 @@ def drop_stale_env(path: str | os.PathLike) -> None:
         current = None
     if current != _INODES.get(path):
         close_env(path)
+
+
+def mapped_file(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(device, inode) of the ``data.mdb`` this process's cached environment of ``path`` maps."""
+    return _INODES.get(os.path.abspath(path))
 
 
 def close_env(path: str | os.PathLike) -> None:

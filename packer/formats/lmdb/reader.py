@@ -9,8 +9,8 @@ import lmdb
 
 from packer.codecs.image import sniff_format
 from packer.codecs.protowire import decode_datum
-from packer.errors import CorruptData
-from packer.formats.lmdb.env import close_env, drop_stale_env, lmdb_key, open_env
+from packer.errors import CorruptData, OutputChanged
+from packer.formats.lmdb.env import close_env, drop_stale_env, lmdb_key, mapped_file, open_env
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
 
@@ -25,13 +25,25 @@ class LmdbReader(Reader):
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         super().__init__(path, check_crc=check_crc)
         drop_stale_env(self.path)
+        try:  # the data.mdb this reader's manifest describes (an --overwrite replaces it)
+            st = os.stat(self.path / "data.mdb")
+            self._mdb: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            self._mdb = None
+        self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
     @classmethod
     def detect(cls, path: Path) -> bool:
         return (path / "data.mdb").is_file()
 
     def _env(self) -> lmdb.Environment:
-        return open_env(self.path)
+        env = open_env(self.path)
+        # An environment opened before an --overwrite keeps mapping the old data.mdb (the old
+        # data, consistently); one opened after it maps the new file: never read it under the
+        # old manifest.
+        if self._mdb is not None and mapped_file(self.path) != self._mdb:
+            raise OutputChanged(str(self.path))
+        return env
 
     def read_value(self, index: int, txn: lmdb.Transaction | None = None) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""

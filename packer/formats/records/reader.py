@@ -12,7 +12,7 @@ import numpy as np
 
 from packer.codecs.tfexample import decode_example
 from packer.codecs.tfrecord import INDEX_SUFFIX, read_index, unframe_record
-from packer.errors import CorruptData, FormatError
+from packer.errors import CorruptData, FormatError, OutputChanged
 from packer.formats.reader import Reader
 from packer.formats.records.example import record_of
 from packer.formats.records.foreign import ForeignKeys, foreign_files, foreign_manifest, has_tfrecords
@@ -78,6 +78,8 @@ class RecordsReader(Reader):
         self._maps: collections.OrderedDict[int, tuple[mmap.mmap | None, memoryview]] = collections.OrderedDict()
         self._root: Path | None = None
         super().__init__(path, check_crc=check_crc)
+        if self._foreign is not None:
+            self._identity = None  # other tools' files: no output identity to hold on to
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -127,6 +129,7 @@ class RecordsReader(Reader):
                                       f"{len(o)} entries, manifest says {s['count']} records")
                 offsets.append(o)
                 sizes.append(z)
+            self._check_unchanged()  # the indexes of the shards the manifest lists
             index = join_index(offsets, sizes)
             if len(index[0]) != len(self):
                 raise CorruptData(str(self.path), f"shards hold {len(index[0])} records, "
@@ -153,8 +156,15 @@ class RecordsReader(Reader):
                 size = os.fstat(f.fileno()).st_size
                 m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as e:
+            self._check_unchanged()  # a shard gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from None
-        self._maps[k] = (m, memoryview(m) if m is not None else memoryview(b""))
+        entry = (m, memoryview(m) if m is not None else memoryview(b""))
+        try:  # streamed shard by shard: a shard mapped after an --overwrite is not the one listed
+            self._check_unchanged()
+        except OutputChanged:
+            _unmap(entry)
+            raise
+        self._maps[k] = entry
         if len(self._maps) > _MAX_OPEN:
             _unmap(self._maps.popitem(last=False)[1])
         return self._maps[k][1]

@@ -1,0 +1,368 @@
+"""One writer per output: an exclusive claim on OUT, and a run token checked at publish.
+
+**The claim.** ``OUT.lock`` beside the output (``out.lmdb.lock``, ``out.h5.lock``: never inside
+what gets renamed) holds one JSON object naming the holder: ``token`` (this run's random run
+token), ``host``, ``boot`` (the kernel's boot id), ``pid``, ``start`` (the process start time in
+clock ticks since boot, so a reused pid is not mistaken for the holder), ``started`` (epoch
+seconds) and ``command``. It is created exclusively and atomically: written and fsynced under a
+temporary name, then ``link(2)``ed to ``OUT.lock`` (fails if it exists; works on NFS), falling
+back to ``O_CREAT|O_EXCL`` where hard links are not supported. The holder also takes a POSIX
+lock (``fcntl``) on it where the file system has one, and a daemon thread touches its mtime
+every ``HEARTBEAT_S`` seconds (the lease seen from other hosts).
+
+**Stale claims.** A claim whose holder is gone is detected: the OS lock is free and either the
+holder ran on this host (same boot) and its pid is gone or belongs to a later process, or it ran
+elsewhere and its heartbeat is older than ``LEASE_S``. ``--resume`` and ``--overwrite`` take a
+stale claim over (and say so); a plain run refuses it with that hint; commands that rebuild
+from scratch (merge, resize, index) take it over. A live holder is never overridden except by
+``--break-lock``.
+
+**The run token** (``packer.conversion.run_token``). The partial output carries the token of
+the run that wrote it. Before a run touches an existing partial it must be its own, the
+taken-over holder's, or one whose writer is gone (``adopt_partial``); the base Writer's publish
+step (``publish_guard``) renames the partial to OUT only while this run still holds the claim
+and the partial still carries this run's token and inode. A new writer that publishes by any
+other path must call ``publish_guard`` first.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - no POSIX locks here: the lock file alone guards outputs
+    fcntl = None  # type: ignore[assignment]
+
+from packer.conversion.holders import LEASE_S, Holder
+from packer.errors import OutputClaimed, WriteError
+
+__all__ = ["HEARTBEAT_S", "LEASE_S", "Holder", "Claim", "lock_path", "claim_output", "ensure_claim", "held",
+           "check_held",
+           "holder_of", "check_part"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = float(os.environ.get("PACKER_CLAIM_HEARTBEAT", "10"))
+_TAKEOVER_STALE_S = 60.0
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK}
+
+_HELD: dict[str, "Claim"] = {}  # this process's claims, by absolute output path
+
+
+def lock_path(out: str | os.PathLike) -> Path:
+    """The claim file of ``out``: ``OUT.lock`` beside it (for files and directories alike)."""
+    out = Path(out)
+    return out.with_name(out.name + ".lock")
+
+
+def _os_lock_free(path: Path) -> bool | None:
+    """Probe the holder's POSIX lock: False if held, True if free, None where unsupported."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # this process held no lock on this file: closing releases only the probe
+    return True
+
+
+def holder_of(path: Path) -> tuple[Holder | None, str | None, bool]:
+    """``(holder, why it is gone or None, exists)`` of the claim file ``path``."""
+    try:
+        data, st = path.read_bytes(), path.stat()
+    except FileNotFoundError:
+        return None, None, False
+    except OSError as e:
+        raise WriteError(f"{path}: cannot read the claim ({e.strerror or e})") from None
+    holder = Holder.parse(data)
+    if _os_lock_free(path) is False:
+        return holder, None, True
+    age = time.time() - st.st_mtime
+    if holder is None:
+        return None, (f"unreadable claim untouched for {age:.0f}s" if age > LEASE_S else None), True
+    return holder, holder.gone(age), True
+
+
+def _create_exclusive(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data``, atomically and only if it does not exist (FileExistsError)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if os.stat(tmp).st_nlink != 2:  # an NFS retransmit of a link that did succeed says EEXIST
+                raise
+        except OSError as e:
+            if e.errno not in _NO_LINKS:
+                raise
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class Claim:
+    """An exclusive claim held by this process on one output (see the module docstring)."""
+
+    def __init__(self, out: Path, holder: Holder, *, break_lock: bool):
+        self.out = out
+        self.path = lock_path(out)
+        self.holder = holder
+        self.break_lock = break_lock
+        self.lost: str | None = None
+        self._fd = os.open(self.path, os.O_RDWR)
+        st = os.fstat(self._fd)
+        self._ident = (st.st_dev, st.st_ino)
+        self.os_lock = self._lock_os()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"claim {out.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def token(self) -> str:
+        return self.holder.token
+
+    def _lock_os(self) -> bool:
+        if fcntl is None:
+            return False
+        for _ in range(200):  # a contender's probe holds a shared lock for microseconds
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except (BlockingIOError, PermissionError):
+                time.sleep(0.005)
+            except OSError as e:  # no lock manager (NFS without lockd, Lustre without -o flock)
+                log.debug("%s: no OS lock (%s); the lock file alone guards it", self.path, e)
+                return False
+        return False
+
+    def still_mine(self) -> bool:
+        """Is ``OUT.lock`` still the file this claim created (not broken, not replaced)?"""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
+
+    def check(self) -> None:
+        """Raise OutputClaimed when this run no longer holds its claim (``--break-lock`` by another)."""
+        if self.lost is None and not self.still_mine():
+            holder, _, _ = holder_of(self.path)
+            self.lost = (f"its claim {self.path} was broken"
+                         + (f" by {holder.describe()}" if holder else ""))
+        if self.lost:
+            raise OutputClaimed(f"{self.out}: this run lost its claim, not published: {self.lost}")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            if not self.still_mine():
+                self.lost = self.lost or f"its claim {self.path} was broken or removed"
+                continue
+            with contextlib.suppress(OSError):
+                os.utime(self._fd)
+
+    def release(self) -> None:
+        """Stop the heartbeat, remove ``OUT.lock`` if it is still ours, drop the OS lock."""
+        self._stop.set()
+        if self.still_mine():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        if _HELD.get(os.path.abspath(self.out)) is self:
+            del _HELD[os.path.abspath(self.out)]
+
+
+def held(out: str | os.PathLike) -> Claim | None:
+    """This process's claim on ``out``, if it holds one."""
+    return _HELD.get(os.path.abspath(out))
+
+
+def check_held(out: str | os.PathLike) -> None:
+    """Raise OutputClaimed if this process held a claim on ``out`` and lost it (another run
+    broke it with ``--break-lock``): the runner calls it at each durable commit and on errors."""
+    claim = held(out)
+    if claim is not None:
+        claim.check()
+
+
+def _refusal(out: Path, holder: Holder | None, why: str | None, takeover: bool) -> OutputClaimed:
+    who = holder.describe() if holder is not None else "an unreadable claim file"
+    if why is None:
+        return OutputClaimed(f"{out}: claimed by another run ({who}); wait for it to finish, or "
+                             f"--break-lock if it is certainly gone")
+    hint = ("rerun with --resume (continue its work) or --overwrite (start again) to take it over"
+            if not takeover else "--break-lock to take it over")
+    return OutputClaimed(f"{out}: claimed by a run that is gone ({who}; {why}); {hint}")
+
+
+def _take_over(path: Path, token: str | None, me: Holder) -> bool:
+    """Replace the claim file ``path`` (still naming ``token``) by ours; False if another run got
+    there first. Takeovers are serialized by an exclusive ``OUT.lock.takeover`` file."""
+    mutex = path.with_name(path.name + ".takeover")
+    try:
+        _create_exclusive(mutex, me.to_bytes())
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            if time.time() - mutex.stat().st_mtime > _TAKEOVER_STALE_S:
+                mutex.unlink()
+        return False
+    try:
+        current = Holder.parse(path.read_bytes()) if path.exists() else None
+        if path.exists() and (current.token if current else None) != token:
+            return False  # changed under us: judge again
+        path.unlink(missing_ok=True)
+        try:
+            _create_exclusive(path, me.to_bytes())
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        mutex.unlink(missing_ok=True)
+
+
+def _acquire(out: Path, me: Holder, *, takeover: bool, break_lock: bool) -> Holder:
+    lp = lock_path(out)
+    for _ in range(20):
+        try:
+            _create_exclusive(lp, me.to_bytes())
+            return me
+        except FileExistsError:
+            pass
+        holder, why, exists = holder_of(lp)
+        if not exists:
+            continue
+        if (why is None or not takeover) and not break_lock:
+            raise _refusal(out, holder, why, takeover)
+        mine = replace(me, took_over=holder.token if holder else None)
+        if _take_over(lp, holder.token if holder else None, mine):
+            who = holder.describe() if holder else "an unreadable claim"
+            if why is None:
+                log.warning("%s: --break-lock: took the claim of a run that may be alive (%s)", out, who)
+            else:
+                log.warning("%s: took over the claim of a run that is gone (%s; %s)", out, who, why)
+            return mine
+        time.sleep(0.05)
+    raise OutputClaimed(f"{out}: claimed by another run (the claim kept changing hands); try again")
+
+
+def _sigterm_handler(owner: int, previous: Any) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a forked worker: die as it would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise SystemExit(128 + signum)  # unwinds: every claim is released on the way out
+
+    handler.packer_claim = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _default_sigterm_in_child() -> None:
+    """Forked workers get SIGTERM's default back: a pool's terminate() must kill them at once,
+    even blocked in C, where a Python-level handler would wait for the next bytecode."""
+    with contextlib.suppress(ValueError, OSError):
+        if getattr(signal.getsignal(signal.SIGTERM), "packer_claim", False):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+@contextlib.contextmanager
+def claim_output(out: str | os.PathLike, *, takeover: bool = False, break_lock: bool = False,
+                 command: str | None = None) -> Iterator[Claim]:
+    """Hold an exclusive claim on ``out`` for the ``with`` block (released on every exit path,
+    SIGTERM included).
+
+    Args:
+        out: the output path (file or directory).
+        takeover: take over a claim whose holder is gone (``--resume``/``--overwrite``, and
+            commands that rebuild from scratch); otherwise refuse it with that hint.
+        break_lock: take the claim even from a holder that may be alive (``--break-lock``).
+        command: recorded in the claim (default: this process's command line).
+    Raises:
+        OutputClaimed: another run holds it; WriteError: the claim file cannot be created.
+    """
+    out = Path(out)
+    key = os.path.abspath(out)
+    if key in _HELD:
+        raise OutputClaimed(f"{out}: already claimed by this process ({_HELD[key].holder.describe()})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        holder = _acquire(out, Holder.me(command), takeover=takeover, break_lock=break_lock)
+        claim = Claim(out, holder, break_lock=break_lock)
+    except OSError as e:
+        raise WriteError(f"{lock_path(out)}: cannot claim the output ({e.strerror or e})") from None
+    _HELD[key] = claim
+    restore = None
+    if threading.current_thread() is threading.main_thread() and len(_HELD) == 1:
+        with contextlib.suppress(ValueError, OSError):
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _sigterm_handler(os.getpid(), previous))
+                restore = previous
+    try:
+        yield claim
+    finally:
+        claim.release()
+        if restore is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, restore)
+
+
+@contextlib.contextmanager
+def ensure_claim(out: str | os.PathLike, *, takeover: bool = False, break_lock: bool = False) -> Iterator[Claim]:
+    """``claim_output``, or this process's claim on ``out`` if it already holds one (the CLI
+    claims before importing a command's heavy modules, so a second run fails at once)."""
+    claim = held(out)
+    if claim is not None:
+        yield claim
+        return
+    with claim_output(out, takeover=takeover, break_lock=break_lock) as claim:
+        yield claim
+
+
+def check_part(part: Path) -> None:
+    """``packer merge``: refuse a part that is claimed (being written, or its writer died
+    holding it) or unfinished (a partial beside it), naming it."""
+    holder, why, exists = holder_of(lock_path(part))
+    if exists:
+        who = holder.describe() if holder else "an unreadable claim"
+        if why is None:
+            raise OutputClaimed(f"{part}: part is being written ({who}); merge it when that run is done")
+        if not part.exists():
+            return  # a part that never finished: the caller says "did not finish, --resume"
+        raise OutputClaimed(f"{part}: part is claimed by a run that is gone ({who}; {why}); rerun its "
+                            "command with --resume, then merge")
+    partial = part.with_name(part.name + ".partial")
+    if partial.exists() and part.exists():
+        raise OutputClaimed(f"{part}: part has an unfinished rewrite beside it ({partial.name}); finish "
+                            "it with --resume (or remove it), then merge")
