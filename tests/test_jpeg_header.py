@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
-from packer.codecs.image import _channels, probe
+from packer.codecs.image import probe, stored_channels as _channels
 from packer.codecs.jpeg_header import jpeg_header
 from packer.errors import CorruptSample
 
