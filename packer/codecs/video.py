@@ -3,9 +3,8 @@
 ``read_video(path, ...)`` walks a video once, in display order, and hands each selected
 frame (BGR uint8, upright, resized) to a ``process`` callable; frames the selection skips
 are not colour-converted. Backends: ``decord`` (when importable) and ``opencv``; ``auto``
-tries ``prefer`` first (decord unless told; ``decode-frames`` prefers OpenCV, see
-docs/writing.md) and falls back to the other when it cannot open the file or stops early,
-keeping whichever decoded more frames.
+tries ``prefer`` first (decord unless told) and falls back to the other when it cannot open
+the file or stops early, keeping whichever decoded more frames.
 
 Rotation: decord 0.6 and OpenCV 5 both return videos with a rotation matrix upright, so
 frames are never rotated here (rotating again would turn them sideways); the rotation is

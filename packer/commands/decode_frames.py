@@ -55,13 +55,12 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
-    # ``--backend auto`` tries OpenCV first, decord second. decord decodes on an extra thread of
-    # its own (~1.4 cores per process even with num_threads=1), so with a worker per core (the
-    # default) it oversubscribes: per frame OpenCV took 1,145 CPU-us against decord's 1,329 on
-    # the 340x256 H.264 fixture and 7,376 against 10,076 at 1280x720, identical pixels on the
-    # fixture (scripts/bench_write.py --section frames; docs/writing.md). Not chosen per
-    # --workers: the output (each video's recorded backend) must not depend on it.
-    prefer: str = "opencv"
+    # ``--backend auto`` tries decord first. OpenCV costs less CPU per frame (docs/writing.md)
+    # but takes a truncated AVI's count from what is left of it (15 of the 30 frames its header
+    # claims in tests/test_faults_hostile.py), so decoding it first would keep a truncated
+    # video as complete: silently wrong. ``--backend opencv`` is the faster choice for inputs
+    # known to be whole.
+    prefer: str = "decord"
     # Frame folders only: write the frames into the output's working folder here, in the worker
     # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
     write_into: Optional[str] = None
@@ -224,7 +223,7 @@ class FrameOptions:
         fps, stride, max_frames: the frame selection.
         ext: ``jpg`` or ``png``; quality: JPEG quality.
         tmpl: frame file names (default ``img_{:05d}.EXT``); start_index: the first frame's number.
-        backend: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
+        backend: ``auto`` (decord, falling back to OpenCV), ``decord`` or ``opencv``.
     """
 
     short_side: Optional[int] = None
