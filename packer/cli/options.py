@@ -106,7 +106,9 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--max-failures", type=int, default=0, show_default=True,
                       help="Bad inputs tolerated before the exit status is 1.")(fn)
     fn = click.option("--workers", type=int, default=None,
-                      help="Worker processes (default: all cores; 0 = in this process).")(fn)
+                      help="Worker processes (default: what is fastest for the format and --check: "
+                           "all cores, or this process for a header check into LMDB/HDF5; "
+                           "0 = in this process). See docs/writing.md.")(fn)
     return fn
 
 

@@ -141,10 +141,22 @@ def _bench_help() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
+@click.option("--write", "write_to", type=click.Choice(["records", "lmdb", "hdf5"]), default=None,
+              help="Bench the write path instead: PATH is an image folder, packed into a scratch output "
+                   "of this format once per --workers value; prints the writer's ceiling (samples/s one "
+                   "writer absorbs), the 1 -> 2 worker scaling and the model for N cores.")
+@click.option("--check", type=click.Choice(["full", "header", "none"]), default="header", show_default=True,
+              help="With --write: the --check of the packing runs.")
 @library_call
-def bench(path, against, as_json, plot, workers_text, **option_fields):
+def bench(path, against, as_json, plot, workers_text, write_to, check, **option_fields):
     from packer.commands.bench import BenchOptions, format_report, parse_workers, plot_bench, run_bench
 
+    if write_to is not None:
+        from packer.commands.bench_write import format_write_report, run_write_bench
+
+        result = run_write_bench(path, to=write_to, check=check, workers=parse_workers(workers_text))
+        click.echo(json.dumps(result, indent=1) if as_json else format_write_report(result))
+        return
     # every other flag is a BenchOptions field of the same name
     options = BenchOptions(workers=parse_workers(workers_text), **option_fields)
     result = run_bench(path, options, against=against)

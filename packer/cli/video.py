@@ -41,7 +41,8 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds one video may take before its worker is killed (0: no limit).")
 @click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
-              help="Video decoder (auto: decord, falling back to OpenCV).")
+              help="Video decoder (auto: decord, falling back to OpenCV; opencv costs less CPU per "
+                   "frame, see docs/writing.md).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @click.option("--task", type=click.Choice(["rgb", "flow", "both"]), default="rgb", show_default=True,
               help="RGB frames, optical flow (x/y grey images), or both (mmaction2 build_rawframes --task).")

@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image, ImageOps
 
+from packer.codecs.jpeg_header import jpeg_header
 from packer.errors import CorruptSample
 
 try:  # OpenCV is a dependency, but keep the Pillow path working without it.
@@ -114,6 +115,10 @@ def probe(data: bytes, *, check: str = "full", key: str = "", source: str = "",
         raise CorruptSample(key, source, "empty file (0 bytes)")
     if check == "none":
         return ImageInfo(ext_fmt or sniff_format(data), 0, 0, 0)
+    if check == "header":  # a plain JPEG: Pillow's verdict without Pillow's Python marker walk
+        hwc = jpeg_header(data)
+        if hwc is not None:
+            return ImageInfo("jpeg", *hwc)
     with reading_image(key, source):
         im = Image.open(io.BytesIO(data))
         if check == "full":

@@ -61,10 +61,75 @@ def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
 
     ints become ``int64_list``, floats ``float_list``, bytes ``bytes_list``.
     """
-    entries = b"".join(
-        field_bytes(1, field_bytes(1, name.encode("utf-8")) + field_bytes(2, _encode_feature(features[name])))
-        for name in sorted(features))
-    return field_bytes(1, entries)
+    return b"".join(example_pieces(features)[0])
+
+
+def _wrap(number: int, pieces: list, length: int) -> tuple[list, int]:
+    """A length-delimited field around ``pieces`` (``length`` bytes), without joining them."""
+    head = encode_varint(number << 3 | LENGTH) + encode_varint(length)
+    return [head, *pieces], len(head) + length
+
+
+def example_pieces(features: Mapping[str, FeatureValue]) -> tuple[list, int]:
+    """``encode_example``'s bytes as a list of pieces and their total length: the large values
+    (``image/encoded``) are never copied, so a caller can frame, checksum and write them, or
+    join them once. ``b"".join(pieces) == encode_example(features)``."""
+    entries: list = []
+    total = 0
+    for name in sorted(features):
+        value = features[name]
+        if type(value) is bytes:  # one bytes value: the image stays where it is, no copy
+            pieces, n = _bytes_entry(name, value)
+            if n <= 256:
+                entries.append(b"".join(pieces))
+            else:
+                entries += pieces
+            total += n
+        else:
+            entry = _small_entry(name, value)
+            entries.append(entry)
+            total += len(entry)
+    return _wrap(1, entries, total)
+
+
+def _bytes_entry(name: str, value: bytes) -> tuple[list, int]:
+    """The map entry of a one-value ``bytes_list`` feature as pieces (``value`` not copied):
+    entry = {1: key, 2: Feature {1: BytesList {1: value}}}, every tag a length-delimited 1 or 2."""
+    body_head = b"\x0a" + encode_varint(len(value))
+    feature_len = len(body_head) + len(value)
+    feature_head = b"\x0a" + encode_varint(feature_len)
+    value_len = len(feature_head) + feature_len
+    value_head = b"\x12" + encode_varint(value_len)
+    key = _key(name)
+    entry_len = len(key) + len(value_head) + value_len
+    entry_head = b"\x0a" + encode_varint(entry_len)
+    return [entry_head, key, value_head, feature_head, body_head, value], len(entry_head) + entry_len
+
+
+_KEYS: dict[str, bytes] = {}
+_ENTRIES: dict[tuple, bytes] = {}  # (name, int value) -> the whole map entry; labels, sizes repeat
+
+
+def _key(name: str) -> bytes:
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = field_bytes(1, name.encode("utf-8"))
+    return key
+
+
+def _small_entry(name: str, value: FeatureValue) -> bytes:
+    """One whole map entry (``key``, ``value``) of a small feature, memoized for ints."""
+    cacheable = type(value) is int
+    if cacheable:
+        entry = _ENTRIES.get((name, value))
+        if entry is not None:
+            return entry
+    entry = field_bytes(1, _key(name) + field_bytes(2, _encode_feature(value)))
+    if cacheable:
+        if len(_ENTRIES) >= 1 << 16:
+            _ENTRIES.clear()
+        _ENTRIES[(name, value)] = entry
+    return entry
 
 
 def _int64(value: int) -> int:

@@ -3,8 +3,8 @@
 ``read_video(path, ...)`` walks a video once, in display order, and hands each selected
 frame (BGR uint8, upright, resized) to a ``process`` callable; frames the selection skips
 are not colour-converted. Backends: ``decord`` (when importable) and ``opencv``; ``auto``
-tries decord and falls back to OpenCV when decord cannot open the file or stops early,
-keeping whichever decoded more frames.
+tries ``prefer`` first (decord unless told) and falls back to the other when it cannot open
+the file or stops early, keeping whichever decoded more frames.
 
 Rotation: decord 0.6 and OpenCV 5 both return videos with a rotation matrix upright, so
 frames are never rotated here (rotating again would turn them sideways); the rotation is
@@ -103,7 +103,8 @@ def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
 
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
-               process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "") -> VideoFrames:
+               process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
+               prefer: str = "decord") -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
     Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``.
@@ -123,19 +124,24 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         raise CorruptSample(key, path, "is a folder, not a video file", stage="read")
     if stat.S_ISREG(st.st_mode) and st.st_size == 0:
         raise CorruptSample(key, path, "empty file (0 bytes)", stage="read")
-    order = {"auto": ["decord", "opencv"] if decord_available() else ["opencv"],
+    if prefer not in ("decord", "opencv"):
+        raise ValueError(f"prefer must be 'decord' or 'opencv', not {prefer!r}")
+    auto = ["decord", "opencv"] if decord_available() else ["opencv"]
+    if prefer == "opencv":
+        auto.reverse()
+    order = {"auto": auto,
              "decord": ["decord"], "opencv": ["opencv"]}[backend]
     if backend == "decord" and not decord_available():
         raise UsageError("--backend decord: decord is not importable here (pip install decord)")
     probe = None
-    if "decord" in order:  # decord does not report rotation or the container's own size
-        try:
-            probe = probe_video(path)
-        except ValueError:
-            pass
     best: Optional[VideoFrames] = None
     notes = []
     for name in order:
+        if name == "decord":  # decord does not report rotation or the container's own size
+            try:
+                probe = probe_video(path)
+            except ValueError:
+                pass
         try:
             src = open_source(name, path, probe)
         except Exception as e:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -23,7 +24,8 @@ from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
-from packer.formats.base import Sample, partial_path
+from packer.formats.base import Sample, Stored, partial_path
+from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
@@ -54,6 +56,17 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
+    # ``--backend auto`` tries decord first. OpenCV costs less CPU per frame (docs/writing.md)
+    # but takes a truncated AVI's count from what is left of it (15 of the 30 frames its header
+    # claims in tests/test_faults_hostile.py), so decoding it first would keep a truncated
+    # video as complete: silently wrong. ``--backend opencv`` is the faster choice for inputs
+    # known to be whole.
+    prefer: str = "decord"
+    # Frame folders only: write the frames into the output's working folder here, in the worker
+    # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
+    write_into: Optional[str] = None
+    filename_tmpl: str = DEFAULT_TEMPLATE
+    owner: Optional[int] = None  # the writer's pid: a worker it no longer parents stops writing
     flow: Optional[FlowOptions] = None  # resolved; None: RGB frames only
 
     def encode(self, frame) -> bytes:
@@ -90,13 +103,12 @@ class FrameJob:
         total = 2 * frames * flow_size + (frames * size if self.flow.task == "both" else 0)
         return files, float(total / max(files, 1))
 
-
     def __call__(self, item: VideoItem) -> WorkResult:
         rgb = self.flow is None or self.flow.task == "both"
         process = self.encode if self.flow is None else FlowProcess(self.flow, self.encode if rgb else None,
                                                                     self.quality)
         v = read_video(item.path, backend=self.backend, selection=self.selection, resize=self.resize,
-                       process=process, key=item.key)
+                       process=process, key=item.key, prefer=self.prefer)
         rgb_data = v.frames if self.flow is None else [value[0] for value in v.frames] if rgb else []
         flows = (flow_images(item, v.frames, v.height, v.width, self.flow, self.quality)
                  if self.flow is not None else [])
@@ -129,7 +141,34 @@ class FrameJob:
                     "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
         if v.tried:
             log.debug("%s: %s", item.path, "; ".join(v.tried))
+        if self.write_into is not None and samples:
+            self._store(item, samples)
         return WorkResult(samples, entry, note)
+
+    def _check_owner(self) -> None:
+        """Exit when the writer that started this worker is gone (killed): an orphan must never
+        touch the output beside the run that resumes it."""
+        if self.owner is not None and os.getppid() != self.owner:
+            os._exit(1)
+
+    def _store(self, item: VideoItem, samples: list[Sample]) -> None:
+        """Write the frames where ``FramesWriter`` expects them; keep only what it records.
+        The writer's commit (``syncfs``) makes them durable like the frames it writes itself."""
+        from packer.formats.frames import FramesWriter
+
+        tmp = FramesWriter.temp_folder(Path(self.write_into), item.frame_dir)
+        self._check_owner()
+        if tmp.exists():  # an earlier try of this video (killed at its timeout)
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        for j, sample in enumerate(samples):
+            self._check_owner()
+            name = sample.extra.get("file") or self.filename_tmpl.format(self.start_index + j)  # flow: x/y files
+            with open(tmp / name, "wb") as f:
+                f.write(sample.data)
+            sample.prepared = Stored(crc32c(sample.data), len(sample.data))
+            sample.data = b""
+
 
 @dataclass
 class DecodeReport(Report):
@@ -292,6 +331,10 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                 writer_options.update(flow_tmpl=flow.flow_tmpl)
         writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                             **writer_options)
+        if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
+            # the workers write the frame files themselves: no frame's bytes cross to this process
+            job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
+                                      owner=os.getpid())
         with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
             estimate = ""
             if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete

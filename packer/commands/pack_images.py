@@ -12,6 +12,7 @@ from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
 from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, probe
@@ -120,6 +121,15 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         # record and of the resume fingerprint (packer.conversion.fingerprint)
         recorded["writer"] = writer_settings(writer, writer_options)
         writer.created_by = created_by(recorded)
-        with make_executor(run_opts.executor, workers=run_opts.workers) as ex:
-            return run(items, ImageJob(check=check, resize=resize, raw=raw), writer, executor=ex,
-                       options=run_opts, desc=f"to-{format}", input_failures=bad)
+        job = ImageJob(check=check, resize=resize, raw=raw)
+        if run_opts.workers is not None and run_opts.workers < 0:
+            raise UsageError("--workers must be >= 0")
+        plan = choose_plan(format=format, check=check, workers=run_opts.workers,
+                           resizing=resize is not None or raw, executor=run_opts.executor,
+                           fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+        log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
+        ex = (make_executor(run_opts.executor, workers=run_opts.workers) if plan.mode == "pool"
+              else make_pack_executor(plan, writer))
+        with ex:
+            return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
+                       desc=f"to-{format}", input_failures=bad)

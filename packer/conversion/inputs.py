@@ -69,11 +69,14 @@ def _walk_files(top: Path) -> list[str]:
     return found
 
 
+_CONTROL = re.compile("[\x00-\x1f]")
+
+
 def safe_key(rel: str, where: str) -> str:
     """Normalise a relative path to a ``/`` key; refuse absolute paths, ``..`` and control characters."""
     key = rel.replace(os.sep, "/")
     parts = key.split("/")
-    if key.startswith("/") or os.path.isabs(rel) or ".." in parts or any(ord(ch) < 32 for ch in key):
+    if key.startswith("/") or os.path.isabs(rel) or ".." in parts or _CONTROL.search(key):
         raise UsageError(f"{where}: refusing path {rel!r} (absolute, '..' or control characters)")
     try:  # a name that is not UTF-8 (Linux bytes, surrogate-escaped) cannot be a key in keys.json
         key.encode("utf-8")
@@ -108,7 +111,7 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
                     _bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
                               os.fsencode(rel).decode("utf-8", "replace"))
                     continue
-                items.append(Item(key, str(root / cls / rel), label))
+                items.append(Item(key, os.path.join(root, cls, rel), label))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Sample", "Record"]
+__all__ = ["Sample", "Stored", "Record"]
 
 
 @dataclass
@@ -19,6 +19,20 @@ class Sample:
     width: int
     channels: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the writer's ``prepare`` made of this sample ahead of time (on a completion thread),
+    # or a ``Stored`` when a worker already stored it; never part of equality or of what is stored.
+    prepared: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Stored:
+    """``Sample.prepared`` of a sample a worker process already stored in the output's working
+    folder (its ``data`` is then empty): the CRC32C the format records for it, the size of its
+    data, and, for records, the worker's shard file it completes (adopted when it arrives)."""
+
+    crc: int
+    size: int
+    shard: Any = None
 
 
 @dataclass

@@ -73,6 +73,13 @@ class Writer(abc.ABC):
         self.fingerprint: dict[str, Any] = {}  # set by the runner; kept in the manifest
         self._opened = False
 
+    @staticmethod
+    def prepare(sample: Sample) -> Any:
+        """What ``_write`` computes from ``sample`` alone (its stored bytes and CRC32C), done
+        ahead on any thread or process, so the writer only appends; None where there is nothing
+        worth doing ahead. The result goes into ``sample.prepared``."""
+        return None
+
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, resume_samples: int | None = None) -> None:
         """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""

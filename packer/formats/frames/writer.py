@@ -14,7 +14,7 @@ from packer.errors import WriteError
 from packer.formats.frames.layout import (DEFAULT_TEMPLATE, FLOW_LIST_NAME, LIST_NAME, VIDEOS_JOURNAL, check_template,
                                          list_files)
 from packer.formats.reader import Reader
-from packer.formats.sample import Sample
+from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import _fsync_append, write_checksums
 from packer.formats.writer import Writer
 from packer.integrity import crc32c
@@ -83,6 +83,13 @@ class FramesWriter(Writer):
         return {"filename_tmpl": extra.get("filename_tmpl", DEFAULT_TEMPLATE),
                 "start_index": int(extra.get("start_index", 1)), "flow_tmpl": extra.get("flow_tmpl")}
 
+    @staticmethod
+    def temp_folder(workdir: Path, frame_dir: str) -> Path:
+        """Where a video's frames are written before the folder is renamed into place (by this
+        writer, or by a worker process that writes them itself: ``FrameJob(write_into=...)``)."""
+        final = Path(workdir) / frame_dir
+        return final.with_name(f".{final.name}.tmp")
+
     # -- the format's part of the seam --------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
         journal = self.workdir / VIDEOS_JOURNAL
@@ -130,24 +137,34 @@ class FramesWriter(Writer):
             raise WriteError(f"{self.workdir}: sample {sample.key!r} is not a video frame "
                              "(the frames format needs frame_dir/frame/frames)") from None
         final = self.workdir / frame_dir
+        stored = sample.prepared if isinstance(sample.prepared, Stored) else None
         if j == 0:
-            tmp = final.with_name(f".{final.name}.tmp")
-            self._remove(tmp)
-            tmp.mkdir(parents=True)
+            tmp = self.temp_folder(self.workdir, frame_dir)
+            if stored is None:
+                self._remove(tmp)
+                tmp.mkdir(parents=True)
+            elif not tmp.is_dir():
+                raise WriteError(f"{tmp}: the frames a worker wrote are missing")
             self._current = (frame_dir, tmp, index)
         elif self._current is None or self._current[0] != frame_dir:
             raise WriteError(f"{self.workdir}: frame {j} of {frame_dir!r} arrived out of order")
         tmp = self._current[1]
         data = sample.data
-        with open(tmp / (extra.get("file") or self.filename_tmpl.format(self.start_index + j)), "wb") as f:
-            f.write(data)
+        if stored is None:
+            with open(tmp / (extra.get("file") or self.filename_tmpl.format(self.start_index + j)), "wb") as f:
+                f.write(data)
         if j == total - 1:
             if final.exists():  # left by a killed run past the resume point
                 self._remove(final)
             os.rename(tmp, final)
             self._completed.append((frame_dir, self._current[2], total))
             self._current = None
-        return crc32c(data)
+        return stored.crc if stored is not None else crc32c(data)
+
+    def add(self, sample: Sample) -> None:
+        super().add(sample)
+        if isinstance(sample.prepared, Stored):
+            self._pending_bytes += sample.prepared.size
 
     def _commit(self) -> None:
         _syncfs(self.workdir)
@@ -162,6 +179,8 @@ class FramesWriter(Writer):
         missing = [v.get("key") for v in manifest.videos if "frame_dir" not in v]
         if missing:
             raise WriteError(f"{self.workdir}: video entries without frame_dir: {missing[:3]}")
+        # a worker's temporary folder of a video that then failed (killed at its timeout)
+        self._drop_unlisted({v["frame_dir"] for v in manifest.videos})
         write_checksums(self.workdir, self.crcs)
         lists = list_files(manifest.videos, flow=self.flow_tmpl is not None)
         for name, text in lists.items():

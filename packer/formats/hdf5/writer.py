@@ -129,6 +129,11 @@ class HDF5Writer(Writer):
                                                      "start again with --overwrite", position=f"sample {i}")
 
     # -- writing -------------------------------------------------------------------------
+    @staticmethod
+    def prepare(sample: Sample) -> int:
+        """The CRC32C of the stored bytes."""
+        return crc32c(sample.data)
+
     def _write(self, index: int, sample: Sample) -> int:
         if self.pixels_shape is not None:
             shape = (sample.height, sample.width, sample.channels)
@@ -138,7 +143,7 @@ class HDF5Writer(Writer):
         elif sample.fmt == "raw":
             raise ValueError(f"{sample.key}: raw pixels need an HDF5Writer made with pixels_shape")
         self._pending.append(sample)
-        return crc32c(sample.data)
+        return sample.prepared if sample.prepared is not None else crc32c(sample.data)
 
     def _commit(self) -> None:
         if not self._pending:

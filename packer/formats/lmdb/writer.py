@@ -40,13 +40,20 @@ class LmdbWriter(Writer):
         except lmdb.Error as e:
             raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from None
 
-    def _write(self, index: int, sample: Sample) -> int:
+    @staticmethod
+    def prepare(sample: Sample) -> tuple[bytes, int]:
+        """The stored ``Datum`` value and its CRC32C."""
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
                              sample.channels, encoded=sample.fmt != "raw")
+        return value, crc32c(value)
+
+    def _write(self, index: int, sample: Sample) -> int:
+        value, crc = sample.prepared or self.prepare(sample)
         self._batch.append((lmdb_key(index), value))
-        return crc32c(value)
+        return crc
 
     def _commit(self) -> None:
+        self._grow_ahead()
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -58,6 +65,22 @@ class LmdbWriter(Writer):
             except lmdb.Error as e:  # disk full, file size limit, I/O error: the txn is not committed
                 raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
         self._batch = []
+
+    def _grow_ahead(self) -> None:
+        """Double the map until this batch fits, before the transaction: a ``MapFullError``
+        aborts it, and redoing a batch of 1,000 puts costs more than the whole commit."""
+        try:
+            info, psize = self._env.info(), self._env.stat()["psize"]
+        except lmdb.Error:
+            return  # the commit below reports it
+        # values take whole overflow pages, plus a branch/leaf entry each; then 1 MiB of slack
+        need = (info["last_pgno"] + 1) * psize + (1 << 20) + sum(
+            (len(v) // psize + 2) * psize for _, v in self._batch)
+        size = info["map_size"]
+        while size < need:
+            size *= 2
+        if size != info["map_size"]:
+            self._env.set_mapsize(size)
 
     def _finish(self, manifest: Manifest) -> None:
         write_keys(self.workdir, self.keys)

@@ -5,20 +5,22 @@ import hashlib
 import json
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Any
 
-from packer.codecs.tfexample import encode_example
-from packer.codecs.tfrecord import frame_record, index_path, read_index, scan_tfrecord, write_index
+from packer.codecs.tfexample import encode_example, example_pieces
+from packer.codecs.tfrecord import _CRC, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import sample_features
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
                                            shard_name)
-from packer.formats.sample import Sample
+from packer.formats.records_segments import SegmentShard, is_segment_file
+from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import write_keys
 from packer.formats.writer import Writer
-from packer.integrity import crc32c
+from packer.integrity import crc32c, mask_crc, masked_crc32c
 from packer.manifest import Manifest, atomic_write_bytes
 
 __all__ = ["RecordsWriter"]
@@ -61,15 +63,58 @@ class RecordsWriter(Writer):
         self.shards: list[dict[str, Any]] = []
         self._fh = None
         self._next: tuple[bytes, int] | None = None
+        self._adopting: SegmentShard | None = None
 
     # -- rollover: close the current shard before a record that would not fit ---------------
+    @staticmethod
+    def prepare(sample: Sample) -> tuple[bytes, int]:
+        """The framed record and the CRC32C of its payload (the image bytes copied once)."""
+        pieces, length = example_pieces(sample_features(sample))
+        head = struct.pack("<Q", length)
+        record = bytearray().join((head, _CRC.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
+        crc = crc32c(memoryview(record)[12:12 + length])
+        _CRC.pack_into(record, 12 + length, mask_crc(crc))
+        return record, crc
+
     def add(self, sample: Sample) -> None:
-        payload = encode_example(sample_features(sample))
-        record = frame_record(payload)
+        if isinstance(sample.prepared, Stored):  # already in a worker's shard file
+            self._add_stored(sample, sample.prepared)
+            return
+        record, crc = sample.prepared or self.prepare(sample)
         if self._fh is not None and self._full(len(record)):
             self.flush()  # completes the shard: the durable commit
-        self._next = (record, crc32c(payload))
+        self._next = (record, crc)
         super().add(sample)
+
+    def _add_stored(self, sample: Sample, stored: Stored) -> None:
+        """A sample a worker stored (``packer.formats.records_segments``); the last one of its
+        shard file adopts the file: the durable commit."""
+        if self._fh is not None:  # a shard this writer has open (a resumed one): complete it first
+            if self.count > self.durable:
+                self.flush()
+            else:
+                self._commit()
+        super().add(sample)  # ``_write`` stores nothing: the bytes are in the worker's file
+        self._pending_bytes += stored.size
+        if stored.shard is not None:
+            self._adopting = stored.shard
+            self.flush()
+
+    def _adopt(self, shard: SegmentShard) -> None:
+        """Make a worker's completed (fsynced) shard file the next shard."""
+        final = self._shard_path(len(self.shards))
+        write_index(index_path(final), shard.offsets, shard.sizes)
+        os.replace(shard.path, final)
+        _fsync_dir(self.workdir)
+        self.shards.append({"file": final.name, "index": index_path(final).name, "count": shard.count,
+                            "bytes": shard.bytes, "sha256": shard.sha256})
+        atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
+                           json.dumps({"options": self._options(), "shards": self.shards}).encode())
+
+    def _remove_segment_files(self) -> None:
+        for p in self.workdir.iterdir():
+            if is_segment_file(p.name):
+                p.unlink()
 
     def _full(self, next_size: int) -> bool:
         if self.samples_per_shard is not None:
@@ -135,6 +180,7 @@ class RecordsWriter(Writer):
                     reopened = True
                 kept = resume_samples
         self._remove_shards_from(len(self.shards) + (1 if reopened else 0))
+        self._remove_segment_files()  # workers' shards not adopted before the kill
 
     def _remove_shards_from(self, first: int) -> None:
         pattern = re.compile(SHARD_RE.format(name=re.escape(self.name)))
@@ -163,6 +209,8 @@ class RecordsWriter(Writer):
                 "bytes": path.stat().st_size, "sha256": sha256_file(path).hexdigest()}
 
     def _write(self, index: int, sample: Sample) -> int:
+        if isinstance(sample.prepared, Stored):
+            return sample.prepared.crc
         record, crc = self._next if self._next is not None else (
             frame_record(encode_example(sample_features(sample))), 0)
         self._next = None
@@ -176,6 +224,10 @@ class RecordsWriter(Writer):
         return crc
 
     def _commit(self) -> None:
+        if self._adopting is not None:
+            shard, self._adopting = self._adopting, None
+            self._adopt(shard)
+            return
         if self._fh is None:
             return
         self._fh.flush()
@@ -193,6 +245,7 @@ class RecordsWriter(Writer):
         self._offsets, self._sizes, self._shard_bytes = [], [], 0
 
     def _finish(self, manifest: Manifest) -> None:
+        self._remove_segment_files()  # a crashed worker's, or written for a retry before a resume
         manifest.shards = list(self.shards)
         write_keys(self.workdir, self.keys)
         manifest.save(self.workdir)

@@ -1,0 +1,166 @@
+"""``RangePool``: worker processes that get the work and the items once, then only ranges.
+
+A plain process pool pickles every item out and every result back; for cheap per-item work
+that shipping costs the writer's process as much as doing the work itself. Here each worker
+receives the task and the whole item list once when it starts (inherited through ``fork``;
+pickled once per worker under ``spawn``), then only ``(start, stop)`` ranges go out and one
+result per range comes back. Ranges are handed out in order, a bounded number in flight per
+worker, and results are yielded in order.
+
+A worker that dies (a decoder segfault, the OOM killer) is replaced; the range it was running
+is split into one-item ranges and run again (the ranges queued behind it go out as they
+were), so only the item that kills a worker again fails, through ``on_crash(start, stop,
+why)`` which gives the result for it.
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing as mp
+from multiprocessing.connection import wait as wait_ready
+from typing import Any, Callable, Iterator, Sequence
+
+from packer.conversion.executors.base import exit_text, worker_init
+
+__all__ = ["RangePool", "even_ranges", "pick_chunk"]
+
+
+def _worker_main(conn: Any, parent_end: Any, task: Callable[[Sequence[Any], int, int], Any],
+                 items: Sequence[Any]) -> None:
+    parent_end.close()  # inherited through fork: only the parent may hold it, or a dead parent is never seen
+    worker_init()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):  # the parent went away
+            return
+        if job is None:
+            return
+        start, stop = job
+        result = task(items, start, stop)
+        try:
+            conn.send(result)
+        except (BrokenPipeError, EOFError, OSError):
+            return
+
+
+class _Worker:
+    def __init__(self, ctx: Any, task: Any, items: Sequence[Any]):
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, self.conn, task, items), daemon=True)
+        self.proc.start()
+        child.close()
+        self.jobs: collections.deque = collections.deque()  # (start, stop) sent, in order
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class RangePool:
+    """Run ``task(items, start, stop)`` over consecutive ranges of ``items`` in ``workers``
+    processes; ``map`` yields the results in range order.
+
+    Args:
+        workers: worker processes (>= 1).
+        task: a picklable callable ``(items, start, stop) -> result`` (run in the workers).
+        items: the whole item list (sent once per worker).
+        on_crash: ``(start, stop, why) -> result`` for a one-item range whose worker died.
+        join: one result from the results of a crashed range's one-item ranges, in order.
+        window: ranges in flight per worker.
+        start_method: multiprocessing start method (default: the platform's).
+    """
+
+    def __init__(self, *, workers: int, task: Callable[[Sequence[Any], int, int], Any], items: Sequence[Any],
+                 on_crash: Callable[[int, int, str], Any], join: Callable[[list[Any]], Any],
+                 window: int = 2, start_method: str | None = None):
+        if workers < 1 or window < 1:
+            raise ValueError("workers and window must be >= 1")
+        self._ctx = mp.get_context(start_method) if start_method else mp.get_context()
+        self._task, self._items, self._on_crash, self._join = task, items, on_crash, join
+        self._window = window
+        self._workers = [_Worker(self._ctx, task, items) for _ in range(min(workers, max(1, len(items))))]
+
+    def map(self, bounds: Sequence[tuple[int, int]]) -> Iterator[Any]:
+        """The result of each ``(start, stop)`` range of ``bounds``, in order."""
+        todo = collections.deque(bounds)
+        done: dict[tuple[int, int], Any] = {}
+        order = collections.deque(bounds)
+        redo: dict[tuple[int, int], list[tuple[int, int]]] = {}  # a crashed range -> its one-item ranges
+        try:
+            while order:
+                head = order[0]
+                parts = redo.get(head)
+                if parts is not None and all(p in done for p in parts):
+                    yield self._join([done.pop(p) for p in parts])  # a crashed range, from its parts
+                    del redo[head]
+                    order.popleft()
+                    continue
+                if parts is None and head in done:
+                    yield done.pop(head)
+                    order.popleft()
+                    continue
+                for w in self._workers:
+                    while todo and len(w.jobs) < self._window:
+                        job = todo.popleft()
+                        try:
+                            w.conn.send(job)
+                        except (BrokenPipeError, OSError):  # it died: its sentinel says so below
+                            todo.appendleft(job)
+                            break
+                        w.jobs.append(job)
+                busy = [w for w in self._workers if w.jobs]
+                ready = set(wait_ready([w.conn for w in busy] + [w.proc.sentinel for w in self._workers]))
+                for i, w in enumerate(list(self._workers)):
+                    if w.jobs and w.conn in ready:
+                        try:
+                            done[w.jobs.popleft()] = w.conn.recv()
+                            continue
+                        except (EOFError, OSError):
+                            pass  # died mid-send
+                    if w.conn in ready or w.proc.sentinel in ready:
+                        w.proc.join()
+                        why = f"worker process died ({exit_text(w.proc.exitcode)})"
+                        lost = list(w.jobs)
+                        w.kill()
+                        self._workers[i] = _Worker(self._ctx, self._task, self._items)
+                        if not lost:  # died idle (killed from outside): nothing to redo
+                            continue
+                        todo.extendleft(reversed(lost[1:]))  # queued behind it, not started: as they were
+                        start, stop = lost[0]  # the range it was running when it died
+                        if stop - start == 1:  # that item killed its worker: it fails
+                            done[(start, stop)] = self._on_crash(start, stop, why)
+                        else:  # find the item(s) that kill: rerun one item per range
+                            parts = [(k, k + 1) for k in range(start, stop)]
+                            redo[(start, stop)] = parts
+                            todo.extendleft(reversed(parts))
+        finally:
+            if order or any(w.jobs for w in self._workers):  # abandoned mid-way: stop stale work
+                for i, w in enumerate(self._workers):
+                    if w.jobs:
+                        w.kill()
+                        self._workers[i] = _Worker(self._ctx, self._task, self._items)
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                if not w.jobs:
+                    w.conn.send(None)
+            except OSError:
+                pass
+        for w in self._workers:
+            w.proc.join(2.0)
+            w.kill()
+        self._workers = []
+
+
+def even_ranges(n: int, size: int) -> list[tuple[int, int]]:
+    """``[(0, size), (size, 2 size), ...]`` covering ``range(n)``."""
+    return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def pick_chunk(n: int, workers: int, *, lo: int = 8, hi: int = 256) -> int:
+    """Items per range: about 16 ranges per worker, within [lo, hi]."""
+    return max(lo, min(hi, n // max(1, workers * 16) or lo))
+

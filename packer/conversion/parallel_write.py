@@ -1,0 +1,163 @@
+"""The write path that uses every core: which plan a pack command runs, and its work function.
+
+The writer (one process) only appends or puts. Everything else runs beside it:
+
+* **verdicts** (``packer.conversion.executors.staged``): worker processes read each file and
+  check it (header parse or full decode) and hand back only a small ``Verdict`` (format,
+  size, length, CRC32C of the bytes they checked); the writer process reads the page-cached
+  file again in a thread (file reads and CRC32C release the GIL), checks that its length and
+  CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
+  mismatch) and builds the sample. No sample's bytes cross a process boundary.
+* **sharded writers** (records: ``packer.conversion.sharded``): the workers write whole
+  shards themselves; the writer only adopts them (rename, index, journal).
+
+``choose_plan`` picks between those, a plain process pool and in-process work from what the
+command asks (format, ``--check``, resize) and the cores there are, from the measurements in
+``docs/writing.md``; ``--workers 0`` always means in this process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from packer.errors import CorruptSample
+from packer.codecs.image import probe
+from packer.conversion.executors import Executor, InlineExecutor, LocalExecutor
+from packer.conversion.executors.staged import StagedExecutor
+from packer.formats.base import Sample
+from packer.integrity import crc32c
+
+__all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "make_pack_executor", "job_for", "CHEAP_CHECKS"]
+
+log = logging.getLogger(__name__)
+
+CHEAP_CHECKS = ("none", "header")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a worker hands back for one good image: its description and the fingerprint
+    (length, CRC32C) of the exact bytes it checked."""
+
+    fmt: str
+    height: int
+    width: int
+    channels: int
+    size: int
+    crc: int
+
+
+class VerdictJob:
+    """Split an image job (no resize, no raw pixels) into a verdict and a completion.
+
+    ``verdict(item)`` runs in a worker: read + check, a ``Verdict`` back. ``complete(item,
+    verdict)`` runs in the writer's process: read the file again (page cache), check it is the
+    same bytes, build the ``Sample``. Calling the job itself does both (in-process work).
+    """
+
+    def __init__(self, job: Any, *, prepare: Any = None):
+        if getattr(job, "resize", None) is not None or getattr(job, "raw", False):
+            raise ValueError("a resizing job stores new bytes: it has no verdict-only form")
+        self.job = job
+        self.prepare = prepare  # the writer's ``prepare``: encoding done on the completion thread
+
+    def __call__(self, item: Any) -> Sample:
+        return self.job(item)
+
+    def verdict(self, item: Any) -> Verdict:
+        """Read and check one input; the small description the writer needs."""
+        from packer.commands.pack_images import read_item_bytes
+
+        data = read_item_bytes(item)
+        sample = self._describe(item, data)
+        return Verdict(sample.fmt, sample.height, sample.width, sample.channels, len(data), crc32c(data))
+
+    def complete(self, item: Any, verdict: Verdict) -> Sample:
+        """The sample for ``item`` from its verdict and the bytes read here."""
+        from packer.commands.pack_images import read_item_bytes
+
+        data = read_item_bytes(item)
+        if len(data) != verdict.size or crc32c(data) != verdict.crc:
+            raise CorruptSample(item.key, item.path, "file changed while it was being packed "
+                                                     "(the bytes read differ from the bytes checked)",
+                                stage="read")
+        sample = Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels)
+        if self.prepare is not None:
+            sample.prepared = self.prepare(sample)
+        return sample
+
+    def _describe(self, item: Any, data: bytes) -> Sample:
+        from packer.commands.pack_images import _EXT_FMT
+
+        ext = item.key.rsplit(".", 1)[-1].lower()
+        info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
+        return Sample(item.key, b"", info.fmt, item.label, info.height, info.width, info.channels)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a pack command runs: ``mode`` is ``inline`` (this process), ``pool`` (worker
+    processes hand back whole samples), ``staged`` (verdicts, see ``StagedExecutor``) or
+    ``sharded`` (the workers write record shards themselves); ``workers`` processes."""
+
+    mode: str
+    workers: int
+    why: str
+
+
+def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool, executor: str = "local",
+                cores: int | None = None, fixed_layout: bool = False) -> Plan:
+    """The fastest way to run a pack command, from what it asks and the cores there are.
+
+    ``workers`` is ``--workers`` (None: the default, every core). The rules come from
+    ``scripts/bench_write.py`` (see ``docs/writing.md``):
+
+    * ``--workers 0`` (or 1, or one core): in this process, as always.
+    * records: the workers write their own shards (``sharded``): no single writer to wait on;
+      not with ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records,
+      which only one writer can promise when inputs fail).
+    * a cheap check (``header``/``none``) into LMDB/HDF5 without resize: in this process by
+      default. The per-sample work (a header parse) costs about what handing it to another
+      process and back costs, so the single writer is fastest alone; an explicit ``--workers
+      N`` >= 2 gets verdict workers.
+    * a full check without resize: verdict workers (only a small description crosses back).
+    * resize (new bytes are made in the worker): the plain pool; the new bytes cross once.
+    """
+    cores = cores or os.cpu_count() or 1
+    if executor.partition(":")[0] != "local":
+        return Plan("pool", workers or 0, f"--executor {executor}: the work goes to its workers")
+    n = cores if workers is None else workers
+    if n <= 1:
+        return Plan("inline", 0, "one worker or none: in this process")
+    if format == "records" and not fixed_layout:
+        return Plan("sharded", n, "records: each worker writes its own shards")
+    if resizing:
+        return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
+    if format == "records":  # a fixed layout: one writer, the records framed on its threads
+        return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
+    if check in CHEAP_CHECKS and workers is None:
+        return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
+                                 "another process; the writer is fastest alone")
+    return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "
+                             "the page-cached file")
+
+
+def make_pack_executor(plan: Plan, writer: Any) -> Executor:
+    """The executor a ``Plan`` names, for ``writer`` (an unopened Writer)."""
+    if plan.mode == "inline":
+        return InlineExecutor()
+    if plan.mode == "staged":
+        return StagedExecutor(workers=plan.workers)
+    if plan.mode == "sharded":
+        from packer.conversion.sharded import ShardedExecutor
+
+        return ShardedExecutor(workers=plan.workers, writer=writer)
+    return LocalExecutor(workers=plan.workers)
+
+
+def job_for(plan: Plan, job: Any, writer_cls: Any) -> Any:
+    """The work function a plan runs: ``VerdictJob`` (with the writer's encoding) for ``staged``."""
+    return VerdictJob(job, prepare=writer_cls.prepare) if plan.mode == "staged" else job
+
