@@ -30,7 +30,10 @@ def _conv(cid: str):
 
 # (executor id, conversion, extra argv, the input whose worker dies)
 EXECUTORS = [
-    ("local-pool", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
+    # to-lmdb --workers 2 picks a plan (docs/writing.md): with a resize the plain local pool,
+    # with a full check the staged pool (verdicts in workers)
+    ("local-pool", "to-lmdb", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
+    ("staged", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
     ("isolated", "decode-frames-frames", ("--workers", 2), "class_0/clip_0_1.avi"),
     pytest.param("ray", "to-lmdb", ("--workers", 2, "--executor", "ray"), "class_1/img_0007.jpg",
                  marks=pytest.mark.slow, id="ray"),
@@ -62,7 +65,7 @@ def test_a_dead_worker_costs_its_item_only(name, cid, argv, key, sig, sources, t
 def test_max_failures_counts_a_crash(sources, tmp_path):
     conv = _conv("to-lmdb")
     out = conv.out(tmp_path)
-    r = run_packer(*conv.command, sources["images"], out, "--workers", 2, "--max-failures", 1,
+    r = run_packer(*conv.command, sources["images"], out, "--workers", 2, "--short-side", 32, "--max-failures", 1,
                    env=_env("class_1/img_0007.jpg", "SIGKILL"), timeout=BOUND_S)
     assert r.returncode == 1 and "2 inputs failed" in r.stderr, r.stderr  # the crash + the broken file
     assert out.exists()  # every good sample is packed either way
