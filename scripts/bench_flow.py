@@ -1,13 +1,13 @@
 """Optical flow speed per core at 340x256, per method (TV-L1, Farneback, DIS), side by side.
 
-Frames: the mmaction2 ``test.mp4`` fixture (H.264, 340x256) when ../shared/fixtures (or
-$PACKER_FIXTURES) is present, else a generated 340x256 video with motion. One process, OpenCV held to one thread
+Frames: the mmaction2 ``test.mp4`` fixture (H.264, 340x256) from tests/fixtures (or
+$PACKER_FIXTURES), else a generated 340x256 video with motion. One process, OpenCV held to one thread
 (``cv2.setNumThreads(1)``), so frames per CPU-second is frames per core. Two figures per
 method: the flow estimate alone, and what ``decode-frames --task flow`` does per flow frame
 (estimate + mmaction2 quantization + two grey JPEG encodes). Ratios are against DIS, in the
 same run. The target: DIS >= 100 flow frames/s per core.
 
-    PACKER_FIXTURES=/work/shared/fixtures python scripts/bench_flow.py [--pairs 40] [--tvl1-pairs 4]
+    python scripts/bench_flow.py [--pairs 40] [--tvl1-pairs 4]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from packer.codecs.flow import FlowEstimator, encode_grey, quantize, tvl1_available  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 
-FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO.parent / "shared" / "fixtures")) / "videos" / "mmaction2_test.mp4"
+FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO / "tests" / "fixtures")) / "videos" / "mmaction2_test.mp4"
 
 
 def grey_frames(n: int) -> tuple[list[np.ndarray], str]:

@@ -9,7 +9,7 @@
    (``PackedVideoDataset``), and decoded from the video with decord as mmaction2 does it
    (open, ``get_batch`` of the sampled frames) (target: packed >= 10x decord).
 
-Input: copies of ``../shared/fixtures/videos/mmaction2_test.mp4`` (H.264, 340x256, 300
+Input: copies of ``tests/fixtures/videos/mmaction2_test.mp4`` (H.264, 340x256, 300
 frames) when present, else synthetic mp4v videos of the same size.
 
     python scripts/bench_video.py --videos 12 --clips 300
@@ -38,7 +38,7 @@ from packer.conversion.inputs import video_items  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from packer.codecs.video import Resize, read_video  # noqa: E402
 
-FIXTURE = REPO.parent / "shared" / "fixtures" / "videos" / "mmaction2_test.mp4"
+FIXTURE = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
 
 
 def make_input(src: Path, videos: int) -> str:

@@ -49,9 +49,7 @@ from PIL import Image  # noqa: E402
 from packer.integrity import crc32c, masked_crc32c  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
-FIXTURE = Path("/work/shared/fixtures/videos/mmaction2_test.mp4")
-if not FIXTURE.exists():
-    FIXTURE = REPO.parent / "shared" / "fixtures" / "videos" / "mmaction2_test.mp4"
+FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO / "tests" / "fixtures")) / "videos" / "mmaction2_test.mp4"
 
 
 # -- inputs ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ On generated videos (two classes, one multi-label list), this script:
 mmaction2 pulls mmengine/mmcv, so it runs in a separate environment (see
 scripts/mmaction2_samplers.py for the install line):
 
-    PYTHONPATH=$PWD /work/.venv-bench/bin/python scripts/check_mmaction2.py --mmaction2-repo DIR
+    PYTHONPATH=$PWD .venv-bench/bin/python scripts/check_mmaction2.py --mmaction2-repo DIR
 
 Prints one line per check and exits 1 on the first mismatch.
 """

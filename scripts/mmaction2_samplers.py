@@ -7,10 +7,10 @@ that packer's samplers, given ``np.random.RandomState(seed)``, return the same a
 
 mmaction2 pulls mmengine/mmcv, so this runs in a separate environment, not packer's:
 
-    python -m venv /work/.venv-bench
-    /work/.venv-bench/bin/pip install --no-deps mmaction2==1.2.0 mmengine==0.10.7 mmcv-lite==2.1.0 \
+    python -m venv .venv-bench
+    .venv-bench/bin/pip install --no-deps mmaction2==1.2.0 mmengine==0.10.7 mmcv-lite==2.1.0 \
         addict yapf termcolor rich platformdirs        # plus numpy, torch, opencv
-    /work/.venv-bench/bin/python scripts/mmaction2_samplers.py
+    .venv-bench/bin/python scripts/mmaction2_samplers.py
 """
 from __future__ import annotations
 
