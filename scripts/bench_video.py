@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from packer.data.video_datasets import FrameDataset, PackedVideoDataset, sample_frames  # noqa: E402
 from packer.commands.decode_frames import FrameJob, decode_frames  # noqa: E402
 from packer.formats import FORMATS  # noqa: E402
-from packer.conversion.inputs import video_items  # noqa: E402
+from packer.conversion.video_inputs import video_items  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from packer.codecs.video import Resize, read_video  # noqa: E402
 

@@ -42,7 +42,7 @@ if spec:
     elif where == "journal":
         import importlib
         calls = [0]
-        real = base._fsync_append
+        real = base.fsync_append
         def hooked_append(path, data):
             calls[0] += 1
             if calls[0] >= n:
@@ -50,8 +50,8 @@ if spec:
             real(path, data)
         for mod in ("packer.formats.base", "packer.formats.writer", "packer.formats.frames.writer"):
             m = importlib.import_module(mod)
-            if getattr(m, "_fsync_append", None) is real:
-                m._fsync_append = hooked_append
+            if getattr(m, "fsync_append", None) is real:
+                m.fsync_append = hooked_append
     elif where in ("rename", "renamed"):
         real_replace = os.replace
         def hooked_replace(src, dst, *a, **k):

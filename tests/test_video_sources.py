@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from packer.errors import UsageError
-from packer.conversion.inputs import read_class_index, video_items
+from packer.conversion.video_inputs import read_class_index, video_items
 
 
 def touch(root, *rels):

@@ -55,11 +55,13 @@ _jpeg4py = _load_jpeg4py() if _FORCED in ("", "jpeg4py") else None
 
 __all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER",
            "format_name", "reading_image", "grey_to_8bit", "to_chw", "to_rgb_array", "stored_channels",
-           "cv2_safe"]
+           "cv2_safe", "EXT_FORMATS"]
 
 log = logging.getLogger(__name__)
 
 CHECK_MODES = ("full", "header", "none")
+# An image file extension -> the format name its bytes should carry (what a header check expects).
+EXT_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "bmp": "bmp"}
 
 _PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "WEBP": "webp", "BMP": "bmp",
                 "GIF": "gif", "TIFF": "tiff"}

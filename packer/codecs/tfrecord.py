@@ -19,14 +19,14 @@ from packer.integrity import masked_crc32c
 from packer.manifest import atomic_write_bytes
 
 __all__ = ["FRAMING", "INDEX_SUFFIX", "index_path", "frame_record", "unframe_record", "looks_like_tfrecord",
-           "scan_tfrecord", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates"]
+           "scan_tfrecord", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates", "CRC_STRUCT"]
 
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".idx"
 FRAMING = 16  # u64 length + u32 length CRC + u32 payload CRC
 _HEAD = struct.Struct("<QI")
-_CRC = struct.Struct("<I")
+CRC_STRUCT = struct.Struct("<I")
 
 
 def index_path(shard: str | os.PathLike) -> Path:
@@ -44,7 +44,7 @@ def tfrecord_candidates(folder: Path) -> list[Path]:
 def frame_record(payload: bytes) -> bytes:
     """Frame one payload as a TFRecord record (length, its masked CRC, payload, payload CRC)."""
     length = struct.pack("<Q", len(payload))
-    return b"".join((length, _CRC.pack(masked_crc32c(length)), payload, _CRC.pack(masked_crc32c(payload))))
+    return b"".join((length, CRC_STRUCT.pack(masked_crc32c(length)), payload, CRC_STRUCT.pack(masked_crc32c(payload))))
 
 
 def unframe_record(buf: bytes, *, check_crc: bool = True, where: str = "",
@@ -62,7 +62,7 @@ def unframe_record(buf: bytes, *, check_crc: bool = True, where: str = "",
         raise CorruptData(where, f"framing says a {length}-byte payload, the index a {n - FRAMING}-byte one",
                           position=position)
     payload = mv[12:12 + length]
-    if check_crc and masked_crc32c(payload) != _CRC.unpack_from(buf, 12 + length)[0]:
+    if check_crc and masked_crc32c(payload) != CRC_STRUCT.unpack_from(buf, 12 + length)[0]:
         raise CorruptData(where, "CRC32C mismatch (payload)", position=position)
     return payload
 

@@ -29,8 +29,8 @@ from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
-from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, InputFailure, VideoItem, parse_exts, partition,
-                                     video_items)
+from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
+from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images

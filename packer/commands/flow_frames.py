@@ -10,7 +10,7 @@ import numpy as np
 
 from packer.codecs.flow import (DEFAULT_BOUND, DEFAULT_FLOW_TEMPLATE, FlowEstimator, check_flow_template,
                                 encode_grey, grey, quantize, zero_flow)
-from packer.conversion.inputs import VideoItem
+from packer.conversion.video_inputs import VideoItem
 from packer.errors import CorruptSample, UsageError
 
 __all__ = ["TASKS", "FlowOptions", "FlowProcess", "flow_images"]

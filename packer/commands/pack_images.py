@@ -15,7 +15,7 @@ from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
 from packer.formats.base import Sample
-from packer.codecs.image import CHECK_MODES, probe
+from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
@@ -25,7 +25,6 @@ __all__ = ["ImageJob", "pack_images", "read_item_bytes"]
 
 log = logging.getLogger(__name__)
 
-_EXT_FMT = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "bmp": "bmp"}
 
 
 def read_item_bytes(item: Item) -> bytes:
@@ -60,7 +59,7 @@ class ImageJob:
             r = resize_image(data, self.resize, key=item.key, source=item.path)
             return Sample(item.key, r.data, r.fmt, item.label, r.height, r.width, r.channels)
         ext = item.key.rsplit(".", 1)[-1].lower()
-        info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
+        info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
 
 

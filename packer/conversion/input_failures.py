@@ -4,7 +4,7 @@ Every parser of inputs (``packer.conversion.inputs``, ``packer.conversion.lists`
 ``failures: list[InputFailure] | None``: with a list, it appends one ``InputFailure`` per
 unusable line (no label, an unsafe path, another extension, a repeated path, ...) and goes on;
 with None (a library caller that wants the old strictness) it raises ``UsageError``.
-:func:`_bad_line` does both. The command passes the list to ``runner.run(input_failures=...)``,
+:func:`bad_line` does both. The command passes the list to ``runner.run(input_failures=...)``,
 which writes each to ``failures.jsonl`` with stage ``input`` and counts it like any failure.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from packer.errors import UsageError
 
-__all__ = ["InputFailure"]
+__all__ = ["InputFailure", "bad_line"]
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class InputFailure:
 
     The mechanism for every parser: take ``failures: list[InputFailure] | None``; with a list,
     append one of these per unusable line and go on; with None (a library caller that wants
-    the old strictness), raise ``UsageError(str(failure))``. :func:`_bad_line` does both. The
+    the old strictness), raise ``UsageError(str(failure))``. :func:`bad_line` does both. The
     command passes the list to ``runner.run(input_failures=...)``, which records and counts them.
     """
 
@@ -44,7 +44,7 @@ class InputFailure:
         return f"{self.file}:{self.line}: {self.reason}" if self.line else f"{self.file}: {self.reason}"
 
 
-def _bad_line(failures: list[InputFailure] | None, file: str, line: int, reason: str, key: str = "") -> None:
+def bad_line(failures: list[InputFailure] | None, file: str, line: int, reason: str, key: str = "") -> None:
     """Record an unusable input line in ``failures``, or raise UsageError without a list."""
     bad = InputFailure(str(file), line, reason, key)
     if failures is None:

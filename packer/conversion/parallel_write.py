@@ -89,10 +89,10 @@ class VerdictJob:
         return sample
 
     def _describe(self, item: Any, data: bytes) -> Sample:
-        from packer.commands.pack_images import _EXT_FMT
+        from packer.codecs.image import EXT_FORMATS
 
         ext = item.key.rsplit(".", 1)[-1].lower()
-        info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=_EXT_FMT.get(ext))
+        info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
         return Sample(item.key, b"", info.fmt, item.label, info.height, info.width, info.channels)
 
 

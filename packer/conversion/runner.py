@@ -31,7 +31,7 @@ from packer.formats.base import Sample, partial_path
 from packer.manifest import atomic_write_bytes
 from packer.conversion.inputs import InputFailure, Item
 
-__all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures"]
+__all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures", "as_result"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def counted_failures(failures: Sequence[dict[str, Any]], *, strict: bool = False
     return sum(1 for f in failures if strict or f.get("stage") != "partial")
 
 
-def _as_result(value: Any) -> WorkResult:
+def as_result(value: Any) -> WorkResult:
     if isinstance(value, WorkResult):
         return value
     if isinstance(value, Sample):
@@ -215,7 +215,7 @@ def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer:
 def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State) -> None:
     """Add one item's outcome to the output: its samples, manifest entry and failure records."""
     if outcome.ok:
-        result = _as_result(outcome.value)
+        result = as_result(outcome.value)
         first = writer.count
         for sample in result.samples:
             if result.entry is not None:  # a video's frames: its position in the manifest's videos

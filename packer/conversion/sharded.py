@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
-from packer.conversion.runner import _as_result, WorkResult
+from packer.conversion.runner import as_result, WorkResult
 from packer.errors import WriteError
 from packer.formats.records_segments import SegmentShard, SegmentWriteError, segment_file
 from packer.formats.sample import Sample, Stored
@@ -107,7 +107,7 @@ class SegmentTask:
                 if not outcome.ok:
                     done.append((False, outcome.stage, outcome.reason))
                     continue
-                result = _as_result(outcome.value)
+                result = as_result(outcome.value)
                 stored = []
                 for s in result.samples:
                     record, crc = self.prepare(s)

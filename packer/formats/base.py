@@ -10,7 +10,7 @@ from __future__ import annotations
 from packer.formats.lazy import lazy_exports
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample, Stored  # noqa: F401 (re-exported)
-from packer.formats.sidecars import (CHECKSUMS_FILE, CRC_JOURNAL, KEYS_FILE, KEYS_JOURNAL, _fsync_append,
+from packer.formats.sidecars import (CHECKSUMS_FILE, CRC_JOURNAL, KEYS_FILE, KEYS_JOURNAL, fsync_append,
                                      load_checksums, load_keys, partial_path, write_checksums, write_failures,
                                      write_keys)  # noqa: F401 (re-exported)
 

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["KEYS_FILE", "CHECKSUMS_FILE", "KEYS_JOURNAL", "CRC_JOURNAL", "partial_path", "write_failures",
-           "write_keys", "load_keys", "write_checksums", "load_checksums", "keys_checksum", "array_checksum"]
+           "write_keys", "load_keys", "write_checksums", "load_checksums", "keys_checksum", "array_checksum",
+           "fsync_append"]
 
 KEYS_JOURNAL = ".keys.journal"
 CRC_JOURNAL = ".crc.journal"
@@ -92,7 +93,7 @@ def load_checksums(path: Path, count: int) -> "np.ndarray":
     return np.frombuffer(raw, dtype="<u4")
 
 
-def _fsync_append(path: Path, data: bytes) -> None:
+def fsync_append(path: Path, data: bytes) -> None:
     """Append ``data`` to ``path`` and fsync it (a journal line survives a kill once this returns)."""
     with open(path, "ab") as f:
         f.write(data)

@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Sequence
 from packer.errors import CorruptData, UsageError, WriteError
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample
-from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, _fsync_append, keys_checksum, partial_path,
+from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, fsync_append, keys_checksum, partial_path,
                                      write_failures)
 from packer.manifest import FAILURES_NAME, Manifest
 
@@ -139,8 +139,8 @@ class Writer(abc.ABC):
             new_keys = self.keys[self.durable:self.count]
             new_crcs = self.crcs[self.durable:self.count]
             jd = self._journal_dir()
-            _fsync_append(jd / KEYS_JOURNAL, "".join(json.dumps(k) + "\n" for k in new_keys).encode())
-            _fsync_append(jd / CRC_JOURNAL, b"".join(c.to_bytes(4, "little") for c in new_crcs))
+            fsync_append(jd / KEYS_JOURNAL, "".join(json.dumps(k) + "\n" for k in new_keys).encode())
+            fsync_append(jd / CRC_JOURNAL, b"".join(c.to_bytes(4, "little") for c in new_crcs))
         except OSError as e:
             raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
         self.bytes_written += self._pending_bytes

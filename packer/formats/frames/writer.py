@@ -15,7 +15,7 @@ from packer.formats.frames.layout import (DEFAULT_TEMPLATE, FLOW_LIST_NAME, LIST
                                          list_files)
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
-from packer.formats.sidecars import _fsync_append, write_checksums
+from packer.formats.sidecars import fsync_append, write_checksums
 from packer.formats.writer import Writer
 from packer.integrity import crc32c
 from packer.manifest import Manifest, atomic_write_bytes
@@ -169,7 +169,7 @@ class FramesWriter(Writer):
     def _commit(self) -> None:
         _syncfs(self.workdir)
         if self._completed:
-            _fsync_append(self.workdir / VIDEOS_JOURNAL,
+            fsync_append(self.workdir / VIDEOS_JOURNAL,
                           "".join(json.dumps(list(v)) + "\n" for v in self._completed).encode())
             self._completed = []
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.codecs.tfexample import encode_example, example_pieces
-from packer.codecs.tfrecord import _CRC, frame_record, index_path, read_index, scan_tfrecord, write_index
+from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import sample_features
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
@@ -71,9 +71,9 @@ class RecordsWriter(Writer):
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
         pieces, length = example_pieces(sample_features(sample))
         head = struct.pack("<Q", length)
-        record = bytearray().join((head, _CRC.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
+        record = bytearray().join((head, CRC_STRUCT.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
         crc = crc32c(memoryview(record)[12:12 + length])
-        _CRC.pack_into(record, 12 + length, mask_crc(crc))
+        CRC_STRUCT.pack_into(record, 12 + length, mask_crc(crc))
         return record, crc
 
     def add(self, sample: Sample) -> None:
