@@ -13,14 +13,14 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.errors import UsageError
 
 __all__ = ["Item", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
-           "walk_files"]
+           "walk_files", "class_files"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,21 @@ def safe_key(rel: str, where: str) -> str:
     return "/".join(p for p in parts if p not in ("", "."))
 
 
+def class_files(root: Path, cls: str, exts: Sequence[str],
+                failures: list[InputFailure] | None) -> Iterator[tuple[str, str]]:
+    """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
+    ``root/cls``, sorted; a name that cannot be a key is recorded in ``failures`` (or refused)."""
+    for rel in sorted(walk_files(root / cls)):
+        if has_ext(rel, exts):
+            try:
+                key = safe_key(f"{cls}/{rel}", str(root))
+            except UsageError as e:
+                bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
+                         os.fsencode(rel).decode("utf-8", "replace"))
+                continue
+            yield key, rel
+
+
 def _class_folders(root: Path, expected: str) -> list[str]:
     """The sorted, non-hidden folders of ``root`` (one per class)."""
     if not root.is_dir():
@@ -101,15 +116,8 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
     for label, cls in enumerate(classes):
-        for rel in walk_files(root / cls):
-            if has_ext(rel, exts):
-                try:
-                    key = safe_key(f"{cls}/{rel}", str(root))
-                except UsageError as e:
-                    bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
-                              os.fsencode(rel).decode("utf-8", "replace"))
-                    continue
-                items.append(Item(key, os.path.join(root, cls, rel), label))
+        for key, rel in class_files(root, cls, exts, failures):
+            items.append(Item(key, os.path.join(root, cls, rel), label))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
 

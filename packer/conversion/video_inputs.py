@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 
 from packer.conversion import lists
 from packer.conversion.input_failures import InputFailure, bad_line
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, Item, has_ext, parse_exts, safe_key, walk_files
+from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, Item, class_files, has_ext, parse_exts, safe_key,
+                                     walk_files)
 from packer.errors import UsageError
 
 __all__ = ["VideoItem", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
@@ -114,16 +115,9 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
     classes, label_of = lists.labels_of(names, _index(class_index), str(root), class_index)
     entries = []
     for cls in names:
-        for rel in sorted(walk_files(root / cls)):
-            if has_ext(rel, exts):
-                try:
-                    key = safe_key(f"{cls}/{rel}", str(root))
-                except UsageError as e:
-                    bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
-                              os.fsencode(rel).decode("utf-8", "replace"))
-                    continue
-                folder = "/".join(_dir_part(p) for p in key.split("/")[:-1])
-                entries.append((key, str(root / cls / rel), label_of[cls], folder))
+        for key, rel in class_files(root, cls, exts, failures):
+            folder = "/".join(_dir_part(p) for p in key.split("/")[:-1])
+            entries.append((key, str(root / cls / rel), label_of[cls], folder))
     entries.sort(key=lambda e: (e[2], e[0]))
     return _with_frame_dirs(entries, str(root)), classes
 

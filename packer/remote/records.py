@@ -107,12 +107,7 @@ class RemoteRecordsReader(RecordsReader):
     def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
         if self.source.options.access != "range":
             return super()._read_framed(index)
-        index = self._check_index(index)
-        offsets, sizes, starts = self._load_index()
-        k = int(np.searchsorted(starts, index, side="right")) - 1
-        local = index - int(starts[k])
-        offset, size = int(offsets[index]), int(sizes[index])
-        where = f"record {local} (byte {offset})"
+        index, k, local, offset, size, where = self._locate(index)
         buf = self.source.read_range(self.manifest.shards[k]["file"], offset, offset + size)
         if len(buf) != size:
             raise CorruptData(self.source.name_url(self.manifest.shards[k]["file"]),

@@ -188,13 +188,18 @@ class RecordsReader(Reader):
     def _corrupt(self, index: int, k: int, reason: str, position: str) -> CorruptData:
         return CorruptData(str(self.shard_path(k)), reason, position=position, key=self._key_name(index))
 
-    def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
+    def _locate(self, index: int) -> tuple[int, int, int, int, int, str]:
+        """``(index, shard, record in the shard, offset, size, where)`` of sample ``index``
+        (``where`` names the record for an error message)."""
         index = self._check_index(index)
         offsets, sizes, starts = self._load_index()
         k = int(np.searchsorted(starts, index, side="right")) - 1
-        local = index - int(starts[k])
         offset, size = int(offsets[index]), int(sizes[index])
-        where = f"record {local} (byte {offset})"
+        local = index - int(starts[k])
+        return index, k, local, offset, size, f"record {local} (byte {offset})"
+
+    def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
+        index, k, local, offset, size, where = self._locate(index)
         view = self._view(k)
         if offset + size > len(view):  # checked before touching the mapping: no SIGBUS
             left = max(0, len(view) - offset)
