@@ -101,6 +101,8 @@ def holder_of(path: Path) -> tuple[Holder | None, str | None, bool]:
     return holder, holder.gone(age), True
 
 
+# Shaped like manifest.atomic_write_bytes, but it must fail when ``path`` exists (link, not
+# replace), which is the whole point of a claim: the two cannot share one function.
 def _create_exclusive(path: Path, data: bytes) -> None:
     """Create ``path`` holding ``data``, atomically and only if it does not exist (FileExistsError)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")

@@ -177,6 +177,7 @@ class ShardedExecutor(Executor):
     name = "sharded"
 
     def __init__(self, *, workers: int, writer: Any, segment: int | None = None, start_method: str | None = None):
+        # Each executor validates its own knobs (the same shape as StagedExecutor's, other fields).
         if workers < 1:
             raise ValueError("workers must be >= 1")
         if segment is not None and segment < 1:
