@@ -63,6 +63,7 @@ class _Segment:
         return len(self.done)
 
     def close_shard(self) -> None:
+        # The same flush/fsync/close as RecordsWriter._commit, then each records its own shard.
         if self._fh is None:
             return
         self._fh.flush()
