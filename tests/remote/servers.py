@@ -20,6 +20,16 @@ from pathlib import Path
 __all__ = ["ServerUnavailable", "Nginx", "start_nginx", "MotoS3", "start_moto", "free_port"]
 
 
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate a server process, killing it if it has not exited within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
 class ServerUnavailable(RuntimeError):
     """The server could not start here (the reason is the message)."""
 
@@ -104,12 +114,7 @@ class Nginx:
                                    if method == "GET" and status == 200 and uri.endswith(suffix) and rng == "-")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
 
 
 def start_nginx(root: Path, run: Path, *, slow_rate: str = "1k") -> Nginx:
@@ -158,12 +163,7 @@ class MotoS3:
                      aws_secret_access_key=self.storage_options["secret"]).create_bucket(Bucket=name)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
 
 
 def start_moto() -> MotoS3:
