@@ -19,6 +19,7 @@ copied up by other tools) are still CRC32C-checked per sample when read.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -179,7 +180,20 @@ class RemoteSource:
     def refresh_manifest(self, name: str = MANIFEST_NAME) -> str:
         """Fetch the manifest fresh; when it differs from the cached copy the dataset changed
         at the URL, and everything cached for it is dropped before the new one is stored."""
-        text = self.read_text(name)
+        return self.refresh_identity(name, self.read_text(name))
+
+    def stamp(self, name: str) -> str:
+        """What the server says of file ``name`` that changes when it is rewritten (size, ETag,
+        modification time), for files that come with no hash."""
+        fs, _ = self.fs
+        info = retrying(redact(self.name_url(name)), lambda: fs.info(self.remote_path(name)),
+                        policy=self.options.retry, secrets=self.secrets)
+        keys = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "Last-Modified")
+        return json.dumps({k: info[k] for k in keys if k in info}, default=str, sort_keys=True)
+
+    def refresh_identity(self, name: str, text: str) -> str:
+        """Keep ``text`` (what identifies the dataset now) as the cached ``name``; when it differs
+        from the cached copy, everything cached for this URL is dropped first."""
         local = self.local(name)
         with self.cache._lock(local, wait=True):
             old = local.read_text(encoding="utf-8") if local.is_file() else None
@@ -240,7 +254,11 @@ def _open_single_file(source: RemoteSource, *, check_crc: bool):
         raise RemoteMissing(f"{redact(source.name_url(MANIFEST_NAME))}: not found (and {redact(source.url)} "
                             "is no .h5 file): not a packed dataset")
     parent = RemoteSource(base, source.options)
-    parent.sums = parse_sums(parent.optional_text(f"{name}.sha256") or "")
+    sums = parent.optional_text(f"{name}.sha256")
+    parent.sums = parse_sums(sums or "")
+    # No manifest to compare: the hash list (else the server's size and stamp) says whether the
+    # file at this URL is still the one cached; a rewritten file is fetched again, never reused.
+    parent.refresh_identity(f"{name}.identity", sums if sums is not None else parent.stamp(name))
     path = parent.fetch(name)
     _fetch_optional(parent, f"{name}.failures.jsonl")
     return FORMATS.reader("hdf5")(path, check_crc=check_crc)

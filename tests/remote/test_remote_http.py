@@ -254,3 +254,17 @@ def test_frames_packed_as_records_read_as_videos_over_http(nginx, tmp_path, monk
     for i in range(3):
         (a, la), (b, lb) = remote[i], local[i]
         assert la == lb and torch.equal(a, b)
+
+
+def test_an_hdf5_rewritten_at_the_same_url_is_not_read_from_the_stale_cache(nginx, tmp_path):
+    """A single-file output has no manifest to compare: its identity (the uploaded hash list,
+    else the server's size and modification stamp) is checked at every open."""
+    out = nginx.root / "rewritten.h5"
+    pack("hdf5", write_image_folder(tmp_path / "a", count=6, seed=1), out)
+    cache = tmp_path / "c"
+    first = _bytes_all(PackedDataset(nginx.url(out.name), decode="bytes", cache_dir=cache))
+    os.remove(out)
+    time.sleep(1.1)  # a new Last-Modified second
+    pack("hdf5", write_image_folder(tmp_path / "b", count=9, seed=2), out)
+    again = _bytes_all(PackedDataset(nginx.url(out.name), decode="bytes", cache_dir=cache))
+    assert again == _bytes_all(PackedDataset(out, decode="bytes")) and again != first
