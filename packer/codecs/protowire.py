@@ -5,6 +5,7 @@ and so that malformed bytes raise ``ValueError`` (readers turn that into ``Corru
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator, NamedTuple
 
 __all__ = [
@@ -121,14 +122,20 @@ class Datum(NamedTuple):
 def encode_datum(data: bytes, label: int, height: int, width: int, channels: int,
                  encoded: bool = True) -> bytes:
     """Serialize a Caffe ``Datum`` in field-number order, as protobuf's own serializer does."""
-    return b"".join((  # field 4 spelled out: ``data`` is copied once, not twice
-        field_varint(1, channels),
-        field_varint(2, height),
-        field_varint(3, width),
-        _FIELD4_TAG, encode_varint(len(data)), data,
-        field_varint(5, label),
-        field_varint(7, 1 if encoded else 0),
-    ))
+    # field 4 spelled out: ``data`` is copied once, not twice; the fields around it come from
+    # small caches (a dataset has few distinct shapes and labels)
+    return b"".join((_datum_head(channels, height, width), _FIELD4_TAG, encode_varint(len(data)), data,
+                     _datum_tail(label, encoded)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _datum_head(channels: int, height: int, width: int) -> bytes:
+    return field_varint(1, channels) + field_varint(2, height) + field_varint(3, width)
+
+
+@functools.lru_cache(maxsize=4096)
+def _datum_tail(label: int, encoded: bool) -> bytes:
+    return field_varint(5, label) + field_varint(7, 1 if encoded else 0)
 
 
 _FIELD4_TAG = encode_varint(4 << 3 | LENGTH)

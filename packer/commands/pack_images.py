@@ -10,6 +10,7 @@ from typing import Any
 from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
+from packer.fileio import read_file
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
@@ -30,8 +31,7 @@ log = logging.getLogger(__name__)
 def read_item_bytes(item: Item) -> bytes:
     """Read an input file; an unreadable file is a ``CorruptSample`` at stage ``read``."""
     try:
-        with open(item.path, "rb") as f:
-            return f.read()
+        return read_file(item.path)
     except OSError as e:
         raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
 

@@ -94,11 +94,28 @@ def _flatten(options: dict[str, Any], neutral: frozenset, prefix: str = "") -> d
     return flat
 
 
-def _digest(rows: Any) -> str:
-    h = hashlib.sha256()
-    for row in rows:
-        h.update(json.dumps(row, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
-    return h.hexdigest()
+def _digests(stats: Sequence[list[Any]]) -> tuple[str, str]:
+    """sha256 over ``json.dumps(row[:2], ensure_ascii=False)`` lines (key and label) and over
+    ``json.dumps(row, ensure_ascii=False)`` lines (with size and mtime), in one pass."""
+    short, full = hashlib.sha256(), hashlib.sha256()
+    for start in range(0, len(stats), 10_000):
+        pairs = [_row_json(row) for row in stats[start:start + 10_000]]
+        short.update(("\n".join(p for p, _ in pairs) + "\n").encode("utf-8", "surrogateescape"))
+        full.update(("\n".join(f for _, f in pairs) + "\n").encode("utf-8", "surrogateescape"))
+    return short.hexdigest(), full.hexdigest()
+
+
+_encode_str = json.encoder.encode_basestring  # json.dumps(str, ensure_ascii=False), in C
+
+
+def _row_json(row: list[Any]) -> tuple[str, str]:
+    """``json.dumps`` (``ensure_ascii=False``) of ``row[:2]`` and of ``row``, ten times faster for
+    the usual ``[key, label, size, mtime]`` row (a str and ints); anything else goes to json."""
+    if len(row) == 4 and type(row[0]) is str and type(row[1]) is int and type(row[2]) is int \
+            and type(row[3]) is int:
+        head = f"[{_encode_str(row[0])}, {row[1]}"
+        return head + "]", f"{head}, {row[2]}, {row[3]}]"
+    return json.dumps(row[:2], ensure_ascii=False), json.dumps(row, ensure_ascii=False)
 
 
 class Fingerprint:
@@ -118,8 +135,8 @@ class Fingerprint:
         neutral = frozenset() if format in LAYOUT_BY_COMMIT else COMMIT_OPTIONS
         self.options = json.loads(json.dumps(_flatten(options, neutral), default=str))  # JSON-normalised
         self.stats = stats
-        self.inputs = {"count": len(stats), "sha256": _digest(row[:2] for row in stats),
-                       "files_sha256": _digest(stats)}
+        keys_sha, files_sha = _digests(stats)
+        self.inputs = {"count": len(stats), "sha256": keys_sha, "files_sha256": files_sha}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form kept in the resume checkpoint and the finished manifest."""

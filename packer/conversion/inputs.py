@@ -80,7 +80,9 @@ def safe_key(rel: str, where: str) -> str:
         key.encode("utf-8")
     except UnicodeEncodeError:
         raise UsageError(f"{where}: refusing path {rel!r} (file name is not valid UTF-8)") from None
-    return "/".join(p for p in parts if p not in ("", "."))
+    if "" in parts or "." in parts:
+        return "/".join(p for p in parts if p not in ("", "."))
+    return key
 
 
 def class_files(root: Path, cls: str, exts: Sequence[str],
@@ -116,8 +118,8 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
     for label, cls in enumerate(classes):
-        for key, rel in class_files(root, cls, exts, failures):
-            items.append(Item(key, os.path.join(root, cls, rel), label))
+        base = os.path.join(root, cls, "")  # one join per class: millions of files share it
+        items.extend(Item(key, base + rel, label) for key, rel in class_files(root, cls, exts, failures))
     items.sort(key=lambda it: (it.label, it.key))
     return items, classes
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -26,6 +27,8 @@ from packer.manifest import FAILURES_NAME, Manifest
 __all__ = ["Writer"]
 
 log = logging.getLogger(__name__)
+
+_json_str = json.encoder.encode_basestring_ascii  # json.dumps(str), without its dispatch
 
 
 class Writer(abc.ABC):
@@ -139,8 +142,8 @@ class Writer(abc.ABC):
             new_keys = self.keys[self.durable:self.count]
             new_crcs = self.crcs[self.durable:self.count]
             jd = self._journal_dir()
-            fsync_append(jd / KEYS_JOURNAL, "".join(json.dumps(k) + "\n" for k in new_keys).encode())
-            fsync_append(jd / CRC_JOURNAL, b"".join(c.to_bytes(4, "little") for c in new_crcs))
+            fsync_append(jd / KEYS_JOURNAL, "".join(_json_str(k) + "\n" for k in new_keys).encode())
+            fsync_append(jd / CRC_JOURNAL, struct.pack(f"<{len(new_crcs)}I", *new_crcs))
         except OSError as e:
             raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
         self.bytes_written += self._pending_bytes
