@@ -30,10 +30,11 @@ def _conv(cid: str):
 
 # (executor id, conversion, extra argv, the input whose worker dies)
 EXECUTORS = [
-    # to-lmdb --workers 2 picks a plan (docs/writing.md): with a resize the plain local pool,
-    # with a full check the staged pool (verdicts in workers)
-    ("local-pool", "to-lmdb", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
-    ("staged", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
+    # --workers 2 picks a plan (docs/writing.md): to-hdf5 with a resize the plain local pool,
+    # with a full check the staged pool (verdicts in workers); to-lmdb the shared-memory workers
+    ("local-pool", "to-hdf5", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
+    ("staged", "to-hdf5", ("--workers", 2), "class_1/img_0007.jpg"),
+    ("shm", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
     ("isolated", "decode-frames-frames", ("--workers", 2), "class_0/clip_0_1.avi"),
     pytest.param("ray", "to-lmdb", ("--workers", 2, "--executor", "ray"), "class_1/img_0007.jpg",
                  marks=pytest.mark.slow, id="ray"),

@@ -48,11 +48,16 @@ def test_the_other_plans():
         options = {"format": "lmdb", "check": "full", "workers": None, "resizing": False, "cores": 4, **kw}
         return choose_plan(**options)
 
-    assert mode().mode == "staged" and mode().workers == 4  # a full check: verdict workers
-    assert mode(check="header", workers=3).mode == "staged"  # asked for: verdict workers
+    # LMDB copies each value during add: workers encode into shared memory, the writer puts
+    assert mode().mode == "shm" and mode().workers == 4
+    assert mode(check="header", workers=3).mode == "shm"  # asked for
+    assert mode(resizing=True).mode == "shm"
+    # HDF5 keeps a batch of samples until its commit: verdict workers, or the pool for new bytes
+    assert mode(format="hdf5").mode == "staged" and mode(format="hdf5").workers == 4
+    assert mode(format="hdf5", check="header", workers=3).mode == "staged"
+    assert mode(format="hdf5", resizing=True).mode == "pool"
     assert mode(format="records", check="header").mode == "sharded"  # workers write the shards
     assert mode(format="records", fixed_layout=True).mode == "staged"  # --samples-per-shard: one writer
-    assert mode(resizing=True).mode == "pool"  # new bytes are made in the workers
     assert mode(format="records", resizing=True).mode == "sharded"
     assert mode(executor="ray").mode == "pool"
 
@@ -163,8 +168,8 @@ class _DiesOn:
         return self.job(item)
 
 
-@pytest.mark.parametrize("fmt", ["records", "lmdb"])
-def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt):
+@pytest.mark.parametrize("fmt,mode", [("records", "sharded"), ("lmdb", "staged"), ("lmdb", "shm")])
+def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt, mode):
     from packer.conversion.parallel_write import Plan, make_pack_executor
     from packer.conversion.runner import run
 
@@ -172,7 +177,7 @@ def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt):
     items = [i for i in items if i.key not in ("class_1/img_0040.jpg", "class_2/img_0041.jpg")]
     writer = writer_class(fmt)(tmp_path / "o", classes=classes)
     victim = items[30].key
-    plan = Plan("sharded" if fmt == "records" else "staged", 2, "test")
+    plan = Plan(mode, 2, "test")
     with make_pack_executor(plan, writer) as ex:
         report = run(items, _DiesOn(victim), writer, executor=ex, max_failures=1)
     assert report.count == len(items) - 1
@@ -231,7 +236,7 @@ def test_bench_write_prints_the_ceiling_scaling_and_model(image_folder):
     import json
 
     result = json.loads(r.output)
-    assert result["plans"] == {"1": "inline", "2": "staged"} and result["writer_ceiling"] > 0
+    assert result["plans"] == {"1": "inline", "2": "shm"} and result["writer_ceiling"] > 0
 
 
 @pytest.mark.slow

@@ -10,6 +10,10 @@ The writer (one process) only appends or puts. Everything else runs beside it:
   mismatch) and builds the sample. No sample's bytes cross a process boundary.
 * **sharded writers** (records: ``packer.conversion.sharded``): the workers write whole
   shards themselves; the writer only adopts them (rename, index, journal).
+* **shared memory** (LMDB: ``packer.conversion.executors.shm``): the workers read, check and
+  encode each sample (the writer's ``prepare``: its Datum and CRC32C) into memory shared with
+  the writer, which only puts the values; each sample's bytes are copied into the shared
+  mapping once and out of it once, by the put.
 
 ``choose_plan`` picks between those, a plain process pool and in-process work from what the
 command asks (format, ``--check``, resize) and the cores there are, from the measurements in
@@ -25,7 +29,9 @@ from typing import Any
 from packer.errors import CorruptSample
 from packer.codecs.image import probe
 from packer.conversion.executors import Executor, InlineExecutor, LocalExecutor
+from packer.conversion.executors.shm import SharedMemoryExecutor, available as shm_available
 from packer.conversion.executors.staged import StagedExecutor
+from packer.formats import writer_class
 from packer.formats.base import Sample
 from packer.integrity import crc32c
 
@@ -99,8 +105,9 @@ class VerdictJob:
 @dataclass(frozen=True)
 class Plan:
     """How a pack command runs: ``mode`` is ``inline`` (this process), ``pool`` (worker
-    processes hand back whole samples), ``staged`` (verdicts, see ``StagedExecutor``) or
-    ``sharded`` (the workers write record shards themselves); ``workers`` processes."""
+    processes hand back whole samples), ``staged`` (verdicts, see ``StagedExecutor``),
+    ``sharded`` (the workers write record shards themselves) or ``shm`` (the workers encode
+    into shared memory, the writer puts); ``workers`` processes."""
 
     mode: str
     workers: int
@@ -118,6 +125,9 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     * records: the workers write their own shards (``sharded``): no single writer to wait on;
       not with ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records,
       which only one writer can promise when inputs fail).
+    * LMDB (a writer that copies each value during ``add``), on a ``fork`` platform: ``shm``,
+      whatever the check and resize: the writer's process only puts (its ceiling measured
+      1.1x a bare read + put loop), the rest runs beside it.
     * a cheap check (``header``/``none``) into LMDB/HDF5 without resize: in this process by
       default. The per-sample work (a header parse) costs about what handing it to another
       process and back costs, so the single writer is fastest alone; an explicit ``--workers
@@ -133,13 +143,16 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
         return Plan("inline", 0, "one worker or none: in this process")
     if format == "records" and not fixed_layout:
         return Plan("sharded", n, "records: each worker writes its own shards")
+    if check in CHEAP_CHECKS and workers is None and not resizing:
+        return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
+                                 "another process; the writer is fastest alone")
+    if not writer_class(format).keeps_samples and shm_available():
+        return Plan("shm", n, f"{format}: workers read, check and encode into shared memory; the writer "
+                              "only stores")
     if resizing:
         return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
     if format == "records":  # a fixed layout: one writer, the records framed on its threads
         return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
-    if check in CHEAP_CHECKS and workers is None:
-        return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
-                                 "another process; the writer is fastest alone")
     return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "
                              "the page-cached file")
 
@@ -154,6 +167,8 @@ def make_pack_executor(plan: Plan, writer: Any) -> Executor:
         from packer.conversion.sharded import ShardedExecutor
 
         return ShardedExecutor(workers=plan.workers, writer=writer)
+    if plan.mode == "shm":
+        return SharedMemoryExecutor(workers=plan.workers, prepare=type(writer).prepare, views=True)
     return LocalExecutor(workers=plan.workers)
 
 

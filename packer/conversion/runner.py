@@ -214,7 +214,9 @@ def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer:
 
 def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State) -> None:
     """Add one item's outcome to the output: its samples, manifest entry and failure records."""
-    if outcome.ok:
+    if outcome.ok and type(outcome.value) is Sample:  # the common case, without a WorkResult
+        writer.add(outcome.value)
+    elif outcome.ok:
         result = as_result(outcome.value)
         first = writer.count
         for sample in result.samples:

@@ -51,6 +51,10 @@ class Writer(abc.ABC):
 
     format_name: ClassVar[str] = ""
     single_file: ClassVar[bool] = False
+    # Whether ``add`` may keep a reference to ``sample.data`` / ``sample.prepared`` after it
+    # returns (a batch held until the commit). A writer that copies them during ``add`` says
+    # False and may be handed views into shared memory (``packer.conversion.executors.shm``).
+    keeps_samples: ClassVar[bool] = True
 
     def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "images",
                  created_by: dict[str, Any] | None = None, commit_every: int = 1000,
@@ -128,9 +132,9 @@ class Writer(abc.ABC):
             raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
         self.keys.append(sample.key)
         self.crcs.append(crc)
-        self.count += 1
-        self._pending_bytes += len(sample.data)
-        if self.count - self.durable >= self.commit_every or self._pending_bytes >= self.commit_bytes:
+        self.count = count = self.count + 1
+        self._pending_bytes = pending = self._pending_bytes + len(sample.data)
+        if count - self.durable >= self.commit_every or pending >= self.commit_bytes:
             self.flush()
 
     def flush(self) -> None:

@@ -7,6 +7,14 @@ pickled once per worker under ``spawn``), then only ``(start, stop)`` ranges go 
 result per range comes back. Ranges are handed out in order, a bounded number in flight per
 worker, and results are yielded in order.
 
+With ``slots`` each range also gets a buffer slot number (a region of memory shared with the
+workers, see ``packer.conversion.executors.shm``): a range goes out only when a slot is free,
+the task is called as ``task(items, start, stop, slot)``, and the slot stays the range's until
+the consumer calls ``release((start, stop))`` after it has used the range's result. The
+one-item reruns of a crashed range hold no slot: ``detach(result)`` turns each into a result
+that needs none as it arrives (the joined range would otherwise wait for slots its own parts
+hold).
+
 A worker that dies (a decoder segfault, the OOM killer) is replaced; the range it was running
 is split into one-item ranges and run again (the ranges queued behind it go out as they
 were), so only the item that kills a worker again fails, through ``on_crash(start, stop,
@@ -35,8 +43,7 @@ def _worker_main(conn: Any, parent_end: Any, task: Callable[[Sequence[Any], int,
             return
         if job is None:
             return
-        start, stop = job
-        result = task(items, start, stop)
+        result = task(items, *job)
         try:
             conn.send(result)
         except (BrokenPipeError, EOFError, OSError):
@@ -70,13 +77,24 @@ class RangePool:
         join: one result from the results of a crashed range's one-item ranges, in order.
         window: ranges in flight per worker.
         start_method: multiprocessing start method (default: the platform's).
+        slots: buffer slots shared by all workers (None: no slots); see the module docstring.
+        detach: with ``slots``, ``result -> result`` that uses no slot (for crash reruns).
     """
 
     def __init__(self, *, workers: int, task: Callable[[Sequence[Any], int, int], Any], items: Sequence[Any],
                  on_crash: Callable[[int, int, str], Any], join: Callable[[list[Any]], Any],
-                 window: int = 2, start_method: str | None = None):
+                 window: int = 2, start_method: str | None = None, slots: int | None = None,
+                 detach: Callable[[Any], Any] | None = None):
         if workers < 1 or window < 1:
             raise ValueError("workers and window must be >= 1")
+        if slots is not None and slots < 1:
+            raise ValueError("slots must be >= 1")
+        self._free: list[int] | None = None if slots is None else list(range(slots - 1, -1, -1))
+        self._held: dict[tuple[int, int], list[int]] = {}  # a range -> the slots its result uses
+        if slots is not None and detach is None:
+            raise ValueError("slots need detach (the crash reruns must not hold slots)")
+        self._detach = detach
+        self._parts: set[tuple[int, int]] = set()  # one-item reruns of crashed ranges
         self._ctx = mp.get_context(start_method) if start_method else mp.get_context()
         self._task, self._items, self._on_crash, self._join = task, items, on_crash, join
         self._window = window
@@ -93,21 +111,26 @@ class RangePool:
                 head = order[0]
                 parts = redo.get(head)
                 if parts is not None and all(p in done for p in parts):
-                    yield self._join([done.pop(p) for p in parts])  # a crashed range, from its parts
+                    joined = self._join([done.pop(p) for p in parts])  # a crashed range, from its parts
+                    self._held[head] = [s for p in parts for s in self._held.pop(p, [])]
                     del redo[head]
                     order.popleft()
+                    yield joined
                     continue
                 if parts is None and head in done:
-                    yield done.pop(head)
                     order.popleft()
+                    yield done.pop(head)
                     continue
                 for w in self._workers:
-                    while todo and len(w.jobs) < self._window:
+                    while todo and len(w.jobs) < self._window and self._free != []:
                         job = todo.popleft()
+                        if self._free is not None:
+                            self._held[job] = [self._free.pop()]
                         try:
-                            w.conn.send(job)
+                            w.conn.send(job if self._free is None else (*job, self._held[job][0]))
                         except (BrokenPipeError, OSError):  # it died: its sentinel says so below
                             todo.appendleft(job)
+                            self.release(job)
                             break
                         w.jobs.append(job)
                 busy = [w for w in self._workers if w.jobs]
@@ -115,14 +138,22 @@ class RangePool:
                 for i, w in enumerate(list(self._workers)):
                     if w.jobs and w.conn in ready:
                         try:
-                            done[w.jobs.popleft()] = w.conn.recv()
-                            continue
+                            result = w.conn.recv()
                         except (EOFError, OSError):
                             pass  # died mid-send
+                        else:
+                            job = w.jobs.popleft()
+                            if job in self._parts and self._detach is not None:
+                                result = self._detach(result)
+                                self.release(job)
+                            done[job] = result
+                            continue
                     if w.conn in ready or w.proc.sentinel in ready:
                         w.proc.join()
                         why = f"worker process died ({exit_text(w.proc.exitcode)})"
                         lost = list(w.jobs)
+                        for job in lost:  # no result will use their slots: resent ones get new ones
+                            self.release(job)
                         w.kill()
                         self._workers[i] = _Worker(self._ctx, self._task, self._items)
                         if not lost:  # died idle (killed from outside): nothing to redo
@@ -134,6 +165,7 @@ class RangePool:
                         else:  # find the item(s) that kill: rerun one item per range
                             parts = [(k, k + 1) for k in range(start, stop)]
                             redo[(start, stop)] = parts
+                            self._parts.update(parts)
                             todo.extendleft(reversed(parts))
         finally:
             if order or any(w.jobs for w in self._workers):  # abandoned mid-way: stop stale work
@@ -141,6 +173,11 @@ class RangePool:
                     if w.jobs:
                         w.kill()
                         self._workers[i] = _Worker(self._ctx, self._task, self._items)
+
+    def release(self, job: tuple[int, int]) -> None:
+        """The consumer is done with the result of range ``job``: its slots may be reused."""
+        if self._free is not None:
+            self._free.extend(self._held.pop(job, []))
 
     def close(self) -> None:
         for w in self._workers:

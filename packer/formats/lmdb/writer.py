@@ -30,6 +30,7 @@ class LmdbWriter(Writer):
     """
 
     format_name = "lmdb"
+    keeps_samples = False  # each value is copied into LMDB's pages by the put, during ``add``
 
     def _open(self, resume_samples: int) -> None:
         self._txn: lmdb.Transaction | None = None
@@ -60,7 +61,7 @@ class LmdbWriter(Writer):
 
     def _write(self, index: int, sample: Sample) -> int:
         value, crc = sample.prepared or self.prepare(sample)
-        need = self._page_bytes(len(value))
+        need = (len(value) // self._psize + 3) * self._psize  # ``_page_bytes``, inlined: once per sample
         try:
             if self._txn is None or self._need + need > self._room:
                 self._begin(need)
