@@ -17,6 +17,7 @@ from packer.conversion.parallel_write import choose_plan, job_for, make_pack_exe
 from packer.formats import writer_class
 from packer.formats.base import Sample
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
+from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
@@ -58,6 +59,10 @@ class ImageJob:
         if self.resize is not None:
             r = resize_image(data, self.resize, key=item.key, source=item.path)
             return Sample(item.key, r.data, r.fmt, item.label, r.height, r.width, r.channels)
+        if self.check == "header":  # a plain JPEG (the common case) without probe's dispatch
+            hwc = jpeg_header(data)
+            if hwc is not None:
+                return Sample(item.key, data, "jpeg", item.label, *hwc)
         ext = item.key.rsplit(".", 1)[-1].lower()
         info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
