@@ -10,6 +10,7 @@ any executor. See ``packer.formats.records_segments`` for what the writer does.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -20,8 +21,11 @@ from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
 from packer.conversion.runner import as_result, WorkResult
 from packer.errors import WriteError
-from packer.formats.records_segments import SegmentShard, SegmentWriteError, segment_file
+from packer.codecs.tfrecord import index_bytes
+from packer.formats.records_segments import (SegmentShard, SegmentWriteError, segment_file,
+                                               segment_index_file)
 from packer.formats.sample import Sample, Stored
+from packer.writeback import WRITE_BUFFER, Writeback
 
 __all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
 
@@ -46,6 +50,7 @@ class _Segment:
     _offsets: list[int] = field(default_factory=list)
     _sizes: list[int] = field(default_factory=list)
     _bytes: int = 0
+    _writeback: Writeback = field(default_factory=Writeback)
 
     def append(self, record: bytes) -> int:
         """Append one framed record; the number of the shard file it went to."""
@@ -53,24 +58,33 @@ class _Segment:
             self.close_shard()
         if self._fh is None:
             self._path = self.workdir / segment_file(self.tag, len(self.done))
-            self._fh = open(self._path, "wb")
+            self._fh = open(self._path, "wb", buffering=WRITE_BUFFER)
             self._hash = hashlib.sha256()
+            self._writeback.reset()
         self._fh.write(record)
         self._hash.update(record)
         self._offsets.append(self._bytes)
         self._sizes.append(len(record))
         self._bytes += len(record)
+        self._writeback.wrote(self._fh, self._bytes)  # the disk works while we go on; fsync stays
         return len(self.done)
 
     def close_shard(self) -> None:
-        # The same flush/fsync/close as RecordsWriter._commit, then each records its own shard.
+        # The same flush/fsync/close as RecordsWriter._commit; the index is written here too (and
+        # fsynced), so the writer's adoption is two renames and a folder fsync.
         if self._fh is None:
             return
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        self.done.append(SegmentShard(str(self._path), self._offsets, self._sizes, self._hash.hexdigest()))
+        index = self.workdir / segment_index_file(self.tag, len(self.done))
+        with open(index, "wb") as f:
+            f.write(index_bytes(self._offsets, self._sizes))
+            f.flush()
+            os.fsync(f.fileno())
+        self.done.append(SegmentShard(str(self._path), str(index), len(self._offsets), self._bytes,
+                                      self._hash.hexdigest()))
         self._offsets, self._sizes, self._bytes = [], [], 0
 
     def abandon(self) -> None:
@@ -195,8 +209,16 @@ class ShardedExecutor(Executor):
         w = self.writer
         w.workdir.mkdir(parents=True, exist_ok=True)
         task = SegmentTask(fn, workdir=w.workdir, shard_size=w.shard_size, prepare=type(w).prepare)
-        pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
-                         window=2, start_method=self.start_method)
+        # The workers are forked with this process's objects frozen: their garbage collections
+        # then never walk (and so never copy, page by page) the writer's heap. Unfrozen, the first
+        # full collection in each worker copied it: a fresh CLI run took ~370 ms instead of ~280
+        # ms on 3,000 inputs (the Python docs' advice for fork without exec).
+        gc.freeze()
+        try:
+            pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
+                             window=2, start_method=self.start_method)
+        finally:
+            gc.unfreeze()
         try:
             bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers))
             for result in pool.map(bounds):

@@ -22,6 +22,8 @@ def sample_features(sample: Sample) -> dict[str, Any]:
         "image/channels": int(sample.channels),
         "image/filename": sample.key.encode("utf-8"),
     }
+    if not sample.extra:  # an image: nothing more (the per-sample hot path)
+        return feats
     for extras, name in ((("video_index",), "video/index"), (("frame_index", "frame"), "frame/index")):
         value = next((sample.extra[e] for e in extras if e in sample.extra), None)
         if value is not None:
