@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -219,11 +220,21 @@ class ShardedExecutor(Executor):
                              window=2, start_method=self.start_method)
         finally:
             gc.unfreeze()
+        closing = None
         try:
             bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers))
-            for result in pool.map(bounds):
+            results = pool.map(bounds)
+            for k in range(len(bounds)):
+                result = next(results)
+                if k == len(bounds) - 1:  # every range is done: the workers may go while the last
+                    next(results, None)  # shards are adopted (ends the pool's map first)
+                    closing = threading.Thread(target=pool.close, name="packer-sharded-close", daemon=True)
+                    closing.start()
                 if isinstance(result, SegmentWriteError):
                     raise WriteError(result.message)
                 yield from result.outcomes()
         finally:
-            pool.close()
+            if closing is None:
+                pool.close()
+            else:
+                closing.join()

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packer.codecs.tfexample import encode_example, example_pieces
+from packer.codecs.tfexample import encode_example
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
-from packer.formats.records.example import sample_features
+from packer.formats.records.example import sample_features, sample_pieces
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
                                            shard_name)
 from packer.formats.records_segments import SegmentShard, is_segment_file
@@ -71,7 +71,7 @@ class RecordsWriter(Writer):
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
-        pieces, length = example_pieces(sample_features(sample))
+        pieces, length = sample_pieces(sample)
         head = struct.pack("<Q", length)
         record = bytearray().join((head, CRC_STRUCT.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
         crc = crc32c(memoryview(record)[12:12 + length])
