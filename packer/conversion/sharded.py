@@ -90,8 +90,11 @@ class _Segment:
 
     def abandon(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()  # flushes what is buffered, which fails again on a full disk
+            except OSError:
+                pass  # the file is never adopted: removed at the end or on resume
 
 
 class SegmentTask:
@@ -147,21 +150,25 @@ class _Result:
     shards: list[SegmentShard]
 
     def outcomes(self) -> Iterator[Outcome]:
-        """Per input an Outcome of stored samples; the last sample of each file adopts it."""
+        """Per input an Outcome of stored samples (a lone ``Sample`` for the usual input of one
+        sample, no manifest entry, no note); the last sample of each file adopts it."""
         last = {}
         for i, entry in enumerate(self.inputs):
             if entry[0]:
                 for j, s in enumerate(entry[1]):
                     last[s[9]] = (i, j)
+        shards = self.shards
         for i, entry in enumerate(self.inputs):
             if not entry[0]:
                 yield Outcome(False, stage=entry[1], reason=entry[2])
                 continue
-            samples = []
-            for j, (key, fmt, label, h, w, c, extra, crc, size, k) in enumerate(entry[1]):
-                shard = self.shards[k] if last[k] == (i, j) else None
-                samples.append(Sample(key, b"", fmt, label, h, w, c, extra, prepared=Stored(crc, size, shard)))
-            yield Outcome(True, WorkResult(samples, entry[2], entry[3]))
+            samples = [Sample(key, b"", fmt, label, h, w, c, extra,
+                              Stored(crc, size, shards[k] if last[k] == (i, j) else None))
+                       for j, (key, fmt, label, h, w, c, extra, crc, size, k) in enumerate(entry[1])]
+            if len(samples) == 1 and entry[2] is None and entry[3] is None:
+                yield Outcome(True, samples[0])
+            else:
+                yield Outcome(True, WorkResult(samples, entry[2], entry[3]))
 
 
 def _crashed(start: int, stop: int, why: str) -> _Result:
