@@ -72,9 +72,10 @@ class Writeback:
         """A new file (or a reopened one already holding ``at`` bytes)."""
         self._started = at
 
-    def wrote(self, fh: BinaryIO, end: int) -> None:
-        """``fh`` now holds ``end`` bytes: start writing them out once ``every`` have gathered."""
-        if end - self._started >= self.every:
+    def wrote(self, fh: BinaryIO, end: int, *, last: bool = False) -> None:
+        """``fh`` now holds ``end`` bytes: start writing them out once ``every`` have gathered
+        (``last``: whatever has gathered, the file is complete)."""
+        if end - self._started >= (1 if last else self.every):
             fh.flush()  # into the page cache first: what is still in Python's buffer cannot be written
             start_writeback(fh.fileno(), self._started, end - self._started)
             self._started = end

@@ -35,7 +35,10 @@ def test_a_reopened_file_starts_from_what_it_holds(tmp_path):
         f.write(b"z" * 2000)
         wb.wrote(f, 10000)  # past 4,096 new bytes: flushed, then started
         assert path.stat().st_size == 10000
-    assert path.read_bytes() == b"x" * 5000 + b"y" * 3000 + b"z" * 2000
+        f.write(b"w" * 10)
+        wb.wrote(f, 10010, last=True)  # the file is complete: whatever gathered goes
+        assert path.stat().st_size == 10010
+    assert path.read_bytes() == b"x" * 5000 + b"y" * 3000 + b"z" * 2000 + b"w" * 10
 
 
 def test_files_without_writeback_are_left_alone(tmp_path):

@@ -75,13 +75,15 @@ class _Segment:
         # fsynced), so the writer's adoption is two renames and a folder fsync.
         if self._fh is None:
             return
+        self._writeback.wrote(self._fh, self._bytes, last=True)  # the disk takes the rest while
+        table = index_bytes(self._offsets, self._sizes)  # the index is made
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
         index = self.workdir / segment_index_file(self.tag, len(self.done))
         with open(index, "wb") as f:
-            f.write(index_bytes(self._offsets, self._sizes))
+            f.write(table)
             f.flush()
             os.fsync(f.fileno())
         self.done.append(SegmentShard(str(self._path), str(index), len(self._offsets), self._bytes,
