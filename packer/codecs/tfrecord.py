@@ -19,7 +19,8 @@ from packer.integrity import masked_crc32c
 from packer.manifest import atomic_write_bytes
 
 __all__ = ["FRAMING", "INDEX_SUFFIX", "index_path", "frame_record", "unframe_record", "looks_like_tfrecord",
-           "scan_tfrecord", "index_bytes", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates", "CRC_STRUCT"]
+           "scan_tfrecord", "index_bytes", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates",
+           "CRC_STRUCT"]
 
 log = logging.getLogger(__name__)
 

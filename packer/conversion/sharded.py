@@ -3,10 +3,11 @@
 ``ShardedExecutor.map(fn, items)`` splits the inputs into segments (consecutive ranges) and
 runs each in a worker of a ``RangePool`` as a ``SegmentTask``: the per-item work, then each
 sample framed and appended to the worker's own shard file in the output's working folder
-(sha256 as it goes, fsync at the end). Outcomes come back per input, in order, holding
-*stored* samples (no bytes); ``RecordsWriter.add`` adopts each shard file when its last
-sample arrives. The runner, the checkpoint, failure records and ``--resume`` work as with
-any executor. See ``packer.formats.records_segments`` for what the writer does.
+(through a 1 MB buffer, its writeback started every 4 MB: ``packer.writeback``; sha256 as it
+goes; fsync at the end, then its index written and fsynced). Outcomes come back per input, in
+order, holding *stored* samples (no bytes); ``RecordsWriter.add`` adopts each shard file when
+its last sample arrives. The runner, the checkpoint, failure records and ``--resume`` work as
+with any executor. See ``packer.formats.records_segments`` for what the writer does.
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from packer.codecs.tfrecord import index_bytes
 from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
 from packer.conversion.runner import as_result, WorkResult
 from packer.errors import WriteError
-from packer.codecs.tfrecord import index_bytes
 from packer.formats.records_segments import (SegmentShard, SegmentWriteError, segment_file,
                                                segment_index_file)
 from packer.formats.sample import Sample, Stored
