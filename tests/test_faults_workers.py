@@ -5,6 +5,7 @@ time, with exactly that item recorded in ``failures.jsonl`` (stage ``crash``, th
 every other input packed; ``--max-failures`` applies to it like to any failure."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -25,6 +26,8 @@ def _env(key: str, sig: str) -> dict[str, str]:
 
 
 def _conv(cid: str):
+    if cid == "to-records-sharded":  # without --samples-per-shard: the workers write the shards
+        return dataclasses.replace(_conv("to-records"), id=cid, options=("--shard-size", "20KB"))
     return next(c for c in CONVERSIONS if c.id == cid)
 
 
@@ -35,6 +38,9 @@ EXECUTORS = [
     ("local-pool", "to-hdf5", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
     ("staged", "to-hdf5", ("--workers", 2), "class_1/img_0007.jpg"),
     ("shm", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
+    # to-records --workers 2: each worker writes its own shard files (docs/writing.md); the
+    # dead worker's half-written file is never adopted, its range is rerun input by input
+    ("sharded", "to-records-sharded", ("--workers", 2), "class_1/img_0007.jpg"),
     ("isolated", "decode-frames-frames", ("--workers", 2), "class_0/clip_0_1.avi"),
     pytest.param("ray", "to-lmdb", ("--workers", 2, "--executor", "ray"), "class_1/img_0007.jpg",
                  marks=pytest.mark.slow, id="ray"),
@@ -61,6 +67,9 @@ def test_a_dead_worker_costs_its_item_only(name, cid, argv, key, sig, sources, t
     bad = {f["key"] for f in failures}
     src_keys = {p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()}
     assert keys | bad == src_keys  # every other input became a sample (or its own failure)
+    assert list(reader.verify()) == []  # every checksum (per-sample CRC32C, per-shard sha256) holds
+    if not out.is_file():  # nothing a worker left half-written stays in the output
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
 def test_max_failures_counts_a_crash(sources, tmp_path):

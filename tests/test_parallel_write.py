@@ -120,6 +120,37 @@ def test_parallel_written_parts_merge_like_single_writer_ones(src, tmp_path):
     assert packed_snapshot(merged[0]) == packed_snapshot(merged[2])
 
 
+def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_ones(src, tmp_path):
+    """Small segments, so that both workers write shard files at once (pack_images' own segments
+    hold >= 256 inputs: one worker would write all 45 of a part): every part verifies (CRC32C,
+    sha256), and the parts merge into the same dataset as single-writer parts do."""
+    from packer.conversion.inputs import partition
+    from packer.conversion.runner import run
+    from packer.conversion.sharded import ShardedExecutor
+    from packer.formats.records import RecordsWriter
+
+    items, classes = image_items(src)
+    merged = {}
+    for workers in (0, 2):
+        parts = []
+        for i in range(2):
+            part = tmp_path / f"w{workers}" / f"part{i}"
+            writer = RecordsWriter(part, classes=classes, shard_size="60KB")
+            if workers:
+                with ShardedExecutor(workers=2, writer=writer, segment=6) as ex:  # 8 segments a part
+                    run(partition(items, 2, i), ImageJob(check="full"), writer, executor=ex, max_failures=2)
+                assert len(open_reader(part).manifest.shards) >= 8  # a segment's end ends a shard
+            else:
+                run(partition(items, 2, i), ImageJob(check="full"), writer, max_failures=2)
+            assert CliRunner().invoke(main, ["verify", str(part)]).exit_code == 0
+            parts.append(part)
+        merged[workers] = tmp_path / f"merged{workers}"
+        merge_parts(parts, merged[workers], any_parts=True)
+        assert CliRunner().invoke(main, ["verify", str(merged[workers])]).exit_code == 0
+    assert packed_snapshot(merged[0]) == packed_snapshot(merged[2])
+    assert packed_snapshot(tmp_path / "w0" / "part1") == packed_snapshot(tmp_path / "w2" / "part1")
+
+
 def test_a_shard_changed_after_it_was_written_fails_verify(src, tmp_path):
     out = tmp_path / "r"
     pack_images(src, out, format="records", check="full", workers=2, max_failures=2)

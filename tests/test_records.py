@@ -396,6 +396,24 @@ def test_damaged_index_and_manifest(packed, tmp_path):
         open_reader(out)
 
 
+@settings(max_examples=300, deadline=None)
+@given(key=st.text(min_size=1, max_size=200), label=st.integers(-(1 << 63), (1 << 63) - 1),
+       hw=st.tuples(st.integers(0, 1 << 20), st.integers(0, 1 << 20)), channels=st.sampled_from([0, 1, 3, 4]),
+       fmt=st.sampled_from(["jpeg", "png", "webp", "bmp"]),
+       size=st.sampled_from([0, 1, 127, 128, 255, 16383, 16384, 51_000, 2_097_151, 2_097_152]),
+       extra=st.sampled_from([{}, {"video_index": 3}, {"frame_index": 7}, {"video_index": 0, "frame": 2}]))
+def test_the_image_layout_is_the_generic_example_encoding(key, label, hw, channels, fmt, size, extra):
+    """``sample_pieces`` (the hot path of to-records) lays an image's Example out directly: it must
+    be the generic encoder's bytes for every sample, whatever the lengths (1-4 byte varints)."""
+    from packer.codecs.tfexample import encode_example
+    from packer.formats.records.example import sample_features, sample_pieces
+
+    sample = Sample(key, bytes([size % 251]) * size, fmt, label, hw[0], hw[1], channels, dict(extra))
+    pieces, length = sample_pieces(sample)
+    assert b"".join(pieces) == encode_example(sample_features(sample)) and length == sum(map(len, pieces))
+    assert any(p is sample.data for p in pieces) or size == 0 or extra  # the image bytes are not copied
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.binary(max_size=300), st.data())
 def test_framing_round_trip_and_every_flip_is_caught(payload, data):

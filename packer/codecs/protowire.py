@@ -29,6 +29,10 @@ def encode_varint(value: int) -> bytes:
     """Encode a non-negative int (or a negative int32/int64 as its 64-bit two's complement)."""
     if 0 <= value < 128:
         return _ONE_BYTE[value]
+    if 0 < value < 1 << 21:  # lengths of fields up to 2 MB (an encoded image): 2 or 3 bytes, no loop
+        if value < 1 << 14:
+            return bytes((value & 0x7F | 0x80, value >> 7))
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
     if value < 0:
         value &= 0xFFFFFFFFFFFFFFFF
     out = bytearray()

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence, Union
 
 from packer.codecs.protowire import FIXED32, FIXED64, LENGTH, VARINT, decode_varint, encode_varint, field_bytes
 
-__all__ = ["FeatureValue", "encode_example", "decode_example", "int64_feature"]
+__all__ = ["FeatureValue", "encode_example", "example_pieces", "feature_entry", "bytes_entry_head", "example_head",
+           "decode_example", "int64_feature"]
 
 FeatureValue = Union[bytes, int, float, Sequence[bytes], Sequence[int], Sequence[float]]
 
@@ -93,17 +94,37 @@ def example_pieces(features: Mapping[str, FeatureValue]) -> tuple[list, int]:
 
 
 def _bytes_entry(name: str, value: bytes) -> tuple[list, int]:
-    """The map entry of a one-value ``bytes_list`` feature as pieces (``value`` not copied):
-    entry = {1: key, 2: Feature {1: BytesList {1: value}}}, every tag a length-delimited 1 or 2."""
-    body_head = b"\x0a" + encode_varint(len(value))
-    feature_len = len(body_head) + len(value)
-    feature_head = b"\x0a" + encode_varint(feature_len)
-    value_len = len(feature_head) + feature_len
-    value_head = b"\x12" + encode_varint(value_len)
+    """The map entry of a one-value ``bytes_list`` feature as pieces (``value`` not copied)."""
+    head = bytes_entry_head(name, len(value))
+    return [head, value], len(head) + len(value)
+
+
+def feature_entry(name: str, value: bytes | int) -> bytes:
+    """The whole map entry of a one-value ``bytes`` or ``int`` feature, exactly as
+    ``example_pieces`` writes it (ints memoized)."""
+    if type(value) is bytes:
+        return bytes_entry_head(name, len(value)) + value
+    return _small_entry(name, value)
+
+
+def bytes_entry_head(name: str, size: int) -> bytes:
+    """The bytes of a one-value ``bytes`` feature's map entry before its ``size`` bytes of value:
+    entry = {1: key, 2: Feature {1: BytesList {1: value}}}, every tag a length-delimited 1 or 2;
+    ``bytes_entry_head(n, len(v)) + v == feature_entry(n, v)``."""
+    body = encode_varint(size)  # BytesList {1: value}
+    feature_len = 1 + len(body) + size
+    feature = encode_varint(feature_len)  # Feature {1: BytesList}
+    value_len = 1 + len(feature) + feature_len
+    value = encode_varint(value_len)
     key = _key(name)
-    entry_len = len(key) + len(value_head) + value_len
-    entry_head = b"\x0a" + encode_varint(entry_len)
-    return [entry_head, key, value_head, feature_head, body_head, value], len(entry_head) + entry_len
+    entry = encode_varint(len(key) + 1 + len(value) + value_len)
+    return b"".join((b"\x0a", entry, key, b"\x12", value, b"\x0a", feature, b"\x0a", body))
+
+
+def example_head(length: int) -> bytes:
+    """What comes before ``length`` bytes of map entries in an ``Example``: with the entries in
+    name order, ``example_head(len(e)) + e`` is ``encode_example``'s bytes."""
+    return b"\x0a" + encode_varint(length)
 
 
 _KEYS: dict[str, bytes] = {}

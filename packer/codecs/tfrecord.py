@@ -19,7 +19,8 @@ from packer.integrity import masked_crc32c
 from packer.manifest import atomic_write_bytes
 
 __all__ = ["FRAMING", "INDEX_SUFFIX", "index_path", "frame_record", "unframe_record", "looks_like_tfrecord",
-           "scan_tfrecord", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates", "CRC_STRUCT"]
+           "scan_tfrecord", "index_bytes", "write_index", "read_index", "index_tfrecords", "tfrecord_candidates",
+           "CRC_STRUCT"]
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,14 @@ def scan_tfrecord(path: str | os.PathLike, limit: int | None = None) -> tuple[li
 
 
 # -- index files -------------------------------------------------------------------------------
+def index_bytes(offsets: Sequence[int], sizes: Sequence[int]) -> bytes:
+    """The bytes of a DALI index: ``"{offset} {size}\\n"`` per record."""
+    return "".join(f"{o} {s}\n" for o, s in zip(offsets, sizes)).encode("ascii")
+
+
 def write_index(path: str | os.PathLike, offsets: Sequence[int], sizes: Sequence[int]) -> None:
     """Write a DALI index (``"{offset} {size}\\n"`` per record) atomically."""
-    atomic_write_bytes(path, "".join(f"{o} {s}\n" for o, s in zip(offsets, sizes)).encode("ascii"))
+    atomic_write_bytes(path, index_bytes(offsets, sizes))
 
 
 def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:

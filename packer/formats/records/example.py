@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from packer.codecs.image import sniff_format
-from packer.codecs.tfexample import int64_feature
+from packer.codecs.tfexample import (bytes_entry_head, example_head, example_pieces, feature_entry,
+                                     int64_feature)
 from packer.formats.sample import Record, Sample
 
-__all__ = ["sample_features", "record_of"]
+__all__ = ["sample_features", "sample_pieces", "record_of"]
 
 
 def sample_features(sample: Sample) -> dict[str, Any]:
@@ -22,11 +23,34 @@ def sample_features(sample: Sample) -> dict[str, Any]:
         "image/channels": int(sample.channels),
         "image/filename": sample.key.encode("utf-8"),
     }
+    if not sample.extra:  # an image: nothing more (the per-sample hot path)
+        return feats
     for extras, name in ((("video_index",), "video/index"), (("frame_index", "frame"), "frame/index")):
         value = next((sample.extra[e] for e in extras if e in sample.extra), None)
         if value is not None:
             feats[name] = int(value)
     return feats
+
+
+def sample_pieces(sample: Sample) -> tuple[list, int]:
+    """``example_pieces(sample_features(sample))``: the Example's bytes as pieces, the image
+    bytes not copied, and their length. An image (no ``extra``: the per-sample hot path of
+    ``to-records``) is laid out directly in ~2 µs instead of the generic encoder's ~5: its
+    features in name order, with the same entries (tested byte for byte against the generic
+    encoder)."""
+    if sample.extra:
+        return example_pieces(sample_features(sample))
+    data = sample.data
+    before = (feature_entry("image/channels", int(sample.channels))
+              + feature_entry("image/class/label", int(sample.label))
+              + bytes_entry_head("image/encoded", len(data)))
+    after = (feature_entry("image/filename", sample.key.encode("utf-8"))
+             + feature_entry("image/format", sample.fmt.encode("ascii"))
+             + feature_entry("image/height", int(sample.height))
+             + feature_entry("image/width", int(sample.width)))
+    length = len(before) + len(data) + len(after)
+    head = example_head(length)
+    return [head, before, data, after], len(head) + length
 
 
 _FMT_ALIASES = {"jpg": "jpeg", "tif": "tiff"}

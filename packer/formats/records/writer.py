@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packer.codecs.tfexample import encode_example, example_pieces
+from packer.codecs.tfexample import encode_example
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
-from packer.formats.records.example import sample_features
+from packer.formats.records.example import sample_features, sample_pieces
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
                                            shard_name)
 from packer.formats.records_segments import SegmentShard, is_segment_file
@@ -22,6 +22,7 @@ from packer.formats.sidecars import write_keys
 from packer.formats.writer import Writer
 from packer.integrity import crc32c, mask_crc, masked_crc32c
 from packer.manifest import Manifest, atomic_write_bytes
+from packer.writeback import WRITE_BUFFER, Writeback
 
 __all__ = ["RecordsWriter"]
 
@@ -64,12 +65,13 @@ class RecordsWriter(Writer):
         self._fh = None
         self._next: tuple[bytes, int] | None = None
         self._adopting: SegmentShard | None = None
+        self._writeback = Writeback()  # starts the disk on a shard as it grows (the fsync stays)
 
     # -- rollover: close the current shard before a record that would not fit ---------------
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
-        pieces, length = example_pieces(sample_features(sample))
+        pieces, length = sample_pieces(sample)
         head = struct.pack("<Q", length)
         record = bytearray().join((head, CRC_STRUCT.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
         crc = crc32c(memoryview(record)[12:12 + length])
@@ -101,9 +103,9 @@ class RecordsWriter(Writer):
             self.flush()
 
     def _adopt(self, shard: SegmentShard) -> None:
-        """Make a worker's completed (fsynced) shard file the next shard."""
+        """Make a worker's completed shard file and its index (both fsynced) the next shard."""
         final = self._shard_path(len(self.shards))
-        write_index(index_path(final), shard.offsets, shard.sizes)
+        os.replace(shard.index, index_path(final))  # the index first: a shard file is never without it
         os.replace(shard.path, final)
         _fsync_dir(self.workdir)
         self.shards.append({"file": final.name, "index": index_path(final).name, "count": shard.count,
@@ -137,7 +139,8 @@ class RecordsWriter(Writer):
         self._hash = hashlib.sha256()
         if self._offsets:  # a resumed shard: hash what is kept, then append
             sha256_file(self._tmp, self._hash)
-        self._fh = open(self._tmp, "ab" if self._offsets else "wb")
+        self._fh = open(self._tmp, "ab" if self._offsets else "wb", buffering=WRITE_BUFFER)
+        self._writeback.reset(self._shard_bytes)
 
     def _open(self, resume_samples: int) -> None:
         self.shards = []
@@ -221,6 +224,7 @@ class RecordsWriter(Writer):
         self._offsets.append(self._shard_bytes)
         self._sizes.append(len(record))
         self._shard_bytes += len(record)
+        self._writeback.wrote(self._fh, self._shard_bytes)
         return crc
 
     def _commit(self) -> None:
