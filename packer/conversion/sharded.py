@@ -11,7 +11,6 @@ with any executor. See ``packer.formats.records_segments`` for what the writer d
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 import threading
@@ -220,16 +219,8 @@ class ShardedExecutor(Executor):
         w = self.writer
         w.workdir.mkdir(parents=True, exist_ok=True)
         task = SegmentTask(fn, workdir=w.workdir, shard_size=w.shard_size, prepare=type(w).prepare)
-        # The workers are forked with this process's objects frozen: their garbage collections
-        # then never walk (and so never copy, page by page) the writer's heap. Unfrozen, the first
-        # full collection in each worker copied it: a fresh CLI run took ~370 ms instead of ~280
-        # ms on 3,000 inputs (the Python docs' advice for fork without exec).
-        gc.freeze()
-        try:
-            pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
-                             window=2, start_method=self.start_method)
-        finally:
-            gc.unfreeze()
+        pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
+                         window=2, start_method=self.start_method)  # forks with the heap gc-frozen
         closing = None
         try:
             bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers))
