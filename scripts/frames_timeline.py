@@ -10,7 +10,10 @@ the same clips, alternating, ``--rounds`` times, each into a fresh folder after 
 * ``first``: when the first video starts (pool start, the disk space check);
 * ``gaps``: a worker's idle time between its videos (handing results over), per worker;
 * ``tail``: from the last video's end to the call's return (final commit, manifest, summary);
-* for decode-frames also the disk space check and the ``syncfs`` commits.
+* for decode-frames also the disk space check and the ``syncfs`` commits;
+
+and, after the first round, how many of the frames decode-frames wrote are byte for byte the
+bare loop's.
 
     python scripts/frames_timeline.py --workdir /tmp/frames-bench --clips clips_340x256
 
@@ -77,6 +80,18 @@ def _bare_videos(args):
     return n
 
 
+def _compare(packer_out: Path, bare_out: Path, videos: list[str]) -> str:
+    """``same of total`` frame files equal byte for byte (decode-frames: OUT/class/video/,
+    the bare loop: OUT/video/, both img_00001.jpg on)."""
+    same = total = 0
+    for v in videos:
+        ours = sorted((packer_out / Path(v).parent.name / Path(v).stem).iterdir())
+        theirs = sorted((bare_out / Path(v).stem).iterdir())
+        total += max(len(ours), len(theirs))
+        same += sum(a.name == b.name and a.read_bytes() == b.read_bytes() for a, b in zip(ours, theirs))
+    return f"{same} of {total}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/frames-bench")
@@ -118,7 +133,11 @@ def main() -> None:
             extra = "".join(f"  {k} {sum(v):.3f}s ({len(v)}x)" for k, v in PHASES.items())
             print(f"{kind:6s} wall {wall:.3f}s  per video {per_video:.3f}s  first {first:.3f}s  "
                   f"gaps {' '.join(f'{g:.3f}' for g in gaps)}s  tail {wall - last:.3f}s{extra}")
-            shutil.rmtree(target, ignore_errors=True)
+            if r > 0:
+                shutil.rmtree(target, ignore_errors=True)
+        if r == 0:
+            print("frames identical to the bare loop's:", _compare(out / "packer-0", out / "bare-0", videos))
+            shutil.rmtree(out / "packer-0"), shutil.rmtree(out / "bare-0")
     LOG.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
