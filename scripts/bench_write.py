@@ -334,7 +334,7 @@ def section_frames(work: Path, reps: int, out_root: Path) -> str:
         frames = _count_frames(videos[0]) * len(videos)
         out = out_root / name
         # every row writes into a fresh folder: deleting the last round's (synced) frame files
-        # costs 0.1-2.7 s of journal waits here, which is no part of any row's work
+        # waits on the disk's journal, which is no part of any row's work
         fresh = itertools.count()
         rows = {"decode-frames --short-side 256 (defaults)":
                 lambda: packer_frames(root, out / f"packer-{next(fresh)}")}
