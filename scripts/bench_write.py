@@ -14,7 +14,9 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
   copies of a 340x256 H.264 clip (the mmaction2 fixture) and a 1280x720 clip (the fixture
   upscaled, written as mp4v: this OpenCV has no H.264 encoder), beside the best bare
   decode -> resize -> ``cv2.imencode`` q95 -> write loop on all cores (decord and OpenCV, 1 and
-  2 processes, the best one counts).
+  2 processes, and OpenCV on one decoder thread a process as decode-frames runs it; the best
+  one on all cores counts). Every row writes into a fresh folder after an ``os.sync()``, so no
+  row pays for deleting or flushing another row's files.
 
 Rows are interleaved over ``--reps`` rounds and the best round of each is kept, so a burst of
 load from the other users of a shared machine hits every row alike; the load average is
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -167,6 +170,7 @@ def run_rows(rows: dict[str, Callable[[], object]], reps: int) -> dict[str, floa
     names = list(rows)
     for r in range(reps):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            os.sync()  # a row's fsync/syncfs flushes its own writes, not the dirty pages of the rows before
             wall, own, children = timed(rows[name])
             best[name] = min(best[name], wall)
             was = CPU.get(name, (float("inf"), float("inf")))
@@ -276,8 +280,8 @@ def _bare_frames(args: tuple[list[str], str, str]) -> int:
 
             vr = decord.VideoReader(v, num_threads=1)
             frames = (cv2.cvtColor(vr.next().asnumpy(), cv2.COLOR_RGB2BGR) for _ in range(len(vr)))
-        else:
-            frames = _cv2_frames(v)
+        else:  # "opencv": FFmpeg's default decoder threads; "opencv-1t": one, as decode-frames uses
+            frames = _cv2_frames(v, 1 if backend == "opencv-1t" else None)
         for k, frame in enumerate(frames, 1):
             h, w = frame.shape[:2]
             s = 256 / min(h, w)
@@ -290,8 +294,9 @@ def _bare_frames(args: tuple[list[str], str, str]) -> int:
     return n
 
 
-def _cv2_frames(video: str):
-    cap = cv2.VideoCapture(video)
+def _cv2_frames(video: str, threads: int | None = None):
+    cap = (cv2.VideoCapture(video) if threads is None
+           else cv2.VideoCapture(video, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads]))
     while True:
         ok, frame = cap.read()
         if not ok:
@@ -328,12 +333,19 @@ def section_frames(work: Path, reps: int, out_root: Path) -> str:
         warm(videos)
         frames = _count_frames(videos[0]) * len(videos)
         out = out_root / name
-        rows = {"decode-frames --short-side 256 (defaults)": lambda: packer_frames(root, out / "packer")}
+        # every row writes into a fresh folder: deleting the last round's (synced) frame files
+        # waits on the disk's journal, which is no part of any row's work
+        fresh = itertools.count()
+        rows = {"decode-frames --short-side 256 (defaults)":
+                lambda: packer_frames(root, out / f"packer-{next(fresh)}")}
         for backend in ("decord", "opencv"):
             for procs in sorted({1, cores}):
                 rows[f"bare {backend} loop, {procs} process{'es' if procs > 1 else ''}"] = (
-                    lambda b=backend, p=procs: bare_frames(videos, out / f"bare-{b}-{p}", b, p))
+                    lambda b=backend, p=procs: bare_frames(videos, out / f"bare-{b}-{p}-{next(fresh)}", b, p))
+        rows[f"bare opencv loop, one decoder thread, {cores} process{'es' if cores > 1 else ''}"] = (
+            lambda: bare_frames(videos, out / f"bare-opencv-1t-{next(fresh)}", "opencv-1t", cores))
         best = run_rows(rows, reps)
+        shutil.rmtree(out, ignore_errors=True)
         bare = min((t for k, t in best.items() if k.startswith("bare") and f", {cores} process" in k))
         best_name = next(k for k, t in best.items() if t == bare)
         parts.append(table(f"decode-frames, {len(videos)} x {size[0]}x{size[1]} clips ({frames} frames)",

@@ -278,6 +278,33 @@ def test_space_estimate_refuses_with_numbers(video_folder, tmp_path):
     check_space(tmp_path / "x", Estimate(bytes=1000, files=10, frames=10, sampled=1, videos=1))
 
 
+@pytest.mark.parametrize("ext", ["jpg", "png"])
+def test_space_bound_from_headers_is_above_what_is_written(tmp_path, ext):
+    """Where it fits, the space check is an upper bound from the containers' headers (nothing
+    decoded). Every frame file the run then writes stays under the bound's bytes per file,
+    noise (JPEG's and PNG's worst case) at q100 included."""
+    import cv2
+
+    from packer.commands.decode_frames import FrameOptions, decode_frames
+    from packer.conversion.video_inputs import video_items
+
+    src = tmp_path / "src"
+    write_video(src / "a" / "smooth.mp4", frames=12, size=(48, 64))
+    (src / "b").mkdir()
+    vw = cv2.VideoWriter(str(src / "b" / "noise.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 25, (56, 40))
+    for frame in np.random.default_rng(0).integers(0, 256, (12, 40, 56, 3), dtype=np.uint8):
+        vw.write(frame)
+    vw.release()
+    report = decode_frames(src, tmp_path / "out", ext=ext, quality=100, workers=1)
+    assert report.failed == 0 and report.count == 24
+    assert report.estimate.startswith("at most") and "bounded from the headers of 2 of 2 videos" in report.estimate
+    job = FrameOptions(ext=ext, quality=100).job()
+    for item in video_items(src)[0]:
+        files, per_file = job.bound(item)
+        sizes = [p.stat().st_size for p in (tmp_path / "out" / item.frame_dir).iterdir()]
+        assert len(sizes) == files == 12 and max(sizes) <= per_file
+
+
 # -- kill and resume --------------------------------------------------------------------------
 def tree(root: Path) -> dict[str, bytes]:
     """Every file below ``root`` by relative path (the manifest without created_by)."""

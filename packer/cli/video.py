@@ -41,8 +41,9 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds one video may take before its worker is killed (0: no limit).")
 @click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
-              help="Video decoder (auto: decord, falling back to OpenCV; opencv costs less CPU per "
-                   "frame, see docs/writing.md).")
+              help="Video decoder (auto: OpenCV, falling back to decord when OpenCV cannot open a "
+                   "video or decodes fewer frames than it claims; chosen by measurement, see "
+                   "docs/writing.md).")
 @click.option("--force", is_flag=True, help="Start even when the disk space estimate says it won't fit.")
 @click.option("--task", type=click.Choice(["rgb", "flow", "both"]), default="rgb", show_default=True,
               help="RGB frames, optical flow (x/y grey images), or both (mmaction2 build_rawframes --task).")
@@ -57,7 +58,10 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @commit_option
 @library_call
 def decode_frames_cmd(src, out, to, list_out, **options):
-    """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training."""
+    """Pre-decode videos into mmaction2 frame folders (or packed shards) once, before training.
+
+    Defaults, chosen by measurement (docs/writing.md): one worker process per core, each
+    decoding one video at a time on one decoder thread, OpenCV first (--backend auto)."""
     with claimed(out, options):  # before the slow imports: a second run fails at once
         from packer.commands.decode_frames import decode_frames
 

@@ -3,8 +3,10 @@
 ``read_video(path, ...)`` walks a video once, in display order, and hands each selected
 frame (BGR uint8, upright, resized) to a ``process`` callable; frames the selection skips
 are not colour-converted. Backends: ``decord`` (when importable) and ``opencv``; ``auto``
-tries ``prefer`` first (decord unless told) and falls back to the other when it cannot open
-the file or stops early, keeping whichever decoded more frames.
+tries ``prefer`` first (OpenCV unless told: less CPU per frame, see docs/writing.md) and falls
+back to the other when it cannot open the file or decodes fewer frames than the container
+claims, keeping whichever decoded more frames. A video is held to the largest frame count
+any reader reported, so a fallback that counts less never turns a partial decode whole.
 
 Rotation: decord 0.6 and OpenCV 5 both return videos with a rotation matrix upright, so
 frames are never rotated here (rotating again would turn them sideways); the rotation is
@@ -16,6 +18,7 @@ and OpenCV sources in ``packer.codecs.video_sources`` (both re-exported here).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -104,7 +107,7 @@ def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
                process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
-               prefer: str = "decord") -> VideoFrames:
+               prefer: str = "opencv") -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
     Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``.
@@ -136,12 +139,15 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
     probe = None
     best: Optional[VideoFrames] = None
     notes = []
+    claims = []  # every frame count a container reader reported (see below)
     for name in order:
-        if name == "decord":  # decord does not report rotation or the container's own size
+        if name == "decord" and probe is None:  # decord does not report rotation or the container's own size
             try:
                 probe = probe_video(path)
             except ValueError:
                 pass
+            else:
+                claims.append(probe.container_frames)
         try:
             src = open_source(name, path, probe)
         except Exception as e:
@@ -151,6 +157,7 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
             result = _run(src, selection, resize, process)
         finally:
             src.close()
+        claims.append(result.info.container_frames)
         if result.error:
             notes.append(f"{name}: stopped after {result.decoded_frames} frames ({result.error})")
         elif not result.frames:
@@ -158,12 +165,20 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
             notes.append(f"{name}: decoded {result.decoded_frames} of {claimed if claimed else '?'} frames")
         # decord's threaded decoder stops at a varying frame on corrupt input; OpenCV is
         # deterministic, so once decord has stopped early OpenCV's frames win when it has any.
-        if best is None or (result.frames and (best.error or result.decoded_frames >= best.decoded_frames)):
+        # Otherwise a later backend wins only with more frames: a tie keeps the first.
+        if best is None or (result.frames and (not best.frames or best.error
+                                               or result.decoded_frames > best.decoded_frames)):
             best = result
         if result.frames and not result.error and not result.partial:
             break
     if best is None or not best.frames:
         raise CorruptSample(key, path, "no decodable video frames (" + "; ".join(notes) + ")")
+    # The claim is the largest count any reader gave. decord counts the packets it finds, so
+    # of an AVI cut short (its index gone) it claims only what is left (15 where the header
+    # OpenCV reads says 30): taking its count alone would keep a truncated video as whole.
+    claimed = max((n for n in claims if n), default=None)
+    if claimed is not None and claimed != best.info.container_frames:
+        best.info = dataclasses.replace(best.info, container_frames=claimed)
     best.tried = notes
     return best
 

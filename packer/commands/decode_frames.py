@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -28,7 +29,7 @@ from packer.formats.base import Sample, Stored, partial_path
 from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
-from packer.conversion.diskspace import Estimate, check_space, estimate_output, human_bytes, sample_items
+from packer.conversion.diskspace import Estimate, check_space, estimate_output, fits, human_bytes, sample_items
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
 from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
@@ -41,6 +42,16 @@ __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "
 log = logging.getLogger(__name__)
 
 FRAME_EXTS = {"jpg": "jpeg", "png": "png"}
+
+
+def encoded_bound(pixels: int, channels: int) -> int:
+    """Bytes one encoded frame of ``pixels`` x ``channels`` never exceeds: twice the raw
+    pixels plus 4 kB. JPEG (OpenCV's 4:2:0, any quality) stays below 0.7x the raw pixels even on
+    uniform noise (0.67x at q100), PNG (level 3) at 1.01x plus a filter byte per row; the 4 kB
+    cover the headers (JPEG's tables are ~620 B: an 8x8 frame takes ~860 B)."""
+    return 2 * pixels * channels + 4096
+
+
 def output_formats() -> list[str]:
     """What ``--to`` accepts: frame folders, then every packed format in the registry."""
     return [*VIDEO_FORMATS, *sorted(FORMATS)]
@@ -56,12 +67,14 @@ class FrameJob:
     quality: int = 95
     start_index: int = 1
     backend: str = "auto"
-    # ``--backend auto`` tries decord first. OpenCV costs less CPU per frame (docs/writing.md)
-    # but takes a truncated AVI's count from what is left of it (15 of the 30 frames its header
-    # claims in tests/test_faults_hostile.py), so decoding it first would keep a truncated
-    # video as complete: silently wrong. ``--backend opencv`` is the faster choice for inputs
-    # known to be whole.
-    prefer: str = "decord"
+    # ``--backend auto`` tries OpenCV first, decord when OpenCV cannot open a file or decodes
+    # fewer frames than the container claims. Measured (scripts/bench_write.py --section frames,
+    # docs/writing.md): per frame OpenCV costs less CPU than decord (which decodes on a thread
+    # of its own, ~1.4 cores a process, so a worker per core oversubscribes), the pixels are
+    # the same, and a partial decode is caught whichever decodes: ``read_video`` holds a video
+    # to the largest frame count any reader reports (OpenCV reads a truncated AVI's header: 30;
+    # decord counts the 15 frames left).
+    prefer: str = "opencv"
     # Frame folders only: write the frames into the output's working folder here, in the worker
     # (``FramesWriter.temp_folder``), and hand back stored samples without bytes.
     write_into: Optional[str] = None
@@ -78,6 +91,24 @@ class FrameJob:
         if not ok:
             raise ValueError(f"cannot encode a {frame.shape} frame as {self.fmt}")
         return buf.tobytes()
+
+    def bound(self, item: VideoItem) -> tuple[int, float]:
+        """(files, bytes per file) this job writes at most for ``item``, from its container's
+        header alone (frame count, size, fps; nothing decoded): the disk space check's first,
+        cheap step. Raises ValueError when the header lacks any of them."""
+        info = probe_video(item.path)
+        if not info.container_frames or not info.height or not info.width:
+            raise ValueError(f"{item.path}: the header gives no frame count or size")
+        th, tw = (self.resize.target(info.height, info.width) if self.resize is not None
+                  else (info.height, info.width))
+        frames = self.selection.count(info.container_frames, info.fps)
+        rgb = encoded_bound(th * tw, 3)
+        if self.flow is None:
+            return frames, float(rgb)
+        both = self.flow.task == "both"
+        files = 2 * frames + (frames if both else 0)
+        return files, float((2 * frames * encoded_bound(th * tw, 1) + (frames * rgb if both else 0))
+                            / max(files, 1))
 
     def probe(self, item: VideoItem) -> tuple[int, float]:
         """(frames this job would keep, bytes of one encoded frame) from the container's
@@ -224,7 +255,7 @@ class FrameOptions:
         fps, stride, max_frames: the frame selection.
         ext: ``jpg`` or ``png``; quality: JPEG quality.
         tmpl: frame file names (default ``img_{:05d}.EXT``); start_index: the first frame's number.
-        backend: ``auto`` (decord, falling back to OpenCV), ``decord`` or ``opencv``.
+        backend: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
     """
 
     short_side: Optional[int] = None
@@ -335,23 +366,60 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             # the workers write the frame files themselves: no frame's bytes cross to this process
             job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
                                       owner=os.getpid())
-        with make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True) as ex:
+        ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
+        closing = _BackgroundClose(ex)
+        try:
             estimate = ""
             if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
                 todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
-                est = _estimate(todo, job, ex, per_file=frame_folders)
+                est = _estimate(todo, job, ex, per_file=frame_folders, out=out)
                 estimate = est.describe()
                 log.info("%s: the output needs %s", out, estimate)
                 check_space(out, est, force=run_opts.force)
             report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
-                         sample_unit="frames", input_failures=bad)
-        videos = open_reader(out, check_crc=False).manifest.videos
-        if list_out is not None:
-            _write_lists(Path(list_out), videos, flow)
+                         sample_unit="frames", input_failures=bad, all_in=closing.start)
+            videos = open_reader(out, check_crc=False).manifest.videos
+            if list_out is not None:
+                _write_lists(Path(list_out), videos, flow)
+            disk = disk_used(out)
+        finally:
+            closing.wait()
         return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
                             videos=len(videos),
                             partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
-                            disk_bytes=disk_used(out), estimate=estimate)
+                            disk_bytes=disk, estimate=estimate)
+
+
+class _BackgroundClose:
+    """Close an executor on a thread of its own once its work is done (``start``), and wait
+    for that in ``wait`` (which closes it here when ``start`` never ran). A process pool's
+    shutdown takes 50-100 ms (pebble's manager threads poll every 0.1 s); started when the
+    last video's result is in, it runs beside the final commit and the summary instead of
+    after them. An error closing it is raised by ``wait``."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def _close(self) -> None:
+        try:
+            self.executor.close()
+        except BaseException as e:  # handed to wait()
+            self._error = e
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._close, name="executor-close", daemon=True)
+            self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is None:
+            self.executor.close()
+            return
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:
@@ -365,10 +433,18 @@ def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | N
         atomic_write_bytes(target, rawframes_lines(videos, modality="Flow").encode("utf-8"))
 
 
-def _estimate(items: list[VideoItem], job: FrameJob, executor, *, per_file: bool) -> Estimate:
-    """Probe a sample of the videos in the workers (a hanging file costs its timeout there,
-    not the job) and extrapolate."""
-    probes = [o.value for o in executor.map(job.probe, sample_items(items)) if o.ok]
+def _estimate(items: list[VideoItem], job: FrameJob, executor, *, per_file: bool, out: Path) -> Estimate:
+    """The output's size, from a seeded sample of the videos, probed in the workers (a hanging
+    file costs its timeout there, not the job), in two steps: an upper bound from the sampled
+    containers' headers (``FrameJob.bound``: nothing decoded); only when that does not fit at
+    ``out`` an estimate from one encoded frame of each (``FrameJob.probe``, which decodes a few
+    dozen frames to reach it), so a run refuses exactly when it did before."""
+    sample = sample_items(items)
+    bounds = [o.value for o in executor.map(job.bound, sample) if o.ok]  # like probes: the readable ones
+    est = dataclasses.replace(estimate_output(bounds, len(items), per_file=per_file), bound=True)
+    if est.sampled and fits(out, est):
+        return est
+    probes = [o.value for o in executor.map(job.probe, sample) if o.ok]
     return estimate_output(probes, len(items), per_file=per_file)
 
 

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from packer.errors import UsageError
 from packer.conversion.inputs import Item
 
-__all__ = ["Estimate", "estimate_output", "sample_items", "free_space", "check_space", "human_bytes"]
+__all__ = ["Estimate", "estimate_output", "sample_items", "free_space", "fits", "check_space", "human_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,13 @@ class Estimate:
     frames: int
     sampled: int
     videos: int
+    bound: bool = False  # bytes is an upper bound (from the containers' headers), not a probe
 
     def describe(self) -> str:
         files = f" in {self.files:,} files" if self.files else ""
-        return (f"about {human_bytes(self.bytes)}{files} ({self.frames:,} frames, "
-                f"estimated from {self.sampled} of {self.videos} videos)")
+        how = "bounded from the headers of" if self.bound else "estimated from"
+        return (f"{'at most' if self.bound else 'about'} {human_bytes(self.bytes)}{files} ({self.frames:,} "
+                f"frames, {how} {self.sampled} of {self.videos} videos)")
 
 
 def estimate_output(probes: Sequence[tuple[int, float]], items: int, *, per_file: bool,
@@ -81,15 +83,18 @@ def free_space(path: str | os.PathLike) -> tuple[int, Optional[int], Path]:
     return st.f_bavail * st.f_frsize, inodes, p
 
 
+def fits(out: str | os.PathLike, estimate: Estimate, *, margin: float = 1.05) -> bool:
+    """True when ``estimate`` (its bytes times ``margin``, its files) fits where ``out`` goes."""
+    free, inodes, _ = free_space(out)
+    return int(estimate.bytes * margin) <= free and (inodes is None or estimate.files <= inodes)
+
+
 def check_space(out: str | os.PathLike, estimate: Estimate, *, force: bool = False,
                 margin: float = 1.05) -> None:
     """Refuse (UsageError, with the numbers) when ``estimate`` does not fit where ``out`` goes."""
-    free, inodes, where = free_space(out)
-    need = int(estimate.bytes * margin)
-    short_bytes = need > free
-    short_files = inodes is not None and estimate.files > inodes
-    if not (short_bytes or short_files):
+    if fits(out, estimate, margin=margin):
         return
+    free, inodes, where = free_space(out)
     have = f"{human_bytes(free)}" + (f" and {inodes:,} inodes" if inodes is not None else "")
     msg = f"{out}: the output needs {estimate.describe()}, but {where} has {have} free"
     if force:

@@ -237,7 +237,7 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
         unit: str = "img", sample_unit: str | None = None, input_failures: Sequence[InputFailure] = (),
-        **run_fields: Any) -> Report:
+        all_in: Callable[[], None] | None = None, **run_fields: Any) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -254,18 +254,20 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         sample_unit: when given, the progress bar also shows packed samples per second.
         input_failures: input lines or entries the parser could not turn into items (each
             recorded in ``failures.jsonl`` with stage ``input`` and counted like any failure).
+        all_in: called once every item's outcome is in, before the final commit: the caller
+            may start shutting ``executor`` down there (it is not used again).
     Returns:
         a Report.
     """
     (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
     # (the command's own claim when it took one before listing its inputs)
     with claim.ensure_claim(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
-        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures)
+        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures, all_in)
 
 
 def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
          opts: RunOptions, desc: str, unit: str, sample_unit: str | None,
-         input_failures: Sequence[InputFailure] = ()) -> Report:
+         input_failures: Sequence[InputFailure] = (), all_in: Callable[[], None] | None = None) -> Report:
     """``run`` under an exclusive claim on ``writer.out`` (``packer.conversion.claim``)."""
     executor = executor or InlineExecutor()
     out = writer.out
@@ -310,6 +312,8 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                     shown = time.monotonic()
                     bar.set_postfix_str(f"{(writer.count - st.samples) / (shown - start):.0f} {sample_unit}/s",
                                         refresh=False)
+            if all_in is not None:
+                all_in()
             writer.flush()
         (writer.resume_state_path().parent / INPUTS_NAME).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],

@@ -136,7 +136,6 @@ class FramesWriter(Writer):
         except (KeyError, TypeError, ValueError):
             raise WriteError(f"{self.workdir}: sample {sample.key!r} is not a video frame "
                              "(the frames format needs frame_dir/frame/frames)") from None
-        final = self.workdir / frame_dir
         stored = sample.prepared if isinstance(sample.prepared, Stored) else None
         if j == 0:
             tmp = self.temp_folder(self.workdir, frame_dir)
@@ -154,6 +153,7 @@ class FramesWriter(Writer):
             with open(tmp / (extra.get("file") or self.filename_tmpl.format(self.start_index + j)), "wb") as f:
                 f.write(data)
         if j == total - 1:
+            final = self.workdir / frame_dir
             if final.exists():  # left by a killed run past the resume point
                 self._remove(final)
             os.rename(tmp, final)
