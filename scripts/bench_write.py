@@ -207,7 +207,7 @@ def section_write(src: Path, work: Path, files: list[str], reps: int) -> str:
         "to-lmdb --check header (default workers)": lambda: pack(src, out / "a.lmdb", "lmdb", check="header"),
         "to-lmdb --check header --workers 0": lambda: pack(src, out / "b.lmdb", "lmdb", check="header", workers=0),
         "bare read + CRC32C + put (LMDB, sync)": lambda: bare_lmdb(files, out / "bare.lmdb"),
-        "to-lmdb --check header --workers 2 (verdict workers)": lambda: pack(src, out / "c.lmdb", "lmdb",
+        "to-lmdb --check header --workers 2 (shared-memory workers)": lambda: pack(src, out / "c.lmdb", "lmdb",
                                                                            check="header", workers=2),
         "to-records --check header (default workers)": lambda: pack(src, out / "a.rec", "records", check="header"),
         "to-records --check header --workers 0": lambda: pack(src, out / "b.rec", "records", check="header",
@@ -232,7 +232,7 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
     rows = {
         "to-records --check full --workers 1": lambda: pack(src, out / "f1.rec", "records", check="full", workers=1),
         "to-records --check full --workers 2": lambda: pack(src, out / "f2.rec", "records", check="full", workers=2),
-        "to-lmdb --check full --workers 2": lambda: pack(src, out / "f2.lmdb", "lmdb", check="full", workers=2),
+        "to-lmdb --check full --workers 2 (shared-memory workers)": lambda: pack(src, out / "f2.lmdb", "lmdb", check="full", workers=2),
         "bare read + decode, 1 process": lambda: bare_decode(files, 1),
         "bare read + decode, 2 processes": lambda: bare_decode(files, 2),
     }
