@@ -28,9 +28,9 @@ import multiprocessing as mp
 from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Iterator, Sequence
 
-from packer.conversion.executors.base import exit_text, worker_init
+from packer.conversion.executors.base import Outcome, exit_text, worker_init
 
-__all__ = ["RangePool", "even_ranges", "pick_chunk"]
+__all__ = ["RangePool", "even_ranges", "pick_chunk", "crashed_items", "concat_items"]
 
 
 def _worker_main(conn: Any, parent_end: Any, task: Callable[[Sequence[Any], int, int], Any],
@@ -209,3 +209,12 @@ def pick_chunk(n: int, workers: int, *, lo: int = 8, hi: int = 256) -> int:
     """Items per range: about 16 ranges per worker, within [lo, hi]."""
     return max(lo, min(hi, n // max(1, workers * 16) or lo))
 
+
+def crashed_items(start: int, stop: int, why: str) -> list[Outcome]:
+    """``on_crash`` for pools whose range result is one entry per item: a ``crash`` failure each."""
+    return [Outcome(False, stage="crash", reason=why) for _ in range(start, stop)]
+
+
+def concat_items(parts: list[list[Any]]) -> list[Any]:
+    """``join`` for pools whose range result is one entry per item: the parts' entries in order."""
+    return [entry for part in parts for entry in part]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, even_ranges
+from packer.conversion.executors.ranges import RangePool, concat_items, crashed_items, even_ranges
 from packer.errors import WriteError
 from packer.formats.sample import Sample
 
@@ -122,14 +122,6 @@ def _detached(entry: Any, base: memoryview) -> Any:
     return entry[:_DATA] + (out(entry[_DATA]), out(entry[_VALUE])) + entry[_REST:]
 
 
-def _crashed(start: int, stop: int, why: str) -> list[Any]:
-    return [Outcome(False, stage="crash", reason=why) for _ in range(start, stop)]
-
-
-def _concat(parts: list[list[Any]]) -> list[Any]:
-    return [o for part in parts for o in part]
-
-
 class SharedMemoryExecutor(Executor):
     """Work and the writer's ``prepare`` in ``workers`` forked processes; bytes back through a
     shared mapping of ``slots`` x ``slot_bytes`` (see the module docstring).
@@ -147,6 +139,7 @@ class SharedMemoryExecutor(Executor):
 
     def __init__(self, *, workers: int, prepare: Callable[[Sample], Any] | None = None, views: bool = False,
                  chunk_size: int = 32, window: int = 2, slot_bytes: int = 8 << 20):
+        # (the same shape as StagedExecutor's knob checks; the knobs differ, so each says its own)
         if workers < 1 or chunk_size < 1 or window < 1 or slot_bytes < 1:
             raise ValueError("workers, chunk_size, window and slot_bytes must be >= 1")
         if not available():
@@ -166,7 +159,7 @@ class SharedMemoryExecutor(Executor):
         ring = mmap.mmap(-1, self.slots * self.slot_bytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0))
         base = memoryview(ring)
         pool = RangePool(workers=self.workers, task=_Task(fn, self.prepare, ring, self.slot_bytes), items=items,
-                         on_crash=_crashed, join=_concat, window=self.window, start_method="fork",
+                         on_crash=crashed_items, join=concat_items, window=self.window, start_method="fork",
                          slots=self.slots, detach=lambda shipped: [_detached(e, base) for e in shipped])
         bounds = even_ranges(len(items), self.chunk_size)
         try:

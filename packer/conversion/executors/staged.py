@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, even_ranges, pick_chunk
+from packer.conversion.executors.ranges import RangePool, concat_items, crashed_items, even_ranges, pick_chunk
 
 __all__ = ["StagedExecutor"]
 
@@ -29,14 +29,6 @@ class _Task:
     def __call__(self, items: Sequence[Any], start: int, stop: int) -> list[Outcome]:
         work = self.fn.verdict if self.staged else self.fn
         return [call_safely(work, items[i]) for i in range(start, stop)]
-
-
-def _crashed(start: int, stop: int, why: str) -> list[Outcome]:
-    return [Outcome(False, stage="crash", reason=why) for _ in range(start, stop)]
-
-
-def _concat(parts: list[list[Outcome]]) -> list[Outcome]:
-    return [o for part in parts for o in part]
 
 
 class StagedExecutor(Executor):
@@ -72,8 +64,8 @@ class StagedExecutor(Executor):
         if not items:
             return
         staged = hasattr(fn, "verdict") and hasattr(fn, "complete")
-        pool = RangePool(workers=self.workers, task=_Task(fn, staged), items=items, on_crash=_crashed,
-                         join=_concat, window=self.window, start_method=self.start_method)
+        pool = RangePool(workers=self.workers, task=_Task(fn, staged), items=items, on_crash=crashed_items,
+                         join=concat_items, window=self.window, start_method=self.start_method)
         bounds = even_ranges(len(items), self.chunk_size or pick_chunk(len(items), self.workers))
         pending: collections.deque = collections.deque()
         limit = 64 * self.threads
