@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -23,33 +22,26 @@ from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
+from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.base import Sample, Stored, partial_path
 from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
-from packer.conversion.diskspace import Estimate, check_space, estimate_output, fits, human_bytes, sample_items
+from packer.conversion.diskspace import (Estimate, check_space, disk_used, encoded_bound, estimate_output, fits,
+                                        human_bytes, sample_items)
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
 from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
 from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
-__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats",
-           "disk_used"]
+__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
 
 log = logging.getLogger(__name__)
 
 FRAME_EXTS = {"jpg": "jpeg", "png": "png"}
-
-
-def encoded_bound(pixels: int, channels: int) -> int:
-    """Bytes one encoded frame of ``pixels`` x ``channels`` never exceeds: twice the raw
-    pixels plus 4 kB. JPEG (OpenCV's 4:2:0, any quality) stays below 0.7x the raw pixels even on
-    uniform noise (0.67x at q100), PNG (level 3) at 1.01x plus a filter byte per row; the 4 kB
-    cover the headers (JPEG's tables are ~620 B: an 8x8 frame takes ~860 B)."""
-    return 2 * pixels * channels + 4096
 
 
 def output_formats() -> list[str]:
@@ -221,23 +213,6 @@ class DecodeReport(Report):
                 f"{self.count / el:.0f} frames/s)")
 
 
-def disk_used(path: str | os.PathLike) -> int:
-    """Bytes allocated on disk below ``path`` (st_blocks), walking with ``os.scandir``."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_blocks * 512
-    total, stack = 0, [str(path)]
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for e in it:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                    total += e.stat(follow_symlinks=False).st_blocks * 512
-                else:
-                    total += e.stat(follow_symlinks=False).st_blocks * 512
-    return total
-
-
 def _writer_for(to: str):
     if to in VIDEO_FORMATS:
         return VIDEO_FORMATS[to][0]
@@ -367,7 +342,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
                                       owner=os.getpid())
         ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
-        closing = _BackgroundClose(ex)
+        closing = BackgroundClose(ex)
         try:
             estimate = ""
             if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
@@ -388,38 +363,6 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                             videos=len(videos),
                             partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
                             disk_bytes=disk, estimate=estimate)
-
-
-class _BackgroundClose:
-    """Close an executor on a thread of its own once its work is done (``start``), and wait
-    for that in ``wait`` (which closes it here when ``start`` never ran). A process pool's
-    shutdown takes 50-100 ms (pebble's manager threads poll every 0.1 s); started when the
-    last video's result is in, it runs beside the final commit and the summary instead of
-    after them. An error closing it is raised by ``wait``."""
-
-    def __init__(self, executor: Any):
-        self.executor = executor
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-
-    def _close(self) -> None:
-        try:
-            self.executor.close()
-        except BaseException as e:  # handed to wait()
-            self._error = e
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._close, name="executor-close", daemon=True)
-            self._thread.start()
-
-    def wait(self) -> None:
-        if self._thread is None:
-            self.executor.close()
-            return
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:

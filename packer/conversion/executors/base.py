@@ -7,13 +7,14 @@ import collections
 import itertools
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from packer.errors import CorruptSample
 
 __all__ = ["Outcome", "Executor", "InlineExecutor", "call_safely", "run_chunk", "worker_init", "exit_text",
-           "CRASH", "windowed"]
+           "CRASH", "windowed", "BackgroundClose"]
 
 log = logging.getLogger(__name__)
 
@@ -131,3 +132,34 @@ def exit_text(code: Optional[int]) -> str:
             return f"killed by signal {-code}"
     return f"exited with status {code}"
 
+
+class BackgroundClose:
+    """Close an executor on a thread of its own once its work is done (``start``), and wait
+    for that in ``wait`` (which closes it here when ``start`` never ran). A process pool's
+    shutdown takes 50-100 ms (pebble's manager threads poll every 0.1 s); started when the
+    last video's result is in, it runs beside the final commit and the summary instead of
+    after them. An error closing it is raised by ``wait``."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def _close(self) -> None:
+        try:
+            self.executor.close()
+        except BaseException as e:  # handed to wait()
+            self._error = e
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._close, name="executor-close", daemon=True)
+            self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is None:
+            self.executor.close()
+            return
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
