@@ -1,10 +1,9 @@
 """Whole-file reads with the fewest system calls and copies.
 
 ``open(path, "rb").read()`` builds a ``FileIO`` and a ``BufferedReader``, asks ``fstat`` for a
-size hint and reads through the buffer: ~14 µs for a 50 kB file from the page cache, where
-the two ``read`` calls the kernel needs take ~10 µs. Packing reads every input once and the
-frame datasets read every frame once, so the difference is a tenth of the single writer's
-whole per-sample budget.
+size hint and reads through the buffer; ``read_file`` makes the two ``read`` calls the kernel
+needs into one exactly sized ``bytes``. Packing reads every input once in the writer's process
+(the single writer's budget, see ``docs/writing.md``), so the difference counts there.
 """
 from __future__ import annotations
 

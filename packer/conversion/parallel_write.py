@@ -125,14 +125,14 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     * records: the workers write their own shards (``sharded``): no single writer to wait on;
       not with ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records,
       which only one writer can promise when inputs fail).
-    * LMDB (a writer that copies each value during ``add``), on a ``fork`` platform: ``shm``,
-      whatever the check and resize: the writer's process only puts (its ceiling measured
-      1.1x a bare read + put loop), the rest runs beside it.
-    * a cheap check (``header``/``none``) into LMDB/HDF5 without resize: in this process by
-      default. The per-sample work (a header parse) costs about what handing it to another
-      process and back costs, so the single writer is fastest alone; an explicit ``--workers
-      N`` >= 2 gets verdict workers.
-    * a full check without resize: verdict workers (only a small description crosses back).
+    * a cheap check (``header``/``none``) into LMDB/HDF5 without resize, ``--workers`` not
+      given: in this process. The per-sample work (a header parse) costs less than handing it
+      to another process and back, so the single writer is fastest alone.
+    * otherwise LMDB (a writer that copies each value during ``add``), on a ``fork`` platform:
+      ``shm``: workers read, check or resize and encode into shared memory, the writer's
+      process only puts.
+    * HDF5 (it keeps a batch of samples until its commit), a full check or an explicit
+      ``--workers``: verdict workers (only a small description crosses back).
     * resize (new bytes are made in the worker): the plain pool; the new bytes cross once.
     """
     cores = cores or os.cpu_count() or 1

@@ -34,7 +34,7 @@ class LmdbWriter(Writer):
 
     def _open(self, resume_samples: int) -> None:
         self._txn: lmdb.Transaction | None = None
-        self._need = 0  # bytes the open transaction may take, estimated (see ``_page_bytes``)
+        self._need = 0  # bytes the open transaction may take, estimated (see ``_write``)
         data = self.workdir / "data.mdb"
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
         # meminit=True: unused page bytes are zeroed, not leftover heap memory, so the same
@@ -61,7 +61,9 @@ class LmdbWriter(Writer):
 
     def _write(self, index: int, sample: Sample) -> int:
         value, crc = sample.prepared or self.prepare(sample)
-        need = (len(value) // self._psize + 3) * self._psize  # ``_page_bytes``, inlined: once per sample
+        # an upper bound on what the value takes: its overflow pages plus a leaf/branch entry
+        # (counted as two pages, far more than the ~1/150 page an entry really takes)
+        need = (len(value) // self._psize + 3) * self._psize
         try:
             if self._txn is None or self._need + need > self._room:
                 self._begin(need)
@@ -71,11 +73,6 @@ class LmdbWriter(Writer):
             self._abort_txn()
             raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
         return crc
-
-    def _page_bytes(self, length: int) -> int:
-        """An upper bound on what one value takes: its overflow pages plus a leaf/branch entry
-        (two pages, far more than the ~1/150 page an entry really takes)."""
-        return (length // self._psize + 3) * self._psize
 
     def _begin(self, need: int) -> None:
         """Commit the open transaction (if any), grow the map so ``need`` more bytes fit beside
