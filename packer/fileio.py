@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_file"]
+__all__ = ["read_file", "read_file_stat", "read_framed"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _CHUNK = 1 << 20
@@ -18,17 +18,50 @@ _CHUNK = 1 << 20
 def read_file(path: str | os.PathLike) -> bytes:
     """The whole content of ``path``, read to its end (a file that grows while it is read is
     read to wherever its end is then, as ``open().read()`` would); raises ``OSError``."""
+    return read_file_stat(path)[0]
+
+
+def read_file_stat(path: str | os.PathLike) -> tuple[bytes, tuple[int, int]]:
+    """``read_file`` and the ``(size, mtime_ns)`` the open file had when it was read (its fstat)."""
     fd = os.open(path, _FLAGS)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         data = os.read(fd, size + 1)  # one call for a regular file; the +1 sees a file that grew
         more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
         if not more:
-            return data
+            return data, (size, st.st_mtime_ns)
         parts = [data, more]
         while more:
             more = os.read(fd, _CHUNK)
             parts.append(more)
-        return b"".join(parts)
+        return b"".join(parts), (size, st.st_mtime_ns)
     finally:
         os.close(fd)
+
+
+def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryview, int, tuple[int, int]]:
+    """The whole content of ``path`` read into a fresh writable buffer behind ``head`` free bytes
+    and before at least ``tail``: ``(view of the buffer, size, (file size, mtime_ns))``, the
+    content being ``view[head:head + size]`` and the last the open file's fstat. A format that stores the bytes inside a value it builds around
+    them (LMDB's Datum, ``Writer.framing``) then writes its fields into the room instead of
+    copying the data. Read to the file's end as ``read_file`` reads; raises ``OSError``."""
+    fd = os.open(path, _FLAGS)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        buf = memoryview(bytearray(head + size + 1 + tail))
+        got = os.readv(fd, [buf[head:head + size + 1]])  # the +1 sees a file that grew
+        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
+        if not more and got <= size:
+            return buf, got, (size, st.st_mtime_ns)
+        parts = [bytes(buf[head:head + got]), more]
+        while more:
+            more = os.read(fd, _CHUNK)
+            parts.append(more)
+    finally:
+        os.close(fd)
+    data = b"".join(parts)
+    buf = memoryview(bytearray(head + len(data) + tail))
+    buf[head:head + len(data)] = data
+    return buf, len(data), (size, st.st_mtime_ns)

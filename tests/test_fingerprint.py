@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from packer.conversion.fingerprint import Fingerprint
+from packer.conversion.fingerprint import Fingerprint, input_stats
 from packer.formats.writer import _json_str
 
 
@@ -37,3 +39,69 @@ def test_input_digests_equal_the_documented_json_lines(rows):
 def test_keys_journal_lines_are_json_strings(key):
     assert _json_str(key) == json.dumps(key)
     assert json.loads(_json_str(key)) == key
+
+
+@pytest.mark.parametrize("fmt,check,workers", [("lmdb", "header", 0), ("lmdb", "full", 2), ("records", "header", 0),
+                                               ("records", "header", 2), ("hdf5", "full", 2)])
+def test_a_fresh_runs_fingerprint_equals_one_from_stating_every_input_first(tmp_path, fmt, check, workers):
+    """A fresh run takes each input's size and mtime from its own read (or a stat when it packs
+    it): the finished manifest's fingerprint is the one a stat pass before the run gives, on
+    every plan, a failed input included, so ``--resume`` of the finished output compares equal."""
+    from conftest import write_image_folder
+
+    from packer.commands.pack_images import pack_images
+    from packer.conversion.inputs import image_items
+    from packer.formats import open_reader
+
+    src = write_image_folder(tmp_path / "src", count=12, classes=2)
+    (src / "class_1" / "img_0005.jpg").write_bytes(b"not a jpeg")
+    os.utime(src / "class_0" / "img_0002.jpg", ns=(5, 1_700_000_000_123_456_789))
+    out = tmp_path / f"out.{fmt}"
+    report = pack_images(src, out, format=fmt, check=check, workers=workers)
+    assert report.failed == 1
+    items, _ = image_items(src)
+    expected = Fingerprint(format=fmt, classes=["class_0", "class_1"], options={}, stats=input_stats(items))
+    assert open_reader(out).manifest.fingerprint["inputs"] == expected.inputs
+    again = pack_images(src, out, format=fmt, check=check, workers=workers, resume=True)
+    assert again.status == "complete"
+
+
+def test_an_interrupted_fresh_run_keeps_the_stats_of_what_it_stored(tmp_path):
+    """The per-input table of a fresh partial: keys and labels of every input, and the size and
+    mtime of each input up to the last durable point, from the stat journal."""
+    from conftest import write_image_folder
+
+    from packer.commands.pack_images import pack_images
+    from packer.conversion.fingerprint import load_inputs
+    from packer.conversion.inputs import image_items
+    from packer.formats.base import partial_path
+    from packer.formats.lmdb.writer import LmdbWriter
+
+    src = write_image_folder(tmp_path / "src", count=10, classes=2)
+    out = tmp_path / "out.lmdb"
+
+    class Stop(Exception):
+        pass
+
+    calls = {"n": 0}
+    real = LmdbWriter._write
+
+    def stop_at_seven(self, index, sample):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise Stop
+        return real(self, index, sample)
+
+    LmdbWriter._write = stop_at_seven
+    try:
+        with pytest.raises(Stop):
+            pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3)
+    finally:
+        LmdbWriter._write = real
+    table = load_inputs(partial_path(out))
+    items, _ = image_items(src)
+    full = input_stats(items)
+    assert [row[:2] for row in table] == [row[:2] for row in full]
+    done = json.loads((partial_path(out) / ".resume.json").read_text())["items_done"]
+    assert done >= 3
+    assert table[:done] == full[:done] and all(len(row) == 2 for row in table[done:])

@@ -43,11 +43,11 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
         if marker in _SKIP:  # the most frequent (four DHT in a typical photo): tested first
             pass
         elif 0xE0 <= marker <= 0xEF:  # APPn: only the ones Pillow reads without a risk of failing
-            if marker == 0xE0 and data.startswith(b"JFIF", body) and length - 2 < 12:
+            if marker == 0xE0 and data[body:body + 4] == b"JFIF" and length - 2 < 12:
                 return None
             if marker in (0xE1, 0xE2, 0xED):  # EXIF/XMP, ICC/MPF/FlashPix, Photoshop: Pillow decides
                 return None
-            if marker == 0xEE and data.startswith(b"Adobe", body) and length - 2 < 7:
+            if marker == 0xEE and data[body:body + 5] == b"Adobe" and length - 2 < 7:
                 return None
         elif marker == 0xDB:  # DQT, checked as Pillow checks it
             s = body

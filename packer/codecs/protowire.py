@@ -16,6 +16,8 @@ __all__ = [
     "iter_fields",
     "Datum",
     "encode_datum",
+    "frame_datum",
+    "DATUM_ROOM",
     "decode_datum",
 ]
 
@@ -132,9 +134,15 @@ def encode_datum(data: bytes, label: int, height: int, width: int, channels: int
                      _datum_tail(label, encoded)))
 
 
-@functools.lru_cache(maxsize=4096)
 def _datum_head(channels: int, height: int, width: int) -> bytes:
-    return field_varint(1, channels) + field_varint(2, height) + field_varint(3, width)
+    return _field_cached(1, channels) + _field_cached(2, height) + _field_cached(3, width)
+
+
+@functools.lru_cache(maxsize=8192)
+def _field_cached(number: int, value: int) -> bytes:
+    """``field_varint`` of the few distinct heights, widths and channels of a dataset (a cache
+    per field: photos of varied sizes would miss one keyed by the whole shape)."""
+    return field_varint(number, value)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,6 +151,27 @@ def _datum_tail(label: int, encoded: bool) -> bytes:
 
 
 _FIELD4_TAG = encode_varint(4 << 3 | LENGTH)
+
+# The most bytes a Datum adds before and after ``data`` for int32 fields: three varint fields
+# of up to 10 bytes plus their tags, field 4's tag and length; label (10 + tag) and encoded (2).
+DATUM_ROOM = (3 * 11 + 1 + 10, 11 + 2)
+
+
+def frame_datum(buf: memoryview, start: int, size: int, label: int, height: int, width: int,
+                channels: int, encoded: bool = True) -> memoryview:
+    """The same bytes as ``encode_datum(buf[start:start + size], ...)``, built around the data
+    where it already lies: the fields before it are written into ``buf[:start]``, the ones
+    after it behind it, and the Datum is returned as a view of ``buf`` (no copy of the data).
+    ``buf`` needs :data:`DATUM_ROOM` free bytes on each side; raises ValueError otherwise."""
+    head = _datum_head(channels, height, width) + _FIELD4_TAG + encode_varint(size)
+    tail = _datum_tail(label, encoded)
+    first, end = start - len(head), start + size + len(tail)
+    if first < 0 or end > len(buf):
+        raise ValueError(f"no room for the Datum fields around the data ({start} bytes before, "
+                         f"{len(buf) - start - size} after)")
+    buf[first:start] = head
+    buf[start + size:end] = tail
+    return buf[first:end]
 
 
 def decode_datum(buf: bytes | memoryview) -> Datum:

@@ -10,12 +10,13 @@ from typing import Any
 from packer.conversion.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
-from packer.fileio import read_file
+from packer.fileio import read_file_stat, read_framed
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
 from packer.formats.base import Sample
+from packer.formats.writer import Framing
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
 from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
@@ -31,8 +32,13 @@ log = logging.getLogger(__name__)
 
 def read_item_bytes(item: Item) -> bytes:
     """Read an input file; an unreadable file is a ``CorruptSample`` at stage ``read``."""
+    return read_item(item)[0]
+
+
+def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
+    """``read_item_bytes`` and the file's ``(size, mtime_ns)`` as it was read."""
     try:
-        return read_file(item.path)
+        return read_file_stat(item.path)
     except OSError as e:
         raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
 
@@ -45,14 +51,30 @@ class ImageJob:
     and re-encoded, or kept when already within bounds: see ``packer.codecs.resize``; every image is
     then fully decoded, whatever ``check`` says) or ``raw`` (decoded, resized to
     ``resize.size``, stored as HxWx3 RGB uint8 pixels).
+
+    ``framing`` (in-process runs of a cheap check, see ``parallel_write.job_for``): the
+    writer's ``Framing``; each file is read into a buffer with room around it and the
+    writer's stored value is built there (``sample.prepared``), without copying the bytes.
     """
 
     check: str = "full"
     resize: ResizeSpec | None = None
     raw: bool = False
+    framing: Framing | None = None
 
     def __call__(self, item: Item) -> Sample:
-        data = read_item_bytes(item)
+        if self.framing is not None and self.check == "header" and self.resize is None and not self.raw:
+            framed, stat = self._framed(item, self.framing)
+            if type(framed) is Sample:
+                return framed
+            data = framed  # not a plain JPEG: Pillow decides below
+        else:
+            data, stat = read_item(item)
+        sample = self._sample(item, data)
+        sample.source_stat = stat
+        return sample
+
+    def _sample(self, item: Item, data: bytes) -> Sample:
         if self.raw:
             arr = resize_pixels(data, self.resize, key=item.key, source=item.path)
             return Sample(item.key, arr.tobytes(), "raw", item.label, arr.shape[0], arr.shape[1], arr.shape[2])
@@ -66,6 +88,24 @@ class ImageJob:
         ext = item.key.rsplit(".", 1)[-1].lower()
         info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
+
+    @staticmethod
+    def _framed(item: Item, framing: Framing) -> tuple[Sample | bytes, tuple[int, int]]:
+        """A plain JPEG's sample with its stored value built around the bytes where they were
+        read (the bytes themselves when the header parse leaves the verdict to Pillow), and the
+        file's ``(size, mtime_ns)``."""
+        try:
+            buf, size, stat = read_framed(item.path, framing.head, framing.tail)
+        except OSError as e:
+            raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
+        data = buf[framing.head:framing.head + size]
+        hwc = jpeg_header(data)
+        if hwc is None:
+            return bytes(data), stat
+        sample = Sample(item.key, data, "jpeg", item.label, *hwc)
+        sample.prepared = framing.prepare(buf, framing.head, size, sample)
+        sample.source_stat = stat
+        return sample, stat
 
 
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",

@@ -25,12 +25,15 @@ import hashlib
 import inspect
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
+from packer.formats.sidecars import fsync_append
 from packer.manifest import FORMAT_VERSION, atomic_write_bytes
 
-__all__ = ["NEUTRAL", "Fingerprint", "input_stats", "differences", "save_inputs", "load_inputs",
+__all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "differences", "save_inputs",
+           "load_inputs", "append_input_stats", "INPUT_STATS_NAME",
            "writer_settings"]
 
 # created_by options that say where the input lives, not what the output holds: moving the
@@ -43,6 +46,11 @@ COMMIT_OPTIONS = frozenset({"commit_every", "commit_bytes"})
 LAYOUT_BY_COMMIT = frozenset({"records"})
 
 INPUTS_NAME = ".inputs.json"
+# (size, mtime_ns) of each input as the run read it, appended at each durable point of a fresh
+# run: the table's keys and labels are known at the start, each file's size and mtime when it
+# is packed (from the read's own fstat: no separate pass over millions of files first).
+INPUT_STATS_NAME = ".inputs.stat"
+_STAT = struct.Struct("<qq")
 
 
 def writer_settings(writer: Any, given: dict[str, Any]) -> dict[str, Any]:
@@ -66,19 +74,24 @@ def writer_settings(writer: Any, given: dict[str, Any]) -> dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
 
 
+def input_rows(items: Sequence[Any]) -> list[list[Any]]:
+    """``[key, label]`` per item (the label is the list of labels of a multi-label item)."""
+    return [[it.key, list(it.labels) if getattr(it, "labels", ()) else it.label] for it in items]
+
+
+def file_stat(path: str) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of ``path``, ``(-1, -1)`` when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1
+    return st.st_size, st.st_mtime_ns
+
+
 def input_stats(items: Sequence[Any]) -> list[list[Any]]:
     """``[key, label, size, mtime_ns]`` per item (size and mtime -1 when the source is missing;
     the label is the list of labels of a multi-label item)."""
-    rows = []
-    for it in items:
-        labels = getattr(it, "labels", ())
-        try:
-            st = os.stat(it.path)
-            size, mtime = st.st_size, st.st_mtime_ns
-        except OSError:
-            size = mtime = -1
-        rows.append([it.key, list(labels) if labels else it.label, size, mtime])
-    return rows
+    return [row + list(file_stat(it.path)) for row, it in zip(input_rows(items), items)]
 
 
 def _flatten(options: dict[str, Any], neutral: frozenset, prefix: str = "") -> dict[str, Any]:
@@ -94,15 +107,18 @@ def _flatten(options: dict[str, Any], neutral: frozenset, prefix: str = "") -> d
     return flat
 
 
-def _digests(stats: Sequence[list[Any]]) -> tuple[str, str]:
+def _digests(stats: Sequence[list[Any]]) -> tuple[str, str | None]:
     """sha256 over ``json.dumps(row[:2], ensure_ascii=False)`` lines (key and label) and over
-    ``json.dumps(row, ensure_ascii=False)`` lines (with size and mtime), in one pass."""
-    short, full = hashlib.sha256(), hashlib.sha256()
+    ``json.dumps(row, ensure_ascii=False)`` lines (with size and mtime), in one pass; the second
+    is None when the rows hold no size and mtime yet (``[key, label]`` rows)."""
+    full = bool(stats) and len(stats[0]) > 2
+    short, files = hashlib.sha256(), hashlib.sha256() if full or not stats else None
     for start in range(0, len(stats), 10_000):
         pairs = [_row_json(row) for row in stats[start:start + 10_000]]
         short.update(("\n".join(p for p, _ in pairs) + "\n").encode("utf-8", "surrogateescape"))
-        full.update(("\n".join(f for _, f in pairs) + "\n").encode("utf-8", "surrogateescape"))
-    return short.hexdigest(), full.hexdigest()
+        if files is not None:
+            files.update(("\n".join(f for _, f in pairs) + "\n").encode("utf-8", "surrogateescape"))
+    return short.hexdigest(), None if files is None else files.hexdigest()
 
 
 _encode_str = json.encoder.encode_basestring  # json.dumps(str, ensure_ascii=False), in C
@@ -111,10 +127,12 @@ _encode_str = json.encoder.encode_basestring  # json.dumps(str, ensure_ascii=Fal
 def _row_json(row: list[Any]) -> tuple[str, str]:
     """``json.dumps`` (``ensure_ascii=False``) of ``row[:2]`` and of ``row``, ten times faster for
     the usual ``[key, label, size, mtime]`` row (a str and ints); anything else goes to json."""
-    if len(row) == 4 and type(row[0]) is str and type(row[1]) is int and type(row[2]) is int \
-            and type(row[3]) is int:
+    if type(row[0]) is str and type(row[1]) is int:
         head = f"[{_encode_str(row[0])}, {row[1]}"
-        return head + "]", f"{head}, {row[2]}, {row[3]}]"
+        if len(row) == 4 and type(row[2]) is int and type(row[3]) is int:
+            return head + "]", f"{head}, {row[2]}, {row[3]}]"
+        if len(row) == 2:
+            return head + "]", head + "]"
     return json.dumps(row[:2], ensure_ascii=False), json.dumps(row, ensure_ascii=False)
 
 
@@ -125,7 +143,9 @@ class Fingerprint:
         format: the output's format name.
         classes: class names, index = label.
         options: the command's ``created_by`` options (nested dicts are flattened).
-        stats: :func:`input_stats` of the inputs in packed order.
+        stats: :func:`input_stats` of the inputs in packed order, or :func:`input_rows` while
+            the files' sizes and mtimes are not known yet (``files_sha256`` is then None: a
+            resume compares the stored inputs through the per-input table).
     """
 
     def __init__(self, *, format: str, classes: Sequence[str], options: dict[str, Any],
@@ -201,7 +221,9 @@ def _inputs_line(old: dict[str, Any], new: Fingerprint, old_stats: list[list[Any
                 f"{new.inputs['count']} now, or a file's size, mtime or label differs)")
     then = {row[0]: row for row in old_stats}
     now = {row[0]: row for row in new.stats}
-    changed = sorted(k for k in then.keys() & now.keys() if then[k] != now[k])
+    # (a row of the first run without size and mtime, an input it had not read, compares its key
+    # and label only)
+    changed = sorted(k for k in then.keys() & now.keys() if then[k] != now[k][:len(then[k])])
     gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
     order = not changed and not gone and not added  # the same inputs in another order
     parts = []
@@ -218,14 +240,35 @@ def _inputs_line(old: dict[str, Any], new: Fingerprint, old_stats: list[list[Any
 
 
 def save_inputs(directory: Path, stats: list[list[Any]]) -> None:
-    """Keep the per-input table beside the resume checkpoint (written once, at a fresh start)."""
+    """Keep the per-input table beside the resume checkpoint (written once, at the start): full
+    rows, or ``[key, label]`` rows whose sizes and mtimes ``append_input_stats`` adds as the
+    run goes (any older stat journal is dropped)."""
+    (Path(directory) / INPUT_STATS_NAME).unlink(missing_ok=True)
     atomic_write_bytes(Path(directory) / INPUTS_NAME, json.dumps(stats, ensure_ascii=False).encode("utf-8"))
 
 
+def append_input_stats(directory: Path, stats: Sequence[tuple[int, int]]) -> None:
+    """Append ``(size, mtime_ns)`` of the next inputs of the table (in order) and fsync."""
+    fsync_append(Path(directory) / INPUT_STATS_NAME, b"".join(_STAT.pack(*st) for st in stats))
+
+
 def load_inputs(directory: Path) -> list[list[Any]] | None:
-    """The per-input table of the first run, or None when missing or unreadable."""
+    """The per-input table of the first run, or None when missing or unreadable; ``[key,
+    label]`` rows get the size and mtime the stat journal holds for them (a torn last entry of
+    a run cut short is ignored), the others stay as they are."""
     try:
         stats = json.loads((Path(directory) / INPUTS_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return stats if isinstance(stats, list) else None
+    if not isinstance(stats, list):
+        return None
+    try:
+        raw = (Path(directory) / INPUT_STATS_NAME).read_bytes()
+    except OSError:
+        raw = b""
+    for i, (size, mtime) in enumerate(_STAT.iter_unpack(raw[:len(raw) - len(raw) % _STAT.size])):
+        if i >= len(stats):
+            break
+        if isinstance(stats[i], list) and len(stats[i]) == 2:
+            stats[i] = stats[i] + [size, mtime]
+    return stats

@@ -21,6 +21,7 @@ command asks (format, ``--check``, resize) and the cores there are, from the mea
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -82,14 +83,15 @@ class VerdictJob:
 
     def complete(self, item: Any, verdict: Verdict) -> Sample:
         """The sample for ``item`` from its verdict and the bytes read here."""
-        from packer.commands.pack_images import read_item_bytes
+        from packer.commands.pack_images import read_item
 
-        data = read_item_bytes(item)
+        data, stat = read_item(item)
         if len(data) != verdict.size or crc32c(data) != verdict.crc:
             raise CorruptSample(item.key, item.path, "file changed while it was being packed "
                                                      "(the bytes read differ from the bytes checked)",
                                 stage="read")
-        sample = Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels)
+        sample = Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels,
+                        source_stat=stat)
         if self.prepare is not None:
             sample.prepared = self.prepare(sample)
         return sample
@@ -173,6 +175,11 @@ def make_pack_executor(plan: Plan, writer: Any) -> Executor:
 
 
 def job_for(plan: Plan, job: Any, writer_cls: Any) -> Any:
-    """The work function a plan runs: ``VerdictJob`` (with the writer's encoding) for ``staged``."""
-    return VerdictJob(job, prepare=writer_cls.prepare) if plan.mode == "staged" else job
+    """The work function a plan runs: ``VerdictJob`` (with the writer's encoding) for ``staged``;
+    in this process, a job that reads each file into the writer's ``Framing`` when it has one."""
+    if plan.mode == "staged":
+        return VerdictJob(job, prepare=writer_cls.prepare)
+    if plan.mode == "inline" and writer_cls.framing is not None and "framing" in getattr(job, "__dataclass_fields__", {}):
+        return dataclasses.replace(job, framing=writer_cls.framing)
+    return job
 

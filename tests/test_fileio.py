@@ -1,0 +1,73 @@
+"""Whole-file reads (``packer.fileio``): every byte, exactly, for regular files and pipes."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.fileio import read_file, read_file_stat, read_framed
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=5000), head=st.integers(0, 64), tail=st.integers(0, 64))
+def test_reads_equal_open_read(tmp_path_factory, data, head, tail):
+    path = tmp_path_factory.mktemp("f") / "x.bin"
+    path.write_bytes(data)
+    assert read_file(path) == data == path.read_bytes()
+    buf, size, _ = read_framed(path, head, tail)
+    assert size == len(data) and bytes(buf[head:head + size]) == data
+    assert len(buf) >= head + size + tail and not buf.readonly
+
+
+def test_large_file_read_whole(tmp_path):
+    data = os.urandom(3 << 20)  # past the 1 MiB chunk a short read continues with
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    buf, size, _ = read_framed(path, 10, 5)
+    assert read_file(path) == data and bytes(buf[10:10 + size]) == data
+
+
+@pytest.mark.parametrize("framed", [False, True])
+def test_a_pipe_is_read_to_its_end(tmp_path, framed):
+    """fstat gives a FIFO size 0 and reads come short: every byte still arrives, read once."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    data = os.urandom(200_000)
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            for i in range(0, len(data), 7_000):
+                f.write(data[i:i + 7_000])
+                f.flush()
+
+    t = threading.Thread(target=feed)
+    t.start()
+    try:
+        if framed:
+            buf, size, _ = read_framed(fifo, 8, 8)
+            got = bytes(buf[8:8 + size])
+            assert len(buf) >= 8 + size + 8
+        else:
+            got = read_file(fifo)
+    finally:
+        t.join()
+    assert got == data
+
+
+def test_the_stat_is_the_open_files(tmp_path):
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"abc")
+    os.utime(path, ns=(1, 1_234_567_891_011))
+    expected = (3, 1_234_567_891_011)
+    assert read_file_stat(path) == (b"abc", expected)
+    assert read_framed(path, 2, 2)[2] == expected
+
+
+def test_missing_file_raises_oserror(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_framed(tmp_path / "nope", 4, 4)
+    with pytest.raises(FileNotFoundError):
+        read_file(tmp_path / "nope")
