@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.errors import UsageError
@@ -61,3 +61,44 @@ def test_partition_covers_exactly_once(n, shards):
     assert [x for p in parts for x in p] == items
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) <= 1
+
+
+_names = st.lists(st.one_of(
+    st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=6),
+    st.sampled_from(["a\tb", "c\nd", "x\x1f", "é", "sub/x", "sub/y", "deep/er/z"]),
+    st.binary(min_size=1, max_size=4).filter(lambda b: b"/" not in b and b"\0" not in b)),
+    min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=_names)
+def test_class_files_keys_equal_safe_key_of_each_name(tmp_path_factory, names):
+    """The whole-folder check (``_plain_names``) gives every file the key ``safe_key`` gives it
+    one by one, and a name that cannot be a key is still a recorded failure, never dropped."""
+    import os
+
+    from packer.conversion.inputs import class_files, safe_key, walk_files
+
+    root = tmp_path_factory.mktemp("r")
+    made = set()
+    for name in names:
+        raw = name if isinstance(name, bytes) else os.fsencode(name)
+        if raw.startswith(b".") or b"/." in raw or raw in made:
+            continue
+        path = os.path.join(os.fsencode(root), b"cls", raw + b".jpg")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(b"x")
+        except OSError:  # a name the file system refuses (too long, an existing folder's name)
+            continue
+        made.add(raw)
+    expected, bad = [], 0
+    for rel in sorted(walk_files(root / "cls")):
+        try:
+            expected.append((safe_key(f"cls/{rel}", str(root)), rel))
+        except UsageError:
+            bad += 1
+    failures: list = []
+    assert list(class_files(root, "cls", ("jpg",), failures)) == expected
+    assert len(failures) == bad

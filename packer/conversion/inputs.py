@@ -8,6 +8,7 @@ folders are not followed (no loops), and list files may not point outside their 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import random
 import re
@@ -85,19 +86,38 @@ def safe_key(rel: str, where: str) -> str:
     return key
 
 
+def _plain_names(cls: str, rels: list[str]) -> bool:
+    """Whether ``safe_key(f"{cls}/{rel}")`` is that very string for every ``rel`` of a walk (checked
+    for all of them at once: a walk yields no empty, ``.`` or ``..`` part and no leading ``/``,
+    so only control characters and names that are not UTF-8 are left to rule out)."""
+    if os.sep != "/" or not cls or cls.startswith(".") or "/" in cls:
+        return False
+    joined = cls + "/" + "/".join(rels)
+    if _CONTROL.search(joined):
+        return False
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def class_files(root: Path, cls: str, exts: Sequence[str],
                 failures: list[InputFailure] | None) -> Iterator[tuple[str, str]]:
     """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
     ``root/cls``, sorted; a name that cannot be a key is recorded in ``failures`` (or refused)."""
-    for rel in sorted(walk_files(root / cls)):
-        if has_ext(rel, exts):
-            try:
-                key = safe_key(f"{cls}/{rel}", str(root))
-            except UsageError as e:
-                bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
-                         os.fsencode(rel).decode("utf-8", "replace"))
-                continue
-            yield key, rel
+    rels = [rel for rel in sorted(walk_files(root / cls)) if has_ext(rel, exts)]
+    if _plain_names(cls, rels):  # the usual folder: every key is the class and the path, as it is
+        yield from zip([f"{cls}/{rel}" for rel in rels], rels)
+        return
+    for rel in rels:
+        try:
+            key = safe_key(f"{cls}/{rel}", str(root))
+        except UsageError as e:
+            bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
+                     os.fsencode(rel).decode("utf-8", "replace"))
+            continue
+        yield key, rel
 
 
 def _class_folders(root: Path, expected: str) -> list[str]:
@@ -110,6 +130,9 @@ def _class_folders(root: Path, expected: str) -> list[str]:
     return classes
 
 
+_LABEL_KEY = operator.attrgetter("label", "key")
+
+
 def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
                  failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
     """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index.
@@ -120,7 +143,7 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     for label, cls in enumerate(classes):
         base = os.path.join(root, cls, "")  # one join per class: millions of files share it
         items.extend(Item(key, base + rel, label) for key, rel in class_files(root, cls, exts, failures))
-    items.sort(key=lambda it: (it.label, it.key))
+    items.sort(key=_LABEL_KEY)
     return items, classes
 
 
