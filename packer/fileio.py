@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 __all__ = ["read_file", "read_file_stat", "read_framed"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -40,6 +42,13 @@ def read_file_stat(path: str | os.PathLike) -> tuple[bytes, tuple[int, int]]:
         os.close(fd)
 
 
+def _buffer(n: int) -> memoryview:
+    """``n`` writable bytes, not zeroed first: ``read_framed``'s caller sees only the bytes read and
+    the fields it writes itself (``bytearray(n)`` would clear each file-sized buffer before the
+    read fills it)."""
+    return memoryview(np.empty(n, dtype=np.uint8))
+
+
 def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryview, int, tuple[int, int]]:
     """The whole content of ``path`` read into a fresh writable buffer behind ``head`` free bytes
     and before at least ``tail``: ``(view of the buffer, size, (file size, mtime_ns))``, the
@@ -50,7 +59,7 @@ def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryvi
     try:
         st = os.fstat(fd)
         size = st.st_size
-        buf = memoryview(bytearray(head + size + 1 + tail))
+        buf = _buffer(head + size + 1 + tail)
         got = os.readv(fd, [buf[head:head + size + 1]])  # the +1 sees a file that grew
         more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
         if not more and got <= size:

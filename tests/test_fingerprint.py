@@ -105,3 +105,52 @@ def test_an_interrupted_fresh_run_keeps_the_stats_of_what_it_stored(tmp_path):
     done = json.loads((partial_path(out) / ".resume.json").read_text())["items_done"]
     assert done >= 3
     assert table[:done] == full[:done] and all(len(row) == 2 for row in table[done:])
+
+
+def _interrupt(tmp_path, count=10):
+    from conftest import write_image_folder
+
+    from packer.commands.pack_images import pack_images
+    from packer.formats.lmdb.writer import LmdbWriter
+
+    src = write_image_folder(tmp_path / "src", count=count, classes=2)
+    out = tmp_path / "out.lmdb"
+    real, calls = LmdbWriter._write, {"n": 0}
+
+    def stop_at_seven(self, index, sample):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        return real(self, index, sample)
+
+    LmdbWriter._write = stop_at_seven
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3)
+    finally:
+        LmdbWriter._write = real
+    return src, out
+
+
+def test_a_damaged_stat_journal_refuses_the_resume_and_a_torn_tail_does_not(tmp_path):
+    """Stored inputs whose size and mtime the journal lost cannot be compared: the resume is
+    refused with the reason, never taken as unchanged; a torn last entry (a kill mid-append,
+    past the checkpoint) is ignored and the resume ends as an uninterrupted run."""
+    from packer.commands.pack_images import pack_images
+    from packer.conversion.fingerprint import INPUT_STATS_NAME
+    from packer.errors import ResumeRefused
+    from packer.formats import open_reader
+    from packer.formats.base import partial_path
+
+    src, out = _interrupt(tmp_path / "a")
+    journal = partial_path(out) / INPUT_STATS_NAME
+    journal.write_bytes(journal.read_bytes()[:16])  # one entry left of the durable ones
+    with pytest.raises(ResumeRefused, match="no size and mtime for .* stored inputs"):
+        pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3, resume=True)
+
+    src, out = _interrupt(tmp_path / "b")
+    journal = partial_path(out) / INPUT_STATS_NAME
+    with open(journal, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a torn entry behind the fsync'ed ones
+    done = pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3, resume=True)
+    assert done.status == "resumed" and open_reader(out).manifest.count == 10

@@ -203,6 +203,12 @@ def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = 
             if stored:
                 lines.append(_inputs_line(then, new, None))
         else:
+            unknown = [a[0] for a in old_stats if len(a) < 4 and a[0] in stored]
+            if unknown:  # the stat journal lost rows it had fsync'ed before the checkpoint
+                lines.append(f"the interrupted run's input table has no size and mtime for {len(unknown)} "
+                             f"stored inputs (e.g. {unknown[0]}): its {INPUT_STATS_NAME} is damaged; "
+                             "use --overwrite")
+                return lines
             changed = [a[0] for a, b in zip(old_stats, new.stats) if a != b and a[0] in stored]
             if changed:
                 lines.append(f"{len(changed)} inputs changed since the first run (size or mtime), "
