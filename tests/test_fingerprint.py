@@ -154,3 +154,12 @@ def test_a_damaged_stat_journal_refuses_the_resume_and_a_torn_tail_does_not(tmp_
         f.write(b"\x01\x02\x03")  # a torn entry behind the fsync'ed ones
     done = pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3, resume=True)
     assert done.status == "resumed" and open_reader(out).manifest.count == 10
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_row, max_size=20))
+def test_with_files_equals_a_fingerprint_of_the_full_rows(rows):
+    start = Fingerprint(format="lmdb", classes=["a"], options={"x": 1}, stats=[row[:2] for row in rows])
+    assert start.inputs["files_sha256"] is None or not rows
+    done = start.with_files(rows)
+    assert done.to_dict() == Fingerprint(format="lmdb", classes=["a"], options={"x": 1}, stats=rows).to_dict()

@@ -135,7 +135,15 @@ def encode_datum(data: bytes, label: int, height: int, width: int, channels: int
 
 
 def _datum_head(channels: int, height: int, width: int) -> bytes:
-    return _field_cached(1, channels) + _field_cached(2, height) + _field_cached(3, width)
+    head = _HEADS.get((channels, height, width))
+    if head is None:
+        head = _field_cached(1, channels) + _field_cached(2, height) + _field_cached(3, width)
+        if len(_HEADS) < 65536:  # a dataset's distinct shapes; beyond that, built each time
+            _HEADS[(channels, height, width)] = head
+    return head
+
+
+_HEADS: dict[tuple[int, int, int], bytes] = {}
 
 
 @functools.lru_cache(maxsize=8192)

@@ -21,6 +21,7 @@ say whether it was made from this input with these options.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -157,6 +158,20 @@ class Fingerprint:
         self.stats = stats
         keys_sha, files_sha = _digests(stats)
         self.inputs = {"count": len(stats), "sha256": keys_sha, "files_sha256": files_sha}
+
+    def with_files(self, stats: list[list[Any]]) -> "Fingerprint":
+        """This fingerprint with ``stats`` (the full rows of the same inputs, in the same order)
+        and their ``files_sha256``; the keys digest is kept, not hashed again."""
+        if len(stats) != self.inputs["count"]:
+            raise ValueError(f"{len(stats)} rows for a fingerprint of {self.inputs['count']} inputs")
+        done = copy.copy(self)
+        done.stats = stats
+        files = hashlib.sha256()
+        for start in range(0, len(stats), 10_000):
+            lines = [_row_json(row)[1] for row in stats[start:start + 10_000]]
+            files.update(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+        done.inputs = {**self.inputs, "files_sha256": files.hexdigest()}
+        return done
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form kept in the resume checkpoint and the finished manifest."""

@@ -29,13 +29,19 @@ DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 DEFAULT_VIDEO_EXTS = ("mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "wmv", "3gp", "ogv")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Item:
     """One input: ``key`` is the path relative to the root with ``/`` separators."""
 
     key: str
     path: str
     label: int
+
+    def __init__(self, key: str, path: str, label: int):
+        # (a frozen dataclass's own __init__ sets each field through object.__setattr__: twice
+        # the time, for each of the millions of items a listing makes)
+        fields = self.__dict__
+        fields["key"], fields["path"], fields["label"] = key, path, label
 
 
 def parse_exts(exts: str | Iterable[str] | None,

@@ -341,9 +341,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                 all_in()
             writer.flush()
         if seen is not None:  # the files' digest, now that every input's size and mtime is known
-            fp = Fingerprint(format=writer.format_name, classes=writer.classes, options=options,
-                             stats=[row + list(st_) for row, st_ in zip(stats, seen)])
-            writer.fingerprint = fp.to_dict()
+            writer.fingerprint = fp.with_files([[*row, *st_] for row, st_ in zip(stats, seen)]).to_dict()
         for name in (INPUTS_NAME, INPUT_STATS_NAME):
             (writer.resume_state_path().parent / name).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],

@@ -162,7 +162,7 @@ class Writer(abc.ABC):
             new_keys = self.keys[self.durable:self.count]
             new_crcs = self.crcs[self.durable:self.count]
             jd = self._journal_dir()
-            fsync_append(jd / KEYS_JOURNAL, "".join(_json_str(k) + "\n" for k in new_keys).encode())
+            fsync_append(jd / KEYS_JOURNAL, ("\n".join(map(_json_str, new_keys)) + "\n").encode())
             fsync_append(jd / CRC_JOURNAL, struct.pack(f"<{len(new_crcs)}I", *new_crcs))
         except OSError as e:
             raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
