@@ -134,7 +134,7 @@ class SegmentTask:
                     record, crc = self.prepare(s)
                     k = seg.append(record)
                     stored.append((s.key, s.fmt, s.label, s.height, s.width, s.channels, s.extra, crc,
-                                   len(s.data), k))
+                                   len(s.data), k, s.source_stat))
                 done.append((True, stored, result.entry, result.note))
             seg.close_shard()
         except OSError as e:
@@ -165,8 +165,8 @@ class _Result:
                 yield Outcome(False, stage=entry[1], reason=entry[2])
                 continue
             samples = [Sample(key, b"", fmt, label, h, w, c, extra,
-                              Stored(crc, size, shards[k] if last[k] == (i, j) else None))
-                       for j, (key, fmt, label, h, w, c, extra, crc, size, k) in enumerate(entry[1])]
+                              Stored(crc, size, shards[k] if last[k] == (i, j) else None), stat)
+                       for j, (key, fmt, label, h, w, c, extra, crc, size, k, stat) in enumerate(entry[1])]
             if len(samples) == 1 and entry[2] is None and entry[3] is None:
                 yield Outcome(True, samples[0])
             else:
@@ -185,7 +185,7 @@ def _join(parts: list[Any]) -> Any:
             return part
         base = len(shards)
         shards += part.shards
-        inputs += [e if not e[0] else (True, [(*s[:9], s[9] + base) for s in e[1]], e[2], e[3])
+        inputs += [e if not e[0] else (True, [(*s[:9], s[9] + base, *s[10:]) for s in e[1]], e[2], e[3])
                    for e in part.inputs]
     return _Result(inputs, shards)
 

@@ -46,8 +46,9 @@ def available() -> bool:
 # One good sample as a worker describes it, a plain tuple (it unpickles ten times faster than a
 # dataclass): its fields, where its bytes are (an ``(offset, length)`` in the mapping, or the
 # bytes themselves when the slot was full), where the prepared value's bytes are (likewise, or
-# None when ``prepare`` made no bytes) and the rest of what ``prepare`` gave (its CRC32C).
-_KEY, _FMT, _LABEL, _H, _W, _C, _EXTRA, _DATA, _VALUE, _REST = range(10)
+# None when ``prepare`` made no bytes), the rest of what ``prepare`` gave (its CRC32C) and the
+# source file's ``(size, mtime_ns)`` as the worker read it (``Sample.source_stat``).
+_KEY, _FMT, _LABEL, _H, _W, _C, _EXTRA, _DATA, _VALUE, _REST, _STAT = range(11)
 
 
 class _Task:
@@ -85,7 +86,7 @@ class _Task:
                 data_ref = bytes(data)
             rest = prepared[1:] if value is not None else prepared
             out.append((sample.key, sample.fmt, sample.label, sample.height, sample.width, sample.channels,
-                        sample.extra, data_ref, value_ref, rest))
+                        sample.extra, data_ref, value_ref, rest, sample.source_stat))
         return out
 
     def _work(self, item: Any) -> Any:
@@ -180,7 +181,7 @@ class SharedMemoryExecutor(Executor):
     def _sample(self, s: tuple, base: memoryview, lent: list[memoryview]) -> Sample:
         data = self._bytes(s[_DATA], base, lent)
         prepared = s[_REST] if s[_VALUE] is None else (self._bytes(s[_VALUE], base, lent), *s[_REST])
-        return Sample(s[_KEY], data, s[_FMT], s[_LABEL], s[_H], s[_W], s[_C], s[_EXTRA], prepared)
+        return Sample(s[_KEY], data, s[_FMT], s[_LABEL], s[_H], s[_W], s[_C], s[_EXTRA], prepared, s[_STAT])
 
     def _bytes(self, ref: Any, base: memoryview, lent: list[memoryview]) -> Any:
         if not isinstance(ref, tuple):
