@@ -4,8 +4,9 @@ glibc's malloc returns the top of its heap to the kernel whenever more than
 ``M_TRIM_THRESHOLD`` (128 KiB at start) is free there, and serves every block of 128 KiB or
 more with its own ``mmap``. Packing allocates and frees a file-sized buffer per sample and,
 in LMDB, a transaction's worth of dirty pages per commit (up to ``commit_bytes``), so a fresh
-process gives those pages back and faults them in again, zeroed, over and over: 4-7 page
-faults per sample, a fifth to a third of a bare put loop's CPU time on 50 kB JPEGs. glibc
+process gives those pages back and faults them in again, zeroed, over and over (a commit's
+worth of 60 kB blocks freed and allocated again faults ten times less once tuned:
+``tests/test_heap.py``). glibc
 raises both thresholds by itself only after the first large ``mmap``'d block is freed, which
 a long-lived process (a notebook, a benchmark that ran other rows first) has usually done and
 a command started on its own has not. ``tune_heap`` sets them once, before any worker is

@@ -20,8 +20,8 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
 
 All rows run in this one process with ``packer.heap.tune_heap`` applied first (as every packer
 command applies it): a row run after others otherwise inherits whatever malloc thresholds
-they left, which spares it page faults a process of its own pays (the bare LMDB loop ran up to
-a fifth faster after the packer rows than before them). Rows are interleaved over ``--reps`` rounds and the best round of each is kept, so a burst of
+they left, which spares it page faults a process of its own pays (the bare LMDB loop ran faster
+after the packer rows than before them). Rows are interleaved over ``--reps`` rounds and the best round of each is kept, so a burst of
 load from the other users of a shared machine hits every row alike; the load average is
 printed with the tables. Each section takes < 3 min on 2 cores.
 

@@ -66,48 +66,8 @@ def test_a_fresh_runs_fingerprint_equals_one_from_stating_every_input_first(tmp_
     assert again.status == "complete"
 
 
-def test_an_interrupted_fresh_run_keeps_the_stats_of_what_it_stored(tmp_path):
-    """The per-input table of a fresh partial: keys and labels of every input, and the size and
-    mtime of each input up to the last durable point, from the stat journal."""
-    from conftest import write_image_folder
-
-    from packer.commands.pack_images import pack_images
-    from packer.conversion.fingerprint import load_inputs
-    from packer.conversion.inputs import image_items
-    from packer.formats.base import partial_path
-    from packer.formats.lmdb.writer import LmdbWriter
-
-    src = write_image_folder(tmp_path / "src", count=10, classes=2)
-    out = tmp_path / "out.lmdb"
-
-    class Stop(Exception):
-        pass
-
-    calls = {"n": 0}
-    real = LmdbWriter._write
-
-    def stop_at_seven(self, index, sample):
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise Stop
-        return real(self, index, sample)
-
-    LmdbWriter._write = stop_at_seven
-    try:
-        with pytest.raises(Stop):
-            pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3)
-    finally:
-        LmdbWriter._write = real
-    table = load_inputs(partial_path(out))
-    items, _ = image_items(src)
-    full = input_stats(items)
-    assert [row[:2] for row in table] == [row[:2] for row in full]
-    done = json.loads((partial_path(out) / ".resume.json").read_text())["items_done"]
-    assert done >= 3
-    assert table[:done] == full[:done] and all(len(row) == 2 for row in table[done:])
-
-
 def _interrupt(tmp_path, count=10):
+    """A fresh to-lmdb run (commits of 3) stopped by a KeyboardInterrupt at its 7th sample."""
     from conftest import write_image_folder
 
     from packer.commands.pack_images import pack_images
@@ -130,6 +90,23 @@ def _interrupt(tmp_path, count=10):
     finally:
         LmdbWriter._write = real
     return src, out
+
+
+def test_an_interrupted_fresh_run_keeps_the_stats_of_what_it_stored(tmp_path):
+    """The per-input table of a fresh partial: keys and labels of every input, and the size and
+    mtime of each input up to the last durable point, from the stat journal."""
+    from packer.conversion.fingerprint import load_inputs
+    from packer.conversion.inputs import image_items
+    from packer.formats.base import partial_path
+
+    src, out = _interrupt(tmp_path)
+    table = load_inputs(partial_path(out))
+    items, _ = image_items(src)
+    full = input_stats(items)
+    assert [row[:2] for row in table] == [row[:2] for row in full]
+    done = json.loads((partial_path(out) / ".resume.json").read_text())["items_done"]
+    assert done >= 3
+    assert table[:done] == full[:done] and all(len(row) == 2 for row in table[done:])
 
 
 def test_a_damaged_stat_journal_refuses_the_resume_and_a_torn_tail_does_not(tmp_path):
