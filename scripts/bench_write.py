@@ -21,9 +21,11 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
 All rows run in this one process with ``packer.heap.tune_heap`` applied first (as every packer
 command applies it): a row run after others otherwise inherits whatever malloc thresholds
 they left, which spares it page faults a process of its own pays (the bare LMDB loop ran faster
-after the packer rows than before them). Rows are interleaved over ``--reps`` rounds and the best round of each is kept, so a burst of
-load from the other users of a shared machine hits every row alike; the load average is
-printed with the tables. Each section takes < 3 min on 2 cores.
+after the packer rows than before them). Rows are interleaved over ``--reps`` rounds, in a new
+(seeded) order each round, and the best round of each is kept, so a burst of load from the other users of a shared machine hits
+every row alike; each ratio is also given as the median over the rounds of the two rows'
+ratio within a round (rows that ran minutes apart can see the machine at different speeds).
+The load average is printed with the tables. Each section takes < 3 min on 2 cores.
 
     python scripts/bench_write.py --workdir bench-out/write --section write
 """
@@ -35,8 +37,10 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import random
 import resource
 import shutil
+import statistics
 import struct
 import sys
 import time
@@ -154,6 +158,8 @@ def pack(src: Path, out: Path, fmt: str, **options) -> None:
 # row -> (this process's CPU s, workers' CPU s), each the least over the rounds: contention from
 # other users only ever adds CPU time (cache and core sharing), so the least is the row's own cost
 CPU: dict[str, tuple[float, float]] = {}
+# row -> its (CPU s, workers' CPU s) in each round, for the per-round ratios
+ROUNDS: dict[str, list[tuple[float, float]]] = {}
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, float, float]:
@@ -168,25 +174,38 @@ def timed(fn: Callable[[], object]) -> tuple[float, float, float]:
 
 
 def run_rows(rows: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Best wall time of each row over ``reps`` interleaved rounds (order rotating by round)."""
+    """Best wall time of each row over ``reps`` interleaved rounds (a seeded new order each round)."""
     best = {name: float("inf") for name in rows}
     names = list(rows)
+    order = random.Random(0)
     for r in range(reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        # a new order each round: a rotation would give every row the same predecessor in every
+        # round (rows that run the very same code came out ~0.87x apart that way)
+        order.shuffle(names)
+        for name in list(names):
             os.sync()  # a row's fsync/syncfs flushes its own writes, not the dirty pages of the rows before
             wall, own, children = timed(rows[name])
             best[name] = min(best[name], wall)
             was = CPU.get(name, (float("inf"), float("inf")))
             CPU[name] = (min(was[0], own), min(was[1], max(children, 0.0)))
+            ROUNDS.setdefault(name, []).append((own, max(children, 0.0)))
     return best
 
 
-def cpu_model(name: str, n: int, cores: int) -> float:
+def cpu_model(name: str, n: int, cores: int, cpu: tuple[float, float] | None = None) -> float:
     """Samples/s the row would reach on ``cores`` idle cores from its CPU time alone: the
     writer process caps it at 1/own, all the work spread over the cores at cores/(own+workers).
-    I/O waits (fsync) are not in it; on a shared machine it is the load-robust figure."""
-    own, kids = CPU[name][0] / n, CPU[name][1] / n
+    I/O waits (fsync) are not in it; on a shared machine it is the load-robust figure.
+    ``cpu``: one round's (own, workers) CPU s instead of the least over the rounds."""
+    own, kids = (cpu or CPU[name])[0] / n, (cpu or CPU[name])[1] / n
     return min(1 / max(own, 1e-9), cores / max(own + kids, 1e-9))
+
+
+def paired_model(a: str, b: str, n: int, cores: int) -> float:
+    """The median over rounds of the CPU-model ratio of rows ``a`` and ``b`` measured in the same
+    round (close in time: a drift of the machine's speed hits both)."""
+    return statistics.median(cpu_model(a, n, cores, x) / cpu_model(b, n, cores, y)
+                             for x, y in zip(ROUNDS[a], ROUNDS[b]))
 
 
 def table(title: str, n: int, best: dict[str, float], ratios: list[tuple[str, str, str, float | None]],
@@ -196,11 +215,13 @@ def table(title: str, n: int, best: dict[str, float], ratios: list[tuple[str, st
              f"| CPU model, {cores} idle cores |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {name} | {n / t:,.0f} | {CPU[name][0] / n * 1e6:,.0f} | {CPU[name][1] / n * 1e6:,.0f} "
               f"| {cpu_model(name, n, cores):,.0f} |" for name, t in best.items()]
-    lines += ["", "| ratio | wall | CPU model | target |", "|---|---:|---:|---:|"]
+    lines += ["", "| ratio | wall | CPU model | CPU model, median of the rounds' ratios | target |",
+              "|---|---:|---:|---:|---:|"]
     for label, a, b, target in ratios:
         value = best[b] / best[a]
         model = cpu_model(a, n, cores) / cpu_model(b, n, cores)
-        lines.append(f"| {label} | {value:.2f}x | {model:.2f}x | {'' if target is None else f'>= {target}x'} |")
+        lines.append(f"| {label} | {value:.2f}x | {model:.2f}x | {paired_model(a, b, n, cores):.2f}x "
+                     f"| {'' if target is None else f'>= {target}x'} |")
     return "\n".join(lines)
 
 
