@@ -27,14 +27,18 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 TRIM_BYTES = 256 << 20
 MMAP_BYTES = 32 << 20  # glibc's largest (HEAP_MAX / 2 on 64-bit)
-_done = False
+_result: bool | None = None  # the first call's answer (libc_ver reads the interpreter's binary)
 
 
 def tune_heap() -> bool:
     """Raise glibc's trim and mmap thresholds for this process (once); True when set."""
-    global _done
-    if _done:
-        return True
+    global _result
+    if _result is None:
+        _result = _tune()
+    return _result
+
+
+def _tune() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -42,7 +46,6 @@ def tune_heap() -> bool:
         ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_BYTES) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES) == 1
     except (OSError, AttributeError):  # pragma: no cover - no mallopt in this libc
         return False
-    _done = ok
     if not ok:  # pragma: no cover
         log.debug("mallopt refused the heap thresholds")
     return ok
