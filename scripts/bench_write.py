@@ -162,15 +162,21 @@ CPU: dict[str, tuple[float, float]] = {}
 ROUNDS: dict[str, list[tuple[float, float]]] = {}
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, float, float]:
-    """(wall s, CPU s of this process and its threads, CPU s of the worker processes)."""
+# row -> the least minor page faults of this process over the rounds (a fault costs a few µs of
+# kernel time: a page zeroed or copied on write after a fork)
+FAULTS: dict[str, int] = {}
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float, float, int]:
+    """(wall s, CPU s of this process and its threads, CPU s of the worker processes, minor page
+    faults of this process)."""
     s0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     fn()
     wall = time.perf_counter() - t
     s1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return (wall, s1.ru_utime + s1.ru_stime - s0.ru_utime - s0.ru_stime,
-            c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+            c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime, s1.ru_minflt - s0.ru_minflt)
 
 
 def run_rows(rows: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -184,7 +190,8 @@ def run_rows(rows: dict[str, Callable[[], object]], reps: int) -> dict[str, floa
         order.shuffle(names)
         for name in list(names):
             os.sync()  # a row's fsync/syncfs flushes its own writes, not the dirty pages of the rows before
-            wall, own, children = timed(rows[name])
+            wall, own, children, faults = timed(rows[name])
+            FAULTS[name] = min(FAULTS.get(name, faults), faults)
             best[name] = min(best[name], wall)
             was = CPU.get(name, (float("inf"), float("inf")))
             CPU[name] = (min(was[0], own), min(was[1], max(children, 0.0)))
@@ -212,9 +219,9 @@ def table(title: str, n: int, best: dict[str, float], ratios: list[tuple[str, st
           unit: str = "samples/s") -> str:
     cores = os.cpu_count() or 1
     lines = [f"### {title}", "", f"| row | {unit} (wall) | main process CPU µs/sample | workers' CPU µs/sample "
-             f"| CPU model, {cores} idle cores |", "|---|---:|---:|---:|---:|"]
+             f"| CPU model, {cores} idle cores | main process page faults/sample |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {name} | {n / t:,.0f} | {CPU[name][0] / n * 1e6:,.0f} | {CPU[name][1] / n * 1e6:,.0f} "
-              f"| {cpu_model(name, n, cores):,.0f} |" for name, t in best.items()]
+              f"| {cpu_model(name, n, cores):,.0f} | {FAULTS[name] / n:.2f} |" for name, t in best.items()]
     lines += ["", "| ratio | wall | CPU model | CPU model, median of the rounds' ratios | target |",
               "|---|---:|---:|---:|---:|"]
     for label, a, b, target in ratios:

@@ -336,3 +336,33 @@ def test_direct_reads_equal_reads_through_hdf5(tmp_path, pixels):
     for i, s in enumerate(samples):
         a, b = direct.read(i), hdf5.read(i)
         assert a.data == b.data == s.data and a.label == b.label == s.label
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_commit_in_small_joins_stores_what_one_join_stores(tmp_path, monkeypatch, raw):
+    """A commit's bytes reach HDF5 in joins of at most ``_PIECE_BYTES``: with joins of a few
+    samples the stored samples, offsets and CRCs equal those of one join per commit."""
+    import packer.formats.hdf5.writer as hw
+
+    rng = np.random.default_rng(3)
+    shape = (4, 5, 3)
+    samples = [Sample(f"k{i}", (rng.integers(0, 256, 60, dtype=np.uint8).tobytes() if raw
+                                else rng.integers(0, 256, int(rng.integers(1, 400)), dtype=np.uint8).tobytes()),
+                      "raw" if raw else "jpeg", i % 3, *shape) for i in range(50)]
+
+    def write(out, piece):
+        monkeypatch.setattr(hw, "_PIECE_BYTES", piece)
+        with HDF5Writer(out, classes=["a", "b", "c"], commit_every=17,
+                        pixels_shape=shape if raw else None) as w:
+            for s in samples:
+                w.add(s)
+            w.close()
+        r = open_reader(out)
+        return [(r.read(i).data, r.read(i).label) for i in range(len(r))], list(r.verify())
+
+    one, problems = write(tmp_path / "one.h5", 1 << 30)
+    small, problems_small = write(tmp_path / "small.h5", 250)
+    assert one == small == [(s.data, s.label) for s in samples]
+    assert problems == problems_small == []
+    assert list(hw._pieces(samples, 250)) and all(p for p in hw._pieces(samples, 250))
+    assert [s for p in hw._pieces(samples, 250) for s in p] == samples

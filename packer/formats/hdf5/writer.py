@@ -19,6 +19,12 @@ from packer.manifest import Manifest
 
 __all__ = ["HDF5Writer"]
 
+# A commit's bytes go to HDF5 in joins of at most this size: a join of the whole batch (up to
+# ``commit_bytes``, 64 MB) is a block past glibc's largest mmap threshold (32 MiB), mapped and
+# unmapped at every commit, its pages faulted in and zeroed anew each time (~12 page faults per
+# 50 kB sample in ``scripts/bench_write.py``'s page-fault column); smaller joins reuse the heap.
+_PIECE_BYTES = 8 << 20
+
 
 def _append(dset: h5py.Dataset, values: Any) -> None:
     values = np.asarray(values) if not isinstance(values, list) else values
@@ -154,12 +160,14 @@ class HDF5Writer(Writer):
         _append(f["labels"], np.array([s.label for s in batch], dtype="i8"))
         _append(f["keys"], self.keys[n:n + k])
         _append(f["crc32c"], np.array(self.crcs[n:n + k], dtype="u4"))
-        data = np.frombuffer(b"".join(s.data for s in batch), dtype=np.uint8)
         if self.pixels_shape is not None:
-            _append(f["pixels"], data.reshape((k,) + self.pixels_shape))
+            for part in _pieces(batch):
+                data = np.frombuffer(b"".join(s.data for s in part), dtype=np.uint8)
+                _append(f["pixels"], data.reshape((len(part),) + self.pixels_shape))
         else:
             base = int(f["offsets"][n])
-            _append(f["blobs"], data)
+            for part in _pieces(batch):
+                _append(f["blobs"], np.frombuffer(b"".join(s.data for s in part), dtype=np.uint8))
             _append(f["offsets"], base + np.cumsum([len(s.data) for s in batch], dtype="i8"))
             _append(f["shapes"], np.array([(s.height, s.width, s.channels) for s in batch], dtype="u4"))
         f.flush()
@@ -211,6 +219,22 @@ class HDF5Writer(Writer):
                 self._f.close()
             finally:
                 self._f = None
+
+
+def _pieces(batch: list[Sample], limit: int | None = None) -> Iterator[list[Sample]]:
+    """``batch`` in runs of at most ``limit`` bytes (default ``_PIECE_BYTES``; a run holds one
+    sample at least)."""
+    limit = limit or _PIECE_BYTES
+    part: list[Sample] = []
+    size = 0
+    for s in batch:
+        if part and size + len(s.data) > limit:
+            yield part
+            part, size = [], 0
+        part.append(s)
+        size += len(s.data)
+    if part:
+        yield part
 
 
 def _iter_stored(f: h5py.File, n: int, slab: int = 64 << 20) -> Iterator[memoryview]:
