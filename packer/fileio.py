@@ -33,13 +33,18 @@ def read_file_stat(path: str | os.PathLike) -> tuple[bytes, tuple[int, int]]:
         more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
         if not more:
             return data, (size, st.st_mtime_ns)
-        parts = [data, more]
-        while more:
-            more = os.read(fd, _CHUNK)
-            parts.append(more)
-        return b"".join(parts), (size, st.st_mtime_ns)
+        return _to_end(fd, [data, more]), (size, st.st_mtime_ns)
     finally:
         os.close(fd)
+
+
+def _to_end(fd: int, parts: list[bytes]) -> bytes:
+    """``parts`` (what was read so far, the last one not empty) and the rest of ``fd``, joined."""
+    more = parts[-1]
+    while more:
+        more = os.read(fd, _CHUNK)
+        parts.append(more)
+    return b"".join(parts)
 
 
 def _buffer(n: int) -> memoryview:
@@ -52,9 +57,10 @@ def _buffer(n: int) -> memoryview:
 def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryview, int, tuple[int, int]]:
     """The whole content of ``path`` read into a fresh writable buffer behind ``head`` free bytes
     and before at least ``tail``: ``(view of the buffer, size, (file size, mtime_ns))``, the
-    content being ``view[head:head + size]`` and the last the open file's fstat. A format that stores the bytes inside a value it builds around
-    them (LMDB's Datum, ``Writer.framing``) then writes its fields into the room instead of
-    copying the data. Read to the file's end as ``read_file`` reads; raises ``OSError``."""
+    content being ``view[head:head + size]`` and the last the open file's fstat. A format that
+    stores the bytes inside a value it builds around them (LMDB's Datum, ``Writer.framing``)
+    then writes its fields into the room instead of copying the data. Read to the file's end
+    as ``read_file`` reads; raises ``OSError``."""
     fd = os.open(path, _FLAGS)
     try:
         st = os.fstat(fd)
@@ -64,13 +70,9 @@ def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryvi
         more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
         if not more and got <= size:
             return buf, got, (size, st.st_mtime_ns)
-        parts = [bytes(buf[head:head + got]), more]
-        while more:
-            more = os.read(fd, _CHUNK)
-            parts.append(more)
+        data = _to_end(fd, [bytes(buf[head:head + got]), more]) if more else bytes(buf[head:head + got])
     finally:
         os.close(fd)
-    data = b"".join(parts)
     buf = memoryview(bytearray(head + len(data) + tail))
     buf[head:head + len(data)] = data
     return buf, len(data), (size, st.st_mtime_ns)
