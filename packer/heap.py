@@ -5,7 +5,7 @@ glibc's malloc returns the top of its heap to the kernel whenever more than
 more with its own ``mmap``. Packing allocates and frees a file-sized buffer per sample and,
 in LMDB, a transaction's worth of dirty pages per commit (up to ``commit_bytes``), so a fresh
 process gives those pages back and faults them in again, zeroed, over and over (a commit's
-worth of 60 kB blocks freed and allocated again faults ten times less once tuned:
+worth of 60 kB blocks freed and allocated again faults at least five times less once tuned:
 ``tests/test_heap.py``). glibc
 raises both thresholds by itself only after the first large ``mmap``'d block is freed, which
 a long-lived process (a notebook, a benchmark that ran other rows first) has usually done and
