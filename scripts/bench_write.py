@@ -5,11 +5,12 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
 ``--workdir``, read once so every row starts from the page cache) and two clips:
 
 * ``--section write``  to-lmdb / to-records / to-hdf5 ``--check header`` with the default
-  ``--workers`` and with ``--workers 0``, beside a bare single-process loop: read + CRC32C +
-  put into a raw LMDB (default ``sync``: fsync on every commit of 1,000), and read + CRC32C +
-  TFRecord framing + append + one fsync at the end.
-* ``--section full``   ``--check full`` with 1 and 2 workers (to-records), beside a bare read +
-  Pillow full decode loop on 1 and 2 processes.
+  ``--workers`` and with ``--workers 0`` (and to-lmdb's shared-memory workers and to-hdf5's
+  part files at ``--workers 2``), beside a bare single-process loop: read + CRC32C + put into a
+  raw LMDB (default ``sync``: fsync on every commit of 1,000), and read + CRC32C + TFRecord
+  framing + append + one fsync at the end.
+* ``--section full``   ``--check full`` with 1 and 2 workers (to-records, to-hdf5; to-lmdb with
+  2), beside a bare read + Pillow full decode loop on 1 and 2 processes.
 * ``--section frames`` ``decode-frames --short-side 256`` with default options (all cores) on
   copies of a 340x256 H.264 clip (the mmaction2 fixture) and a 1280x720 clip (the fixture
   upscaled, written as mp4v: this OpenCV has no H.264 encoder), beside the best bare
@@ -246,6 +247,8 @@ def section_write(src: Path, work: Path, files: list[str], reps: int) -> str:
         "bare read + CRC32C + append + fsync": lambda: bare_records(files, out / "bare.tfrecord"),
         "to-hdf5 --check header (default workers)": lambda: pack(src, out / "a.h5", "hdf5", check="header"),
         "to-hdf5 --check header --workers 0": lambda: pack(src, out / "b.h5", "hdf5", check="header", workers=0),
+        "to-hdf5 --check header --workers 2 (part files)": lambda: pack(src, out / "c.h5", "hdf5", check="header",
+                                                                        workers=2),
     }
     best = run_rows(rows, reps)
     names = list(rows)
@@ -255,6 +258,7 @@ def section_write(src: Path, work: Path, files: list[str], reps: int) -> str:
         ("to-records default / bare append loop", names[4], names[6], 0.8),
         ("to-records default / --workers 0", names[4], names[5], 1.0),
         ("to-hdf5 default / --workers 0", names[7], names[8], 1.0),
+        ("to-hdf5 --workers 2 (part files) / --workers 0", names[9], names[8], None),
     ])
 
 
@@ -264,6 +268,9 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
         "to-records --check full --workers 1": lambda: pack(src, out / "f1.rec", "records", check="full", workers=1),
         "to-records --check full --workers 2": lambda: pack(src, out / "f2.rec", "records", check="full", workers=2),
         "to-lmdb --check full --workers 2 (shared-memory workers)": lambda: pack(src, out / "f2.lmdb", "lmdb", check="full", workers=2),
+        "to-hdf5 --check full --workers 1": lambda: pack(src, out / "f1.h5", "hdf5", check="full", workers=1),
+        "to-hdf5 --check full --workers 2 (part files)": lambda: pack(src, out / "f2.h5", "hdf5", check="full",
+                                                                      workers=2),
         "bare read + decode, 1 process": lambda: bare_decode(files, 1),
         "bare read + decode, 2 processes": lambda: bare_decode(files, 2),
     }
@@ -271,9 +278,11 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
     names = list(rows)
     return table(f"Full check, {len(files)} JPEGs", len(files), best, [
         ("to-records full 2 / 1 workers", names[1], names[0], 1.6),
-        ("to-records full 2 workers / bare 2-process decode", names[1], names[4], 0.85),
-        ("to-lmdb full 2 workers / bare 2-process decode", names[2], names[4], 0.85),
-        ("bare decode 2 / 1 processes", names[4], names[3], None),
+        ("to-records full 2 workers / bare 2-process decode", names[1], names[6], 0.85),
+        ("to-lmdb full 2 workers / bare 2-process decode", names[2], names[6], 0.85),
+        ("to-hdf5 full 2 / 1 workers", names[4], names[3], 1.6),
+        ("to-hdf5 full 2 workers / bare 2-process decode", names[4], names[6], 0.85),
+        ("bare decode 2 / 1 processes", names[6], names[5], None),
     ])
 
 

@@ -54,6 +54,19 @@ def test_file_size_limit_fails_cleanly_then_resumes(conv, sources, references, t
     assert_resumes_to_reference(conv, src, out, reference)
 
 
+def test_a_workers_part_file_past_the_size_limit_fails_cleanly_then_resumes(sources, references, tmp_path):
+    """to-hdf5 --workers 2: the workers store the samples in part files of their own, which hit the
+    limit before the output does (a part holds all a segment's bytes); the writer's process
+    reports it in one line, and a resume in this process ends identical to the reference."""
+    conv = next(c for c in CONVERSIONS if c.id == "to-hdf5")
+    reference, biggest = references(conv)
+    src, out = sources[conv.source], conv.out(tmp_path)
+    r = run_packer(*conv.argv(src, out, "--workers", 2), preexec_fn=file_size_limit(biggest // 2))
+    assert_clean_failure(conv, r, out)
+    assert "write failed" in r.stderr, r.stderr
+    assert_resumes_to_reference(conv, src, out, reference)
+
+
 def readonly_cmd(argv: list[str]) -> list[str]:
     """``argv`` run so that directory permissions bind (as root: without CAP_DAC_OVERRIDE)."""
     cmd = packer_cmd(*argv)

@@ -33,14 +33,18 @@ def _conv(cid: str):
 
 # (executor id, conversion, extra argv, the input whose worker dies)
 EXECUTORS = [
-    # --workers 2 picks a plan (docs/writing.md): to-hdf5 with a resize the plain local pool,
-    # with a full check the staged pool (verdicts in workers); to-lmdb the shared-memory workers
-    ("local-pool", "to-hdf5", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
-    ("staged", "to-hdf5", ("--workers", 2), "class_1/img_0007.jpg"),
+    # --workers 2 picks a plan (docs/writing.md): to-records --samples-per-shard (one writer keeps
+    # the layout) with a resize the plain local pool, without the staged pool (verdicts in
+    # workers); to-lmdb the shared-memory workers
+    ("local-pool", "to-records", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
+    ("staged", "to-records", ("--workers", 2), "class_1/img_0007.jpg"),
     ("shm", "to-lmdb", ("--workers", 2), "class_1/img_0007.jpg"),
-    # to-records --workers 2: each worker writes its own shard files (docs/writing.md); the
-    # dead worker's half-written file is never adopted, its range is rerun input by input
+    # to-records / to-hdf5 --workers 2: each worker stores its samples in part files of its own
+    # (docs/writing.md); the dead worker's half-written file is never taken over, its range is
+    # rerun input by input
     ("sharded", "to-records-sharded", ("--workers", 2), "class_1/img_0007.jpg"),
+    ("sharded-hdf5", "to-hdf5", ("--workers", 2), "class_1/img_0007.jpg"),
+    ("sharded-hdf5-resize", "to-hdf5", ("--workers", 2, "--short-side", 32), "class_1/img_0007.jpg"),
     ("isolated", "decode-frames-frames", ("--workers", 2), "class_0/clip_0_1.avi"),
     pytest.param("ray", "to-lmdb", ("--workers", 2, "--executor", "ray"), "class_1/img_0007.jpg",
                  marks=pytest.mark.slow, id="ray"),
@@ -79,3 +83,51 @@ def test_max_failures_counts_a_crash(sources, tmp_path):
                    env=_env("class_1/img_0007.jpg", "SIGKILL"), timeout=BOUND_S)
     assert r.returncode == 1 and "2 inputs failed" in r.stderr, r.stderr  # the crash + the broken file
     assert out.exists()  # every good sample is packed either way
+
+
+def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, tmp_path):
+    """to-hdf5 with workers: a byte of a worker's part file flipped on disk after the worker wrote
+    it (a bad disk, another process) is caught by the writer's CRC32C check as it copies the part
+    in: the run stops with an error naming the part file and the sample, nothing of the damaged
+    commit is stored, and a resume ends identical to a run in this process."""
+    from conftest import packed_snapshot
+    from packer.commands.pack_images import ImageJob
+    from packer.conversion.inputs import image_items
+    from packer.conversion.runner import run
+    from packer.conversion.sharded import ShardedExecutor
+    from packer.errors import CorruptData
+    from packer.formats.hdf5 import HDF5Writer
+
+    items, classes = image_items(sources["images"])
+    damaged: list = []
+
+    class Damaging(ShardedExecutor):
+        def map(self, fn, items):
+            for k, outcome in enumerate(super().map(fn, items)):
+                if k >= 6 and outcome.ok and not damaged:  # past the first commits (of 4 samples)
+                    stored = outcome.value.prepared
+                    with open(stored.part.path, "r+b") as f:
+                        f.seek(stored.offset + stored.size // 2)
+                        byte = f.read(1)[0]
+                        f.seek(stored.offset + stored.size // 2)
+                        f.write(bytes([byte ^ 0x01]))
+                    damaged.append((outcome.value.key, stored.part.path))
+                yield outcome
+
+    out = tmp_path / "o.h5"
+    writer = HDF5Writer(out, classes=classes, commit_every=4)
+    with Damaging(workers=2, writer=writer) as ex:
+        with pytest.raises(CorruptData) as e:
+            run(items, ImageJob(check="header"), writer, executor=ex, max_failures=9)
+    key, part = damaged[0]
+    assert e.value.path == part and e.value.key == key and "changed after it was written" in str(e.value)
+    assert not out.exists()
+    done = json.loads(writer.resume_state_path().read_text())["items_done"]
+    # the commits before it stand; the one holding the damaged sample is not among them
+    assert 0 < done <= [i.key for i in items].index(key)
+    resumed = HDF5Writer(out, classes=classes, commit_every=4)
+    run(items, ImageJob(check="header"), resumed, max_failures=9, resume=True)
+    ref = tmp_path / "ref.h5"
+    run(items, ImageJob(check="header"), HDF5Writer(ref, classes=classes, commit_every=4), max_failures=9)
+    assert packed_snapshot(out) == packed_snapshot(ref)
+    assert list(open_reader(out).verify()) == []

@@ -8,8 +8,9 @@ The writer (one process) only appends or puts. Everything else runs beside it:
   file again in a thread (file reads and CRC32C release the GIL), checks that its length and
   CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
   mismatch) and builds the sample. No sample's bytes cross a process boundary.
-* **sharded writers** (records: ``packer.conversion.sharded``): the workers write whole
-  shards themselves; the writer only adopts them (rename, index, journal).
+* **sharded writers** (records and HDF5: ``packer.conversion.sharded``): the workers store the
+  samples in part files themselves; the writer only takes them over (records: renames whole
+  shards; HDF5: copies each commit's bytes in from the parts, CRC-checked).
 * **shared memory** (LMDB: ``packer.conversion.executors.shm``): the workers read, check and
   encode each sample (the writer's ``prepare``: its Datum and CRC32C) into memory shared with
   the writer, which only puts the values; each sample's bytes are copied into the shared
@@ -130,12 +131,15 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     * a cheap check (``header``/``none``) into LMDB/HDF5 without resize, ``--workers`` not
       given: in this process. The per-sample work (a header parse) costs less than handing it
       to another process and back, so the single writer is fastest alone.
+    * otherwise HDF5 (a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
+      workers storing the samples in part files the writer copies into the one file at each
+      commit (its process spent about half the CPU per sample of verdict workers').
     * otherwise LMDB (a writer that copies each value during ``add``), on a ``fork`` platform:
       ``shm``: workers read, check or resize and encode into shared memory, the writer's
       process only puts.
-    * HDF5 (it keeps a batch of samples until its commit), a full check or an explicit
-      ``--workers``: verdict workers (only a small description crosses back).
     * resize (new bytes are made in the worker): the plain pool; the new bytes cross once.
+    * otherwise (``--samples-per-shard``, LMDB where ``fork`` is missing): verdict workers (only
+      a small description crosses back).
     """
     cores = cores or os.cpu_count() or 1
     if executor.partition(":")[0] != "local":
@@ -143,11 +147,15 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     n = cores if workers is None else workers
     if n <= 1:
         return Plan("inline", 0, "one worker or none: in this process")
-    if format == "records" and not fixed_layout:
-        return Plan("sharded", n, "records: each worker writes its own shards")
+    segments = writer_class(format).segments if not fixed_layout else None
+    if segments is not None and segments.indexed:  # records: the parts are the shards, nothing copied
+        return Plan("sharded", n, f"{format}: each worker writes its own shards")
     if check in CHEAP_CHECKS and workers is None and not resizing:
         return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
                                  "another process; the writer is fastest alone")
+    if segments is not None:  # HDF5: the writer copies the parts in (less than reading and checking)
+        return Plan("sharded", n, f"{format}: each worker stores its samples in part files of its own, "
+                                  "the writer copies them in")
     if not writer_class(format).keeps_samples and shm_available():
         return Plan("shm", n, f"{format}: workers read, check and encode into shared memory; the writer "
                               "only stores")

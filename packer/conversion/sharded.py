@@ -1,18 +1,21 @@
-"""``to-records`` with several workers: each worker writes its own shards (no single writer).
+"""Pack commands whose workers store the samples themselves (no single writer): ``to-records``
+and ``to-hdf5`` with several workers.
 
 ``ShardedExecutor.map(fn, items)`` splits the inputs into segments (consecutive ranges) and
 runs each in a worker of a ``RangePool`` as a ``SegmentTask``: the per-item work, then each
-sample framed and appended to the worker's own shard file in the output's working folder
-(through a 1 MB buffer, its writeback started every 4 MB: ``packer.writeback``; sha256 as it
-goes; fsync at the end, then its index written and fsynced). Outcomes come back per input, in
-order, holding *stored* samples (no bytes); ``RecordsWriter.add`` adopts each shard file when
-its last sample arrives. The runner, the checkpoint, failure records and ``--resume`` work as
-with any executor. See ``packer.formats.records_segments`` for what the writer does.
+sample's stored bytes (the writer's ``Segments.record``: a framed TFRecord, or the bytes
+themselves) appended to the worker's own part file in the writer's ``segment_dir`` (through a
+1 MB buffer, its writeback started every 4 MB: ``packer.writeback``; for records a shard,
+sha256'd as it goes and indexed); fsync at the end. Outcomes come back per input, in order,
+holding *stored* samples (no bytes); the writer takes each part file over in input order
+(``packer.formats.segments``). The runner, the checkpoint, failure records and ``--resume``
+work as with any executor.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
 from packer.conversion.runner import as_result, WorkResult
 from packer.errors import WriteError
-from packer.formats.records_segments import (SegmentShard, SegmentWriteError, segment_file,
+from packer.formats.segments import (SegmentShard, SegmentWriteError, segment_file,
                                                segment_index_file)
 from packer.formats.sample import Sample, Stored
 from packer.writeback import WRITE_BUFFER, Writeback
@@ -46,29 +49,34 @@ class _Segment:
     workdir: Path
     tag: str
     shard_size: int
+    indexed: bool = True  # sha256 and a DALI index per file (records); else bytes only (HDF5)
     done: list[SegmentShard] = field(default_factory=list)
     _fh: Any = None
     _offsets: list[int] = field(default_factory=list)
     _sizes: list[int] = field(default_factory=list)
     _bytes: int = 0
+    _count: int = 0
     _writeback: Writeback = field(default_factory=Writeback)
 
-    def append(self, record: bytes) -> int:
-        """Append one framed record; the number of the shard file it went to."""
+    def append(self, record: bytes) -> tuple[int, int]:
+        """Append one record; the number of the part file it went to and its offset there."""
         if self._fh is not None and self._bytes + len(record) > self.shard_size:
             self.close_shard()
         if self._fh is None:
             self._path = self.workdir / segment_file(self.tag, len(self.done))
             self._fh = open(self._path, "wb", buffering=WRITE_BUFFER)
-            self._hash = hashlib.sha256()
+            self._hash = hashlib.sha256() if self.indexed else None
             self._writeback.reset()
+        at = self._bytes
         self._fh.write(record)
-        self._hash.update(record)
-        self._offsets.append(self._bytes)
-        self._sizes.append(len(record))
-        self._bytes += len(record)
+        if self._hash is not None:
+            self._hash.update(record)
+            self._offsets.append(at)
+            self._sizes.append(len(record))
+        self._bytes = at + len(record)
+        self._count += 1
         self._writeback.wrote(self._fh, self._bytes)  # the disk works while we go on; fsync stays
-        return len(self.done)
+        return len(self.done), at
 
     def close_shard(self) -> None:
         # The same flush/fsync/close as RecordsWriter._commit; the index is written here too (and
@@ -76,19 +84,21 @@ class _Segment:
         if self._fh is None:
             return
         self._writeback.wrote(self._fh, self._bytes, last=True)  # the disk takes the rest while
-        table = index_bytes(self._offsets, self._sizes)  # the index is made
+        table = index_bytes(self._offsets, self._sizes) if self.indexed else b""  # the index is made
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        index = self.workdir / segment_index_file(self.tag, len(self.done))
-        with open(index, "wb") as f:
-            f.write(table)
-            f.flush()
-            os.fsync(f.fileno())
-        self.done.append(SegmentShard(str(self._path), str(index), len(self._offsets), self._bytes,
-                                      self._hash.hexdigest()))
-        self._offsets, self._sizes, self._bytes = [], [], 0
+        index = ""
+        if self.indexed:
+            index = str(self.workdir / segment_index_file(self.tag, len(self.done)))
+            with open(index, "wb") as f:
+                f.write(table)
+                f.flush()
+                os.fsync(f.fileno())
+        self.done.append(SegmentShard(str(self._path), index, self._count, self._bytes,
+                                      self._hash.hexdigest() if self._hash is not None else ""))
+        self._offsets, self._sizes, self._bytes, self._count = [], [], 0, 0
 
     def abandon(self) -> None:
         if self._fh is not None:
@@ -107,17 +117,18 @@ class SegmentTask:
     """
 
     def __init__(self, work_fn: Any, *, workdir: str | os.PathLike, shard_size: int, prepare: Any,
-                 owner: int | None = None):
+                 indexed: bool = True, owner: int | None = None):
         self.owner = owner if owner is not None else os.getpid()  # the writer's process
         self.work_fn = work_fn
         self.workdir = Path(workdir)
         self.shard_size = shard_size
         self.prepare = prepare
+        self.indexed = indexed
 
     def __call__(self, items: Sequence[Any], start: int, stop: int) -> _Result | SegmentWriteError:
         # the writer's pid in the names: a worker orphaned by a killed run never shares a file
         # with the run that resumes it (and stops at its next input, below)
-        seg = _Segment(self.workdir, f"{self.owner}-{start:012d}-{stop:012d}", self.shard_size)
+        seg = _Segment(self.workdir, f"{self.owner}-{start:012d}-{stop:012d}", self.shard_size, self.indexed)
         done: list[tuple] = []  # per input, plain tuples: they cross back cheaply
         try:
             for i in range(start, stop):
@@ -132,9 +143,9 @@ class SegmentTask:
                 stored = []
                 for s in result.samples:
                     record, crc = self.prepare(s)
-                    k = seg.append(record)
+                    k, at = seg.append(record)
                     stored.append((s.key, s.fmt, s.label, s.height, s.width, s.channels, s.extra, crc,
-                                   len(s.data), k, s.source_stat))
+                                   len(s.data), k, s.source_stat, at))
                 done.append((True, stored, result.entry, result.note))
             seg.close_shard()
         except OSError as e:
@@ -165,8 +176,8 @@ class _Result:
                 yield Outcome(False, stage=entry[1], reason=entry[2])
                 continue
             samples = [Sample(key, b"", fmt, label, h, w, c, extra,
-                              Stored(crc, size, shards[k] if last[k] == (i, j) else None), stat)
-                       for j, (key, fmt, label, h, w, c, extra, crc, size, k, stat) in enumerate(entry[1])]
+                              Stored(crc, size, shards[k] if last[k] == (i, j) else None, shards[k], at), stat)
+                       for j, (key, fmt, label, h, w, c, extra, crc, size, k, stat, at) in enumerate(entry[1])]
             if len(samples) == 1 and entry[2] is None and entry[3] is None:
                 yield Outcome(True, samples[0])
             else:
@@ -191,11 +202,12 @@ def _join(parts: list[Any]) -> Any:
 
 
 class ShardedExecutor(Executor):
-    """Runs the work and the shard writing of ``to-records`` in ``workers`` processes.
+    """Runs the work and the storing of ``to-records`` / ``to-hdf5`` in ``workers`` processes.
 
     Args:
         workers: worker processes (>= 1).
-        writer: the (unopened) ``RecordsWriter`` whose working folder the shards go to.
+        writer: the (unopened) writer, of a format with ``Segments``, whose ``segment_dir`` the
+            part files go to.
         segment: inputs per segment (default: ``segment_size``).
     """
 
@@ -207,6 +219,8 @@ class ShardedExecutor(Executor):
             raise ValueError("workers must be >= 1")
         if segment is not None and segment < 1:
             raise ValueError("segment must be >= 1")
+        if type(writer).segments is None:
+            raise ValueError(f"{writer.format_name}: its workers cannot store samples themselves")
         self.workers = workers
         self.writer = writer
         self.segment = segment
@@ -217,8 +231,10 @@ class ShardedExecutor(Executor):
         if not items:
             return
         w = self.writer
-        w.workdir.mkdir(parents=True, exist_ok=True)
-        task = SegmentTask(fn, workdir=w.workdir, shard_size=w.shard_size, prepare=type(w).prepare)
+        layout = type(w).segments
+        w.segment_dir.mkdir(parents=True, exist_ok=True)
+        task = SegmentTask(fn, workdir=w.segment_dir, shard_size=getattr(w, "shard_size", sys.maxsize),
+                           prepare=layout.record, indexed=layout.indexed)
         pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
                          window=2, start_method=self.start_method)  # forks with the heap gc-frozen
         closing = None

@@ -31,11 +31,15 @@ class Sample:
 class Stored:
     """``Sample.prepared`` of a sample a worker process already stored in the output's working
     folder (its ``data`` is then empty): the CRC32C the format records for it, the size of its
-    data, and, for records, the worker's shard file it completes (adopted when it arrives)."""
+    data, the worker's part file it completes if it is that file's last sample (``shard``:
+    a records shard is adopted when it arrives), and the part file its bytes are in with their
+    offset there (``part``, ``offset``: where an HDF5 writer copies them from)."""
 
     crc: int
     size: int
     shard: Any = None
+    part: Any = None
+    offset: int = 0
 
 
 @dataclass

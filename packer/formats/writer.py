@@ -25,7 +25,7 @@ from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, fsync_append, ke
                                      write_failures)
 from packer.manifest import FAILURES_NAME, Manifest
 
-__all__ = ["Writer", "Framing"]
+__all__ = ["Writer", "Framing", "Segments"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,19 @@ class Framing:
     head: int
     tail: int
     prepare: Callable[[memoryview, int, int, Sample], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """How worker processes store a format's samples themselves (``packer.conversion.sharded``):
+    each worker appends ``record(sample)`` (the bytes to store and the CRC32C the format records)
+    for a run of consecutive inputs to part files of its own in the writer's ``segment_dir``;
+    the writer's process then takes the parts over in input order. ``indexed``: each part file
+    is hashed (sha256) and gets a DALI index beside it, because it becomes a records shard as it
+    is (an HDF5 writer copies its parts into the one file instead)."""
+
+    record: Callable[[Sample], tuple[Any, int]]
+    indexed: bool
 
 
 class Writer(abc.ABC):
@@ -71,6 +84,8 @@ class Writer(abc.ABC):
     keeps_samples: ClassVar[bool] = True
     # Set by a format whose stored value wraps the sample's bytes (see ``Framing``).
     framing: ClassVar[Framing | None] = None
+    # Set by a format whose samples worker processes may store into part files (see ``Segments``).
+    segments: ClassVar[Segments | None] = None
 
     def __init__(self, out: str | os.PathLike, *, classes: list[str], kind: str = "images",
                  created_by: dict[str, Any] | None = None, commit_every: int = 1000,
@@ -260,6 +275,12 @@ class Writer(abc.ABC):
         return {}
 
     # -- paths ---------------------------------------------------------------------------
+    @property
+    def segment_dir(self) -> Path:
+        """Where workers write part files (``Segments``): the working folder, or for a
+        single-file format the journal folder beside it (gone with it at the publish)."""
+        return self._journal_dir() if self.single_file else self.workdir
+
     def _journal_dir(self) -> Path:
         """Where journals and the resume checkpoint live (inside the partial dir, or beside the file)."""
         if self.single_file:

@@ -16,10 +16,10 @@ from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import sample_features, sample_pieces
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
                                            shard_name)
-from packer.formats.records_segments import SegmentShard, is_segment_file
+from packer.formats.segments import SegmentShard, remove_segment_files
 from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import write_keys
-from packer.formats.writer import Writer
+from packer.formats.writer import Segments, Writer
 from packer.integrity import crc32c, mask_crc, masked_crc32c
 from packer.manifest import Manifest, atomic_write_bytes
 from packer.writeback import WRITE_BUFFER, Writeback
@@ -78,6 +78,9 @@ class RecordsWriter(Writer):
         CRC_STRUCT.pack_into(record, 12 + length, mask_crc(crc))
         return record, crc
 
+    # the workers' part files are shards as they are: hashed, indexed, adopted by renaming
+    segments = Segments(record=prepare.__func__, indexed=True)
+
     def add(self, sample: Sample) -> None:
         if isinstance(sample.prepared, Stored):  # already in a worker's shard file
             self._add_stored(sample, sample.prepared)
@@ -89,7 +92,7 @@ class RecordsWriter(Writer):
         super().add(sample)
 
     def _add_stored(self, sample: Sample, stored: Stored) -> None:
-        """A sample a worker stored (``packer.formats.records_segments``); the last one of its
+        """A sample a worker stored (``packer.formats.segments``); the last one of its
         shard file adopts the file: the durable commit."""
         if self._fh is not None:  # a shard this writer has open (a resumed one): complete it first
             if self.count > self.durable:
@@ -112,11 +115,6 @@ class RecordsWriter(Writer):
                             "bytes": shard.bytes, "sha256": shard.sha256})
         atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
                            json.dumps({"options": self._options(), "shards": self.shards}).encode())
-
-    def _remove_segment_files(self) -> None:
-        for p in self.workdir.iterdir():
-            if is_segment_file(p.name):
-                p.unlink()
 
     def _full(self, next_size: int) -> bool:
         if self.samples_per_shard is not None:
@@ -183,7 +181,7 @@ class RecordsWriter(Writer):
                     reopened = True
                 kept = resume_samples
         self._remove_shards_from(len(self.shards) + (1 if reopened else 0))
-        self._remove_segment_files()  # workers' shards not adopted before the kill
+        remove_segment_files(self.workdir)  # workers' shards not adopted before the kill
 
     def _remove_shards_from(self, first: int) -> None:
         pattern = re.compile(SHARD_RE.format(name=re.escape(self.name)))
@@ -249,7 +247,7 @@ class RecordsWriter(Writer):
         self._offsets, self._sizes, self._shard_bytes = [], [], 0
 
     def _finish(self, manifest: Manifest) -> None:
-        self._remove_segment_files()  # a crashed worker's, or written for a retry before a resume
+        remove_segment_files(self.workdir)  # a crashed worker's, or written for a retry before a resume
         manifest.shards = list(self.shards)
         write_keys(self.workdir, self.keys)
         manifest.save(self.workdir)
