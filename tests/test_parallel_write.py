@@ -22,7 +22,6 @@ from packer.conversion.inputs import image_items
 from packer.conversion.parallel_write import VerdictJob, choose_plan
 from packer.errors import CorruptSample
 from packer.formats import open_reader, writer_class
-from packer.formats.base import partial_path
 from packer.formats.lmdb import LmdbWriter
 
 
