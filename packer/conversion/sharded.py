@@ -35,8 +35,8 @@ __all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
 
 
 def segment_size(n: int, workers: int, *, lo: int = 256, hi: int = 8192) -> int:
-    """Inputs per segment: about 2 segments per worker, 256 to ``hi`` (8,192, or the format's
-    ``Segments.max_inputs``: an HDF5 part is extra disk space until its commit). For records each segment ends a shard,
+    """Inputs per segment: about 2 segments per worker, ``lo`` to ``hi`` (256 to 8,192 for
+    records; the format's ``Segments.inputs``). For records each segment ends a shard,
     and a shard's commit is several fsyncs (data, index, folder, journals): small segments
     spend the run waiting on the disk (measured: 16 segments for 3,000 inputs ran at 0.67x
     in-process; see docs/writing.md)."""
@@ -240,8 +240,8 @@ class ShardedExecutor(Executor):
                          window=2, start_method=self.start_method)  # forks with the heap gc-frozen
         closing = None
         try:
-            bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers,
-                                                                          hi=layout.max_inputs))
+            lo, hi = layout.inputs
+            bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers, lo=lo, hi=hi))
             results = pool.map(bounds)
             for k in range(len(bounds)):
                 result = next(results)

@@ -52,13 +52,14 @@ class Segments:
     for a run of consecutive inputs to part files of its own in the writer's ``segment_dir``;
     the writer's process then takes the parts over in input order. ``indexed``: each part file
     is hashed (sha256) and gets a DALI index beside it, because it becomes a records shard as it
-    is (an HDF5 writer copies its parts into the one file instead). ``max_inputs``: the most
-    inputs one part run holds (a part the writer copies is extra disk space until its commit:
-    about two per worker are waiting at a time)."""
+    is (an HDF5 writer copies its parts into the one file instead). ``inputs``: the fewest and
+    the most inputs of one segment (about two per worker are made; a records segment ends a
+    shard, which costs a commit of several fsyncs; a part the writer copies is extra disk space
+    until its commit, and about two per worker wait at a time)."""
 
     record: Callable[[Sample], tuple[Any, int]]
     indexed: bool
-    max_inputs: int = 8192
+    inputs: tuple[int, int] = (256, 8192)
 
 
 class Writer(abc.ABC):
