@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from typing import Any, Iterator, Sequence
 
 import h5py
@@ -11,6 +10,7 @@ import numpy as np
 
 from packer.errors import CorruptData
 from packer.formats.hdf5.layout import BLOB_CHUNK, H5_ERRORS, MANIFEST_ATTR, TABLE_CHUNK
+from packer.formats.hdf5.parts import Deleter, PartBytes, part_record, stored_size
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
 from packer.formats.segments import remove_segment_files
@@ -26,17 +26,6 @@ __all__ = ["HDF5Writer"]
 # unmapped at every commit, its pages faulted in and zeroed anew each time (~12 page faults per
 # 50 kB sample in ``scripts/bench_write.py``'s page-fault column); smaller joins reuse the heap.
 _PIECE_BYTES = 8 << 20
-
-
-def _part_record(sample: Sample) -> tuple[bytes, int]:
-    """What a worker appends to its part file for one sample: the bytes as stored, their CRC32C."""
-    return sample.data, crc32c(sample.data)
-
-
-def _size(sample: Sample) -> int:
-    """The stored size of a sample, also of one a worker stored (its ``data`` is empty)."""
-    prepared = sample.prepared
-    return prepared.size if isinstance(prepared, Stored) else len(sample.data)
 
 
 def _append(dset: h5py.Dataset, values: Any) -> None:
@@ -61,7 +50,7 @@ class HDF5Writer(Writer):
     # workers may store the samples into part files; each commit copies them into the file. A
     # part is extra disk space until then: <= 1,024 inputs each (~2 per worker wait at a time);
     # a part ends no commit, so small inputs split evenly (>= 64 inputs a part)
-    segments = Segments(record=_part_record, indexed=False, inputs=(64, 1024))
+    segments = Segments(record=part_record, indexed=False, inputs=(64, 1024))
 
     def __init__(self, out: str | os.PathLike, *, pixels_shape: tuple[int, int, int] | None = None,
                  chunk_bytes: int = BLOB_CHUNK, **kwargs: Any):
@@ -76,7 +65,7 @@ class HDF5Writer(Writer):
         self.chunk_bytes = chunk_bytes
         self._f: h5py.File | None = None
         self._pending: list[Sample] = []
-        self._unlinking: threading.Thread | None = None
+        self._deleter = Deleter()
 
     @classmethod
     def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
@@ -183,12 +172,12 @@ class HDF5Writer(Writer):
             return
         f, n, batch = self._f, self._stored, self._pending
         k = len(batch)
-        sizes = [_size(s) for s in batch]
+        sizes = [stored_size(s) for s in batch]
         self._reserve(sum(sizes))
         _append(f["labels"], np.array([s.label for s in batch], dtype="i8"))
         _append(f["keys"], self.keys[n:n + k])
         _append(f["crc32c"], np.array(self.crcs[n:n + k], dtype="u4"))
-        with _Parts() as parts:
+        with PartBytes() as parts:
             if self.pixels_shape is not None:
                 for part in _pieces(batch):
                     data = np.frombuffer(parts.join(part), dtype=np.uint8)
@@ -205,20 +194,8 @@ class HDF5Writer(Writer):
         self._pending = []
         # a part whose last sample is now in the file is done with; deleting it frees its page
         # cache, kernel work (~20 µs per 50 kB sample here) done on a thread beside the next batch
-        self._unlink_later([s.prepared.shard.path for s in batch
-                            if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
-
-    def _unlink_later(self, paths: list[str]) -> None:
-        self._join_unlinks()
-        if paths:
-            self._unlinking = threading.Thread(target=_unlink_all, args=(paths,), name="packer-hdf5-parts",
-                                               daemon=True)
-            self._unlinking.start()
-
-    def _join_unlinks(self) -> None:
-        if self._unlinking is not None:
-            self._unlinking.join()
-            self._unlinking = None
+        self._deleter.later([s.prepared.shard.path for s in batch
+                             if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
 
     def _reserve(self, nbytes: int) -> None:
         """Allocate room for the next commit before HDF5 writes a byte of it.
@@ -259,20 +236,12 @@ class HDF5Writer(Writer):
         f.flush()
 
     def _close_handles(self) -> None:
-        self._join_unlinks()
+        self._deleter.join()
         if self._f is not None:
             try:
                 self._f.close()
             finally:
                 self._f = None
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:  # gone already; what is left is removed with the journal folder
-            pass
 
 
 def _pieces(batch: list[Sample], limit: int | None = None) -> Iterator[list[Sample]]:
@@ -282,7 +251,7 @@ def _pieces(batch: list[Sample], limit: int | None = None) -> Iterator[list[Samp
     part: list[Sample] = []
     size = 0
     for s in batch:
-        n = _size(s)
+        n = stored_size(s)
         if part and size + n > limit:
             yield part
             part, size = [], 0
@@ -290,69 +259,6 @@ def _pieces(batch: list[Sample], limit: int | None = None) -> Iterator[list[Samp
         size += n
     if part:
         yield part
-
-
-class _Parts:
-    """The bytes of a run of samples, those workers stored read back from their part files:
-    one positioned read per stretch of consecutive bytes in one part, each sample's CRC32C
-    checked against the worker's (a part changed on disk stops the run, never stores)."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-
-    def __enter__(self) -> "_Parts":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
-
-    def join(self, samples: list[Sample]) -> bytes | np.ndarray:
-        """The samples' stored bytes, concatenated."""
-        if not any(isinstance(s.prepared, Stored) for s in samples):
-            return b"".join(s.data for s in samples)
-        buf = np.empty(sum(_size(s) for s in samples), dtype=np.uint8)  # every byte is filled below
-        view = memoryview(buf)
-        pos = 0
-        run: tuple[str, int, int] | None = None  # (part path, its offset, where in buf) being read
-        for s in samples:
-            stored = s.prepared
-            if not isinstance(stored, Stored):
-                if run is not None:
-                    self._read(run, view[run[2]:pos])
-                    run = None
-                view[pos:pos + len(s.data)] = s.data
-            elif run is None or run[0] != stored.part.path or run[1] + (pos - run[2]) != stored.offset:
-                if run is not None:
-                    self._read(run, view[run[2]:pos])
-                run = (stored.part.path, stored.offset, pos)
-            pos += _size(s)
-        if run is not None:
-            self._read(run, view[run[2]:pos])
-        pos = 0
-        for s in samples:
-            size = _size(s)
-            stored = s.prepared
-            if isinstance(stored, Stored) and crc32c(view[pos:pos + size]) != stored.crc:
-                raise CorruptData(stored.part.path, "a worker's part file changed after it was written "
-                                                    "(CRC32C mismatch); nothing of it was stored",
-                                  position=f"byte {stored.offset}", key=s.key)
-            pos += size
-        return buf
-
-    def _read(self, run: tuple[str, int, int], into: memoryview) -> None:
-        path, offset, _ = run
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
-        done = 0
-        while done < len(into):
-            n = os.preadv(fd, [into[done:]], offset + done)
-            if n == 0:
-                raise CorruptData(path, f"a worker's part file ends at byte {offset + done}, "
-                                        f"{len(into) - done} bytes short")
-            done += n
 
 
 def _iter_stored(f: h5py.File, n: int, slab: int = 64 << 20) -> Iterator[memoryview]:
