@@ -10,7 +10,8 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
   raw LMDB (default ``sync``: fsync on every commit of 1,000), and read + CRC32C + TFRecord
   framing + append + one fsync at the end.
 * ``--section full``   ``--check full`` with 1 and 2 workers (to-records, to-hdf5; to-lmdb with
-  2), beside a bare read + Pillow full decode loop on 1 and 2 processes.
+  2; to-hdf5 also on the verdict workers it used before its part files), beside a bare read +
+  Pillow full decode loop on 1 and 2 processes.
 * ``--section frames`` ``decode-frames --short-side 256`` with default options (all cores) on
   copies of a 340x256 H.264 clip (the mmaction2 fixture) and a 1280x720 clip (the fixture
   upscaled, written as mp4v: this OpenCV has no H.264 encoder), beside the best bare
@@ -156,6 +157,20 @@ def pack(src: Path, out: Path, fmt: str, **options) -> None:
     assert report.count > 0 and report.failed == 0, report.summary()
 
 
+def pack_with_plan(src: Path, out: Path, fmt: str, mode: str, workers: int, **options) -> None:
+    """``pack`` on a plan ``choose_plan`` no longer picks for it (a previous round's, to compare
+    with): the command's plan choice replaced for this one call."""
+    import packer.commands.pack_images as command
+    from packer.conversion.parallel_write import Plan
+
+    chosen = command.choose_plan
+    command.choose_plan = lambda **_: Plan(mode, workers, f"bench_write: {mode}, as before")
+    try:
+        pack(src, out, fmt, **options)
+    finally:
+        command.choose_plan = chosen
+
+
 # row -> (this process's CPU s, workers' CPU s), each the least over the rounds: contention from
 # other users only ever adds CPU time (cache and core sharing), so the least is the row's own cost
 CPU: dict[str, tuple[float, float]] = {}
@@ -271,6 +286,8 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
         "to-hdf5 --check full --workers 1": lambda: pack(src, out / "f1.h5", "hdf5", check="full", workers=1),
         "to-hdf5 --check full --workers 2 (part files)": lambda: pack(src, out / "f2.h5", "hdf5", check="full",
                                                                       workers=2),
+        "to-hdf5 --check full, 2 verdict workers (the previous plan)": lambda: pack_with_plan(
+            src, out / "f2v.h5", "hdf5", "staged", 2, check="full"),
         "bare read + decode, 1 process": lambda: bare_decode(files, 1),
         "bare read + decode, 2 processes": lambda: bare_decode(files, 2),
     }
@@ -278,11 +295,12 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
     names = list(rows)
     return table(f"Full check, {len(files)} JPEGs", len(files), best, [
         ("to-records full 2 / 1 workers", names[1], names[0], 1.6),
-        ("to-records full 2 workers / bare 2-process decode", names[1], names[6], 0.85),
-        ("to-lmdb full 2 workers / bare 2-process decode", names[2], names[6], 0.85),
+        ("to-records full 2 workers / bare 2-process decode", names[1], names[7], 0.85),
+        ("to-lmdb full 2 workers / bare 2-process decode", names[2], names[7], 0.85),
         ("to-hdf5 full 2 / 1 workers", names[4], names[3], 1.6),
-        ("to-hdf5 full 2 workers / bare 2-process decode", names[4], names[6], 0.85),
-        ("bare decode 2 / 1 processes", names[6], names[5], None),
+        ("to-hdf5 full 2 workers / bare 2-process decode", names[4], names[7], 0.85),
+        ("to-hdf5 full, part files / verdict workers", names[4], names[5], None),
+        ("bare decode 2 / 1 processes", names[7], names[6], None),
     ])
 
 
