@@ -67,6 +67,8 @@ def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryvi
         size = st.st_size
         buf = _buffer(head + size + 1 + tail)
         got = os.readv(fd, [buf[head:head + size + 1]])  # the +1 sees a file that grew
+        if got == size:  # all fstat counted and no byte past it: the end (a regular file reads
+            return buf, got, (size, st.st_mtime_ns)  # short only there; saves a read per file)
         more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
         if not more and got <= size:
             return buf, got, (size, st.st_mtime_ns)
