@@ -133,7 +133,8 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
       to another process and back, so the single writer is fastest alone.
     * otherwise HDF5 (a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
       workers storing the samples in part files the writer copies into the one file at each
-      commit (its process spent about half the CPU per sample of verdict workers').
+      commit (its process spent 99 against verdict workers' 131 µs per sample in
+      ``scripts/bench_write.py --section full``).
     * otherwise LMDB (a writer that copies each value during ``add``), on a ``fork`` platform:
       ``shm``: workers read, check or resize and encode into shared memory, the writer's
       process only puts.

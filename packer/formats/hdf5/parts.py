@@ -100,7 +100,7 @@ class PartBytes:
 
 class Deleter:
     """Deletes part files on a thread of its own: freeing a part's page cache is kernel work
-    (~20 µs per 50 kB sample here) that can run beside the next batch. ``later(paths)`` waits
+    that grows with the part's size and can run beside the next batch. ``later(paths)`` waits
     for the previous batch first; ``join()`` waits for the last (a writer's close)."""
 
     def __init__(self) -> None:

@@ -193,7 +193,7 @@ class HDF5Writer(Writer):
         self._stored = n + k
         self._pending = []
         # a part whose last sample is now in the file is done with; deleting it frees its page
-        # cache, kernel work (~20 µs per 50 kB sample here) done on a thread beside the next batch
+        # cache, kernel work that grows with its size, done on a thread beside the next batch
         self._deleter.later([s.prepared.shard.path for s in batch
                              if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
 
