@@ -26,8 +26,7 @@ from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.executors.ranges import RangePool, even_ranges
 from packer.conversion.runner import as_result, WorkResult
 from packer.errors import WriteError
-from packer.formats.segments import (SegmentShard, SegmentWriteError, segment_file,
-                                               segment_index_file)
+from packer.formats.segments import SegmentShard, SegmentWriteError, segment_file, segment_index_file
 from packer.formats.sample import Sample, Stored
 from packer.writeback import WRITE_BUFFER, Writeback
 
