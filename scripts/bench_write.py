@@ -208,11 +208,12 @@ def run_rows(rows: dict[str, Callable[[], object]], reps: int,
     """Best wall time of each row over ``reps`` interleaved rounds (a seeded new order each round).
 
     ``outputs``: each row's output, removed just before the row is timed. On this VM the first
-    write into a page the host took back costs ~10 µs per 4 KiB page (a 640 MB file: 1.6-2.4 s
-    of system time against 0.2 s in pages freed a moment before), so a row that deleted its
-    last output at its start (the bare loops) wrote into warm pages while a packer row, which
-    keeps the old output until the new one is complete (``--overwrite``), wrote into cold ones.
-    Removed outside the timing, every row starts the same way."""
+    write into a page the host took back is several times dearer than into one freed a moment
+    before (``scripts/page_warmth.py``: 600 MB written 8 s after a delete took 1.39 s of system
+    time, right after it 0.17 s), so a row that deleted its last output at its start (the bare
+    loops) wrote into warm pages while a packer row, which keeps the old output until the new
+    one is complete (``--overwrite``), wrote into cold ones. Removed outside the timing, every
+    row starts the same way."""
     best = {name: float("inf") for name in rows}
     names = list(rows)
     order = random.Random(0)
