@@ -27,7 +27,8 @@ after the packer rows than before them). Rows are interleaved over ``--reps`` ro
 (seeded) order each round, and the best round of each is kept, so a burst of load from the other users of a shared machine hits
 every row alike; each ratio is also given as the median over the rounds of the two rows'
 ratio within a round (rows that ran minutes apart can see the machine at different speeds).
-The load average is printed with the tables. Each section takes < 3 min on 2 cores.
+Each row's output of the round before is removed just before the row is timed (``run_rows``
+says why). The load average is printed with the tables. Each section takes < 3 min on 2 cores.
 
     python scripts/bench_write.py --workdir bench-out/write --section write
 """
