@@ -8,10 +8,12 @@ needs into one exactly sized ``bytes``. Packing reads every input once in the wr
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_file", "read_file_stat", "read_framed"]
+__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _CHUNK = 1 << 20
@@ -78,3 +80,12 @@ def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryvi
     buf = memoryview(bytearray(head + len(data) + tail))
     buf[head:head + len(data)] = data
     return buf, len(data), (size, st.st_mtime_ns)
+
+
+def remove_path(path: str | os.PathLike) -> None:
+    """``path`` gone, whatever it is (a folder tree, a file, a link); nothing when it is not there."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

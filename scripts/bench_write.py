@@ -59,6 +59,7 @@ import lmdb  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from packer.fileio import remove_path  # noqa: E402
 from packer.integrity import crc32c, masked_crc32c  # noqa: E402
 from packer.synth import jpeg_bytes, natural_image  # noqa: E402
 
@@ -196,14 +197,6 @@ def timed(fn: Callable[[], object]) -> tuple[float, float, float, int]:
             c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime, s1.ru_minflt - s0.ru_minflt)
 
 
-def remove(path: Path) -> None:
-    """``path`` gone, a folder or a file."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def run_rows(rows: dict[str, Callable[[], object]], reps: int,
              outputs: dict[str, Path] | None = None) -> dict[str, float]:
     """Best wall time of each row over ``reps`` interleaved rounds (a seeded new order each round).
@@ -224,7 +217,7 @@ def run_rows(rows: dict[str, Callable[[], object]], reps: int,
         order.shuffle(names)
         for name in list(names):
             if outputs and name in outputs:
-                remove(outputs[name])
+                remove_path(outputs[name])
             os.sync()  # a row's fsync/syncfs flushes its own writes, not the dirty pages of the rows before
             wall, own, children, faults = timed(rows[name])
             FAULTS[name] = min(FAULTS.get(name, faults), faults)

@@ -36,9 +36,10 @@ tune_heap()
 
 import lmdb  # noqa: E402
 
-from bench_write import bare_lmdb, files_of, image_set, remove, warm  # noqa: E402
+from bench_write import bare_lmdb, files_of, image_set, warm  # noqa: E402
 from packer.commands import pack_images as pim  # noqa: E402
 from packer.conversion import runner  # noqa: E402
+from packer.fileio import remove_path  # noqa: E402
 from packer.formats import writer as base_writer  # noqa: E402
 from packer.formats.lmdb.writer import LmdbWriter  # noqa: E402
 from packer.integrity import crc32c  # noqa: E402
@@ -61,7 +62,7 @@ def least(rows: dict[str, Callable[[], object]], reps: int, n: int,
     for r in range(reps):
         for name in names[r % len(names):] + names[:r % len(names)]:
             for path in outputs:
-                remove(path)
+                remove_path(path)
             best[name] = min(best[name], cpu(rows[name]) / n * 1e6)
     return best
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from packer.errors import CorruptData, UsageError, WriteError
+from packer.fileio import remove_path
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample
 from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, fsync_append, keys_checksum, partial_path,
@@ -306,12 +307,7 @@ class Writer(abc.ABC):
             return out.with_name(out.name + ".failures.jsonl")
         return out / FAILURES_NAME
 
-    @staticmethod
-    def _remove(path: Path) -> None:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+    _remove = staticmethod(remove_path)
 
     def _read_keys_journal(self, n: int) -> list[str]:
         p = self._journal_dir() / KEYS_JOURNAL
