@@ -74,3 +74,62 @@ def test_probe_header_gives_the_same_info_either_way():
         assert (info.height, info.width, info.channels) == pil_header(data) and info.fmt == "jpeg"
     with pytest.raises(CorruptSample):
         probe(BASES[0][:2] + b"\x00" * 40, check="header")
+
+
+def _cold(data: bytes):
+    """``jpeg_header``'s verdict with no remembered layout (a full walk)."""
+    from packer.codecs import jpeg_header as module
+
+    module._last = None
+    return module.jpeg_header(data)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(BASES), size=st.tuples(st.integers(0, 70000), st.integers(0, 70000)),
+       precision=st.sampled_from([8, 8, 12, 0]), layers=st.sampled_from([None, None, 1, 2, 3, 4, 0]),
+       cut=st.integers(0, 700), flips=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 255)), max_size=3))
+def test_a_remembered_layout_gives_the_walks_verdict(base, size, precision, layers, cut, flips):
+    """A file that shares the last plain JPEG's layout is answered from it; whatever differs
+    (the size, a cut, a flipped byte anywhere in the header) still gets the full walk's verdict."""
+    from packer.codecs import jpeg_header as module
+
+    data = bytearray(base)
+    sof = next((i for i in range(2, len(data) - 1) if data[i] == 0xFF and data[i + 1] in (0xC0, 0xC1, 0xC2)), None)
+    if sof is not None:  # a new size in the SOF: the common case of one encoder's files
+        data[sof + 5:sof + 9] = bytes((size[0] >> 8 & 0xFF, size[0] & 0xFF, size[1] >> 8 & 0xFF, size[1] & 0xFF))
+        data[sof + 4] = precision
+        if layers is not None:
+            data[sof + 9] = layers
+    data = data[:cut] if cut < 650 else data
+    for at, value in flips:
+        if at < len(data):
+            data[at] = value
+    data = bytes(data)
+    expected = _cold(data)
+    module._last = None
+    module.jpeg_header(base)  # primes the layout when base is plain
+    assert module.jpeg_header(data) == expected
+    assert module.jpeg_header(memoryview(bytearray(data))) == expected  # the framed read's view
+    if expected is not None:
+        assert expected == pil_header(data)
+
+
+def test_one_encoders_files_are_answered_from_the_layout():
+    from packer.codecs import jpeg_header as module
+
+    module._last = None
+    assert module.jpeg_header(BASES[0]) == (40, 56, 3) and module._last is not None
+    other = jpeg("RGB", 41, 57)  # the same encoder settings, another size
+    assert module._replay(other, module._last) == (41, 57, 3) == pil_header(other)
+    assert module._replay(BASES[1], module._last) is None  # another layout: walked in full
+
+
+def test_a_file_cut_inside_its_scan_header_is_walked_not_remembered():
+    from packer.codecs import jpeg_header as module
+
+    base = BASES[0]
+    sos = base.index(b"\xff\xda")
+    for cut in range(sos + 2, sos + 14):  # the SOS marker, its length and part of its body
+        module._last = None
+        module.jpeg_header(base)
+        assert module.jpeg_header(base[:cut]) == _cold(base[:cut]) == jpeg_header(base[:cut])

@@ -10,6 +10,11 @@ blocks, MPO, padding or junk between markers, a truncated segment, a bit depth o
 count Pillow refuses, a size past Pillow's decompression-bomb limit, no SOF before the scan)
 returns None and the caller asks Pillow, so the verdict is Pillow's for every file. Tested
 against Pillow on generated and mutated JPEGs (``tests/test_jpeg_header.py``).
+
+The files of one encoder share their header bytes but for the size in the SOF, so the layout
+of the last plain JPEG walked is remembered, and a file with that very layout is answered with
+a few byte comparisons and the SOF's own checks instead of a walk (``_replay``); any byte that
+differs sends the file through the full walk, so the verdict is the walk's either way.
 """
 from __future__ import annotations
 
@@ -22,15 +27,55 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _LAYERS = {1: 1, 3: 3, 4: 4}  # SOF components -> channels (Pillow's L, RGB, CMYK)
 
 
+# The header layout of the last plain JPEG walked: its bytes up to its SOF, the SOF's marker and
+# length, and its bytes from the SOF's end through the SOS marker and length, and that SOS's
+# length. Files from one encoder (a camera, ``packer resize``, ``decode-frames``, a synthetic set)
+# share them byte for byte but for the SOF's body (the size), so the next file's verdict is a few
+# byte comparisons: identical bytes walk identically, and any difference walks in full.
+_last: tuple[bytes, bytes, bytes, int] | None = None
+
+
 def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     """``(height, width, channels)`` of a plain JPEG exactly as Pillow's header parse gives
     them, or None when Pillow must decide (not a plain JPEG, or anything unusual)."""
+    last = _last
+    if last is not None:
+        hit = _replay(data, last)
+        if hit is not None:
+            return hit
+    return _walk(data)
+
+
+def _replay(data: bytes, last: tuple[bytes, bytes, bytes, int]) -> tuple[int, int, int] | None:
+    """``_walk``'s answer when ``data`` has ``last``'s layout (the same bytes but for the SOF's
+    body, which is checked as ``_walk`` checks it), else None (``_walk`` decides)."""
+    prefix, sof, between, sos_length = last
+    a = len(prefix)
+    body = a + 4
+    end = a + 2 + ((sof[2] << 8) | sof[3])
+    stop = end + len(between)  # the SOS's length bytes end here
+    if len(data) < stop - 2 + sos_length:
+        return None
+    head = data if type(data) is bytes else bytes(data[:stop])  # (bytes compare in place)
+    if (not head.startswith(prefix) or not head.startswith(sof, a) or not head.startswith(between, end)
+            or head[body] != 8 or head[body + 5] not in _LAYERS):
+        return None
+    height, width = (head[body + 1] << 8) | head[body + 2], (head[body + 3] << 8) | head[body + 4]
+    if height <= 0 or width <= 0 or height * width > (Image.MAX_IMAGE_PIXELS or float("inf")):
+        return None
+    return height, width, _LAYERS[head[body + 5]]
+
+
+def _walk(data: bytes) -> tuple[int, int, int] | None:
+    """``jpeg_header`` by walking every marker; a plain JPEG's layout becomes ``_last``."""
+    global _last
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
         return None
     pos = 2
     size = None
     channels = 0
+    sof_at = sof_end = -1
     while True:
         if pos + 4 > n or data[pos] != 0xFF:
             return None
@@ -61,11 +106,14 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
                 return None
             size = ((data[body + 1] << 8) | data[body + 2], (data[body + 3] << 8) | data[body + 4])
             channels = _LAYERS[data[body + 5]]
+            sof_at, sof_end = (pos, end) if sof_at < 0 else (-2, end)  # -2: more than one SOF
         elif marker == 0xDA:  # start of scan: the header is complete
             if size is None or size[0] <= 0 or size[1] <= 0:
                 return None
             if size[0] * size[1] > (Image.MAX_IMAGE_PIXELS or float("inf")):
                 return None
+            if sof_at >= 0:  # one SOF: the layout the next file is tried against
+                _last = (bytes(data[:sof_at]), bytes(data[sof_at:sof_at + 4]), bytes(data[sof_end:pos + 4]), length)
             return size[0], size[1], channels
         else:
             return None
