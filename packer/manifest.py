@@ -43,7 +43,9 @@ class Manifest:
     def to_json(self) -> str:
         """Serialize with stable key order (empty per-format lists are left out), plus the
         ``checksum`` of everything else (see :func:`manifest_checksum`)."""
-        d = dataclasses.asdict(self)
+        # (a shallow dict: ``dataclasses.asdict`` deep-copies every nested list and dict, a
+        # video dataset's entries included, only for them to be serialized)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for k in ("shards", "videos", "extra", "fingerprint", "integrity"):
             if not d[k]:
                 d.pop(k)

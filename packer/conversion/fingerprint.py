@@ -275,9 +275,12 @@ def save_inputs(directory: Path, stats: list[list[Any]]) -> None:
     atomic_write_bytes(Path(directory) / INPUTS_NAME, json.dumps(stats, ensure_ascii=False).encode("utf-8"))
 
 
-def append_input_stats(directory: Path, stats: Sequence[tuple[int, int]]) -> None:
-    """Append ``(size, mtime_ns)`` of the next inputs of the table (in order) and fsync."""
-    fsync_append(Path(directory) / INPUT_STATS_NAME, b"".join(_STAT.pack(*st) for st in stats))
+def append_input_stats(directory: Path, stats: Sequence[int]) -> None:
+    """Append the size and mtime_ns of the next inputs of the table (in order; ``stats`` flat:
+    size, mtime, size, mtime, ...) and fsync."""
+    if len(stats) % 2:
+        raise ValueError("append_input_stats takes a size and an mtime per input")
+    fsync_append(Path(directory) / INPUT_STATS_NAME, struct.pack(f"<{len(stats)}q", *stats))
 
 
 def load_inputs(directory: Path) -> list[list[Any]] | None:

@@ -110,9 +110,10 @@ class _Checkpointer:
 
     def __init__(self, path: Path, fp: dict[str, Any], items_done: int, samples: int,
                  failures: list[dict[str, Any]], entries: list[dict[str, Any]], overwrite: bool,
-                 stats: list[tuple[int, int]] | None = None):
+                 stats: list[int] | None = None):
         self.path = path
-        # a fresh run's (size, mtime_ns) per item as it was read, journaled up to each durable point
+        # a fresh run's size and mtime_ns per item as it was read (two ints an item, flat: no
+        # tuple per item for the garbage collector to walk), journaled up to each durable point
         self.stats = stats
         self.journaled = 0
         self.fp = fp
@@ -121,19 +122,21 @@ class _Checkpointer:
         self.samples = samples
         self.failures = failures  # each with internal "index" and "at"
         self.entries = entries  # each with internal "index"
-        # (item index, samples the writer holds after it), appended by the run loop per item
+        # item index, samples the writer holds after it (two ints an item, flat), appended by the
+        # run loop per item
         self.pending: collections.deque = collections.deque()
 
     def durable(self, n: int) -> None:
         changed = False
-        while self.pending and self.pending[0][1] <= n:
-            index, after = self.pending.popleft()
+        pending = self.pending
+        while pending and pending[1] <= n:
+            index, after = pending.popleft(), pending.popleft()
             self.items_done, self.samples = index + 1, after
             changed = True
         if changed:
             if self.stats is not None and self.items_done > self.journaled:
                 try:
-                    append_input_stats(self.path.parent, self.stats[self.journaled:self.items_done])
+                    append_input_stats(self.path.parent, self.stats[2 * self.journaled:2 * self.items_done])
                 except OSError as e:
                     raise WriteError(f"{self.path.parent}: cannot save the input table "
                                      f"({e.strerror or e})") from None
@@ -304,7 +307,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         raise WriteError(f"{out}: cannot save the input table ({e.strerror or e})") from None
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = opts.overwrite or st.overwrite
-    seen: list[tuple[int, int]] | None = None if opts.resume else []  # (size, mtime_ns) per item read
+    seen: list[int] | None = None if opts.resume else []  # size, mtime_ns per item read (flat)
     cp = _Checkpointer(writer.resume_state_path(), fp.to_dict(), st.items_done, st.samples, st.failures, st.entries,
                        overwrite, stats=seen)
     def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
@@ -318,8 +321,10 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         with tqdm(total=len(items), initial=st.items_done, unit=unit, desc=desc, dynamic_ncols=True,
                   disable=None) as bar:
             # (the names a loop of millions of items looks up bound once)
-            processed, add, update = cp.pending.append, writer.add, None if bar.disable else bar.update
-            record = None if seen is None else seen.append
+            # (pending and seen take two ints an item, not a tuple that outlives the item: every
+            # surviving container is work for the garbage collector)
+            processed, add, update = cp.pending.extend, writer.add, None if bar.disable else bar.update
+            record = None if seen is None else seen.extend
             for index, outcome in enumerate(executor.map(work_fn, items[st.items_done:]), st.items_done):
                 value = outcome.value
                 if outcome.ok and type(value) is Sample:  # the common case, as _store does it
@@ -341,7 +346,8 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                 all_in()
             writer.flush()
         if seen is not None:  # the files' digest, now that every input's size and mtime is known
-            writer.fingerprint = fp.with_files([[*row, *st_] for row, st_ in zip(stats, seen)]).to_dict()
+            writer.fingerprint = fp.with_files([[*row, size, mtime] for row, size, mtime
+                                                in zip(stats, seen[0::2], seen[1::2])]).to_dict()
         for name in (INPUTS_NAME, INPUT_STATS_NAME):
             (writer.resume_state_path().parent / name).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],
