@@ -6,7 +6,9 @@ the least CPU time per sample over ``--reps`` interleaved rounds:
 
 * **the whole run**, default options, beside ``bench_write.bare_lmdb``, and the same run with one
   piece of the framework switched off at a time (the listing answered from a cache, the journals'
-  ``fsync_append``, the resume checkpoint, the fingerprint): what each piece costs;
+  ``fsync_append``, the resume checkpoint, the fingerprint): what each piece costs; and the run's
+  per-sample work alone in one flat loop (framed read, header check, Datum, CRC32C, appending
+  put): the difference is what the framework costs;
 * **the per-sample work** (``ImageJob`` in process: read into the Datum's frame, header check,
   Datum, CRC32C) beside the bare loop's ``open().read()`` + CRC32C;
 * **the writer** (``LmdbWriter``: puts, commits, journals, sidecars, manifest) fed prepared
@@ -39,7 +41,9 @@ import lmdb  # noqa: E402
 from bench_write import bare_lmdb, files_of, image_set, warm  # noqa: E402
 from packer.commands import pack_images as pim  # noqa: E402
 from packer.conversion import runner  # noqa: E402
-from packer.fileio import remove_path  # noqa: E402
+from packer.codecs.jpeg_header import jpeg_header  # noqa: E402
+from packer.codecs.protowire import frame_datum  # noqa: E402
+from packer.fileio import read_framed, remove_path  # noqa: E402
 from packer.formats import writer as base_writer  # noqa: E402
 from packer.formats.lmdb.writer import LmdbWriter  # noqa: E402
 from packer.integrity import crc32c  # noqa: E402
@@ -125,10 +129,30 @@ def main() -> None:
                 pack()
         return go
 
+    framing = LmdbWriter.framing
+
+    def flat() -> None:
+        """The run's per-sample work (read into the Datum's frame, header check, Datum, CRC32C,
+        appending put) in one loop over the listed items, with none of the framework: no
+        runner, executor, Sample or Writer, no journals, checkpoint, fingerprint or manifest."""
+        env = lmdb.open(str(out / "flat.lmdb"), map_size=1 << 34, subdir=True, meminit=True, readahead=False)
+        crcs = []
+        for start in range(0, n, 1000):
+            with env.begin(write=True) as txn:
+                for i in range(start, min(start + 1000, n)):
+                    it = cached[0][i]
+                    buf, size, _ = read_framed(it.path, framing.head, framing.tail)
+                    h, w, c = jpeg_header(buf[framing.head:framing.head + size])
+                    value = frame_datum(buf, framing.head, size, it.label, h, w, c)
+                    crcs.append(crc32c(value))
+                    txn.put(b"%08d" % i, value, append=True)
+        env.close()
+
     rows = {"bare read + CRC32C + put loop": lambda: bare_lmdb(files, out / "bare.lmdb"),
             "to-lmdb --check header (default)": pack}
     rows.update({f"  without the {p}": without(p) for p in ("listing", "journals", "checkpoint", "fingerprint")})
-    whole = least(rows, args.reps, n, outputs=(out / "p.lmdb", out / "bare.lmdb"))
+    rows["its per-sample work in one flat loop"] = flat
+    whole = least(rows, args.reps, n, outputs=(out / "p.lmdb", out / "bare.lmdb", out / "flat.lmdb"))
 
     # the per-run cost: a run on 10 of the images (claim, input table, journals, checkpoints,
     # manifest and sidecars, each fsynced), spread over a run's samples
@@ -189,6 +213,9 @@ def main() -> None:
           "(the run minus the run without it): "
           + ", ".join(f"{p} {full - whole[f'  without the {p}']:+.1f}"
                       for p in ("listing", "journals", "checkpoint", "fingerprint")))
+    print(f"beside its per-sample work in one flat loop (the framework: runner, executor, Sample, Writer, "
+          f"listing, journals, checkpoint, fingerprint, manifest): "
+          f"{full - whole['its per-sample work in one flat loop']:+.1f} µs")
     print(f"a run on 10 images: {per_run_ms:.1f} ms of CPU, {per_run_ms * 1e3 / n:.1f} µs per sample on {n} images")
     print("\n| the per-sample work | CPU µs/sample |\n|---|---:|")
     for name, v in work_rows.items():

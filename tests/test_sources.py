@@ -102,3 +102,14 @@ def test_class_files_keys_equal_safe_key_of_each_name(tmp_path_factory, names):
     failures: list = []
     assert list(class_files(root, "cls", ("jpg",), failures)) == expected
     assert len(failures) == bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=st.lists(st.text(alphabet="aJ.pPgGİΣσς_x", max_size=8), max_size=12),
+       exts=st.lists(st.sampled_from(["jpg", "png", "JPG", "g", "σ", "tar.gz", "jp"]), min_size=1, max_size=3))
+def test_the_listing_extension_filter_is_has_ext(names, exts):
+    """The listing's one-call extension filter keeps exactly the names ``has_ext`` keeps."""
+    from packer.conversion.inputs import _with_ext, has_ext
+
+    exts = parse_exts(exts)
+    assert _with_ext(names, exts) == [n for n in names if has_ext(n, exts)]

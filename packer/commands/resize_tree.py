@@ -175,7 +175,8 @@ def _resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpe
     _check_paths(src, out)
     exts = parse_exts(exts)
     bad: list[InputFailure] = []  # list lines that cannot be inputs: recorded, never dropped
-    items = list_file(list_path, src, exts, failures=bad)[0] if list_path is not None else image_tree(src, exts)
+    items = (list_file(list_path, src, exts, failures=bad)[0] if list_path is not None
+             else image_tree(src, exts, failures=bad))
     if not items:
         raise UsageError(f"{src}: no input images found (extensions: {', '.join(exts)})")
     tasks = _tasks(items, out, spec)

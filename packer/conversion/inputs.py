@@ -61,10 +61,27 @@ def has_ext(name: str, exts: Sequence[str]) -> bool:
     return name.rsplit(".", 1)[-1].lower() in exts if "." in name else False
 
 
-def walk_files(top: Path) -> list[str]:
-    """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered."""
+def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
+    """The ``names`` that ``has_ext`` takes, in order; for the usual extensions (ASCII, without
+    dots) one ``endswith`` per name, the same test in C (a listing has millions of names)."""
+    if all(e.isascii() and "." not in e for e in exts):
+        dotted = tuple("." + e for e in exts)
+        return [name for name in names if name.lower().endswith(dotted)]
+    return [name for name in names if has_ext(name, exts)]
+
+
+def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[str]:
+    """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered.
+
+    A folder that cannot be listed (no permission, an I/O error, a path too long) is an
+    ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
+    silently), or a ``UsageError`` without that list. ``os.walk`` alone skips it in silence."""
+    def unlisted(e: OSError) -> None:
+        bad_line(failures, str(e.filename or top), 0,
+                 f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
+
     found = []
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(top, onerror=unlisted, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel = os.path.relpath(dirpath, top)
         for name in filenames:
@@ -108,22 +125,27 @@ def _plain_names(cls: str, rels: list[str]) -> bool:
     return True
 
 
+_FIRST = operator.itemgetter(0)
+
+
 def class_files(root: Path, cls: str, exts: Sequence[str],
                 failures: list[InputFailure] | None) -> Iterator[tuple[str, str]]:
     """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
-    ``root/cls``, sorted; a name that cannot be a key is recorded in ``failures`` (or refused)."""
-    rels = [rel for rel in sorted(walk_files(root / cls)) if has_ext(rel, exts)]
+    ``root/cls``, sorted by key; a name that cannot be a key, or a folder that cannot be listed,
+    is recorded in ``failures`` (or refused)."""
+    rels = _with_ext(sorted(walk_files(root / cls, failures)), exts)
     if _plain_names(cls, rels):  # the usual folder: every key is the class and the path, as it is
-        yield from zip([f"{cls}/{rel}" for rel in rels], rels)
+        yield from zip([f"{cls}/{rel}" for rel in rels], rels)  # (sorted by rel is sorted by key)
         return
+    keyed = []
     for rel in rels:
         try:
-            key = safe_key(f"{cls}/{rel}", str(root))
+            keyed.append((safe_key(f"{cls}/{rel}", str(root)), rel))
         except UsageError as e:
             bad_line(failures, str(root / cls), 0, str(e).removeprefix(f"{root}: "),
                      os.fsencode(rel).decode("utf-8", "replace"))
-            continue
-        yield key, rel
+    keyed.sort(key=_FIRST)  # a normalised key may sort elsewhere than its name
+    yield from keyed
 
 
 def _class_folders(root: Path, expected: str) -> list[str]:
@@ -136,9 +158,6 @@ def _class_folders(root: Path, expected: str) -> list[str]:
     return classes
 
 
-_LABEL_KEY = operator.attrgetter("label", "key")
-
-
 def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
                  failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
     """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index.
@@ -146,20 +165,23 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     root = Path(root)
     classes = _class_folders(root, "ROOT/<class>/<image>")
     items = []
+    # (in (label, key) order as made: labels follow the sorted classes, and class_files gives
+    # each class's files sorted by key)
     for label, cls in enumerate(classes):
         base = os.path.join(root, cls, "")  # one join per class: millions of files share it
         items.extend(Item(key, base + rel, label) for key, rel in class_files(root, cls, exts, failures))
-    items.sort(key=_LABEL_KEY)
     return items, classes
 
 
-def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS) -> list[Item]:
-    """Every image file below ``root`` in any layout (ImageFolder or not), sorted by key; label 0."""
+def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
+               failures: list[InputFailure] | None = None) -> list[Item]:
+    """Every image file below ``root`` in any layout (ImageFolder or not), sorted by key; label 0.
+    A folder that cannot be listed goes to ``failures`` (see ``walk_files``)."""
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     items = [Item(safe_key(rel, str(root)), str(root / rel), 0)
-             for rel in walk_files(root) if has_ext(rel, exts)]
+             for rel in walk_files(root, failures) if has_ext(rel, exts)]
     items.sort(key=lambda it: it.key)
     return items
 
