@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path"]
+__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path", "visible_files"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _CHUNK = 1 << 20
@@ -89,3 +90,20 @@ def remove_path(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None]) -> list[str]:
+    """Relative paths (``os.sep`` joined) of the non-hidden files below ``top``, its folders
+    walked in sorted order; symlinked folders are not entered. ``unlisted(error)`` is called for
+    each folder that cannot be listed (no permission, an I/O error, a path too long; the error's
+    ``filename`` names it): ``os.walk`` alone skips such a folder in silence, so the caller must
+    record it or raise."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top, onerror=unlisted, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel = os.path.relpath(dirpath, top)
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            found.append(name if rel == "." else os.path.join(rel, name))
+    return found

@@ -102,3 +102,26 @@ def write_video_folder(root: Path, *, per_class: int = 2, classes: int = 2, fram
 def video_folder(tmp_path_factory) -> Path:
     """Two classes of two synthetic videos (24/25 frames, 48x64); read-only for tests."""
     return write_video_folder(tmp_path_factory.mktemp("videos") / "src")
+
+
+def folder_past_path_max(base, image: bytes) -> str:
+    """Nested folders under ``base`` whose path ends past PATH_MAX, an image at the bottom; made
+    through folder descriptors (no path that long can be opened). Returns the top folder's name."""
+    top = "deep"
+    fd = os.open(base, os.O_RDONLY)
+    try:
+        os.mkdir(top, dir_fd=fd)
+        nxt = os.open(top, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+        for _ in range(20):  # 20 x 251 bytes: past Linux's 4,096 (and macOS's 1,024)
+            os.mkdir("d" * 250, dir_fd=fd)
+            nxt = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        img = os.open("lost.jpg", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(img, image)
+        os.close(img)
+    finally:
+        os.close(fd)
+    return top

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 
-from conftest import write_image_folder, write_video_folder
+from conftest import folder_past_path_max, write_image_folder, write_video_folder
 from killing import run_packer
 from packer.formats import open_reader
 
@@ -104,35 +104,12 @@ def test_resize_records_unusable_list_lines(tmp_path):
     assert [(f["stage"], f["line"]) for f in bad] == [("input", 2)]
 
 
-def _folder_past_path_max(base, image: bytes) -> str:
-    """Nested folders under ``base`` whose path ends past PATH_MAX, an image at the bottom; made
-    through folder descriptors (no path that long can be opened). Returns the top folder's name."""
-    top = "deep"
-    fd = os.open(base, os.O_RDONLY)
-    try:
-        os.mkdir(top, dir_fd=fd)
-        nxt = os.open(top, os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = nxt
-        for _ in range(20):  # 20 x 251 bytes: past Linux's 4,096 (and macOS's 1,024)
-            os.mkdir("d" * 250, dir_fd=fd)
-            nxt = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        img = os.open("lost.jpg", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
-        os.write(img, image)
-        os.close(img)
-    finally:
-        os.close(fd)
-    return top
-
-
 def test_a_folder_that_cannot_be_listed_is_recorded(tmp_path):
     """A subfolder the listing cannot read (here a path past PATH_MAX; elsewhere a folder without
     read permission, an I/O error) is a recorded input failure naming it: ``os.walk`` alone
     skips such a folder in silence, and its images were neither packed nor counted."""
     src = write_image_folder(tmp_path / "src", count=4, classes=2, size=(24, 28))
-    _folder_past_path_max(src / "class_1", (src / "class_0" / "img_0000.jpg").read_bytes())
+    folder_past_path_max(src / "class_1", (src / "class_0" / "img_0000.jpg").read_bytes())
     out = tmp_path / "out.lmdb"
     r = run_packer("to-lmdb", src, out, "--workers", 0, "--max-failures", 1)
     assert r.returncode == 0, r.stderr

@@ -71,3 +71,23 @@ def test_missing_file_raises_oserror(tmp_path):
         read_framed(tmp_path / "nope", 4, 4)
     with pytest.raises(FileNotFoundError):
         read_file(tmp_path / "nope")
+
+
+def test_a_folder_that_cannot_be_listed_is_reported_not_skipped(tmp_path):
+    """``visible_files`` hands every folder it cannot list to its caller (``os.walk`` alone would
+    skip it in silence); an upload of an output with one stops, naming it."""
+    from conftest import folder_past_path_max
+
+    from packer.errors import UsageError
+    from packer.fileio import visible_files
+    from packer.remote.upload import _files
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.bin").write_bytes(b"x")
+    (tmp_path / ".hidden").write_bytes(b"h")
+    folder_past_path_max(tmp_path / "a", b"y")
+    errors: list[OSError] = []
+    assert visible_files(tmp_path, errors.append) == [os.path.join("a", "x.bin")]
+    assert len(errors) == 1 and str(tmp_path / "a" / "deep") in errors[0].filename
+    with pytest.raises(UsageError, match="cannot list this folder of the output"):
+        _files(tmp_path)

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.errors import UsageError
+from packer.fileio import visible_files
 
 __all__ = ["Item", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
@@ -80,15 +81,7 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[st
         bad_line(failures, str(e.filename or top), 0,
                  f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
 
-    found = []
-    for dirpath, dirnames, filenames in os.walk(top, onerror=unlisted, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = os.path.relpath(dirpath, top)
-        for name in filenames:
-            if name.startswith("."):
-                continue
-            found.append(name if rel == "." else os.path.join(rel, name))
-    return found
+    return visible_files(top, unlisted)
 
 
 _CONTROL = re.compile("[\x00-\x1f]")

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from packer.errors import UsageError
+from packer.fileio import visible_files
 from packer.manifest import MANIFEST_NAME, atomic_write_bytes
 from packer.remote.cache import default_cache_dir
 from packer.remote.fetch import RemoteMissing, RetryPolicy, file_sha256, retrying
@@ -57,9 +58,14 @@ class UploadReport:
 
 
 def _files(local: Path) -> list[tuple[str, Path]]:
-    """(name, path) of a folder output's data files (not the manifest or hash list), sorted."""
-    names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    """(name, path) of a folder output's data files (not the manifest or hash list), sorted.
+    A folder of it that cannot be listed stops the upload with a UsageError naming it, rather
+    than leave its files out."""
+    def unlisted(e: OSError) -> None:
+        raise UsageError(f"{e.filename or local}: cannot list this folder of the output "
+                         f"({e.strerror or e}); nothing uploaded") from None
+
+    names = sorted(rel.replace(os.sep, "/") for rel in visible_files(local, unlisted))
     return [(n, local / n) for n in names if n not in (MANIFEST_NAME, SUMS_NAME)]
 
 
