@@ -120,3 +120,18 @@ def test_a_folder_that_cannot_be_listed_is_recorded(tmp_path):
     # the default --max-failures 0: every good image packed, and the run fails saying why
     r = run_packer("to-lmdb", src, tmp_path / "o2.lmdb", "--workers", 0)
     assert r.returncode == 1 and "1 inputs failed" in r.stderr
+
+
+def test_an_image_beside_the_class_folders_is_recorded(tmp_path):
+    """An image at the top of an ImageFolder tree belongs to no class: it was left out in silence
+    (videos beside class folders were already recorded); now it is a recorded input failure."""
+    src = write_image_folder(tmp_path / "src", count=4, classes=2, size=(24, 28))
+    shutil.copy(src / "class_0" / "img_0000.jpg", src / "stray.jpg")
+    (src / "README.txt").write_text("not an image: outside the extension filter, stays silent")
+    out = tmp_path / "out.lmdb"
+    r = run_packer("to-lmdb", src, out, "--workers", 0, "--max-failures", 1)
+    assert r.returncode == 0, r.stderr
+    assert "4 samples from 5 inputs (1 input lines or entries unusable), 1 failed" in r.stdout
+    bad = _failures(out / "failures.jsonl")
+    assert [(f["stage"], f["key"]) for f in bad] == [("input", "stray.jpg")]
+    assert "stray.jpg: an image beside the class folders" in r.stdout + r.stderr

@@ -154,9 +154,15 @@ def _class_folders(root: Path, expected: str) -> list[str]:
 def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
                  failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
     """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index.
-    A file whose name cannot be a key (not UTF-8, control characters) goes to ``failures``."""
+    A file whose name cannot be a key (not UTF-8, control characters), an image beside the class
+    folders (it belongs to no class) and a folder that cannot be listed go to ``failures``."""
     root = Path(root)
     classes = _class_folders(root, "ROOT/<class>/<image>")
+    # an image beside the class folders is not left out by a documented filter (as hidden files
+    # and other extensions are): it is recorded
+    loose = sorted(f.name for f in root.iterdir() if not f.name.startswith(".") and not f.is_dir())
+    for name in _with_ext(loose, exts):
+        bad_line(failures, str(root), 0, f"{name}: an image beside the class folders belongs to no class", name)
     items = []
     # (in (label, key) order as made: labels follow the sorted classes, and class_files gives
     # each class's files sorted by key)

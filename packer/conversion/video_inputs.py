@@ -108,7 +108,7 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
         return _with_frame_dirs(entries, str(root)), []
     if loose and failures is not None:  # not a documented filter: each one is recorded
         for name in loose:
-            bad_line(failures, str(root), 0, "a video beside the class folders belongs to no class", name)
+            bad_line(failures, str(root), 0, f"{name}: a video beside the class folders belongs to no class", name)
     elif loose:
         log.warning("%s: %d videos beside the class folders are not in any class and are skipped "
                     "(e.g. %s)", root, len(loose), loose[0])
