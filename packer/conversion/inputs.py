@@ -22,7 +22,7 @@ from packer.fileio import visible_files
 
 __all__ = ["Item", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
-           "walk_files", "class_files"]
+           "walk_files", "class_files", "top_level"]
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,17 @@ def class_files(root: Path, cls: str, exts: Sequence[str],
     yield from keyed
 
 
-def _class_folders(root: Path, expected: str) -> list[str]:
-    """The sorted, non-hidden folders of ``root`` (one per class)."""
+def top_level(root: Path, exts: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The sorted, non-hidden folders of a class-folder tree's ``root`` (one per class) and the
+    sorted names of the files with one of ``exts`` beside them (they belong to no class: the
+    caller records them, as no documented filter leaves them out)."""
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not classes:
-        raise UsageError(f"{root}: no class folders (expected {expected})")
-    return classes
+    folders, files = [], []
+    for entry in root.iterdir():
+        if not entry.name.startswith("."):
+            (folders if entry.is_dir() else files).append(entry.name)
+    return sorted(folders), _with_ext(sorted(files), exts)
 
 
 def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
@@ -157,11 +160,10 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     A file whose name cannot be a key (not UTF-8, control characters), an image beside the class
     folders (it belongs to no class) and a folder that cannot be listed go to ``failures``."""
     root = Path(root)
-    classes = _class_folders(root, "ROOT/<class>/<image>")
-    # an image beside the class folders is not left out by a documented filter (as hidden files
-    # and other extensions are): it is recorded
-    loose = sorted(f.name for f in root.iterdir() if not f.name.startswith(".") and not f.is_dir())
-    for name in _with_ext(loose, exts):
+    classes, loose = top_level(root, exts)
+    if not classes:
+        raise UsageError(f"{root}: no class folders (expected ROOT/<class>/<image>)")
+    for name in loose:
         bad_line(failures, str(root), 0, f"{name}: an image beside the class folders belongs to no class", name)
     items = []
     # (in (label, key) order as made: labels follow the sorted classes, and class_files gives

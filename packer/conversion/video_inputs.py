@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from packer.conversion import lists
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, Item, class_files, has_ext, parse_exts, safe_key,
-                                     walk_files)
+                                     top_level, walk_files)
 from packer.errors import UsageError
 
 __all__ = ["VideoItem", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
@@ -94,11 +94,7 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
     (``classInd.txt`` or a label map). A flat folder of videos (mmaction2's ``--level 1``)
     gives label -1 and no classes. A file name that cannot be a key goes to ``failures``."""
     root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"{root}: input folder does not exist")
-    names = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    loose = sorted(f.name for f in root.iterdir()
-                   if f.is_file() and not f.name.startswith(".") and has_ext(f.name, exts))
+    names, loose = top_level(root, exts)
     if not names and not loose:
         raise UsageError(f"{root}: no class folders and no videos (expected ROOT/<class>/<video>, "
                          "ROOT/<video>, or --csv/--list)")
