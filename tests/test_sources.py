@@ -39,6 +39,15 @@ def test_list_file_keeps_order_and_spaces(tmp_path):
     assert classes == ["0", "1", "2"]
 
 
+def test_list_file_with_a_byte_order_mark(tmp_path):
+    """A list saved "UTF-8 with BOM" (Windows editors): the mark is not part of the first path,
+    which used to fail as a missing file with an invisible character in its name."""
+    lst = tmp_path / "train.txt"
+    lst.write_bytes("\ufeffa.jpg 1\r\nb.jpg 0\r\n".encode("utf-8"))
+    items, _ = list_file(lst, tmp_path)
+    assert [(it.key, it.label) for it in items] == [("a.jpg", 1), ("b.jpg", 0)]
+
+
 @pytest.mark.parametrize("line", ["../escape.jpg 0", "/etc/passwd 0", "a.jpg x", "lonely", "a.jpg -1"])
 def test_list_file_refuses_bad_lines(tmp_path, line):
     lst = tmp_path / "l.txt"

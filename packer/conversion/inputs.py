@@ -204,7 +204,7 @@ def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
         raise UsageError(f"{root}: root folder does not exist")
     items = []
     seen: dict[str, int] = {}
-    with open(list_path, encoding="utf-8") as f:
+    with open(list_path, encoding="utf-8-sig") as f:  # a BOM (Windows editors) is not part of a path
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip() or line.lstrip().startswith("#"):
