@@ -75,18 +75,25 @@ class _Segment:
             self._sizes.append(len(record))
         self._bytes = at + len(record)
         self._count += 1
-        self._writeback.wrote(self._fh, self._bytes)  # the disk works while we go on; fsync stays
+        if self.indexed:
+            self._writeback.wrote(self._fh, self._bytes)  # the disk works while we go on; fsync stays
         return len(self.done), at
 
     def close_shard(self) -> None:
-        # The same flush/fsync/close as RecordsWriter._commit; the index is written here too (and
-        # fsynced), so the writer's adoption is two renames and a folder fsync.
+        # A records shard: the same flush/fsync/close as RecordsWriter._commit; the index is
+        # written here too (and fsynced), so the writer's adoption is two renames and a folder
+        # fsync. A part the writer copies (HDF5) is only flushed: it is read back from the page
+        # cache once, CRC-checked against what the worker computed, and deleted once the file
+        # holds it durably; a crash before then reruns its inputs (a resume removes old parts).
+        # Written back and fsynced, every byte would go to the disk twice, the worker waiting.
         if self._fh is None:
             return
-        self._writeback.wrote(self._fh, self._bytes, last=True)  # the disk takes the rest while
+        if self.indexed:
+            self._writeback.wrote(self._fh, self._bytes, last=True)  # the disk takes the rest while
         table = index_bytes(self._offsets, self._sizes) if self.indexed else b""  # the index is made
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if self.indexed:
+            os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
         index = ""

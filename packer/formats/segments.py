@@ -3,7 +3,8 @@
 The writer's side of it (the worker's side is ``packer.conversion.sharded``). A worker runs
 the per-item work over one *segment* (a range of consecutive inputs) and appends each sample's
 stored bytes (the format's ``Writer.segments.record``) to part files of its own in the writer's
-``segment_dir`` (``.seg-{writer pid}-{first}-{stop}-{j}.partial``), then fsyncs them. What
+``segment_dir`` (``.seg-{writer pid}-{first}-{stop}-{j}.partial``), then closes them (a
+records shard fsynced, an HDF5 part only flushed: see below). What
 comes back to the writer's process is small: per input a ``WorkResult`` of *stored* samples
 (key, label, size, CRC32C, where in which part file its bytes are; no bytes); the last stored
 sample of each part file carries that file's ``SegmentShard``.
@@ -18,7 +19,10 @@ sample of each part file carries that file's ``SegmentShard``.
   each commit the writer copies the committed samples' bytes from the parts into the one file
   in large reads (checking each sample's CRC32C on the way: a part that changed on disk is an
   error, never a stored sample), fsyncs it, and deletes each part whose last sample it holds.
-  The file is byte for byte the one a single writer makes.
+  The file is byte for byte the one a single writer makes. A part is never fsynced nor written
+  back early: it is read once from the page cache, and a crash before the commit that copies
+  it reruns its inputs, so its durability would buy nothing and cost every byte a second trip
+  to the disk, with the worker waiting on it (``scripts/bench_write.py``'s part-file rows).
 
 Either way ``--resume`` is exact (a checkpoint counts only samples the writer made durable;
 parts not taken over are removed on resume and at the end), and per-sample CRCs, fsync and
