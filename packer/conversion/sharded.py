@@ -33,13 +33,13 @@ from packer.writeback import WRITE_BUFFER, Writeback
 __all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
 
 
-def segment_size(n: int, workers: int, *, lo: int = 256, hi: int = 8192) -> int:
-    """Inputs per segment: about 2 segments per worker, ``lo`` to ``hi`` (256 to 8,192 for
-    records; the format's ``Segments.inputs``). For records each segment ends a shard,
-    and a shard's commit is several fsyncs (data, index, folder, journals): small segments
-    spend the run waiting on the disk (measured: 16 segments for 3,000 inputs ran at 0.67x
-    in-process; see docs/writing.md)."""
-    return max(lo, min(hi, -(-n // (workers * 2))))
+def segment_size(n: int, workers: int, *, lo: int = 256, hi: int = 8192, per_worker: int = 2) -> int:
+    """Inputs per segment: about ``per_worker`` segments per worker, ``lo`` to ``hi`` (the
+    format's ``Segments``: 2 a worker, 256 to 8,192 inputs, for records). For records each
+    segment ends a shard, and a shard's commit is several fsyncs (data, index, folder,
+    journals): small segments spend the run waiting on the disk (measured: 16 segments for
+    3,000 inputs ran at 0.67x in-process; see docs/writing.md)."""
+    return max(lo, min(hi, -(-n // (workers * per_worker))))
 
 
 @dataclass
@@ -247,7 +247,8 @@ class ShardedExecutor(Executor):
         closing = None
         try:
             lo, hi = layout.inputs
-            bounds = even_ranges(len(items), self.segment or segment_size(len(items), self.workers, lo=lo, hi=hi))
+            size = self.segment or segment_size(len(items), self.workers, lo=lo, hi=hi, per_worker=layout.per_worker)
+            bounds = even_ranges(len(items), size)
             results = pool.map(bounds)
             for k in range(len(bounds)):
                 result = next(results)

@@ -54,13 +54,16 @@ class Segments:
     the writer's process then takes the parts over in input order. ``indexed``: each part file
     is hashed (sha256) and gets a DALI index beside it, because it becomes a records shard as it
     is (an HDF5 writer copies its parts into the one file instead). ``inputs``: the fewest and
-    the most inputs of one segment (about two per worker are made; a records segment ends a
-    shard, which costs a commit of several fsyncs; a part the writer copies is extra disk space
-    until its commit, and about two per worker wait at a time)."""
+    the most inputs of one segment; ``per_worker``: how many segments a run makes per worker
+    within those bounds. A records segment ends a shard, which costs a commit of several fsyncs:
+    few and large (2 per worker). A part the writer copies costs no fsync, and the smaller the
+    parts, the sooner the writer copies each one beside the workers' next ones instead of all
+    of the last ones after them (8 per worker: ``scripts/bench_write.py --section full``)."""
 
     record: Callable[[Sample], tuple[Any, int]]
     indexed: bool
     inputs: tuple[int, int] = (256, 8192)
+    per_worker: int = 2
 
 
 class Writer(abc.ABC):

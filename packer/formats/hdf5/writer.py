@@ -48,9 +48,9 @@ class HDF5Writer(Writer):
     format_name = "hdf5"
     single_file = True
     # workers may store the samples into part files; each commit copies them into the file. A
-    # part is extra disk space until then: <= 1,024 inputs each (~2 per worker wait at a time);
-    # a part ends no commit, so small inputs split evenly (>= 64 inputs a part)
-    segments = Segments(record=part_record, indexed=False, inputs=(64, 1024))
+    # part is extra disk space until then: <= 1,024 inputs each; a part ends no commit and is
+    # never fsynced, so inputs split into ~8 parts per worker (>= 64 inputs a part)
+    segments = Segments(record=part_record, indexed=False, inputs=(64, 1024), per_worker=8)
 
     def __init__(self, out: str | os.PathLike, *, pixels_shape: tuple[int, int, int] | None = None,
                  chunk_bytes: int = BLOB_CHUNK, **kwargs: Any):
