@@ -135,3 +135,15 @@ def test_an_image_beside_the_class_folders_is_recorded(tmp_path):
     bad = _failures(out / "failures.jsonl")
     assert [(f["stage"], f["key"]) for f in bad] == [("input", "stray.jpg")]
     assert "stray.jpg: an image beside the class folders" in r.stdout + r.stderr
+
+
+def test_a_video_beside_the_class_folders_is_recorded(tmp_path):
+    """The video twin of the case above: ``decode-frames`` records it, naming it in its line."""
+    src = write_video_folder(tmp_path / "v", per_class=1, classes=2, frames=6, size=(24, 32))
+    shutil.copy(next(src.rglob("*.mp4")), src / "stray.mp4")
+    out = tmp_path / "out"
+    r = run_packer("decode-frames", src, out, "--workers", 0, "--max-failures", 1)
+    assert r.returncode == 0, r.stderr
+    bad = _failures(out / "failures.jsonl")
+    assert [(f["stage"], f["key"]) for f in bad] == [("input", "stray.mp4")]
+    assert "stray.mp4: a video beside the class folders" in r.stdout + r.stderr

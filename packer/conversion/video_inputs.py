@@ -102,12 +102,8 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
         log.warning("%s: no class folders: %d videos packed with label -1 (unlabelled)", root, len(loose))
         entries = [(safe_key(name, str(root)), str(root / name), -1, "") for name in loose]
         return _with_frame_dirs(entries, str(root)), []
-    if loose and failures is not None:  # not a documented filter: each one is recorded
-        for name in loose:
-            bad_line(failures, str(root), 0, f"{name}: a video beside the class folders belongs to no class", name)
-    elif loose:
-        log.warning("%s: %d videos beside the class folders are not in any class and are skipped "
-                    "(e.g. %s)", root, len(loose), loose[0])
+    for name in loose:  # not a documented filter: each one is recorded (or refused without a list)
+        bad_line(failures, str(root), 0, f"{name}: a video beside the class folders belongs to no class", name)
     classes, label_of = lists.labels_of(names, _index(class_index), str(root), class_index)
     entries = []
     for cls in names:
