@@ -11,7 +11,9 @@ Generated photo-like JPEGs (``packer.synth``, ~500x475, 10 classes; made once an
   framing + append + one fsync at the end.
 * ``--section full``   ``--check full`` with 1 and 2 workers (to-records, to-hdf5; to-lmdb with
   2; to-hdf5 also on the verdict workers it used before its part files), beside a bare read +
-  Pillow full decode loop on 1 and 2 processes.
+  Pillow full decode loop on 1 and 2 processes (the target's), and on 2 processes a bare loop
+  that decodes to luma only, as ``--check full`` does a colour JPEG: the share of the ratio
+  that comes from decoding less, and what is left against the same decode.
 * ``--section frames`` ``decode-frames --short-side 256`` with default options (all cores) on
   copies of a 340x256 H.264 clip (the mmaction2 fixture) and a 1280x720 clip (the fixture
   upscaled, written as mp4v: this OpenCV has no H.264 encoder), beside the best bare
@@ -135,20 +137,24 @@ def bare_records(files: list[str], out: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _decode_files(files: list[str]) -> int:
+def _decode_files(files: list[str], luma: bool = False) -> int:
     for path in files:
         with open(path, "rb") as f:
-            Image.open(io.BytesIO(f.read())).load()
+            im = Image.open(io.BytesIO(f.read()))
+            if luma:  # what --check full decodes of a colour JPEG (packer.codecs.image.decode_all)
+                im.draft("L", im.size)
+            im.load()
     return len(files)
 
 
-def bare_decode(files: list[str], procs: int) -> None:
-    """Read + full Pillow decode, the files split over ``procs`` processes."""
+def bare_decode(files: list[str], procs: int, luma: bool = False) -> None:
+    """Read + full Pillow decode (``luma``: to luma only), the files split over ``procs``
+    processes."""
     if procs == 1:
-        _decode_files(files)
+        _decode_files(files, luma)
         return
     with ProcessPoolExecutor(procs, mp_context=mp.get_context("fork")) as ex:
-        list(ex.map(_decode_files, [files[k::procs] for k in range(procs)]))
+        list(ex.map(_decode_files, [files[k::procs] for k in range(procs)], [luma] * procs))
 
 
 # -- packer rows ---------------------------------------------------------------------------------
@@ -316,7 +322,8 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
             out / "f2v.h5", lambda o: pack_with_plan(src, o, "hdf5", "staged", 2, check="full")),
     })
     rows.update({"bare read + decode, 1 process": lambda: bare_decode(files, 1),
-                 "bare read + decode, 2 processes": lambda: bare_decode(files, 2)})
+                 "bare read + decode, 2 processes": lambda: bare_decode(files, 2),
+                 "bare read + luma-only decode, 2 processes": lambda: bare_decode(files, 2, luma=True)})
     best = run_rows(rows, reps, outputs)
     names = list(rows)
     return table(f"Full check, {len(files)} JPEGs", len(files), best, [
@@ -327,6 +334,9 @@ def section_full(src: Path, work: Path, files: list[str], reps: int) -> str:
         ("to-hdf5 full 2 workers / bare 2-process decode", names[4], names[7], 0.85),
         ("to-hdf5 full, part files / verdict workers", names[4], names[5], None),
         ("bare decode 2 / 1 processes", names[7], names[6], None),
+        ("to-records full 2 workers / bare 2-process luma-only decode", names[1], names[8], None),
+        ("to-hdf5 full 2 workers / bare 2-process luma-only decode", names[4], names[8], None),
+        ("bare luma-only / full decode, 2 processes", names[8], names[7], None),
     ])
 
 
