@@ -56,11 +56,12 @@ def _opencv(arr: np.ndarray, sampling: int, restart: int = 0) -> bytes:
 
 
 _ARR = _smooth(45, 61, 0)
+# components stored as R, G, B (Adobe transform 0: no YCbCr), decoded to luma too
+RGB_STORED = _pillow(_ARR, keep_rgb=True, subsampling=0)
 BASES = ([_pillow(_ARR, subsampling=s, progressive=p) for s in (0, 1, 2) for p in (False, True)]
          + [_opencv(_ARR, s, r) for s in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
                                           cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422) for r in (0, 2)]
-         # components stored as R, G, B (Adobe transform 0: no YCbCr), decoded to luma too
-         + [_pillow(_ARR, keep_rgb=True, subsampling=0)]
+         + [RGB_STORED]
          + [(FIXTURES / name).read_bytes() for name in ("pillow_flower.jpg", "pillow_hopper_gray.jpg",
                                                          "pillow_pil_sample_cmyk.jpg", "pillow_truncated_jpeg.jpg",
                                                          "pillow_hopper_orientation_6.jpg")])
@@ -93,7 +94,8 @@ def test_other_formats_are_described_as_before(data):
 
 
 def test_a_plain_colour_jpeg_is_decoded_to_luma_and_the_rest_as_stored():
-    for data, luma in ((BASES[0], True), (BASES[5], True), (BASES[6], True), (BASES[12], True),
+    assert Image.open(io.BytesIO(RGB_STORED)).info.get("adobe_transform") == 0  # really R, G, B
+    for data, luma in ((BASES[0], True), (BASES[5], True), (BASES[6], True), (RGB_STORED, True),
                        (BASES[-4], False), (BASES[-3], False)):  # 4:4:4, 4:2:0, 4:1:1, RGB; grey; CMYK
         im = Image.open(io.BytesIO(data))
         stored = im.mode

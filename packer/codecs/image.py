@@ -136,7 +136,7 @@ def decode_all(im: Image.Image, data: bytes) -> None:
     A colour JPEG of whole-number chroma sampling (every one a camera or encoder writes) is
     decoded to luma only: libjpeg still entropy-decodes every block of every component, the
     only place bad data shows, and skips the chroma IDCT, upsampling and colour conversion,
-    which cannot fail (~30% less CPU per image). Chroma sampling that is not a whole fraction of
+    which cannot fail (~25% less CPU per image). Chroma sampling that is not a whole fraction of
     the largest is the one thing the skipped steps reject, so such a file takes the reference
     decode; and a luma decode that fails is decoded again the reference way, whose exception
     (and so the recorded reason) is then the verdict. ``tests/test_full_check.py`` holds the
