@@ -1,6 +1,8 @@
 """Exceptions raised by packer. Every error names the file and what is wrong."""
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PackerError",
     "UsageError",
@@ -11,6 +13,8 @@ __all__ = [
     "ResumeRefused",
     "OutputClaimed",
     "OutputChanged",
+    "TooManyFailures",
+    "VerifyFailed",
 ]
 
 
@@ -67,6 +71,8 @@ class WriteError(PackerError):
 class OutputClaimed(PackerError):
     """Another run holds the output (or wrote into this run's partial output); exit status 2."""
 
+    exit_code = 2
+
 
 class OutputChanged(PackerError):
     """A packed output was replaced (``--overwrite``) or removed after a reader opened it."""
@@ -76,3 +82,25 @@ class OutputChanged(PackerError):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+class TooManyFailures(PackerError):
+    """A conversion finished (its output is published) with more failed inputs than
+    ``max_failures`` allows; ``report`` is its Report (failures listed in ``failures.jsonl``)."""
+
+    exit_code = 1
+
+    def __init__(self, report: Any, max_failures: int):
+        self.report = report
+        self.max_failures = max_failures
+        super().__init__(f"{report.failed} inputs failed (--max-failures {max_failures})")
+
+
+class VerifyFailed(PackerError):
+    """``verify`` found problems; ``result`` lists them (``result.problems``)."""
+
+    exit_code = 1
+
+    def __init__(self, result: Any):
+        self.result = result
+        super().__init__(f"{result.path}: {len(result.problems)} problems in {result.count} samples")

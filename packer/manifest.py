@@ -110,7 +110,7 @@ def manifest_checksum(fields: dict[str, Any]) -> str:
 
 def created_by(options: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``created_by`` block: packer version, command line and options."""
-    from packer import __version__
+    from packer._version import __version__
 
     return {"packer": __version__, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
             "options": options}

@@ -42,10 +42,10 @@ from packer.codecs.resize import ResizeSpec, resize_pixels
 from packer.codecs.video import Resize
 from packer.codecs.image import DECODER, decode, to_chw
 from packer.commands.fidelity import fidelity_rows, format_fidelity, measure_shift, psnr
-from packer.data.boxdecode import decode_scaled, jpeg_size
-from packer.data.crops import DecodeRandomResizedCrop, PilRandomResizedCrop
-from packer.data.resample import resample_box, to_chw3
-from packer.data.transforms import DecodeResizeCrop, PilResizeCrop, center_box, reduction_factor
+from packer.data.decode import decode_scaled, jpeg_size
+from packer.data.decode import DecodeRandomResizedCrop, PilRandomResizedCrop
+from packer.data.decode import resample_box, to_chw3
+from packer.data.decode import DecodeResizeCrop, PilResizeCrop, center_box, reduction_factor
 from packer.synth import jpeg_bytes, natural_image
 
 

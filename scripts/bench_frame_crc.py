@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from packer.commands.decode_frames import decode_frames
-from packer.data.video_datasets import FrameDataset
+from packer.data.video import FrameDataset
 
 REPO = Path(__file__).resolve().parent.parent
 VIDEO = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"

@@ -39,9 +39,9 @@ from packer.codecs.image import decode as decode_image
 from packer.codecs.image import to_chw
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import pack_images
-from packer.data.clips import random_resized_crop_box
+from packer.data.video import random_resized_crop_box
 from packer.data.mixing import mixing_report
-from packer.data.prefetch import uint8_collate
+from packer.data.device import uint8_collate
 from packer.synth import jpeg_bytes, natural_image
 
 HEIGHT, WIDTH = 256, 320

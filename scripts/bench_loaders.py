@@ -47,9 +47,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from packer.data.datasets import PackedDataset
-from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from packer.data.prefetch import DevicePrefetcher, uint8_collate
-from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
+from packer.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from packer.data.device import DevicePrefetcher, uint8_collate
+from packer.data.decode import DecodeResizeCrop, PilResizeCrop
 from packer.formats import FORMATS, writer_class
 from packer.commands.pack_images import pack_images
 from packer.conversion.inputs import image_folder

@@ -33,8 +33,8 @@ from bench_loader import proc_cpu_s, training_transform  # noqa: E402
 
 from packer import Loader, PackedDataset  # noqa: E402
 from packer.codecs.image import to_chw  # noqa: E402
-from packer.data.clips import random_resized_crop_box  # noqa: E402
-from packer.data.prefetch import uint8_collate  # noqa: E402
+from packer.data.video import random_resized_crop_box  # noqa: E402
+from packer.data.device import uint8_collate  # noqa: E402
 
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 SIZE = 224

@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from packer.data.video_datasets import FrameDataset, PackedVideoDataset, sample_frames  # noqa: E402
+from packer.data.video import FrameDataset, PackedVideoDataset, sample_frames  # noqa: E402
 from packer.commands.decode_frames import FrameJob, decode_frames  # noqa: E402
 from packer.formats import FORMATS  # noqa: E402
 from packer.conversion.video_inputs import video_items  # noqa: E402

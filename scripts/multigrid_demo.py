@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from packer import FrameDataset, PackedVideoDataset  # noqa: E402
 from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule, SubBatchNorm3d, set_sub_bn_splits  # noqa: E402
-from packer.data.requests import split_request  # noqa: E402
+from packer.data.video import split_request  # noqa: E402
 from packer.commands.decode_frames import decode_frames  # noqa: E402
 from packer.formats import FORMATS  # noqa: E402
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS  # noqa: E402

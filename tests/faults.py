@@ -14,7 +14,7 @@ import pytest
 
 from conftest import write_image_folder, write_video_folder
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
-from packer.formats.base import Writer
+from packer.formats.writer import Writer
 
 # Data files whose bytes legitimately depend on the write history (LMDB page allocation after
 # a resumed run); their content is compared through the reader instead.

@@ -29,7 +29,8 @@ import os, signal, sys
 spec = os.environ.get("PACKER_TEST_KILL", "")
 if spec:
     where, n = spec.split(":"); n = int(n)
-    import packer.formats.base as base
+    import packer.formats.writer as base
+    import packer.formats.sidecars as sidecars
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
     if where == "add":
@@ -42,13 +43,13 @@ if spec:
     elif where == "journal":
         import importlib
         calls = [0]
-        real = base.fsync_append
+        real = sidecars.fsync_append
         def hooked_append(path, data):
             calls[0] += 1
             if calls[0] >= n:
                 die()
             real(path, data)
-        for mod in ("packer.formats.base", "packer.formats.writer", "packer.formats.frames.writer"):
+        for mod in ("packer.formats.sidecars", "packer.formats.writer", "packer.formats.frames.writer"):
             m = importlib.import_module(mod)
             if getattr(m, "fsync_append", None) is real:
                 m.fsync_append = hooked_append

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import packer.data.cache as cache_mod
+import packer.data.device as cache_mod
 from packer import PackedDataset
-from packer.data.cache import DeviceCache, cache_bytes, free_memory
-from packer.data.prefetch import DevicePrefetcher
-from packer.data.transforms import DecodeResizeCrop
+from packer.data.device import DeviceCache, cache_bytes, free_memory
+from packer.data.device import DevicePrefetcher
+from packer.data.decode import DecodeResizeCrop
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
 

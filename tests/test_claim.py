@@ -1,4 +1,4 @@
-"""``packer.conversion.claim``: the claim file, who holds it, stale detection, takeover,
+"""``packer.claim``: the claim file, who holds it, stale detection, takeover,
 ``--break-lock``, and the run token at publish. Holders in other processes are real processes."""
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from click.testing import CliRunner
 
 from killing import REPO
 from packer.cli import main
-from packer.conversion import claim as claims
-from packer.conversion import run_token
-from packer.conversion.claim import Holder, claim_output, holder_of, lock_path
-from packer.conversion.run_token import TOKEN_NAME
+from packer import claim as claims
+from packer import claim as run_token
+from packer.claim import Holder, claim_output, holder_of, lock_path
+from packer.claim import TOKEN_NAME
 from packer.errors import OutputClaimed, WriteError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.sample import Sample
 
 HOLD = """
 import os, sys, time
-from packer.conversion.claim import claim_output
+from packer.claim import claim_output
 with claim_output(sys.argv[1]) as c:
     print(c.token, flush=True)
     if sys.argv[2] == "die":
@@ -85,7 +85,7 @@ def test_break_lock_takes_a_live_claim_and_the_loser_knows(tmp_path):
     out = tmp_path / "o"
     with claim_output(out) as mine:
         proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-            from packer.conversion.claim import claim_output
+            from packer.claim import claim_output
             with claim_output({str(out)!r}, break_lock=True) as c:
                 print(c.holder.took_over)
             """)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})

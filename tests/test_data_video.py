@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from packer import FrameDataset, PackedVideoDataset
-from packer.data.requests import ClipRequest
-from packer.data.video_datasets import parse_rawframes, sample_frames
+from packer.data.video import ClipRequest
+from packer.data.video import parse_rawframes, sample_frames
 from packer.commands.decode_frames import decode_frames
 from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS

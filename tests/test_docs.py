@@ -39,7 +39,7 @@ def test_contracts_are_in_the_repository():
 
 
 def test_no_doc_claims_a_records_merge_fast_path():
-    from packer.formats.base import Writer
+    from packer.formats.writer import Writer
     from packer.formats.records import RecordsWriter
 
     if RecordsWriter.merge_parts.__func__ is not Writer.merge_parts.__func__:

@@ -16,7 +16,7 @@ from conftest import packed_snapshot, write_image_folder
 from packer.cli import main
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import InlineExecutor, LocalExecutor, make_executor
-from packer.formats.base import partial_path
+from packer.formats.sidecars import partial_path
 from packer.commands.pack_images import pack_images
 from killing import checkpoint_at_least, packer_cmd, run_and_kill
 

@@ -21,9 +21,9 @@ import pytest
 from concurrency import error_lines, release, start_paused, stop
 from faults import CONVERSIONS, leftovers, one_fast, references, snapshot, sources  # noqa: F401
 from killing import run_packer
-from packer.conversion.claim import lock_path
-from packer.conversion.run_token import TOKEN_NAME
-from packer.formats.base import partial_path
+from packer.claim import lock_path
+from packer.claim import TOKEN_NAME
+from packer.formats.sidecars import partial_path
 
 
 def assert_refused(r, out, holder_pid: int | None = None) -> str:

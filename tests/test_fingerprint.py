@@ -97,7 +97,7 @@ def test_an_interrupted_fresh_run_keeps_the_stats_of_what_it_stored(tmp_path):
     mtime of each input up to the last durable point, from the stat journal."""
     from packer.conversion.fingerprint import load_inputs
     from packer.conversion.inputs import image_items
-    from packer.formats.base import partial_path
+    from packer.formats.sidecars import partial_path
 
     src, out = _interrupt(tmp_path)
     table = load_inputs(partial_path(out))
@@ -117,7 +117,7 @@ def test_a_damaged_stat_journal_refuses_the_resume_and_a_torn_tail_does_not(tmp_
     from packer.conversion.fingerprint import INPUT_STATS_NAME
     from packer.errors import ResumeRefused
     from packer.formats import open_reader
-    from packer.formats.base import partial_path
+    from packer.formats.sidecars import partial_path
 
     src, out = _interrupt(tmp_path / "a")
     journal = partial_path(out) / INPUT_STATS_NAME

@@ -21,7 +21,7 @@ from packer import PackedDataset
 from packer.cli import main
 from packer.errors import CorruptData, FormatError, PackerError
 from packer.formats import FORMATS, detect_format, open_reader
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 from packer.formats.hdf5 import MANIFEST_ATTR, HDF5Reader, HDF5Writer
 from packer.codecs.image import decode
 from packer.codecs.resize import ResizeSpec, resize_pixels

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from packer.formats import FORMATS, VIDEO_FORMATS
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from packer.errors import CorruptData
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 from packer.formats.lmdb import LmdbReader, LmdbWriter, lmdb_key
 from packer.commands.inspection import verify_dataset
 from packer.integrity import crc32c

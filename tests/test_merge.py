@@ -17,7 +17,8 @@ from packer.cli import main
 from packer.conversion.runner import WorkResult, run
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
-from packer.formats.base import Sample, partial_path
+from packer.formats.sample import Sample
+from packer.formats.sidecars import partial_path
 from packer.manifest import created_by
 from packer.commands.merge import merge_parts, part_of
 from packer.commands.pack_images import ImageJob, pack_images

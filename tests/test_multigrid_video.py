@@ -28,7 +28,7 @@ from conftest import FIXTURE_VIDEOS, write_video
 from packer import FrameDataset, PackedVideoDataset
 from packer.cli import main
 from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
-from packer.data.requests import ClipRequest
+from packer.data.video import ClipRequest
 from packer.formats import FORMATS, open_reader
 from packer.codecs.image import decode
 

@@ -8,9 +8,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import packer
-from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from packer.data.prefetch import DevicePrefetcher, uint8_collate
-from packer.data.transforms import DecodeResizeCrop
+from packer.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from packer.data.device import DevicePrefetcher, uint8_collate
+from packer.data.decode import DecodeResizeCrop
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
 

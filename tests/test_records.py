@@ -26,7 +26,7 @@ from packer.conversion.runner import run
 from packer.data.datasets import PackedDataset
 from packer.errors import CorruptData, FormatError, UsageError
 from packer.formats import open_reader
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 from packer.formats.records import (RecordsReader, RecordsWriter, frame_record, index_path, parse_size,
                                     read_index, scan_tfrecord, unframe_record)
 from packer.codecs.image import decode

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.data.resample import resample_box, to_chw3
-from packer.data.transforms import DecodeResizeCrop, center_box
+from packer.data.decode import resample_box, to_chw3
+from packer.data.decode import DecodeResizeCrop, center_box
 
 SX, SY, C0, C1 = 1.7321, 1.4142, 10.0, 250.0  # ramp slopes (levels per source pixel; irrational-ish, so
 # rounding errors do not line up) and offsets

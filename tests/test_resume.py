@@ -9,7 +9,7 @@ import pytest
 from conftest import write_image_folder
 from killing import checkpoint_at_least, packer_cmd, run_and_kill
 from packer.formats import open_reader
-from packer.formats.base import partial_path
+from packer.formats.sidecars import partial_path
 
 pytestmark = pytest.mark.slow
 

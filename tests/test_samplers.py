@@ -144,7 +144,7 @@ def test_multigrid_requests_reach_the_sampler(decoded):
 
     from packer import PackedVideoDataset
     from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
-    from packer.data.requests import ClipRequest
+    from packer.data.video import ClipRequest
 
     _, packed = decoded
     dense = DenseSampleFrames(clip_len=8, frame_interval=1, num_clips=1, sample_range=16)

@@ -13,7 +13,7 @@ from PIL import Image
 
 from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
-from packer.data.transforms import (DecodeResizeCrop, PilResizeCrop, _decode_scaled, jpeg_size,
+from packer.data.decode import (DecodeResizeCrop, PilResizeCrop, _decode_scaled, jpeg_size,
                                     reduction_factor)
 from packer.errors import CorruptData
 from packer.formats import FORMATS

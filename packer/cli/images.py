@@ -5,20 +5,17 @@ from typing import Any
 
 import click
 
-from packer.cli.options import (break_lock_option, claimed, commit_option, finish, image_pack_options,
-                                library_call, main, resize_options, split_paths, to_output)
+from packer.cli.options import (break_lock_option, commit_option, conversion_call, image_pack_options,
+                                library_call, main, resize_options, split_paths)
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
           **options: Any) -> None:
-    """The body of every image pack command: one ``pack_images`` call, then the summary."""
-    src, out = split_paths(paths, list_file, root)
-    with claimed(out, options):  # before the slow imports: a second run fails at once
-        from packer.commands.pack_images import pack_images
+    """The body of every image pack command: one ``packer.pack`` call, then the summary."""
+    from packer.api import pack
 
-        to_output(out, options.get("resume", False), options.get("overwrite", False),
-                  lambda path: pack_images(src, path, format=format, list_path=list_file, exts=ext, **options),
-                  options["max_failures"], break_lock=options.get("break_lock", False))
+    src, out = split_paths(paths, list_file, root)
+    conversion_call(lambda: pack(src, out, format=format, list_path=list_file, exts=ext, **options))
 
 
 # One click command per format on purpose (each its own help and format flags); _pack holds the logic.
@@ -62,12 +59,10 @@ def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor
     """Mirror the images under SRC into OUT, resized (incremental: a rerun redoes only what changed)."""
     if resize is None:
         raise click.UsageError("give --short-side N, --max-side N or --size WxH")
-    with claimed(out, {"resume": True, "break_lock": break_lock}):  # incremental: a dead run's claim is taken
-        from packer.commands.resize_tree import resize_tree
+    from packer.api import resize as resize_images
 
-        report = resize_tree(src, out, resize, list_path=list_file, exts=ext, workers=workers,
-                             executor=executor, max_failures=max_failures, break_lock=break_lock)
-    finish(report, max_failures)
+    conversion_call(lambda: resize_images(src, out, resize, list_path=list_file, exts=ext, workers=workers,
+                                          max_failures=max_failures, break_lock=break_lock))
 
 
 @main.command("to-records")
@@ -82,8 +77,7 @@ def resize_cmd(src, out, resize, ext, list_file, workers, max_failures, executor
 def to_records(paths, shard_size, samples_per_shard, name, **options):
     """Pack an image folder into TFRecord shards with DALI .idx indexes (a completed shard is
     what --resume keeps)."""
-    _pack("records", paths, writer_options={"shard_size": shard_size, "samples_per_shard": samples_per_shard,
-                                            "name": name}, **options)
+    _pack("records", paths, shard_size=shard_size, samples_per_shard=samples_per_shard, name=name, **options)
 
 
 @main.command("index")
@@ -95,7 +89,7 @@ def index(paths, break_lock):
 
     Each PATH is claimed while its indexes are written (PATH.lock beside a folder,
     FILE.idx.lock beside a file)."""
-    from packer.commands.index import index_paths
+    from packer.api import index as index_files
 
-    for path, count in index_paths(paths, break_lock=break_lock):
+    for path, count in index_files(paths, break_lock=break_lock):
         click.echo(f"{path}.idx: {count} records")

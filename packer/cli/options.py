@@ -11,10 +11,10 @@ import click
 
 from packer import __version__
 from packer.conversion.executors import EXECUTORS
-from packer.errors import OutputClaimed, PackerError
+from packer.errors import PackerError, TooManyFailures
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
-           "commit_option", "library_call", "finish", "split_paths", "break_lock_option", "claimed"]
+           "commit_option", "library_call", "conversion_call", "split_paths", "break_lock_option"]
 
 
 def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,13 +24,9 @@ def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except OutputClaimed as e:  # another run holds the output: exit status 2
-            err = click.ClickException(str(e))
-            err.exit_code = 2
-            raise err from None
         except PackerError as e:
             err = click.ClickException(str(e))
-            err.exit_code = getattr(e, "exit_code", 1)  # ResumeRefused: 2
+            err.exit_code = getattr(e, "exit_code", 1)  # ResumeRefused, OutputClaimed: 2
             raise err from None
 
     return wrapper
@@ -67,22 +63,6 @@ BREAK_LOCK_HELP = ("Take the claim on OUT (OUT.lock) even from a run that may st
 def break_lock_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--break-lock``: every command that writes an output has it."""
     return click.option("--break-lock", is_flag=True, help=BREAK_LOCK_HELP)(fn)
-
-
-def claimed(out: str, options: dict[str, Any]) -> Any:
-    """Claim OUT before a command imports its (slow) modules, so a second run on the same
-    output fails at once; the library call reuses this claim. A URL OUT is claimed through its
-    local staging copy (``to_output``)."""
-    import contextlib
-
-    from packer.remote.url import is_url
-
-    if is_url(out):
-        return contextlib.nullcontext()
-    from packer.conversion.claim import ensure_claim
-
-    return ensure_claim(out, takeover=bool(options.get("resume") or options.get("overwrite")),
-                        break_lock=bool(options.get("break_lock")))
 
 
 def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -175,39 +155,23 @@ class PathOrUrl(click.ParamType):
 PATH_OR_URL = PathOrUrl()
 
 
-def to_output(out: str, resume: bool, overwrite: bool, build: Callable[[str], Any], max_failures: int,
-              break_lock: bool = False) -> None:
-    """Run ``build(path)`` (a conversion returning a Report) into ``out``; a URL ``out`` is
-    built in a local staging folder and uploaded when finished, the manifest last (see
-    docs/remote.md), under a claim on the staging copy through the upload. Then the summary
-    and exit status, as ``finish``."""
-    from packer.conversion.claim import ensure_claim
-    from packer.remote.upload import staged_output
-    from packer.remote.url import redact
-
-    staged = staged_output(out, resume=resume, overwrite=overwrite)
-    if not staged.remote:
-        finish(build(out), max_failures)
-        return
-    if staged.complete:
-        click.echo(f"{redact(out)}: already complete and uploaded; nothing to do")
-        return
-    with ensure_claim(staged.local, takeover=resume or overwrite, break_lock=break_lock):
-        with staged.uploading_shards():  # records shards go up as they complete
-            report = build(str(staged.local))
-        click.echo(staged.upload().summary())
-    finish(report, max_failures)
-
-
-def finish(report: Any, max_failures: int) -> None:
+def conversion_call(call: Callable[[], Any]) -> None:
+    """Run a library conversion and print what the command prints: the upload (a URL OUT),
+    the summary, the first failures; exit 1 when more inputs failed than ``--max-failures``."""
+    try:
+        report, too_many = call(), None
+    except TooManyFailures as e:  # the output is published; the command still exits 1
+        report, too_many = e.report, e
+    if getattr(report, "upload", None) is not None:
+        click.echo(report.upload.summary())
     click.echo(report.summary())
     for f in report.failures[:10]:
         what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed
         click.echo(f"  {what} [{f['stage']}] {f['source']}: {f['reason']}", err=True)
     if len(report.failures) > 10:
         click.echo(f"  ... and {len(report.failures) - 10} more (see failures.jsonl)", err=True)
-    if report.failed > max_failures:
-        click.echo(f"error: {report.failed} inputs failed (--max-failures {max_failures})", err=True)
+    if too_many is not None:
+        click.echo(f"error: {too_many}", err=True)
         sys.exit(1)
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from packer.cli.options import PATH_OR_URL, break_lock_option, claimed, library_call, main
+from packer.cli.options import PATH_OR_URL, break_lock_option, library_call, main
 
 
 @main.command()
@@ -20,11 +20,9 @@ from packer.cli.options import PATH_OR_URL, break_lock_option, claimed, library_
 def inspect(path, as_json, grid, show, seed):
     """Show what a packed dataset holds (format, count, classes, size, samples). PATH may be a
     URL (s3://, https://, ...): read through the cache ($PACKER_CACHE_DIR, docs/remote.md)."""
-    from packer.commands.inspection import inspect_dataset, render_grid
+    from packer.api import inspect as inspect_output
 
-    info = inspect_dataset(path, show=show)
-    if grid:
-        info["grid"] = {"path": grid, "positions": render_grid(path, grid, seed=seed)}
+    info = inspect_output(path, show=show, grid=grid or None, seed=seed)
     if as_json:
         click.echo(json.dumps(info, indent=1, ensure_ascii=False))
         return
@@ -50,13 +48,15 @@ def inspect(path, as_json, grid, show, seed):
 def verify(path, no_decode):
     """Read every sample, check checksums and structure; exit 1 on any problem. PATH may be a URL
     (every file is fetched into the cache and checked against its sha256)."""
-    from packer.commands.inspection import verify_dataset
+    from packer.api import verify as verify_output
+    from packer.errors import VerifyFailed
 
-    result = verify_dataset(path, decode_images=not no_decode)
-    for p in result.problems[:50]:
-        click.echo(f"  {p}", err=True)
-    if not result.ok:
-        click.echo(f"{path}: {len(result.problems)} problems in {result.count} samples", err=True)
+    try:
+        result = verify_output(path, decode=not no_decode)
+    except VerifyFailed as e:
+        for p in e.result.problems[:50]:
+            click.echo(f"  {p}", err=True)
+        click.echo(str(e), err=True)
         sys.exit(1)
     click.echo(f"{path}: OK ({result.checked} samples checked)")
 
@@ -68,7 +68,7 @@ def verify(path, no_decode):
 @library_call
 def demo(workdir, count, workers):
     """Generate sample images, pack them to LMDB and read them back (no download)."""
-    from packer.commands.demo import run_demo
+    from packer.api import demo as run_demo
 
     r = run_demo(workdir, count=count, workers=workers)
     click.echo(f"generated {r['samples']} images in {r['source']}")
@@ -95,11 +95,9 @@ def merge(paths, overwrite, any_parts, break_lock):
     done (PART.partial beside it, or the claim of a run that died), is refused, named."""
     if len(paths) < 2:
         raise click.UsageError("expected PART... OUT")
-    with claimed(paths[-1], {"resume": True, "break_lock": break_lock}):  # a merge rebuilds: a dead one's claim is taken
-        from packer.commands.merge import merge_parts
+    from packer.api import merge as merge_outputs
 
-        report = merge_parts(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts,
-                             break_lock=break_lock)
+    report = merge_outputs(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     click.echo(report.summary())
 
 
@@ -149,17 +147,16 @@ def _bench_help() -> str:
               help="With --write: the --check of the packing runs.")
 @library_call
 def bench(path, against, as_json, plot, workers_text, write_to, check, **option_fields):
-    from packer.commands.bench import BenchOptions, format_report, parse_workers, plot_bench, run_bench
+    from packer.api import bench as run_bench
+    from packer.commands.bench import format_report, parse_workers, plot_bench
 
+    result = run_bench(path, workers=parse_workers(workers_text), against=against, write=write_to, check=check,
+                       **option_fields)  # every other flag is a parameter of the same name
     if write_to is not None:
-        from packer.commands.bench_write import format_write_report, run_write_bench
+        from packer.commands.bench_write import format_write_report
 
-        result = run_write_bench(path, to=write_to, check=check, workers=parse_workers(workers_text))
         click.echo(json.dumps(result, indent=1) if as_json else format_write_report(result))
         return
-    # every other flag is a BenchOptions field of the same name
-    options = BenchOptions(workers=parse_workers(workers_text), **option_fields)
-    result = run_bench(path, options, against=against)
     if plot:
         plot_bench(result, plot)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import claimed, commit_option, conversion_options, library_call, main, to_output
+from packer.cli.options import commit_option, conversion_call, conversion_options, library_call, main
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 
 
@@ -62,9 +62,6 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 
     Defaults, chosen by measurement (docs/writing.md): one worker process per core, each
     decoding one video at a time on one decoder thread, OpenCV first (--backend auto)."""
-    with claimed(out, options):  # before the slow imports: a second run fails at once
-        from packer.commands.decode_frames import decode_frames
+    from packer.api import decode_frames
 
-        to_output(out, options.get("resume", False), options.get("overwrite", False),
-                  lambda path: decode_frames(src, path, to=to, list_out=list_out, **options),
-                  options["max_failures"], break_lock=options.get("break_lock", False))
+    conversion_call(lambda: decode_frames(src, out, to=to, list_out=list_out, **options))

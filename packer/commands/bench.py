@@ -152,9 +152,9 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     import torch
     from tqdm import tqdm
 
-    from packer.data.cache import cache_bytes, free_memory
+    from packer.data.device import cache_bytes, free_memory
     from packer.data.datasets import PackedDataset
-    from packer.data.prefetch import resolve_device
+    from packer.data.device import resolve_device
 
     dev = resolve_device(device)
     dataset = PackedDataset(path, decode=pipeline, transform=user_transform)

@@ -17,7 +17,7 @@ DECODES = ("fast", "pil", "tensor")
 
 def make_decode(decode: str, resize: int, crop: int) -> Any:
     """The decode pipeline behind ``--decode``: a PackedDataset ``decode=`` value."""
-    from packer.data.transforms import DecodeResizeCrop, PilResizeCrop
+    from packer.data.decode import DecodeResizeCrop, PilResizeCrop
 
     if decode == "fast":
         return DecodeResizeCrop(resize, crop)
@@ -64,7 +64,7 @@ def _device_sync(device: Any) -> None:
 def measure(batches: Iterable[Any], *, device: Any, steps: int, batch_size: int, model_ms: float,
              tick: Callable[[], None]) -> dict[str, Any]:
     """Time one epoch of ``batches`` through DevicePrefetcher + a simulated model step."""
-    from packer.data.prefetch import DevicePrefetcher
+    from packer.data.device import DevicePrefetcher
 
     step_s = model_ms / 1000.0
     t0 = time.perf_counter()
@@ -119,7 +119,7 @@ def timed_loader(dataset: Any, *, num_workers: int, batch_size: int, batches: in
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    from packer.data.prefetch import uint8_collate
+    from packer.data.device import uint8_collate
 
     sampler = RandomSampler(dataset, num_samples=batches * batch_size,
                             generator=torch.Generator().manual_seed(seed))

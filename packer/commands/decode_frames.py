@@ -18,14 +18,15 @@ from typing import Any, Optional, Union
 
 import cv2
 
-from packer.conversion.claim import ensure_claim
+from packer.claim import ensure_claim
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
-from packer.formats.base import Sample, Stored, partial_path
+from packer.formats.sample import Sample, Stored
+from packer.formats.sidecars import partial_path
 from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
 from packer.manifest import atomic_write_bytes, created_by
@@ -301,7 +302,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
     and recorded with ``stage: "partial"``. Arguments, inputs and the disk space are checked
     before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``. The run
-    holds an exclusive claim on ``out`` throughout (``packer.conversion.claim``).
+    holds an exclusive claim on ``out`` throughout (``packer.claim``).
     """
     options.setdefault("timeout", 600.0)
     frames, inputs, run_opts, flow_opts = split_options(options, FrameOptions, InputOptions, RunOptions,

@@ -98,8 +98,8 @@ def _hwc(t: Any) -> np.ndarray:
 
 def _pipelines(short_side: int, crop: int, seed: int) -> list[tuple[str, str, Callable, Callable]]:
     """(name, kind, make_output(data, i), box(height, width, i)) for every pipeline."""
-    from packer.data.crops import DecodeRandomResizedCrop, PilRandomResizedCrop
-    from packer.data.transforms import DecodeResizeCrop, PilResizeCrop, center_box
+    from packer.data.decode import DecodeRandomResizedCrop, PilRandomResizedCrop
+    from packer.data.decode import DecodeResizeCrop, PilResizeCrop, center_box
 
     fast, pil = DecodeResizeCrop(short_side, crop), PilResizeCrop(short_side, crop)
     rrc, pil_rrc = DecodeRandomResizedCrop(crop, flip=0.0), PilRandomResizedCrop(crop, flip=0.0)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from packer.conversion.claim import claim_output
+from packer.claim import claim_output
 from packer.formats.records import index_path, index_tfrecords
 
 __all__ = ["index_paths"]

@@ -11,7 +11,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from packer.errors import CorruptData, PackerError
-from packer.formats import Record, open_reader
+from packer.formats import Record
+from packer.remote import open_reader
 from packer.codecs.image import decode
 
 __all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]

@@ -24,12 +24,14 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.conversion.claim import check_part, ensure_claim
+from packer.claim import check_part, ensure_claim
 from packer.conversion.runner import check_output_arg
 from packer.errors import CorruptData, OutputClaimed, UsageError
 from packer import formats
-from packer.formats import Reader, open_reader
-from packer.formats.base import Writer, partial_path
+from packer.formats import Reader
+from packer.remote import open_reader
+from packer.formats.writer import Writer
+from packer.formats.sidecars import partial_path
 from packer.manifest import created_by
 from packer.remote.url import is_url, redact
 

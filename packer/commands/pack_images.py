@@ -7,40 +7,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.conversion.claim import ensure_claim
+from packer.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
-from packer.fileio import read_file_stat, read_framed
+from packer.fileio import read_framed
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
 from packer.formats import writer_class
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 from packer.formats.writer import Framing
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
 from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
-from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition, shuffle_items
+from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition, read_item, shuffle_items
 
-__all__ = ["ImageJob", "pack_images", "read_item_bytes"]
+__all__ = ["ImageJob", "pack_images"]
 
 log = logging.getLogger(__name__)
 
-
-
-def read_item_bytes(item: Item) -> bytes:
-    """Read an input file; an unreadable file is a ``CorruptSample`` at stage ``read``."""
-    return read_item(item)[0]
-
-
-def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
-    """``read_item_bytes`` and the file's ``(size, mtime_ns)`` as it was read."""
-    try:
-        return read_file_stat(item.path)
-    except OSError as e:
-        raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
 
 
 @dataclass(frozen=True)
@@ -123,7 +110,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     (``shuffle_items``; keys still name the sources), so that even reading in stored order
     mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
     Arguments are validated before any work starts. The run holds an exclusive claim on
-    ``out`` throughout (``packer.conversion.claim``; ``break_lock=True``: even from a holder
+    ``out`` throughout (``packer.claim``; ``break_lock=True``: even from a holder
     that may be alive).
     """
     inputs, run_opts = split_options(options, InputOptions, RunOptions)

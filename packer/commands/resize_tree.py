@@ -7,8 +7,8 @@ rename. So the worker that resizes an image also writes it (the bytes never trav
 the parent), and "resume" is the incremental rule: an output newer than its source, made with
 the same options, is up to date. ``resize_tree`` reuses what does apply unchanged: the
 executors (same process pool, same exception -> failed ``Outcome`` policy), ``convert.Report``
-for the summary and exit status, ``formats.base.write_failures`` for ``failures.jsonl``,
-``pack.read_item_bytes``, ``sources`` for walking, and ``resize`` for the image itself.
+for the summary and exit status, ``formats.sidecars.write_failures`` for ``failures.jsonl``,
+``inputs.read_item_bytes``, ``sources`` for walking, and ``resize`` for the image itself.
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.conversion.claim import ensure_claim
+from packer.claim import ensure_claim
 from packer.conversion.runner import Report
 from packer.errors import CorruptSample, UsageError, WriteError
 from packer.conversion.executors import make_executor
-from packer.formats.base import write_failures
+from packer.formats.sidecars import write_failures
 from packer.manifest import FAILURES_NAME, atomic_write_bytes
-from packer.commands.pack_images import read_item_bytes
+from packer.conversion.inputs import read_item_bytes
 from packer.codecs.resize import FORMAT_EXT, ResizeSpec, resize_image
 from packer.conversion.inputs import InputFailure, Item, list_file, parse_exts, image_tree
 

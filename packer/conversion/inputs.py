@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from packer.conversion.input_failures import InputFailure, bad_line
-from packer.errors import UsageError
-from packer.fileio import visible_files
+from packer.errors import CorruptSample, UsageError
+from packer.fileio import read_file_stat, visible_files
 
-__all__ = ["Item", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
+__all__ = ["Item", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
            "walk_files", "class_files", "top_level"]
 
@@ -270,3 +270,16 @@ def shuffle_items(items: Sequence[Item], seed: int) -> list[Item]:
     out = list(items)
     random.Random(int(seed)).shuffle(out)
     return out
+
+
+def read_item_bytes(item: Item) -> bytes:
+    """Read an input file; an unreadable file is a ``CorruptSample`` at stage ``read``."""
+    return read_item(item)[0]
+
+
+def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
+    """``read_item_bytes`` and the file's ``(size, mtime_ns)`` as it was read."""
+    try:
+        return read_file_stat(item.path)
+    except OSError as e:
+        raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None

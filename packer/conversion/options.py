@@ -52,7 +52,7 @@ class RunOptions:
             None: the format's default).
         force: start even when the disk space estimate says the output will not fit.
         break_lock: take the claim on the output even from a run that may be alive
-            (``--break-lock``; see ``packer.conversion.claim``).
+            (``--break-lock``; see ``packer.claim``).
     """
 
     workers: Optional[int] = None

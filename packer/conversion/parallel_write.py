@@ -31,10 +31,11 @@ from typing import Any
 from packer.errors import CorruptSample
 from packer.codecs.image import probe
 from packer.conversion.executors import Executor, InlineExecutor, LocalExecutor
+from packer.conversion.inputs import read_item, read_item_bytes
 from packer.conversion.executors.shm import SharedMemoryExecutor, available as shm_available
 from packer.conversion.executors.staged import StagedExecutor
 from packer.formats import writer_class
-from packer.formats.base import Sample
+from packer.formats.sample import Sample
 from packer.integrity import crc32c
 
 __all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "make_pack_executor", "job_for", "CHEAP_CHECKS"]
@@ -76,16 +77,12 @@ class VerdictJob:
 
     def verdict(self, item: Any) -> Verdict:
         """Read and check one input; the small description the writer needs."""
-        from packer.commands.pack_images import read_item_bytes
-
         data = read_item_bytes(item)
         sample = self._describe(item, data)
         return Verdict(sample.fmt, sample.height, sample.width, sample.channels, len(data), crc32c(data))
 
     def complete(self, item: Any, verdict: Verdict) -> Sample:
         """The sample for ``item`` from its verdict and the bytes read here."""
-        from packer.commands.pack_images import read_item
-
         data, stat = read_item(item)
         if len(data) != verdict.size or crc32c(data) != verdict.crc:
             raise CorruptSample(item.key, item.path, "file changed while it was being packed "

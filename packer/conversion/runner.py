@@ -21,14 +21,15 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
-from packer.conversion import claim, run_token
+from packer import claim
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
                                            differences, file_stat, input_rows, input_stats, load_inputs,
                                            save_inputs)
 from packer.conversion.options import RunOptions, split_options
 from packer.formats import Writer, open_reader
-from packer.formats.base import Sample, partial_path
+from packer.formats.sample import Sample
+from packer.formats.sidecars import partial_path
 from packer.heap import tune_heap
 from packer.manifest import atomic_write_bytes
 from packer.conversion.inputs import InputFailure, Item
@@ -58,9 +59,10 @@ class Report:
     failures: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0
     bytes: int = 0
-    status: str = "done"  # done | resumed | complete
+    status: str = "done"  # done | resumed | complete | uploaded (a URL OUT done earlier)
     strict: bool = False  # partial decodes count as failures
     note: str = ""  # what a finished-output --resume checked
+    upload: Any = None  # a URL OUT: the UploadReport of its upload (packer.remote.upload)
 
     @property
     def failed(self) -> int:
@@ -72,6 +74,8 @@ class Report:
         rate = self.count / self.elapsed if self.elapsed > 0 else 0.0
         if self.status == "complete":
             return f"{self.out}: complete and verified ({self.count} samples, {self.note}); nothing to do"
+        if self.status == "uploaded":
+            return f"{self.out}: already complete and uploaded; nothing to do"
         unusable = sum(1 for f in self.failures if f.get("stage") == "input")
         lines = f" ({unusable} input lines or entries unusable)" if unusable else ""
         return (f"{self.out}: {self.count} samples from {self.items} inputs{lines}, {self.failed} failed, "
@@ -281,7 +285,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
 def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
          opts: RunOptions, desc: str, unit: str, sample_unit: str | None,
          input_failures: Sequence[InputFailure] = (), all_in: Callable[[], None] | None = None) -> Report:
-    """``run`` under an exclusive claim on ``writer.out`` (``packer.conversion.claim``)."""
+    """``run`` under an exclusive claim on ``writer.out`` (``packer.claim``)."""
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
@@ -298,7 +302,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines) if opts.resume
           else _State(failures=bad_lines))
-    run_token.adopt_partial(writer)  # a partial another live run writes is never touched
+    claim.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=st.samples if st.resumed else None)
     writer.fingerprint = fp.to_dict()
     try:

@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from packer.errors import CorruptData, UsageError
-from packer.formats import Reader, Record, open_reader
+from packer.formats import Reader, Record
+from packer.remote import open_reader
 from packer.codecs.image import decode, to_chw
 
 __all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record"]
@@ -61,7 +62,7 @@ class PackedDataset(torch.utils.data.Dataset):
         path: the packed output.
         decode: ``"pil"`` | ``"numpy"`` (HxWx3 uint8) | ``"tensor"`` (3xHxW uint8) | ``"bytes"``,
             or a callable taking the encoded bytes (an HxWxC uint8 array for raw samples) and
-            returning the image, e.g. ``packer.data.transforms.DecodeResizeCrop(256, 224)``.
+            returning the image, e.g. ``packer.data.decode.DecodeResizeCrop(256, 224)``.
         transform: applied to the decoded image.
         target_transform: applied to the label.
         check_crc: verify each sample's CRC32C on read.

@@ -1,4 +1,18 @@
-"""``Loader``: a thread-based loader for any packer dataset, decoding straight into uint8 batches.
+"""``Loader``: a thread-based loader for any packer dataset, its epochs and its reused batch buffers.
+
+Batch buffers for ``packer.Loader``: uint8 images copied into reused buffers without torch ops.
+
+``as_image`` views an image or clip channels-first as numpy (no copy); ``copy_into`` writes it
+into a batch slot (OpenCV's SIMD channel split for channels-last sources; both release the
+GIL; torch's ``copy_`` is avoided: its intra-op threads fight the loader's and it is several
+times slower for uint8 transposes). ``BufferPool`` hands out batch buffers and takes one back
+only once nothing outside the pool references it (PyTorch's storage use count), which is what
+lets a caller hold a yielded batch for as long as it likes.
+
+One pass of a ``packer.data.loader.Loader``: the loader threads, the batches in flight and
+how each batch is assembled into reused uint8 buffers (the buffer contract: see ``loader``).
+
+``Loader``: a thread-based loader for any packer dataset, decoding straight into uint8 batches.
 
 JPEG decode, resize and memory copies release the GIL, so a few threads in the training
 process do what DataLoader worker processes do without pickling each batch and copying it
@@ -20,18 +34,362 @@ import dataclasses
 import logging
 import math
 import os
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from PIL import Image
+from torch.utils.data import default_collate
 
-from packer.errors import UsageError
-from packer.data.batchbuf import BufferPool
-from packer.data.loader_epoch import Epoch, LoaderError
 from packer.data.streaming import resolve_rank, split_by_rank
+from packer.errors import PackerError, UsageError
 
-__all__ = ["Loader", "LoaderOptions", "LoaderError", "epoch_indices"]
+try:  # OpenCV is a core dependency; guarded only so that a broken install degrades to numpy
+    import cv2
+except ImportError:  # pragma: no cover
+    cv2 = None
+
+__all__ = ["as_image", "copy_into", "BufferPool", "Loader", "LoaderOptions", "LoaderError", "epoch_indices"]
+
+# -- images: channels-first numpy views, copied without torch ops ---------------------------------
+def as_image(x: Any) -> np.ndarray | None:
+    """A channels-first uint8 numpy view (no copy) of an image or clip, or None when ``x`` is not
+    one; the same convention as ``uint8_collate``: tensors are channels-first already (C x H x W,
+    T x C x H x W), arrays and PIL images channels-last (H x W x C, T x H x W x C)."""
+    if isinstance(x, torch.Tensor):
+        return x.numpy() if x.dtype == torch.uint8 and x.device.type == "cpu" and x.dim() >= 2 else None
+    if isinstance(x, Image.Image):
+        x = np.asarray(x)
+        if x.ndim == 2:
+            x = x[:, :, None]
+    if isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim in (3, 4):
+        return x.transpose(2, 0, 1) if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+    return None
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for channels-first uint8, fast for channels-last sources: OpenCV's SIMD
+    channel split (numpy's strided copy is ~8x slower; torch's ``copy_`` here is slower still and
+    its intra-op threads fight the loader's). Both release the GIL."""
+    if src.flags.c_contiguous or cv2 is None:
+        np.copyto(dst, src)
+        return
+    frames = [(dst, src)] if src.ndim == 3 else list(zip(dst, src))
+    for d, s in frames:
+        hwc = s.transpose(1, 2, 0)
+        if hwc.flags.c_contiguous and 1 < hwc.shape[2] <= 4:
+            cv2.split(hwc, [d[c] for c in range(hwc.shape[2])])
+        else:
+            np.copyto(d, s)
+
+
+# -- buffers --------------------------------------------------------------------------------------
+def _storage_uses(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+_CAN_COUNT = hasattr(torch._C, "_storage_Use_Count")
+
+
+class BufferPool:
+    """uint8 batch buffers, reused once nothing outside the pool references them.
+
+    ``acquire`` marks a buffer busy (being filled); ``release`` clears that when the batch is
+    handed over as a view, whose references then keep the buffer from reuse. Pinned buffers are
+    not pooled: PyTorch's pinned caching allocator recycles them safely (see the module doc).
+    """
+
+    def __init__(self, *, pin: bool, keep: int):
+        self.pin = pin
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._free_uses: dict[int, int] = {}  # id(buffer) -> use count when only the pool holds it
+        self._busy: set[int] = set()
+        self._buffers: list[torch.Tensor] = []
+        self.allocated = 0  # buffers created (tests and the bench read it)
+
+    def acquire(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.pin or not _CAN_COUNT:
+            self.allocated += 1
+            return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin)
+        with self._lock:
+            for b in self._buffers:
+                if (tuple(b.shape) == shape and id(b) not in self._busy
+                        and _storage_uses(b) <= self._free_uses[id(b)]):
+                    self._busy.add(id(b))
+                    return b
+            b = torch.empty(shape, dtype=torch.uint8)
+            self._free_uses[id(b)] = _storage_uses(b)
+            self._busy.add(id(b))
+            self._buffers.append(b)
+            self.allocated += 1
+            if len(self._buffers) > self.keep:  # forget the oldest idle one (a user may still hold it)
+                for j, old in enumerate(self._buffers):  # (by position: == on tensors is elementwise)
+                    if id(old) not in self._busy:
+                        del self._buffers[j]
+                        del self._free_uses[id(old)]
+                        break
+            return b
+
+    def release(self, b: torch.Tensor) -> None:
+        with self._lock:
+            self._busy.discard(id(b))
+
+
+_THREAD_PREFIX = "packer-loader"
+
+
+class LoaderError(PackerError):
+    """Loading one sample failed in a loader thread; names the sample (index and key)."""
+
+    def __init__(self, index: int, where: str, cause: BaseException):
+        self.index = index
+        super().__init__(f"loading sample {index}{where} failed: {type(cause).__name__}: {cause}")
+
+
+# -- sample structure ----------------------------------------------------------------------------
+def _fields(sample: Any) -> list[tuple[Any, Any]]:
+    """(key, value) of a sample's top-level fields: dict keys, tuple positions, or one field."""
+    if isinstance(sample, Mapping):
+        return list(sample.items())
+    if isinstance(sample, (tuple, list)):
+        return list(enumerate(sample))
+    return [(None, sample)]
+
+
+def _rebuild(like: Any, values: dict[Any, Any]) -> Any:
+    if isinstance(like, Mapping):
+        return {k: values[k] for k in like}
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        return type(like)(*(values[i] for i in range(len(like))))
+    if isinstance(like, (tuple, list)):
+        out = [values[i] for i in range(len(like))]
+        return tuple(out) if isinstance(like, tuple) else out
+    return values[None]
+
+
+# -- one batch in flight -----------------------------------------------------------------------
+@dataclass
+class _Batch:
+    number: int
+    indices: np.ndarray
+    remaining: int
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    like: Any = None  # the first sample (its structure)
+    images: dict[Any, torch.Tensor] = field(default_factory=dict)  # field -> buffer
+    arrays: dict[Any, np.ndarray] = field(default_factory=dict)  # field -> the buffer as numpy
+    other: dict[Any, list] = field(default_factory=dict)  # field -> values by position
+    samples: list | None = None  # user collate: the samples by position
+    error: tuple[int, BaseException] | None = None
+    result: Any = None
+
+
+class Epoch:
+    """The threads and in-flight batches of one ``Loader`` pass; closes cleanly from anywhere
+    (``run()`` yields the batches in order)."""
+
+    def __init__(self, loader: "Loader", indices: np.ndarray):
+        self.loader = loader
+        self.batches = [indices[i:i + loader.batch_size] for i in range(0, len(indices), loader.batch_size)]
+        if loader.drop_last and self.batches and len(self.batches[-1]) < loader.batch_size:
+            self.batches.pop()
+        self.tasks: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.inflight: dict[int, _Batch] = {}
+        self.next_submit = 0
+        self.threads: list[threading.Thread] = []
+
+    def _start(self) -> None:  # in run(): a pass that is never iterated starts no thread
+        for i in range(self.loader.num_threads):
+            t = threading.Thread(target=self._work, name=f"{_THREAD_PREFIX}-{i}", daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    # -- main thread ----------------------------------------------------------------------------
+    def _submit(self, upto: int) -> None:
+        chunk = self.loader.chunk
+        while self.next_submit < min(upto, len(self.batches)):
+            k = self.next_submit
+            idx = self.batches[k]
+            b = _Batch(k, idx, len(idx))
+            if self.loader.collate is not None:
+                b.samples = [None] * len(idx)
+            self.inflight[k] = b
+            for s in range(0, len(idx), chunk):
+                self.tasks.put((b, s, min(s + chunk, len(idx))))
+            self.next_submit += 1
+
+    def run(self) -> Iterator[Any]:
+        self._start()
+        try:
+            for k in range(len(self.batches)):
+                self._submit(k + 1 + self.loader.prefetch)
+                b = self.inflight[k]
+                while not b.done.wait(0.05):
+                    if not any(t.is_alive() for t in self.threads):
+                        raise RuntimeError("packer.Loader: every loader thread died")
+                del self.inflight[k]
+                if b.error is not None:
+                    index, exc = b.error
+                    raise LoaderError(index, self.loader._where(index), exc) from exc
+                out = b.result
+                b.result = None
+                b.arrays.clear()  # (numpy views count as references to the buffer)
+                for buf in b.images.values():
+                    self.loader.pool.release(buf)
+                b = None
+                yield out
+                del out
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the threads (they finish the chunk in hand) and wait for them."""
+        self.stop.set()
+        while True:
+            try:
+                self.tasks.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self.threads:
+            self.tasks.put(None)
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me:
+                t.join()
+        for b in self.inflight.values():
+            b.arrays.clear()
+            for buf in b.images.values():
+                self.loader.pool.release(buf)
+        self.inflight.clear()
+
+    # -- loader threads -------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            task = self.tasks.get()
+            if task is None or self.stop.is_set():
+                return
+            b, start, end = task
+            if b.error is not None:
+                self._finish(b, end - start)
+                continue
+            try:
+                self._fill(b, start, end)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                with b.lock:
+                    pos = getattr(e, "_packer_pos", start)
+                    if b.error is None:
+                        b.error = (int(b.indices[pos]), e)
+            self._finish(b, end - start)
+
+    def _finish(self, b: _Batch, n: int) -> None:
+        with b.lock:
+            b.remaining -= n
+            last = b.remaining == 0
+        if not last:
+            return
+        if b.error is None:
+            try:
+                b.result = self._assemble(b)
+            except BaseException as e:  # noqa: BLE001
+                b.error = (int(b.indices[0]), e)
+        b.done.set()
+
+    def _fetch(self, indices: list[int]) -> Iterator[Any]:
+        """The samples of ``indices`` in order, lazily where the dataset allows it
+        (``iter_items``, e.g. ``PackedDataset``: one batched read, each sample decoded right
+        after its read), else ``__getitems__``, else one by one. An exception carries the
+        position (within ``indices``) of the sample that raised it."""
+        ds = self.loader.dataset
+        lazy = getattr(ds, "iter_items", None)
+        getitems = getattr(ds, "__getitems__", None)
+        done = 0  # samples handed out: the next one is the one that failed
+        try:
+            if lazy is not None:
+                for sample in lazy(indices):
+                    yield sample
+                    done += 1
+                return
+            if getitems is not None and len(indices) > 1:
+                batch = None
+                try:
+                    batch = list(getitems(indices))
+                except Exception:  # noqa: BLE001 - below, one by one, to name the failing sample
+                    pass
+                if batch is not None:
+                    yield from batch
+                    return
+            for i in indices:
+                yield ds[i]
+                done += 1
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            e._packer_pos = done  # type: ignore[attr-defined]
+            raise
+
+    def _fill(self, b: _Batch, start: int, end: int) -> None:
+        indices = [int(i) for i in b.indices[start:end]]
+        try:
+            for j, sample in enumerate(self._fetch(indices), start):
+                if b.samples is not None:
+                    b.samples[j] = sample
+                    with b.lock:
+                        if b.like is None:
+                            b.like = sample
+                    continue
+                try:
+                    self._place(b, j, sample)
+                except BaseException as e:
+                    e._packer_pos = j - start  # type: ignore[attr-defined]
+                    raise
+        except BaseException as e:
+            e._packer_pos = start + getattr(e, "_packer_pos", 0)  # type: ignore[attr-defined]
+            raise
+
+    def _place(self, b: _Batch, pos: int, sample: Any) -> None:
+        fields = _fields(sample)
+        images = {k: as_image(v) for k, v in fields}
+        with b.lock:
+            if b.like is None:
+                n = len(b.indices)
+                for k, v in fields:
+                    if images[k] is not None:
+                        buf = self.loader.pool.acquire((n, *images[k].shape))
+                        b.images[k] = buf
+                        b.arrays[k] = buf.numpy()
+                    else:
+                        b.other[k] = [None] * n
+                b.like = sample
+        for k, v in fields:
+            if k in b.images:
+                img = images[k]
+                dst = b.arrays[k]
+                if img is None or img.shape != dst.shape[1:]:
+                    got = "not a uint8 image" if img is None else f"shape {tuple(img.shape)}"
+                    raise ValueError(f"field {k!r} is {got}, the batch's first sample has "
+                                     f"{tuple(dst.shape[1:])}; resize/crop images to one size "
+                                     f"(e.g. decode=DecodeResizeCrop(256, 224))")
+                copy_into(dst[pos], img)
+            elif k in b.other:
+                b.other[k][pos] = v
+            else:
+                raise ValueError(f"sample has field {k!r} that the batch's first sample lacks")
+
+    def _assemble(self, b: _Batch) -> Any:
+        if b.samples is not None:
+            return self.loader.collate(b.samples)
+        values: dict[Any, Any] = {}
+        for k, buf in b.images.items():
+            values[k] = buf[:len(b.indices)]  # a view: its references keep the buffer from reuse
+        for k, vals in b.other.items():
+            values[k] = default_collate(vals)
+        return _rebuild(b.like, values)
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from packer.data.clips import (OUT_OF_BOUND, RNG, ClipSampling, bound_clips, clip_frames, sampling_options,
+from packer.data.video import (OUT_OF_BOUND, RNG, ClipSampling, bound_clips, clip_frames, sampling_options,
                                train_offsets)
 
 __all__ = ["SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames", "fps_sample_frames",

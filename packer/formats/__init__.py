@@ -97,19 +97,12 @@ def detect_format(path: str | os.PathLike) -> str:
     raise FormatError(f"{path}: not a packed dataset (no {MANIFEST_NAME}, format not recognised)")
 
 
-def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True, remote=None) -> Reader:
-    """Open any packed output by path or URL; the manifest chooses the reader.
+def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True) -> Reader:
+    """Open a local packed output by path; the manifest chooses the reader.
 
     A list of paths is a set of TFRecord files written by other tools (with ``.idx`` indexes).
-    A URL (``s3://``, ``https://``, anything fsspec resolves) is read through the node cache
-    as ``remote`` (a ``packer.remote.RemoteOptions``) says; see docs/remote.md.
+    URLs are opened by ``packer.remote.open_reader``, which calls this for local paths.
     """
-    from packer.remote.url import is_url
-
-    if is_url(path):
-        from packer.remote import open_remote
-
-        return open_remote(path, check_crc=check_crc, options=remote)
     if isinstance(path, (list, tuple)):
         return FORMATS.reader("records")(path, check_crc=check_crc)
     return _reader_class(detect_format(path))(path, check_crc=check_crc)

@@ -70,10 +70,10 @@ class Writer(abc.ABC):
     """Base writer: a context manager; ``add(sample)`` in packed order, ``close() -> Manifest``.
 
     Publishing is ``close()``'s rename of ``{out}.partial`` to ``out``, and only there: under a
-    claim (``packer.conversion.claim``) ``open`` stamps the partial with the run token and
+    claim (``packer.claim``) ``open`` stamps the partial with the run token and
     ``close`` renames it only while the run still holds the claim and the partial still carries
     its token. A writer that publishes by another path (per-worker shard writers included) must
-    call ``run_token.publish_guard(self)`` before its rename.
+    call ``packer.claim.publish_guard(self)`` before its rename.
 
     Args:
         out: the output path (a directory, or a file for single-file formats).
@@ -149,9 +149,9 @@ class Writer(abc.ABC):
                 self.count = self.durable = resume_samples
         except OSError as e:
             raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from None
-        from packer.conversion import run_token  # the token of the claim held on self.out, if any
+        from packer import claim  # the token of the claim held on self.out, if any
 
-        run_token.stamp_partial(self)
+        claim.stamp_partial(self)
         self._opened = True
 
     def __enter__(self) -> "Writer":
@@ -218,9 +218,9 @@ class Writer(abc.ABC):
             self._remove(self._journal_dir() / KEYS_JOURNAL)
             self._remove(self._journal_dir() / CRC_JOURNAL)
             self._remove(self.resume_state_path())  # a finished output holds no resume marker
-            from packer.conversion import run_token  # publish only our own partial, under our claim
+            from packer import claim  # publish only our own partial, under our claim
 
-            recheck = run_token.publish_guard(self)
+            recheck = claim.publish_guard(self)
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:

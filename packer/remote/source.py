@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.errors import FormatError, UsageError
-from packer.manifest import MANIFEST_NAME, Manifest
+from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME
 from packer.remote.cache import NodeCache, default_cache_dir
 from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
 from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
-__all__ = ["RemoteOptions", "RemoteSource", "open_remote", "SUMS_NAME", "parse_sums"]
+__all__ = ["RemoteOptions", "RemoteSource", "SUMS_NAME", "parse_sums"]
 
 log = logging.getLogger(__name__)
 
@@ -206,59 +206,3 @@ class RemoteSource:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, local)
         return text
-
-
-def open_remote(url: str, *, check_crc: bool = True, options: RemoteOptions | None = None):
-    """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
-    from packer.formats import FORMATS
-    from packer.remote.records import RemoteRecordsReader
-
-    options = options or RemoteOptions()
-    source = RemoteSource(url, options)
-    try:
-        text = source.refresh_manifest()
-    except RemoteMissing:
-        return _open_single_file(source, check_crc=check_crc)
-    manifest = Manifest.from_json(text, redact(source.name_url(MANIFEST_NAME)))
-    source.sums = parse_sums(source.optional_text(SUMS_NAME) or "")
-    if manifest.format == "records":
-        if manifest.created_by.get("foreign"):
-            raise FormatError(f"{redact(url)}: foreign TFRecord folders are read locally only")
-        return RemoteRecordsReader(source, check_crc=check_crc)
-    if options.access == "range":
-        raise UsageError(f"{redact(url)}: access='range' is for records outputs, this one is {manifest.format}")
-    if manifest.format == "lmdb":
-        for name in ("keys.json", "checksums.bin", "data.mdb"):
-            source.fetch(name)
-        _fetch_optional(source, "failures.jsonl")
-        return FORMATS.reader("lmdb")(source.local_root, check_crc=check_crc)
-    if manifest.format == "frames":
-        raise UsageError(f"{redact(url)}: frame folders are not read over URLs (thousands of small files); "
-                         "pack the frames as records (`packer decode-frames --to records`) and read that")
-    raise FormatError(f"{redact(url)}: format {manifest.format!r} is not read over URLs")
-
-
-def _fetch_optional(source: RemoteSource, name: str) -> None:
-    try:
-        source.fetch(name)
-    except RemoteMissing:
-        pass
-
-
-def _open_single_file(source: RemoteSource, *, check_crc: bool):
-    """An HDF5 output is one file: fetched whole (hash from ``{file}.sha256`` when uploaded by packer)."""
-    from packer.formats import FORMATS
-
-    base, name = source.url.rsplit("/", 1)
-    if not name.lower().endswith((".h5", ".hdf5", ".hdf", ".he5")):
-        raise RemoteMissing(f"{redact(source.name_url(MANIFEST_NAME))}: not found (and {redact(source.url)} "
-                            "is no .h5 file): not a packed dataset")
-    parent = RemoteSource(base, source.options)
-    sums = parent.optional_text(f"{name}.sha256")
-    parent.sums = parse_sums(sums or "")
-    # No manifest to compare: the hash list (else the server's size and stamp) says whether the
-    # file at this URL is still the one cached; a rewritten file is fetched again, never reused.
-    parent.refresh_identity(f"{name}.identity", sums if sums is not None else parent.stamp(name))
-    path = parent.fetch(name)
-    _fetch_optional(parent, f"{name}.failures.jsonl")
-    return FORMATS.reader("hdf5")(path, check_crc=check_crc)

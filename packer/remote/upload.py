@@ -192,7 +192,7 @@ class ShardUploader:
     is written), polling every ``interval`` seconds in a background thread."""
 
     def __init__(self, staged: "StagedOutput", *, interval: float = 1.0, policy: RetryPolicy = RetryPolicy()):
-        from packer.formats.base import partial_path
+        from packer.formats.sidecars import partial_path
 
         self.work = partial_path(staged.local)
         self.up = _Uploader(staged.local, staged.url, staged.storage_options, policy)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.data import PackedDataset, StreamingDataset
 from packer.errors import CorruptData, PackerError
-from packer.formats import open_reader
+from packer.remote import open_reader
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 
 from .helpers import pack, records_dataset, write_image_folder

@@ -11,7 +11,7 @@ from packer.cli import main
 from packer.commands.pack_images import pack_images
 from packer.data import PackedDataset
 from packer.errors import PackerError
-from packer.formats import open_reader
+from packer.remote import open_reader
 from packer.remote import RemoteOptions
 from packer.remote.upload import remote_exists, staged_output
 
@@ -120,7 +120,7 @@ def test_merge_remote_parts_into_a_remote_output(bucket, tmp_path, s3):
 
 
 def test_finished_shards_go_up_while_the_conversion_runs(bucket, tmp_path, s3):
-    from packer.formats.base import Sample
+    from packer.formats.sample import Sample
     from packer.formats.records import RecordsWriter
     from packer.remote.upload import ShardUploader
 

@@ -14,7 +14,7 @@ Krähenbühl; CVPR 2020) trains a video model on a grid of mini-batch shapes tha
 Packed frames make this cheap: the loader can fetch any ``T`` and any crop per batch, so a
 plain ``DataLoader(dataset, batch_sampler=MultigridBatchSampler(...))`` over
 ``FrameDataset`` / ``PackedVideoDataset`` gives batches whose shape follows the schedule (the
-sampler sends ``packer.data.requests.ClipRequest`` keys).
+sampler sends ``packer.data.video.ClipRequest`` keys).
 
 The numbers follow facebookresearch/SlowFast (``slowfast/utils/multigrid.py``,
 ``slowfast/datasets/multigrid_helper.py``, ``slowfast/models/batchnorm_helper.py``), whose

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from packer.data.multigrid.schedule import MultigridSchedule, count_batches
-from packer.data.requests import ClipRequest
+from packer.data.video import ClipRequest
 
 __all__ = ["MultigridBatchSampler"]
 

@@ -1,4 +1,4 @@
-"""One writer per output: an exclusive claim on OUT, and a run token checked at publish.
+"""One writer per output: an exclusive claim on OUT, who holds it, and a run token checked at publish.
 
 **The claim.** ``OUT.lock`` beside the output (``out.lmdb.lock``, ``out.h5.lock``: never inside
 what gets renamed) holds one JSON object naming the holder: ``token`` (this run's random run
@@ -17,7 +17,7 @@ stale claim over (and say so); a plain run refuses it with that hint; commands t
 from scratch (merge, resize, index) take it over. A live holder is never overridden except by
 ``--break-lock``.
 
-**The run token** (``packer.conversion.run_token``). The partial output carries the token of
+**The run token**. The partial output carries the token of
 the run that wrote it. Before a run touches an existing partial it must be its own, the
 taken-over holder's, or one whose writer is gone (``adopt_partial``); the base Writer's publish
 step (``publish_guard``) renames the partial to OUT only while this run still holds the claim
@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -43,14 +46,116 @@ try:
 except ImportError:  # pragma: no cover - no POSIX locks here: the lock file alone guards outputs
     fcntl = None  # type: ignore[assignment]
 
-from packer.conversion.holders import LEASE_S, Holder
 from packer.errors import OutputClaimed, WriteError
+from packer.manifest import atomic_write_bytes
 
-__all__ = ["HEARTBEAT_S", "LEASE_S", "Holder", "Claim", "lock_path", "claim_output", "ensure_claim", "held",
-           "check_held",
-           "holder_of", "check_part"]
+__all__ = ['LEASE_S', 'Holder', 'HEARTBEAT_S', 'Claim', 'lock_path', 'claim_output', 'ensure_claim', 'held', 'check_held', 'holder_of', 'check_part', 'TOKEN_NAME', 'adopt_partial', 'stamp_partial', 'publish_guard']
 
 log = logging.getLogger(__name__)
+
+LEASE_S = float(os.environ.get("PACKER_CLAIM_LEASE", "90"))
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _proc_start(pid: int) -> tuple[int, str] | None:
+    """(start time in clock ticks since boot, state letter) of ``pid`` from /proc, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    try:
+        return int(fields[19]), fields[0]
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int, start: int) -> bool:
+    """Is ``pid`` the same live process that started at ``start`` (ticks since boot)?"""
+    info = _proc_start(pid)
+    if info is not None:
+        ticks, state = info
+        return state not in ("Z", "X") and (not start or ticks == start)
+    if Path("/proc/self/stat").exists():
+        return False  # /proc works and has no such pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _command_line() -> str:
+    prog = Path(sys.argv[0]).name
+    if prog in ("__main__.py", "-c", ""):  # python -m packer, or a test's python -c
+        prog = "packer"
+    return " ".join([prog] + sys.argv[1:])
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a claim: what ``OUT.lock`` and a partial's run token say."""
+
+    token: str
+    host: str
+    boot: str
+    pid: int
+    start: int
+    started: float
+    command: str
+    took_over: str | None = None
+
+    @classmethod
+    def me(cls, command: str | None = None) -> "Holder":
+        """This process, with a fresh run token."""
+        info = _proc_start(os.getpid())
+        return cls(token=uuid.uuid4().hex, host=socket.gethostname(), boot=_boot_id(), pid=os.getpid(),
+                   start=info[0] if info else 0, started=time.time(),
+                   command=command or _command_line())
+
+    def to_bytes(self, **extra: Any) -> bytes:
+        return (json.dumps({**asdict(self), **extra}, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> "Holder | None":
+        """The holder a claim or token file names; None when unreadable (torn, foreign)."""
+        try:
+            d = json.loads(data)
+            return cls(token=str(d["token"]), host=str(d["host"]), boot=str(d.get("boot", "")),
+                       pid=int(d["pid"]), start=int(d.get("start", 0)), started=float(d.get("started", 0)),
+                       command=str(d.get("command", "?")), took_over=d.get("took_over"))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        """``host H, pid P, started T, command '...'`` for one-line messages."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.started))
+        return f"host {self.host}, pid {self.pid}, started {when}, command {self.command!r}"
+
+    def is_me(self) -> bool:
+        """This very process (a claim this process held before, now released)."""
+        me = Holder.me("")
+        return (self.host, self.boot, self.pid, self.start) == (me.host, me.boot, me.pid, me.start)
+
+    def gone(self, age: float) -> str | None:
+        """Why this holder is certainly gone, or None if it may be alive. ``age``: seconds since
+        its file was last touched (the lease, judged only for holders on other hosts)."""
+        if self.host == socket.gethostname() and (not self.boot or self.boot == _boot_id()):
+            return None if _pid_alive(self.pid, self.start) else f"pid {self.pid} is gone"
+        if self.host == socket.gethostname():
+            return "its host rebooted since"
+        if age > LEASE_S:
+            return f"no heartbeat for {age:.0f}s (lease {LEASE_S:.0f}s)"
+        return None
+
 
 HEARTBEAT_S = float(os.environ.get("PACKER_CLAIM_HEARTBEAT", "10"))
 _TAKEOVER_STALE_S = 60.0
@@ -368,3 +473,85 @@ def check_part(part: Path) -> None:
     if partial.exists() and part.exists():
         raise OutputClaimed(f"{part}: part has an unfinished rewrite beside it ({partial.name}); finish "
                             "it with --resume (or remove it), then merge")
+
+
+TOKEN_NAME = ".run-token"
+
+
+def _token_file(writer: Any) -> Path:
+    return writer._journal_dir() / TOKEN_NAME
+
+
+def _ident(path: Path) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def adopt_partial(writer: Any) -> None:
+    """Before a run touches an existing partial output: it must be this run's, the taken-over
+    holder's, or one whose writer is gone; else OutputClaimed names who writes it."""
+    claim = held(writer.out)
+    tf = _token_file(writer)
+    if claim is None or not (writer.workdir.exists() or tf.exists()):
+        return
+    try:
+        data, age = tf.read_bytes(), time.time() - tf.stat().st_mtime
+    except OSError:
+        return  # a partial without a token: written before claims existed
+    owner = Holder.parse(data)
+    if owner is None or owner.token in (claim.token, claim.holder.took_over) or owner.is_me():
+        return
+    why = owner.gone(age)
+    if why is None and not claim.break_lock:
+        raise OutputClaimed(f"{writer.workdir}: being written by another run ({owner.describe()}) "
+                            f"that does not hold the claim on {writer.out}; --break-lock if it is "
+                            "certainly gone")
+    log.info("%s: partial output of %s (%s); this run takes it over", writer.workdir, owner.describe(),
+             why or "--break-lock")
+
+
+def stamp_partial(writer: Any) -> None:
+    """After the writer opened its partial output: record this run's token in it."""
+    claim = held(writer.out)
+    if claim is None:
+        return
+    data = claim.holder.to_bytes(partial=_ident(writer.workdir))
+    try:
+        atomic_write_bytes(_token_file(writer), data)
+    except OSError as e:
+        raise WriteError(f"{_token_file(writer)}: cannot write the run token ({e.strerror or e})") from None
+
+
+def publish_guard(writer: Any) -> Callable[[], None]:
+    """The publish step's check: this run still holds the claim and the partial carries its
+    token (and is the same file or folder it stamped). Removes the token file and returns a
+    re-check to call right before the rename. No claim held (a Writer used directly): no check."""
+    claim = held(writer.out)
+    if claim is None:
+        return lambda: None
+    claim.check()
+    tf = _token_file(writer)
+    try:
+        stamp = json.loads(tf.read_bytes())
+    except (OSError, ValueError):
+        stamp = {}
+    if stamp.get("token") != claim.token:
+        found = f"run token {stamp['token']}" if stamp.get("token") else "no run token"
+        raise OutputClaimed(f"{writer.workdir}: not published: it carries {found}, not this run's "
+                            f"{claim.token} (another run wrote into it)")
+    ident = _ident(writer.workdir)
+    if stamp.get("partial") != ident:
+        raise OutputClaimed(f"{writer.workdir}: not published: it was replaced since this run "
+                            "created it (another run wrote into it)")
+    tf.unlink(missing_ok=True)
+
+    def recheck() -> None:
+        claim.check()
+        if _ident(writer.workdir) != ident:
+            raise OutputClaimed(f"{writer.workdir}: not published: it was replaced since this run "
+                                "checked it (another run wrote into it)")
+
+    return recheck

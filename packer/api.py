@@ -1,0 +1,360 @@
+"""The library API: one function per ``packer`` command, with the command's behaviour.
+
+Each function takes the command's flags as keyword-only arguments (same names, same
+defaults) and does what the command does: claims ``out`` for the run, builds a URL ``out``
+(``s3://``, ``https://``, ...) in a local staging folder and uploads it, and raises
+``TooManyFailures`` (after the output is published) where the command exits 1 because more
+inputs failed than ``max_failures`` allows. ``packer.cli`` is a thin layer over these: what
+the CLI can do, these can.
+
+    import packer
+    report = packer.pack("data/train", "train.lmdb", format="lmdb")
+    print(report.summary())
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+
+from packer.conversion.inputs import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
+from packer.errors import TooManyFailures, UsageError, VerifyFailed
+
+if TYPE_CHECKING:
+    from packer.codecs.resize import ResizeSpec
+    from packer.commands.decode_frames import DecodeReport
+    from packer.commands.inspection import VerifyResult
+    from packer.commands.merge import MergeReport
+    from packer.commands.resize_tree import MirrorReport
+    from packer.conversion.runner import Report
+
+__all__ = ["pack", "decode_frames", "resize", "merge", "verify", "inspect", "index", "bench", "demo"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+IMAGE_EXTS = ",".join(DEFAULT_IMAGE_EXTS)
+VIDEO_EXTS = ",".join(DEFAULT_VIDEO_EXTS)
+
+
+def _checked(report: Any, max_failures: int) -> Any:
+    """``report``, or ``TooManyFailures`` when more inputs failed than ``max_failures``."""
+    if report.failed > max_failures:
+        raise TooManyFailures(report, max_failures)
+    return report
+
+
+def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite: bool,
+          break_lock: bool) -> Any:
+    """Run ``build(path)`` into ``out`` under one claim; a URL ``out`` is built in a local
+    staging folder, its finished record shards uploaded while it runs, the rest when it is
+    done, the manifest last (docs/remote.md); the Report's ``upload`` says what went up."""
+    from packer.claim import ensure_claim
+    from packer.remote.url import is_url
+
+    if not is_url(out):
+        with ensure_claim(out, takeover=resume or overwrite, break_lock=break_lock):
+            return build(out)
+    from packer.conversion.runner import Report
+    from packer.remote.upload import staged_output
+    from packer.remote.url import redact
+
+    staged = staged_output(out, resume=resume, overwrite=overwrite)
+    if staged.complete:
+        return Report(out=redact(str(out)), status="uploaded")
+    with ensure_claim(staged.local, takeover=resume or overwrite, break_lock=break_lock):
+        with staged.uploading_shards():
+            report = build(str(staged.local))
+        report.upload = staged.upload()
+    return report
+
+
+def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optional[PathLike] = None,
+         exts: str = IMAGE_EXTS, check: str = "full", resize: Optional[ResizeSpec] = None, raw: bool = False,
+         shuffle: Optional[int] = None, shard_size: Union[int, str] = "256MB",
+         samples_per_shard: Optional[int] = None, name: str = "train", commit_every: int = 1000,
+         workers: Optional[int] = None, executor: str = "local", max_failures: int = 0,
+         resume: bool = False, overwrite: bool = False, num_shards: int = 1, shard_index: int = 0,
+         timeout: Optional[float] = None, strict: bool = False, force: bool = False,
+         break_lock: bool = False) -> Report:
+    """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``.
+
+    The library form of ``packer to-lmdb`` / ``to-hdf5`` / ``to-records``. Bad images are
+    skipped and recorded in ``failures.jsonl``; a run is resumable and refuses a resume that
+    would change what is stored (docs/contracts.md).
+
+    Args:
+        src: the ImageFolder root; with ``list_path``, the folder the list's paths are relative to.
+        out: the output path (``out.lmdb``, ``out.h5``, a records folder) or a URL.
+        format: ``lmdb``, ``hdf5`` or ``records``.
+        list_path: a list file of ``relative/path label`` lines instead of walking ``src``.
+        exts: comma-separated image extensions to take (case-insensitive).
+        check: how much of each image is decoded to accept it: ``full``, ``header`` or ``none``.
+        resize: a ``packer.ResizeSpec`` to resize every image while packing (None: stored as is).
+        raw: HDF5 only: store decoded HxWx3 uint8 pixels (needs ``resize.size``).
+        shuffle: store the samples in a permutation fixed by this seed (keys still name the sources).
+        shard_size: records only: bytes per shard (``"256MB"``, ``"1GiB"`` or an int).
+        samples_per_shard: records only: records per shard (wins over ``shard_size``).
+        name: records only: shard names are ``{name}-{i:05d}.tfrecord``.
+        commit_every: samples per durable commit (what a resume after a kill redoes at most).
+        workers: worker processes (None: what is fastest for the format and check; 0: this process).
+        executor: ``local`` or ``ray`` (``ray:ADDRESS`` joins a cluster).
+        max_failures: failed inputs tolerated; more raise ``TooManyFailures`` after publishing.
+        resume: continue an interrupted run with the same options and inputs.
+        overwrite: replace an existing output when done.
+        num_shards, shard_index: convert part ``shard_index`` of ``num_shards`` (``merge`` joins them).
+        timeout: seconds one image may take in its worker (None: no limit).
+        strict: partial decodes count toward ``max_failures``.
+        force: start even when the disk space estimate says the output will not fit.
+        break_lock: take the claim on ``out`` even from a run that may still be alive.
+
+    Returns:
+        The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``).
+    """
+    from packer.commands.pack_images import pack_images
+
+    records = {"shard_size": shard_size, "samples_per_shard": samples_per_shard, "name": name}
+    if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
+        raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
+    writer_options = records if format == "records" else None
+
+    def build(path: str) -> Any:
+        return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,
+                           writer_options=writer_options, list_path=list_path, exts=exts,
+                           num_shards=num_shards, shard_index=shard_index, workers=workers, executor=executor,
+                           max_failures=max_failures, resume=resume, overwrite=overwrite, strict=strict,
+                           timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock)
+
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+
+
+def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path: Optional[PathLike] = None,
+                  csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
+                  exts: str = VIDEO_EXTS, short_side: Optional[int] = None,
+                  size: Union[str, tuple[int, int], None] = None, keep_aspect: bool = True,
+                  fps: Optional[float] = None, stride: Optional[int] = None, max_frames: Optional[int] = None,
+                  ext: str = "jpg", quality: int = 95, tmpl: Optional[str] = None, start_index: int = 1,
+                  backend: str = "auto", task: str = "rgb", flow: str = "tvl1", bound: float = 20.0,
+                  flow_tmpl: Optional[str] = None, list_out: Optional[PathLike] = None,
+                  commit_every: int = 1000, workers: Optional[int] = None, executor: str = "local",
+                  max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
+                  shard_index: int = 0, timeout: float = 600.0, strict: bool = False, force: bool = False,
+                  break_lock: bool = False) -> DecodeReport:
+    """Pre-decode every video under ``src`` into ``out``: mmaction2 frame folders plus
+    ``rawframes.txt`` (``to="frames"``), or frames packed into ``lmdb``, ``hdf5`` or ``records``.
+
+    The library form of ``packer decode-frames``. Each video runs in a worker process with
+    ``timeout`` seconds; bad videos are recorded in ``failures.jsonl``, partial decodes are kept
+    and recorded with ``stage: "partial"``.
+
+    Args:
+        src: the videos (class folders, or the folder ``list_path``/``csv_path`` are relative to).
+        out: the output folder or packed output, or a URL.
+        to: ``frames`` or a packed format (``lmdb``, ``hdf5``, ``records``).
+        list_path: an mmaction2 video list (``path label`` lines) relative to ``src``.
+        csv_path: a Kinetics CSV (``label,youtube_id,time_start,time_end,split``).
+        class_index: class names by label (UCF-101 ``classInd.txt``, a label map, or the training CSV).
+        exts: comma-separated video extensions to take.
+        short_side, size, keep_aspect: the resize (``size`` as ``"WxH"``; 0 on a side: from the aspect).
+        fps, stride, max_frames: which frames (resample to ``fps``, every ``stride``-th, at most ``max_frames``).
+        ext, quality: frame image format (``jpg`` or ``png``) and JPEG quality.
+        tmpl, start_index: frame file names (default ``img_{:05d}.EXT``) and the first number.
+        backend: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
+        task, flow, bound, flow_tmpl: ``rgb``, ``flow`` or ``both``; the flow method
+            (``tvl1``, ``farneback``, ``dis``), its quantization bound and file names.
+        list_out: also write the rawframes list here (frame folders only).
+        commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
+            strict, force, break_lock: as for ``pack``.
+        timeout: seconds one video may take before its worker is killed (0: no limit).
+
+    Returns:
+        The run's ``DecodeReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
+    """
+    from packer.commands.decode_frames import decode_frames as decode
+
+    def build(path: str) -> Any:
+        return decode(src, path, to=to, list_out=list_out, list_path=list_path, csv_path=csv_path,
+                      class_index=class_index, exts=exts, short_side=short_side, size=size,
+                      keep_aspect=keep_aspect, fps=fps, stride=stride, max_frames=max_frames, ext=ext,
+                      quality=quality, tmpl=tmpl, start_index=start_index, backend=backend, task=task,
+                      flow=flow, bound=bound, flow_tmpl=flow_tmpl, commit_every=commit_every,
+                      workers=workers, executor=executor, max_failures=max_failures, resume=resume,
+                      overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
+                      strict=strict, force=force, break_lock=break_lock)
+
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+
+
+def resize(src: PathLike, out: PathLike, spec: ResizeSpec, *, list_path: Optional[PathLike] = None,
+           exts: str = IMAGE_EXTS, workers: Optional[int] = None, max_failures: int = 0,
+           break_lock: bool = False) -> MirrorReport:
+    """Mirror the images under ``src`` into ``out``, resized as ``spec`` (a ``packer.ResizeSpec``) says.
+
+    The library form of ``packer resize``. Incremental: a rerun redoes only the images whose
+    source or options changed; each output file is replaced atomically.
+
+    Args:
+        src: the image tree.
+        out: the mirrored tree (created; a local folder).
+        spec: the resize, e.g. ``packer.ResizeSpec(short_side=256)``.
+        list_path: resize only the files of this list (``relative/path label`` lines, relative to ``src``).
+        exts: comma-separated image extensions to take.
+        workers: worker processes (None: all cores; 0: this process).
+        max_failures: failed images tolerated; more raise ``TooManyFailures``.
+        break_lock: take the claim on ``out`` even from a run that may still be alive.
+
+    Returns:
+        The run's report (``summary()``, ``failed``, ``failures``).
+    """
+    from packer.claim import ensure_claim
+    from packer.commands.resize_tree import resize_tree
+
+    if spec is None:
+        raise UsageError("give a ResizeSpec (short_side=N, max_side=N or size=(W, H))")
+    with ensure_claim(out, takeover=True, break_lock=break_lock):  # incremental: a dead run's claim is taken
+        report = resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
+                             max_failures=max_failures, break_lock=break_lock)
+    return _checked(report, max_failures)
+
+
+def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, any_parts: bool = False,
+          break_lock: bool = False) -> MergeReport:
+    """Combine the parts of a ``num_shards`` conversion into one output (the content of one run).
+
+    The library form of ``packer merge``. Parts and ``out`` may be URLs (parts read through
+    the node cache; ``out`` built locally, then uploaded). A part another run is writing, or
+    one whose rewrite is half done, is refused, named.
+
+    Args:
+        parts: the part outputs (sorted by their shard index unless ``any_parts``).
+        out: the merged output; it must not exist unless ``overwrite``.
+        overwrite: replace an existing ``out``.
+        any_parts: merge any outputs of one format and class list in the order given.
+        break_lock: take the claim on ``out`` even from a run that may still be alive.
+
+    Returns:
+        The merge's report (``summary()``).
+    """
+    from packer.claim import ensure_claim
+    from packer.commands.merge import merge_parts
+    from packer.remote.url import is_url
+
+    if len(parts) < 1:
+        raise UsageError("merge needs at least one part")
+    if is_url(out):
+        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
+    with ensure_claim(out, takeover=True, break_lock=break_lock):  # a merge rebuilds: a dead one's claim is taken
+        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
+
+
+def verify(path: PathLike, *, decode: bool = True) -> VerifyResult:
+    """Read every sample of a packed output and check its checksums and structure.
+
+    The library form of ``packer verify``. ``path`` may be a URL (every file is fetched into
+    the cache and checked against its sha256).
+
+    Args:
+        path: the packed output.
+        decode: also decode every image (False: structure and checksums only).
+
+    Returns:
+        The ``VerifyResult`` (``count``, ``checked``) when everything is intact.
+
+    Raises:
+        VerifyFailed: with the result (``.result.problems``) when anything is not.
+    """
+    from packer.commands.inspection import verify_dataset
+
+    result = verify_dataset(path, decode_images=decode)
+    if not result.ok:
+        raise VerifyFailed(result)
+    return result
+
+
+def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, seed: int = 0) -> dict[str, Any]:
+    """What a packed output holds: format, count, classes, bytes on disk and the first samples.
+
+    The library form of ``packer inspect``. ``path`` may be a URL (read through the cache).
+
+    Args:
+        path: the packed output.
+        show: how many samples to describe.
+        grid: also write a contact sheet PNG of a seeded random sample here.
+        seed: the seed of the ``grid`` sample.
+
+    Returns:
+        A dict (the fields ``packer inspect --json`` prints).
+    """
+    from packer.commands.inspection import inspect_dataset, render_grid
+
+    info = inspect_dataset(path, show=show)
+    if grid is not None:
+        info["grid"] = {"path": str(grid), "positions": render_grid(path, grid, seed=seed)}
+    return info
+
+
+def index(paths: Sequence[PathLike], *, break_lock: bool = False) -> list[tuple[Path, int]]:
+    """Write a DALI ``.idx`` beside each TFRecord file (a folder: each one in it).
+
+    The library form of ``packer index``. Each path is claimed while its indexes are written.
+
+    Returns:
+        ``(tfrecord path, record count)`` per file indexed.
+    """
+    from packer.commands.index import index_paths
+
+    return index_paths(paths, break_lock=break_lock)
+
+
+def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 1, 2), decode: str = "fast",
+          resize: int = 256, crop: int = 224, steps: int = 30, model_ms: float = 0.0,
+          device: Optional[str] = None, seed: int = 0, transform: Optional[str] = None, fidelity: int = 16,
+          against: Optional[PathLike] = None, write: Optional[str] = None, check: str = "header",
+          progress: bool = True) -> dict[str, Any]:
+    """Is data loading the bottleneck? Time the loaders over ``path``; or, with ``write``, the writer.
+
+    The library form of ``packer bench``: the real DataLoader over ``path`` per ``workers``
+    value beside the in-memory ceiling, a recommended ``num_workers``, ``packer.Loader``'s
+    thread scaling and the fidelity of the fast decodes.
+
+    Args:
+        path: a packed output (or, with ``write``, an image folder).
+        batch_size, steps: samples per batch and batches timed per setting.
+        workers: the ``num_workers`` values to try.
+        decode: ``fast`` (DCT-scaled decode + resize + centre crop), ``pil`` or ``tensor``.
+        resize, crop: short side to resize to and the centre crop side.
+        model_ms: simulated training step per batch, in ms.
+        device: where batches go (None: CUDA when there is one).
+        seed: fixes the order.
+        transform: ``MODULE:CALLABLE`` applied after the decode.
+        fidelity: samples for the fidelity table (0 skips it).
+        against: the original image folder, to run the same pipeline over as a ratio.
+        write: bench the write path instead: pack ``path`` into this format (``records``, ``lmdb``, ``hdf5``).
+        check: with ``write``: the ``check`` of the packing runs.
+        progress: show progress bars.
+
+    Returns:
+        A dict (the fields ``packer bench --json`` prints).
+    """
+    if write is not None:
+        from packer.commands.bench_write import run_write_bench
+
+        return run_write_bench(path, to=write, check=check, workers=list(workers))
+    from packer.commands.bench import BenchOptions, run_bench
+
+    options = BenchOptions(batch_size=batch_size, workers=tuple(workers), decode=decode, resize=resize, crop=crop,
+                           steps=steps, model_ms=model_ms, device=device, seed=seed, transform=transform,
+                           fidelity=fidelity)
+    return run_bench(path, options, against=against, progress=progress)
+
+
+def demo(workdir: PathLike = "packer-demo", *, count: int = 200, workers: Optional[int] = None) -> dict[str, Any]:
+    """Generate ``count`` sample images, pack them to LMDB and read them back (no download).
+
+    The library form of ``packer demo``.
+
+    Returns:
+        What was made and the read throughput (``output``, ``pack``, ``read_samples_per_s``, ...).
+    """
+    from packer.commands.demo import run_demo
+
+    return run_demo(workdir, count=count, workers=workers)
