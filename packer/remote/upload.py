@@ -32,9 +32,9 @@ from packer.errors import UsageError
 from packer.fileio import visible_files
 from packer.manifest import MANIFEST_NAME, atomic_write_bytes
 from packer.remote.cache import default_cache_dir
-from packer.remote.fetch import RemoteMissing, RetryPolicy, file_sha256, retrying
+from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy, file_sha256, retrying
 from packer.remote.source import SUMS_NAME
-from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
+from packer.remote.url import cache_key, is_url, join_url, redact, scrub, secrets_of, url_filesystem
 
 __all__ = ["StagedOutput", "staged_output", "upload_output", "UploadReport", "remote_exists", "ShardUploader"]
 
@@ -79,9 +79,18 @@ def remote_exists(url: str, storage_options: dict[str, Any] | None = None) -> bo
     fs, path = url_filesystem(url, storage_options)
     target = path if url.lower().endswith(_SINGLE_SUFFIXES) else join_url(path, MANIFEST_NAME)
     try:
-        return bool(fs.exists(target))
-    except FileNotFoundError:
-        return False
+        fs.info(target)  # not exists(): fsspec's HTTP exists() answers False for a server it cannot reach
+    except FileNotFoundError as e:
+        cause = e.__cause__
+        if cause is None or isinstance(cause, FileNotFoundError) or getattr(cause, "status", None) in (404, 410):
+            return False
+        error: BaseException = cause  # fsspec's HTTP info() turns a failed connection into this
+    except Exception as e:  # noqa: BLE001 - any client's connection or permission error
+        error = e
+    else:
+        return True
+    reason = scrub(" ".join(f"{type(error).__name__}: {error}".split()), secrets_of(url, storage_options))
+    raise RemoteError(f"{redact(url)}: cannot use the storage ({reason}); nothing was written") from error
 
 
 class _Uploader:
@@ -96,6 +105,8 @@ class _Uploader:
         self.rdir = rbase.rsplit("/", 1)[0] if self.single else rbase
         self.policy = policy
         self.secrets = secrets_of(url, storage_options)
+        # HTTP(S): PUT, as WebDAV servers (nginx dav_methods) and presigned URLs take it (fsspec's default is POST)
+        self.put_options = {"method": "put"} if self.url.lower().startswith(("http://", "https://")) else {}
         self.journal_path = local.with_name(f".{local.name}.upload.json")
         self.lock = threading.Lock()
         try:
@@ -125,7 +136,7 @@ class _Uploader:
         if not force and self.uploaded(name, size, sha256):
             self.report.skipped.append(name)
             return sha256
-        self._retry(name, lambda: self.fs.put_file(str(path), join_url(self.rdir, name)))
+        self._retry(name, lambda: self.fs.put_file(str(path), join_url(self.rdir, name), **self.put_options))
         with self.lock:
             self.journal[name] = {"bytes": size, "sha256": sha256}
             atomic_write_bytes(self.journal_path, json.dumps(self.journal).encode())
@@ -139,6 +150,9 @@ class _Uploader:
             self.fs.rm_file(join_url(self.rdir, _main_name(self.url)))
         except (FileNotFoundError, OSError):
             pass
+        except NotImplementedError:  # fsspec's HTTP filesystem deletes nothing
+            raise UsageError(f"{redact(self.url)}: this storage cannot delete files, so --overwrite cannot "
+                             "unpublish the dataset there first; remove it on the server, then run again") from None
 
 
 def upload_output(local: str | os.PathLike, url: str, *, storage_options: dict[str, Any] | None = None,

@@ -76,6 +76,7 @@ http {{
         location /slow/ {{ alias {root}/; limit_rate {slow_rate}; }}
         location /flaky/ {{ alias {root}/; if ($fail10 = fail) {{ return 503; }} }}
         location /faulty/ {{ alias {root}/; if ($fail50 = fail) {{ return 503; }} }}
+        location /dav/ {{ alias {root}/; dav_methods PUT DELETE MKCOL; create_full_put_path on; client_max_body_size 0; }}
     }}
 }}
 """
@@ -119,7 +120,8 @@ class Nginx:
 
 def start_nginx(root: Path, run: Path, *, slow_rate: str = "1k") -> Nginx:
     """Start nginx serving ``root`` at /d/ (plain), /slow/ (limit_rate), /flaky/ (10% 503),
-    /faulty/ (50% 503); its config, pid and logs live in ``run``."""
+    /faulty/ (50% 503) and /dav/ (WebDAV: PUT and DELETE write there, for uploads); its config,
+    pid and logs live in ``run``."""
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if exe is None:
         raise ServerUnavailable("nginx is not installed (apt-get install -y nginx)")
