@@ -31,15 +31,17 @@ tqdm:tqdm pebble:pebble click:click pytest:pytest"
 missing() {
     for pair in $NEEDED; do
         "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || printf '%s ' "${pair#*:}"
-    done
+    done | sed 's/ $//'
 }
 MISSING=$(missing)
 if [ -n "$MISSING" ] && [ -d "$WHEELS" ]; then
     SITE=$(mktemp -d /tmp/device_check_site.XXXXXX)
     WANT=""
     for dist in $MISSING; do
-        for whl in "$WHEELS"/"${dist//-/_}"-*.whl "$WHEELS"/"$dist"-*.whl; do
-            [ -f "$whl" ] && WANT="$WANT $whl"
+        for whl in "$WHEELS"/*.whl; do  # wheel names spell a distribution's - as _
+            case "$(basename "$whl" | tr '[:upper:]' '[:lower:]')" in
+                "${dist//-/_}"-*) WANT="$WANT $whl" ;;
+            esac
         done
     done
     if [ -n "$WANT" ]; then
