@@ -52,7 +52,7 @@ TARGETS = {"host_cost": 0.5, "normalize": 10.0, "wait": 0.05}
 GPU_SIZES = {"batch": 256, "size": 224, "batches": 8, "cpu_reps": 3, "dev_reps": 20, "steps": 20,
              "images": 512, "jpeg": (256, 320), "resize": 256, "width": 64, "threads": None}
 # Without CUDA: small, and one torch thread (intra-op threads on a busy 2-core CI box thrash).
-CPU_SIZES = {"batch": 8, "size": 48, "batches": 3, "cpu_reps": 3, "dev_reps": 3, "steps": 3,
+CPU_SIZES = {"batch": 8, "size": 48, "batches": 3, "cpu_reps": 20, "dev_reps": 20, "steps": 3,
              "images": 32, "jpeg": (64, 80), "resize": 56, "width": 16, "threads": 1}
 
 
@@ -234,7 +234,7 @@ def synthetic_lmdb(root: Path, sizes: dict) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{i:05d}.jpg").write_bytes(distinct[i % len(distinct)])
     out = root / "lmdb"
-    pack_images(src, out, format="lmdb", workers=min(8, os.cpu_count() or 1))
+    pack_images(src, out, format="lmdb", workers=0)  # in this process: no fork after CUDA started
     return out
 
 
@@ -295,7 +295,8 @@ def step_loop(device: torch.device, sizes: dict, workdir: Path) -> dict:
 
     lmdb = synthetic_lmdb(workdir, sizes)
     dataset = PackedDataset(lmdb, decode=DecodeResizeCrop(sizes["resize"], s))
-    loader = Loader(dataset, batch_size=n, shuffle=True, drop_last=True)
+    threads = min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    loader = Loader(dataset, batch_size=n, shuffle=True, drop_last=True, num_threads=threads)  # the whole box
     for _ in repeat(loader, 2):
         pass
     t0 = time.perf_counter()
@@ -321,7 +322,7 @@ def step_loop(device: torch.device, sizes: dict, workdir: Path) -> dict:
         "loader": {"ms_per_step": real_s / steps * 1e3, "wait_fraction": wait,
                    "host_next_ms_per_step": real_wait / steps * 1e3},
         "loader_fast_enough": fast_enough,
-        "bottleneck": "GPU (the model step)" if fast_enough else "loader (the CPU side)",
+        "bottleneck": "device (the model step)" if fast_enough else "loader (the CPU side)",
         "target": f"wait < {TARGETS['wait']:.0%} when the loader alone is faster than the model",
         "met": judge(wait, TARGETS["wait"], device, below=True) if fast_enough else None,
     }
@@ -332,7 +333,7 @@ def test_summary(paths: list[Path], cuda: bool) -> dict:
     """Counts from pytest's junit XML files, the failures by name, and how many CUDA tests passed
     (those named for CUDA, on a machine with CUDA: without it they skip or test its absence)."""
     out: dict[str, Any] = {"tests": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
-                           "cuda_passed": 0, "failures": [], "files": [str(p) for p in paths]}
+                           "cuda_passed": 0, "failures": [], "skip_reasons": {}, "files": [str(p) for p in paths]}
     for path in paths:
         if not path.is_file():
             out.setdefault("missing", []).append(str(path))
@@ -341,8 +342,11 @@ def test_summary(paths: list[Path], cuda: bool) -> dict:
             name = f"{case.get('classname')}::{case.get('name')}"
             cuda_named = "cuda" in (case.get("name") or "").lower()
             out["tests"] += 1
-            if case.find("skipped") is not None:
+            skipped = case.find("skipped")
+            if skipped is not None:
                 out["skipped"] += 1
+                reason = skipped.get("message") or "?"
+                out["skip_reasons"][reason] = out["skip_reasons"].get(reason, 0) + 1
             elif case.find("failure") is not None or case.find("error") is not None:
                 out["failed" if case.find("failure") is not None else "errors"] += 1
                 out["failures"].append(name)
@@ -418,6 +422,8 @@ def summary(r: dict) -> str:
     lines = [f"device_check on {r['device']} ({r['device_name']}), torch {r['torch']}",
              f"tests: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped "
              f"({t['cuda_passed']} CUDA tests passed)"]
+    lines += [f"  skipped {n}: {why}" for why, n in t["skip_reasons"].items()]
+    lines += [f"  FAILED {name}" for name in t["failures"]]
     for name in ("host_cost", "normalize", "h2d", "step_loop"):
         v = r.get(name, {})
         if "error" in v:
@@ -434,7 +440,7 @@ def summary(r: dict) -> str:
                      f"{hd['plain_pinned_copy_gb_s']:.2f} GB/s")
     if "loader" in sl:
         lines.append(f"step loop: model {sl['model_alone_ms_per_step']:.1f} ms/step, loader "
-                     f"{sl['loader_alone_ms_per_batch']:.1f} ms/batch; GPU waits {sl['loader']['wait_fraction']:.1%} "
+                     f"{sl['loader_alone_ms_per_batch']:.1f} ms/batch; the device waits {sl['loader']['wait_fraction']:.1%} "
                      f"(in memory {sl['in_memory']['wait_fraction']:.1%}); bottleneck: {sl['bottleneck']} "
                      f"[target: {sl['met']}]")
     return "\n".join(lines)
