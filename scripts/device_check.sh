@@ -64,7 +64,7 @@ fi
 
 # 1. tests: the CUDA test file whole (its CPU halves too), the CUDA tests of the other files
 FILES=$(grep -rl --include='test_*.py' 'torch.cuda.is_available' tests | grep -v test_device_check | sort)
-echo "device_check: tests ($FILES), at most ${DEVICE_CHECK_TEST_LIMIT:-180} s"
+echo "device_check: tests in" $FILES "(-k 'cuda or cpu'), at most ${DEVICE_CHECK_TEST_LIMIT:-180} s"
 # shellcheck disable=SC2086
 timeout -k 10 "${DEVICE_CHECK_TEST_LIMIT:-180}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
     -k "cuda or cpu" --junitxml="$OUT/tests.xml" $FILES >"$OUT/tests.log" 2>&1
