@@ -341,11 +341,17 @@ class DevicePrefetcher:
         events = collections.deque(torch.cuda.Event() for _ in range(self.batches_ahead))
         loader_it = iter(self.loader)
         slots: collections.deque[_Slot] = collections.deque()
+        failed: list[Exception] = []  # raised once the batches before it are handed over
 
         def stage(event: Any) -> bool:
+            if failed:
+                return False
             try:
                 host = next(loader_it)
             except StopIteration:
+                return False
+            except Exception as e:  # noqa: BLE001 - re-raised below, in the loader's order
+                failed.append(e)
                 return False
             # Pageable memory makes a non_blocking copy synchronous: pin it first (a no-op
             # when the DataLoader already pinned it with pin_memory=True).
@@ -390,6 +396,8 @@ class DevicePrefetcher:
             out = slot.out
             slot.host = slot.out = None
             yield out
+        if failed:  # as without CUDA: every batch the loader gave before its error comes first
+            raise failed[0]
 
     # -- small datasets: one uint8 tensor on the device -------------------------------------
     @staticmethod
