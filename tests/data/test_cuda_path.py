@@ -33,7 +33,7 @@ from packer.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceCache, DevicePrefetc
                          LoaderError, PackedDataset, PackedVideoDataset, uint8_collate)
 from packer.data.device import free_memory
 from packer.data.device import resolve_device
-from packer.data.transforms import DecodeResizeCrop
+from packer.data.decode import DecodeResizeCrop
 from packer.errors import UsageError
 
 CUDA = torch.cuda.is_available()
