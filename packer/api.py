@@ -71,7 +71,7 @@ def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite
 def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optional[PathLike] = None,
          exts: str = IMAGE_EXTS, check: str = "full", resize: Optional[ResizeSpec] = None, raw: bool = False,
          shuffle: Optional[int] = None, shard_size: Union[int, str] = "256MB",
-         samples_per_shard: Optional[int] = None, name: str = "train", commit_every: int = 1000,
+         samples_per_shard: Optional[int] = None, name: str = "train", commit_every: Optional[int] = None,
          workers: Optional[int] = None, executor: str = "local", max_failures: int = 0,
          resume: bool = False, overwrite: bool = False, num_shards: int = 1, shard_index: int = 0,
          timeout: Optional[float] = None, strict: bool = False, force: bool = False,
@@ -95,7 +95,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         shard_size: records only: bytes per shard (``"256MB"``, ``"1GiB"`` or an int).
         samples_per_shard: records only: records per shard (wins over ``shard_size``).
         name: records only: shard names are ``{name}-{i:05d}.tfrecord``.
-        commit_every: samples per durable commit (what a resume after a kill redoes at most).
+        commit_every: samples per durable commit (what a resume after a kill redoes at most;
+            None: the format's default, 1000 for lmdb and hdf5; records commit whole shards).
         workers: worker processes (None: what is fastest for the format and check; 0: this process).
         executor: ``local`` or ``ray`` (``ray:ADDRESS`` joins a cluster).
         max_failures: failed inputs tolerated; more raise ``TooManyFailures`` after publishing.

@@ -30,7 +30,7 @@ from packer.formats.lmdb import LmdbWriter
 @pytest.mark.parametrize("check", ["header", "none"])
 def test_a_cheap_check_runs_in_process_by_default(fmt, check):
     """The default never hands cheap work to other processes: it could only be slower."""
-    plan = choose_plan(format=fmt, check=check, workers=None, resizing=False, cores=16)
+    plan = choose_plan(writer=writer_class(fmt), check=check, workers=None, resizing=False, cores=16)
     assert plan.mode == "inline"
 
 
@@ -38,14 +38,14 @@ def test_a_cheap_check_runs_in_process_by_default(fmt, check):
 @pytest.mark.parametrize("check", ["full", "header", "none"])
 def test_workers_0_or_1_or_one_core_is_always_this_process(fmt, check):
     for workers, cores in ((0, 8), (1, 8), (None, 1)):
-        plan = choose_plan(format=fmt, check=check, workers=workers, resizing=False, cores=cores)
+        plan = choose_plan(writer=writer_class(fmt), check=check, workers=workers, resizing=False, cores=cores)
         assert plan.mode == "inline" and plan.workers == 0
 
 
 def test_the_other_plans():
     def mode(**kw):
         options = {"format": "lmdb", "check": "full", "workers": None, "resizing": False, "cores": 4, **kw}
-        return choose_plan(**options)
+        return choose_plan(writer=writer_class(options.pop("format")), **options)
 
     # LMDB copies each value during add: workers encode into shared memory, the writer puts
     assert mode().mode == "shm" and mode().workers == 4
@@ -146,7 +146,7 @@ def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_o
     sha256), and the parts merge into the same dataset as single-writer parts do."""
     from packer.conversion.inputs import partition
     from packer.conversion.runner import run
-    from packer.conversion.sharded import ShardedExecutor
+    from packer.conversion.executors.sharded import ShardedExecutor
     from packer.formats.records import RecordsWriter
 
     items, classes = image_items(src)
@@ -224,15 +224,14 @@ class _DiesOn:
 @pytest.mark.parametrize("fmt,mode", [("records", "sharded"), ("hdf5", "sharded"), ("lmdb", "staged"),
                                       ("lmdb", "shm")])
 def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt, mode):
-    from packer.conversion.parallel_write import Plan, make_pack_executor
+    from packer.conversion.executors import make_executor
     from packer.conversion.runner import run
 
     items, classes = image_items(src)
     items = [i for i in items if i.key not in ("class_1/img_0040.jpg", "class_2/img_0041.jpg")]
     writer = writer_class(fmt)(tmp_path / "o", classes=classes)
     victim = items[30].key
-    plan = Plan(mode, 2, "test")
-    with make_pack_executor(plan, writer) as ex:
+    with make_executor(workers=2, mode=mode, writer=writer) as ex:
         report = run(items, _DiesOn(victim), writer, executor=ex, max_failures=1)
     assert report.count == len(items) - 1
     assert [(f["key"], f["stage"]) for f in report.failures] == [(victim, "crash")]

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from packer.commands.pack_images import pack_images
 from packer.conversion.parallel_write import choose_plan
+from packer.formats import writer_class
 
 __all__ = ["run_write_bench", "format_write_report"]
 
@@ -58,7 +59,7 @@ def run_write_bench(src: str | os.PathLike, *, to: str = "records", check: str =
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    plans = {w: choose_plan(format=to, check=check, workers=w, resizing=False).mode for w in rows}
+    plans = {w: choose_plan(writer=writer_class(to), check=check, workers=w, resizing=False).mode for w in rows}
     result: dict[str, Any] = {"src": str(src), "to": to, "check": check, "cores": os.cpu_count(),
                               "load_average": list(os.getloadavg()), "settings": {}, "plans": plans}
     for w, row in rows.items():

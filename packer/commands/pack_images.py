@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_framed
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
-from packer.conversion.parallel_write import choose_plan, job_for, make_pack_executor
+from packer.conversion.parallel_write import choose_plan, job_for
 from packer.formats import writer_class
 from packer.formats.sample import Sample
 from packer.formats.writer import Framing
@@ -48,6 +49,10 @@ class ImageJob:
     resize: ResizeSpec | None = None
     raw: bool = False
     framing: Framing | None = None
+
+    def framed(self, framing: Framing) -> "ImageJob":
+        """This job reading each file into ``framing`` (the writer's stored value built around it)."""
+        return dataclasses.replace(self, framing=framing)
 
     def __call__(self, item: Item) -> Sample:
         if self.framing is not None and self.check == "header" and self.resize is None and not self.raw:
@@ -155,12 +160,11 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         job = ImageJob(check=check, resize=resize, raw=raw)
         if run_opts.workers is not None and run_opts.workers < 0:
             raise UsageError("--workers must be >= 0")
-        plan = choose_plan(format=format, check=check, workers=run_opts.workers,
+        plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers,
                            resizing=resize is not None or raw, executor=run_opts.executor,
                            fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
         log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-        ex = (make_executor(run_opts.executor, workers=run_opts.workers) if plan.mode == "pool"
-              else make_pack_executor(plan, writer))
+        ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
         with ex:
             return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
                        desc=f"to-{format}", input_failures=bad)

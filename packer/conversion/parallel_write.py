@@ -8,7 +8,7 @@ The writer (one process) only appends or puts. Everything else runs beside it:
   file again in a thread (file reads and CRC32C release the GIL), checks that its length and
   CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
   mismatch) and builds the sample. No sample's bytes cross a process boundary.
-* **sharded writers** (records and HDF5: ``packer.conversion.sharded``): the workers store the
+* **sharded writers** (records and HDF5: ``packer.conversion.executors.sharded``): the workers store the
   samples in part files themselves; the writer only takes them over (records: renames whole
   shards; HDF5: copies each commit's bytes in from the parts, CRC-checked).
 * **shared memory** (LMDB: ``packer.conversion.executors.shm``): the workers read, check and
@@ -17,12 +17,12 @@ The writer (one process) only appends or puts. Everything else runs beside it:
   mapping once and out of it once, by the put.
 
 ``choose_plan`` picks between those, a plain process pool and in-process work from what the
-command asks (format, ``--check``, resize) and the cores there are, from the measurements in
-``docs/writing.md``; ``--workers 0`` always means in this process.
+command asks (``--check``, resize), what the Writer class declares and the cores there are,
+from the measurements in ``docs/writing.md``; ``--workers 0`` always means in this process.
+``packer.conversion.executors.make_executor(mode=plan.mode)`` builds the plan's executor.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -30,15 +30,12 @@ from typing import Any
 
 from packer.errors import CorruptSample
 from packer.codecs.image import probe
-from packer.conversion.executors import Executor, InlineExecutor, LocalExecutor
 from packer.conversion.inputs import read_item, read_item_bytes
-from packer.conversion.executors.shm import SharedMemoryExecutor, available as shm_available
-from packer.conversion.executors.staged import StagedExecutor
-from packer.formats import writer_class
+from packer.conversion.executors.shm import available as shm_available
 from packer.formats.sample import Sample
 from packer.integrity import crc32c
 
-__all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "make_pack_executor", "job_for", "CHEAP_CHECKS"]
+__all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "job_for", "CHEAP_CHECKS"]
 
 log = logging.getLogger(__name__)
 
@@ -114,25 +111,28 @@ class Plan:
     why: str
 
 
-def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool, executor: str = "local",
+def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool, executor: str = "local",
                 cores: int | None = None, fixed_layout: bool = False) -> Plan:
-    """The fastest way to run a pack command, from what it asks and the cores there are.
+    """The fastest way to run a pack command, from what it asks, what its ``writer`` class
+    declares (``segments``: workers may store its samples in parts; ``keeps_samples``: it holds
+    on to each sample after ``add``) and the cores there are.
 
     ``workers`` is ``--workers`` (None: the default, every core). The rules come from
     ``scripts/bench_write.py`` (see ``docs/writing.md``):
 
     * ``--workers 0`` (or 1, or one core): in this process, as always.
-    * records: the workers write their own shards (``sharded``): no single writer to wait on;
-      not with ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records,
-      which only one writer can promise when inputs fail).
+    * a writer whose parts are its output (``segments.indexed``: records): the workers write
+      their own shards (``sharded``): no single writer to wait on; not with
+      ``--samples-per-shard`` (``fixed_layout``: every shard holds exactly N records, which only
+      one writer can promise when inputs fail).
     * a cheap check (``header``/``none``) into LMDB/HDF5 without resize, ``--workers`` not
       given: in this process. The per-sample work (a header parse) costs less than handing it
       to another process and back, so the single writer is fastest alone.
-    * otherwise HDF5 (a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
+    * otherwise a writer with parts (HDF5; a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
       workers storing the samples in part files the writer copies into the one file at each
       commit (its process spent 99 against verdict workers' 131 µs per sample in
       ``scripts/bench_write.py --section full``).
-    * otherwise LMDB (a writer that copies each value during ``add``), on a ``fork`` platform:
+    * otherwise a writer that copies each value during ``add`` (LMDB), on a ``fork`` platform:
       ``shm``: workers read, check or resize and encode into shared memory, the writer's
       process only puts.
     * resize (new bytes are made in the worker): the plain pool; the new bytes cross once.
@@ -145,47 +145,34 @@ def choose_plan(*, format: str, check: str, workers: int | None, resizing: bool,
     n = cores if workers is None else workers
     if n <= 1:
         return Plan("inline", 0, "one worker or none: in this process")
-    segments = writer_class(format).segments if not fixed_layout else None
+    name = getattr(writer, "format_name", writer.__name__)
+    segments = writer.segments if not fixed_layout else None
     if segments is not None and segments.indexed:  # records: the parts are the shards, nothing copied
-        return Plan("sharded", n, f"{format}: each worker writes its own shards")
+        return Plan("sharded", n, f"{name}: each worker writes its own shards")
     if check in CHEAP_CHECKS and workers is None and not resizing:
         return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
                                  "another process; the writer is fastest alone")
     if segments is not None:  # HDF5: the writer copies the parts in (less than reading and checking)
-        return Plan("sharded", n, f"{format}: each worker stores its samples in part files of its own, "
+        return Plan("sharded", n, f"{name}: each worker stores its samples in part files of its own, "
                                   "the writer copies them in")
-    if not writer_class(format).keeps_samples and shm_available():
-        return Plan("shm", n, f"{format}: workers read, check and encode into shared memory; the writer "
+    if not writer.keeps_samples and shm_available():
+        return Plan("shm", n, f"{name}: workers read, check and encode into shared memory; the writer "
                               "only stores")
     if resizing:
         return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
-    if format == "records":  # a fixed layout: one writer, the records framed on its threads
+    if fixed_layout:
         return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
     return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "
                              "the page-cached file")
 
 
-def make_pack_executor(plan: Plan, writer: Any) -> Executor:
-    """The executor a ``Plan`` names, for ``writer`` (an unopened Writer)."""
-    if plan.mode == "inline":
-        return InlineExecutor()
-    if plan.mode == "staged":
-        return StagedExecutor(workers=plan.workers)
-    if plan.mode == "sharded":
-        from packer.conversion.sharded import ShardedExecutor
-
-        return ShardedExecutor(workers=plan.workers, writer=writer)
-    if plan.mode == "shm":
-        return SharedMemoryExecutor(workers=plan.workers, prepare=type(writer).prepare, views=True)
-    return LocalExecutor(workers=plan.workers)
-
-
 def job_for(plan: Plan, job: Any, writer_cls: Any) -> Any:
     """The work function a plan runs: ``VerdictJob`` (with the writer's encoding) for ``staged``;
-    in this process, a job that reads each file into the writer's ``Framing`` when it has one."""
+    in this process, ``job.framed(framing)`` (a job that reads each file into the writer's
+    ``Framing``) when the writer has one and the job offers that form."""
     if plan.mode == "staged":
         return VerdictJob(job, prepare=writer_cls.prepare)
-    if plan.mode == "inline" and writer_cls.framing is not None and "framing" in getattr(job, "__dataclass_fields__", {}):
-        return dataclasses.replace(job, framing=writer_cls.framing)
+    if plan.mode == "inline" and writer_cls.framing is not None and hasattr(job, "framed"):
+        return job.framed(writer_cls.framing)
     return job
 

@@ -26,6 +26,7 @@ from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
                                            differences, file_stat, input_rows, input_stats, load_inputs,
                                            save_inputs)
+from packer.conversion.executors.base import WorkResult, as_result
 from packer.conversion.options import RunOptions, split_options
 from packer.formats import Writer, open_reader
 from packer.formats.sample import Sample
@@ -37,16 +38,6 @@ from packer.conversion.inputs import InputFailure, Item
 __all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures", "as_result"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkResult:
-    """What one item's work produced: samples to pack, an optional manifest entry (a video)
-    and an optional note that does not fail the item (``stage: "partial"``)."""
-
-    samples: list[Sample]
-    entry: dict[str, Any] | None = None
-    note: dict[str, Any] | None = None
 
 
 @dataclass
@@ -86,14 +77,6 @@ def counted_failures(failures: Sequence[dict[str, Any]], *, strict: bool = False
     """How many failure records count toward --max-failures: all but partial decodes,
     which count only under ``strict`` (they stay ``stage: "partial"`` either way)."""
     return sum(1 for f in failures if strict or f.get("stage") != "partial")
-
-
-def as_result(value: Any) -> WorkResult:
-    if isinstance(value, WorkResult):
-        return value
-    if isinstance(value, Sample):
-        return WorkResult([value])
-    return WorkResult(list(value))
 
 
 def check_output_arg(out: str | os.PathLike, *, resume: bool, overwrite: bool) -> None:

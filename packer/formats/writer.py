@@ -48,7 +48,7 @@ class Framing:
 
 @dataclasses.dataclass(frozen=True)
 class Segments:
-    """How worker processes store a format's samples themselves (``packer.conversion.sharded``):
+    """How worker processes store a format's samples themselves (``packer.conversion.executors.sharded``):
     each worker appends ``record(sample)`` (the bytes to store and the CRC32C the format records)
     for a run of consecutive inputs to part files of its own in the writer's ``segment_dir``;
     the writer's process then takes the parts over in input order. ``indexed``: each part file

@@ -32,9 +32,12 @@ def __getattr__(name: str) -> Any:
 
 
 def make_executor(name: str = "local", *, workers: int | None = None, timeout: float | None = None,
-                  isolate: bool = False, **options: Any) -> Executor:
-    """Build an executor by name: ``local`` (process pool; inline when workers <= 1) or ``ray``
-    (``ray:ADDRESS`` or ``address=`` joins a cluster; workers None or 0 = the cluster's CPUs).
+                  isolate: bool = False, mode: str = "pool", writer: Any = None, **options: Any) -> Executor:
+    """The one executor factory: by name, ``local`` (process pool; inline when workers <= 1) or
+    ``ray`` (``ray:ADDRESS`` or ``address=`` joins a cluster; workers None or 0 = the cluster's
+    CPUs); or, for a pack command, the ``mode`` its ``parallel_write.Plan`` chose, for ``writer``
+    (an unopened Writer): ``inline``, ``staged`` (verdict workers), ``sharded`` (workers store
+    the writer's segments), ``shm`` (workers encode into shared memory) or ``pool`` (by name).
 
     With ``timeout`` (seconds per item) or ``isolate``, ``local`` runs each item alone in a
     worker (``IsolatedExecutor``, even for one worker), so a hang or a crash costs one item;
@@ -44,6 +47,8 @@ def make_executor(name: str = "local", *, workers: int | None = None, timeout: f
     name, _, address = name.partition(":")
     if workers is not None and workers < 0:
         raise UsageError("--workers must be >= 0")
+    if mode != "pool":
+        return _plan_executor(mode, workers or 0, writer)
     if timeout is not None and not timeout > 0:
         raise UsageError("--timeout must be > 0 seconds")
     if name == "ray":
@@ -63,3 +68,25 @@ def make_executor(name: str = "local", *, workers: int | None = None, timeout: f
         return LocalExecutor(workers=workers)
     raise UsageError(f"unknown executor {name!r} (known: {', '.join(EXECUTORS)})")
 
+
+# Two pool engines, on purpose: ``LocalExecutor``/``IsolatedExecutor`` (pebble: one item or chunk
+# per task, a per-item timeout, a crash costs its item) for work worth shipping item by item, and
+# ``RangePool`` (ranges.py: the items go to each worker once, then only index ranges) for the pack
+# plans' cheap per-item work, where pickling every item out and its sample back costs the
+# writer's process as much as the work (docs/writing.md, "Where the time goes").
+def _plan_executor(mode: str, workers: int, writer: Any) -> Executor:
+    if mode == "inline":
+        return InlineExecutor()
+    if mode == "staged":
+        from packer.conversion.executors.staged import StagedExecutor
+
+        return StagedExecutor(workers=workers)
+    if mode == "sharded":
+        from packer.conversion.executors.sharded import ShardedExecutor
+
+        return ShardedExecutor(workers=workers, writer=writer)
+    if mode == "shm":
+        from packer.conversion.executors.shm import SharedMemoryExecutor
+
+        return SharedMemoryExecutor(workers=workers, prepare=type(writer).prepare, views=True)
+    raise UsageError(f"unknown executor mode {mode!r} (inline, staged, sharded, shm, pool)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from packer.errors import CorruptSample
+from packer.formats.sample import Sample
 
 __all__ = ["Outcome", "Executor", "InlineExecutor", "call_safely", "run_chunk", "worker_init", "exit_text",
            "CRASH", "windowed", "BackgroundClose"]
@@ -163,3 +164,21 @@ class BackgroundClose:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+@dataclass
+class WorkResult:
+    """What one item's work produced: samples to pack, an optional manifest entry (a video)
+    and an optional note that does not fail the item (``stage: "partial"``)."""
+
+    samples: list[Sample]
+    entry: dict[str, Any] | None = None
+    note: dict[str, Any] | None = None
+
+
+def as_result(value: Any) -> WorkResult:
+    if isinstance(value, WorkResult):
+        return value
+    if isinstance(value, Sample):
+        return WorkResult([value])
+    return WorkResult(list(value))
