@@ -282,3 +282,18 @@ def test_cpu_tests_pin_the_device(name):
                     k.arg == "device" for k in call.keywords):
                 unpinned.append(f"{fn.name}:{call.lineno}")
     assert unpinned == [], f"CPU tests using the default device: {unpinned}"
+
+
+def test_api_page_lists_the_public_api():
+    """docs/api.md is the one page of the public API: every name of packer.__all__ and
+    packer.data.__all__, and nothing that is not there."""
+    import packer
+    import packer.data
+
+    text = (REPO / "docs" / "api.md").read_text()
+    listed = set(re.findall(r"`(packer(?:\.data)?)\.([A-Za-z_0-9]+)(?:\(\.\.\.\))?`", text))
+    public = {("packer", n) for n in packer.__all__ if n != "__version__"}
+    public |= {("packer.data", n) for n in packer.data.__all__ if n not in packer.__all__}  # else listed once, as packer.X
+    assert public - listed == set(), f"public names missing from docs/api.md: {sorted(public - listed)}"
+    prose = {("packer", "__all__"), ("packer.data", "__all__"), ("packer", "cli"), ("packer", "data"), ("packer.data", "multigrid")}
+    assert listed - public - prose == set(), f"docs/api.md lists non-public names: {sorted(listed - public)}"

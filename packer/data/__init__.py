@@ -1,15 +1,30 @@
-"""Training side: datasets over packed outputs. Never imports the conversion side."""
-from packer.data.device import DeviceCache
-from packer.data.decode import DecodeRandomResizedCrop, PilRandomResizedCrop
-from packer.data.datasets import PackedDataset
-from packer.data.loader import Loader, LoaderError, LoaderOptions
-from packer.data.device import IMAGENET_MEAN, IMAGENET_STD
-from packer.data.device import DevicePrefetcher, uint8_collate
-from packer.data.streaming import StreamingDataset
-from packer.data.decode import DecodeResizeCrop, PilResizeCrop
-from packer.data.video import ClipOptions, FrameDataset, PackedVideoDataset
+"""The training side: datasets over packed outputs, loaders, decoding and the device.
 
-__all__ = ["PackedDataset", "Loader", "LoaderOptions", "LoaderError", "StreamingDataset", "FrameDataset", "PackedVideoDataset", "ClipOptions",
-           "DevicePrefetcher", "DeviceCache", "uint8_collate", "DecodeResizeCrop", "PilResizeCrop",
-           "DecodeRandomResizedCrop", "PilRandomResizedCrop", "IMAGENET_MEAN",
-           "IMAGENET_STD"]
+``packer.data.__all__`` is the public training API (docs/api.md); ``packer.data.multigrid``
+holds the multigrid schedule and sampler. Never imports the conversion side (import-linter
+checks it). Modules by concept: ``datasets`` (PackedDataset), ``streaming``
+(StreamingDataset), ``loader`` (Loader), ``decode`` (decode-time resize and crops),
+``device`` (DevicePrefetcher, DeviceCache, normalization), ``video`` (clip sampling and the
+video datasets), ``samplers`` (mmaction2's frame samplers), ``mixing`` (batch class-mixing
+measures).
+"""
+from packer.data.datasets import PackedDataset
+from packer.data.decode import DecodeRandomResizedCrop, DecodeResizeCrop, PilRandomResizedCrop, PilResizeCrop
+from packer.data.device import (IMAGENET_MEAN, IMAGENET_STD, CacheBatches, DeviceCache, DevicePrefetcher, Normalize,
+                                uint8_collate)
+from packer.data.loader import Loader, LoaderError, LoaderOptions
+from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
+from packer.data.streaming import StreamingDataset
+from packer.data.video import ClipOptions, ClipSampling, FrameDataset, PackedVideoDataset, sample_frames
+
+__all__ = [
+    # datasets
+    "PackedDataset", "StreamingDataset", "FrameDataset", "PackedVideoDataset",
+    # loading and the device
+    "Loader", "LoaderOptions", "LoaderError", "DevicePrefetcher", "DeviceCache", "CacheBatches", "Normalize",
+    "uint8_collate", "IMAGENET_MEAN", "IMAGENET_STD",
+    # decoding
+    "DecodeResizeCrop", "DecodeRandomResizedCrop", "PilResizeCrop", "PilRandomResizedCrop",
+    # video clips
+    "ClipSampling", "ClipOptions", "sample_frames", "SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames",
+]
