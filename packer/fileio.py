@@ -8,13 +8,16 @@ needs into one exactly sized ``bytes``. Packing reads every input once in the wr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path", "visible_files"]
+from packer.errors import UsageError
+
+__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path", "visible_files", "parse_bytes"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _CHUNK = 1 << 20
@@ -107,3 +110,23 @@ def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None]) -
                 continue
             found.append(name if rel == "." else os.path.join(rel, name))
     return found
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(value: int | str) -> int:
+    """A byte size: ``256MB`` -> 256_000_000 (``KB/MB/GB/TB`` decimal, ``KiB/MiB/GiB/TiB`` binary,
+    plain = bytes, an int as is); UsageError when malformed or not positive."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise UsageError(f"bad size {value!r} (examples: 256MB, 1GiB, 1000000)")
+        size = int(float(m.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise UsageError(f"size must be positive, not {value!r}")
+    return size

@@ -27,7 +27,8 @@ from packer.data.datasets import PackedDataset
 from packer.errors import CorruptData, FormatError, UsageError
 from packer.formats import open_reader
 from packer.formats.sample import Sample
-from packer.formats.records import (RecordsReader, RecordsWriter, frame_record, index_path, parse_size,
+from packer.fileio import parse_bytes
+from packer.formats.records import (RecordsReader, RecordsWriter, frame_record, index_path,
                                     read_index, scan_tfrecord, unframe_record)
 from packer.codecs.image import decode
 from packer.commands.inspection import verify_dataset
@@ -113,8 +114,8 @@ def test_output_is_byte_identical_whatever_the_workers(image_folder, tmp_path):
 
 @pytest.mark.parametrize("text,size", [("256MB", 256 * 10**6), ("1GiB", 1 << 30), ("1000", 1000),
                                         ("1.5KB", 1500), ("64 mib", 64 << 20), (12, 12)])
-def test_parse_size(text, size):
-    assert parse_size(text) == size
+def test_parse_bytes(text, size):
+    assert parse_bytes(text) == size
 
 
 @pytest.mark.parametrize("args,message", [

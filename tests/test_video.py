@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURE_VIDEOS, write_video
 from packer.errors import CorruptSample, UsageError
-from packer.codecs.video import FrameSelection, Resize, decord_available, parse_size, read_video
+from packer.codecs.resize import parse_size
+from packer.codecs.video import FrameSelection, Resize, decord_available, read_video
 
 BACKENDS = ["opencv"] + (["decord"] if decord_available() else [])
 
@@ -145,10 +146,11 @@ def test_resize_rules():
     assert Resize(size=(340, 256), keep_aspect=False).target(240, 426) == (256, 340)
     assert Resize(size=(0, 120)).target(240, 320) == (120, 160)
     assert Resize().target(10, 20) == (10, 20)
-    assert parse_size("340x256") == (340, 256)
-    for bad in ("340", "ax2", "0x0", "-1x5"):
+    assert parse_size("340x256", zero_side=True) == (340, 256)
+    assert parse_size("0x120", zero_side=True) == (0, 120)
+    for bad in ("340x", "ax2", "0x0", "-1x5"):
         with pytest.raises(UsageError):
-            parse_size(bad)
+            parse_size(bad, zero_side=True)
     with pytest.raises(UsageError):
         Resize(short_side=10, size=(1, 1))
     with pytest.raises(UsageError):

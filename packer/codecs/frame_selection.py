@@ -12,7 +12,7 @@ import numpy as np
 
 from packer.errors import UsageError
 
-__all__ = ["FrameSelection", "Resize", "parse_size"]
+__all__ = ["FrameSelection", "Resize"]
 
 # A target time half-way between two frames goes to the earlier one; timestamps carry float32
 # noise (decord), so "half-way" is judged to within this many seconds.
@@ -86,17 +86,6 @@ class _Selector:
                 self.done = True
         self.emitted += n
         return n
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"WxH"`` -> (W, H); 0 on one side means "from the aspect ratio"."""
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise UsageError(f"--size must look like WxH (e.g. 340x256), not {text!r}") from None
-    if w < 0 or h < 0 or (w == 0 and h == 0):
-        raise UsageError(f"--size {text!r}: sides must be >= 0 and not both 0")
-    return w, h
 
 
 @dataclass(frozen=True)

@@ -85,15 +85,21 @@ def _round(x: float) -> int:
     return max(1, int(x + 0.5))
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """``"WxH"`` (or ``"N"`` for N x N) -> ``(width, height)``; UsageError when malformed."""
+def parse_size(text: str, *, zero_side: bool = False) -> tuple[int, int]:
+    """``"WxH"`` (or ``"N"`` for N x N) -> ``(width, height)``; UsageError when malformed.
+
+    ``zero_side`` (``decode-frames --size``): the ``WxH`` form only, and one side may be 0,
+    meaning "from the aspect ratio".
+    """
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×]\s*(\d+))?\s*", str(text))
-    if not m:
+    if not m or (zero_side and m.group(2) is None):
         raise UsageError(f"--size {text!r}: expected WIDTHxHEIGHT, e.g. 224x224")
     w = int(m.group(1))
     h = int(m.group(2)) if m.group(2) is not None else w
-    if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
-        raise UsageError(f"--size {text!r}: each side must be between 1 and {MAX_SIDE}")
+    low = 0 if zero_side else 1
+    if not (low <= w <= MAX_SIDE and low <= h <= MAX_SIDE) or w == h == 0:
+        raise UsageError(f"--size {text!r}: each side must be between {low} and {MAX_SIDE}"
+                         + (" and not both 0" if zero_side else ""))
     return w, h
 
 

@@ -28,12 +28,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from packer.codecs.frame_selection import FrameSelection, Resize, parse_size
+from packer.codecs.frame_selection import FrameSelection, Resize
 from packer.codecs.video_sources import VideoInfo, VideoSource, decord_available, open_source, probe_video, sample_frame
 from packer.errors import CorruptSample, UsageError
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
-           "read_video", "probe_video", "sample_frame", "decord_available", "parse_size"]
+           "read_video", "probe_video", "sample_frame", "decord_available"]
 
 BACKENDS = ("auto", "decord", "opencv")
 # A video is a partial decode when it yields fewer frames than its container claims, beyond

@@ -34,7 +34,8 @@ from packer.conversion.diskspace import (Estimate, check_space, disk_used, encod
                                         human_bytes, sample_items)
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
 from packer.conversion.video_inputs import VideoItem, video_items
-from packer.codecs.video import BACKENDS, FrameSelection, Resize, parse_size, probe_video, read_video, sample_frame
+from packer.codecs.resize import parse_size
+from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video, sample_frame
 from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
@@ -269,7 +270,7 @@ class FrameOptions:
 
     @property
     def resize(self) -> Resize:
-        size = parse_size(self.size) if isinstance(self.size, str) else self.size
+        size = parse_size(self.size, zero_side=True) if isinstance(self.size, str) else self.size
         return Resize(short_side=self.short_side, size=size, keep_aspect=self.keep_aspect)
 
     def job(self) -> FrameJob:

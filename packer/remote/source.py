@@ -77,9 +77,9 @@ class RemoteOptions:
     def limit_bytes(self) -> int | None:
         if self.cache_limit is None:
             return None
-        from packer.formats.records import parse_size
+        from packer.fileio import parse_bytes
 
-        return parse_size(self.cache_limit)
+        return parse_bytes(self.cache_limit)
 
 
 def parse_sums(text: str) -> dict[str, str]:

@@ -27,9 +27,9 @@ from packer.codecs.tfrecord import (FRAMING, INDEX_SUFFIX, frame_record, index_p
                                     looks_like_tfrecord, read_index, scan_tfrecord, unframe_record, write_index)  # noqa: F401
 from packer.formats.lazy import lazy_exports
 from packer.formats.records.example import sample_features
-from packer.formats.records.layout import DEFAULT_SHARD_SIZE, parse_size, shard_name
+from packer.formats.records.layout import DEFAULT_SHARD_SIZE, shard_name
 
-__all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "parse_size", "shard_name",
+__all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "shard_name",
            "index_path", "frame_record", "unframe_record", "scan_tfrecord", "write_index",
            "read_index", "index_tfrecords", "looks_like_tfrecord", "sample_features"]
 

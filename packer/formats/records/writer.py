@@ -14,7 +14,8 @@ from packer.codecs.tfexample import encode_example
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import sample_features, sample_pieces
-from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, parse_size, sha256_file,
+from packer.fileio import parse_bytes
+from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
 from packer.formats.segments import SegmentShard, remove_segment_files
 from packer.formats.sample import Sample, Stored
@@ -46,7 +47,7 @@ class RecordsWriter(Writer):
                  created_by: dict[str, Any] | None = None, shard_size: int | str = DEFAULT_SHARD_SIZE,
                  samples_per_shard: int | None = None, name: str = "train", commit_every: int | None = None,
                  commit_bytes: int | None = None):
-        self.shard_size = parse_size(shard_size)
+        self.shard_size = parse_bytes(shard_size)
         if samples_per_shard is None and commit_every is not None:
             samples_per_shard = commit_every
         if samples_per_shard is not None and samples_per_shard < 1:
