@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
-from packer.conversion.inputs import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
+from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import TooManyFailures, UsageError, VerifyFailed
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from packer import __version__
-from packer.conversion.executors import EXECUTORS
+from packer.conversion.options import EXECUTORS
 from packer.errors import PackerError, TooManyFailures
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",

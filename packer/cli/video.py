@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from packer.cli.options import commit_option, conversion_call, conversion_options, library_call, main
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
+from packer.conversion.options import DEFAULT_VIDEO_EXTS
 
 
 @main.command("decode-frames")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from packer.conversion.input_failures import InputFailure, bad_line
+from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_file_stat, visible_files
 
@@ -26,8 +27,6 @@ __all__ = ["Item", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAG
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
-DEFAULT_VIDEO_EXTS = ("mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "wmv", "3gp", "ogv")
 
 
 @dataclass(frozen=True, init=False)

@@ -13,12 +13,12 @@ from typing import Any
 from packer.conversion.executors.base import Executor, InlineExecutor, Outcome, call_safely
 from packer.conversion.executors.isolated import IsolatedExecutor
 from packer.conversion.executors.local import LocalExecutor
+from packer.conversion.options import EXECUTORS
 from packer.errors import UsageError
 
 __all__ = ["Outcome", "Executor", "InlineExecutor", "LocalExecutor", "IsolatedExecutor", "RayExecutor",
            "EXECUTORS", "make_executor", "call_safely"]
 
-EXECUTORS = ("local", "ray")  # the names make_executor and --executor take
 
 log = logging.getLogger(__name__)
 
