@@ -1,4 +1,4 @@
-"""Keep freed heap memory for reuse while packing, instead of handing it back to the kernel.
+"""Keep freed heap memory for reuse, instead of handing it back to the kernel.
 
 glibc's malloc returns the top of its heap to the kernel whenever more than
 ``M_TRIM_THRESHOLD`` (128 KiB at start) is free there, and serves every block of 128 KiB or
@@ -12,11 +12,18 @@ a long-lived process (a notebook, a benchmark that ran other rows first) has usu
 a command started on its own has not. ``tune_heap`` sets them once, before any worker is
 forked (they inherit it): blocks below 32 MiB come from the heap, and up to 256 MiB of free
 heap is kept. Elsewhere than glibc it does nothing.
+
+Reading pays the same tax: every decoded image is a fresh block of about a megabyte, faulted in
+zeroed when the heap was trimmed. A reader (``packer.formats.reader.Reader``: every packer
+dataset) tunes the heap when it is opened and when a spawned DataLoader worker unpickles it, so
+a training script is fast by default. ``PACKER_TUNE_HEAP=0`` in the environment leaves glibc's
+defaults alone (``tune_heap`` then returns False).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import platform
 
 __all__ = ["tune_heap"]
@@ -34,7 +41,7 @@ def tune_heap() -> bool:
     """Raise glibc's trim and mmap thresholds for this process (once); True when set."""
     global _result
     if _result is None:
-        _result = _tune()
+        _result = os.environ.get("PACKER_TUNE_HEAP", "1") != "0" and _tune()
     return _result
 
 

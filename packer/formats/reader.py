@@ -16,6 +16,7 @@ from packer.errors import CorruptData, OutputChanged
 from packer.formats.sample import Record, Sample
 from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE, keys_checksum, load_checksums, load_keys
 from packer.integrity import crc32c
+from packer.heap import tune_heap
 from packer.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class Reader(abc.ABC):
     format_name: ClassVar[str] = ""
 
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
+        tune_heap()  # decoded images reuse freed heap pages instead of faulting in fresh ones (packer.heap)
         self.path = Path(path)
         self.check_crc = check_crc
         self._identity = output_identity(self.path)
@@ -194,6 +196,10 @@ class Reader(abc.ABC):
             state[k] = None
         state["_pid"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tune_heap()  # a spawned DataLoader worker (a forked one inherits its parent's heap settings)
+        self.__dict__.update(state)
 
     def _handle_attrs(self) -> tuple[str, ...]:
         """Attributes holding open handles, dropped when pickled."""

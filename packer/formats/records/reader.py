@@ -295,7 +295,7 @@ class RecordsReader(Reader):
         return ("_maps",)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._maps = collections.OrderedDict()
 
     def close(self) -> None:
