@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -58,8 +57,7 @@ _NUMERIC = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 13: "I", 11: "f"}
 _PRESENT_NOT_NUMBER = {1, 2, 7}  # BYTE, ASCII, UNDEFINED: a bytes/str value, never a rotation
 
 
-@dataclass(frozen=True)
-class JpegMeta:
+class JpegMeta(NamedTuple):
     """What a JPEG's header says, as the reference decoder reads it (see the module doc)."""
 
     height: int  # as stored (before orientation)
@@ -85,9 +83,32 @@ class JpegMeta:
         return (self.width, self.height) if self.orientation >= 5 else (self.height, self.width)
 
 
+# The header of the last file walked: its bytes before the SOF's size, its bytes from after the
+# size through the SOS marker, and its answer. Files of one encoder (a camera without EXIF,
+# ``packer resize``, ``decode-frames``, a synthetic set) differ in the SOF's size only, so the
+# next file's answer is two byte comparisons; any other difference walks in full.
+_last: Optional[tuple[bytes, bytes, JpegMeta]] = None
+_REPLAY_LIMIT = 4096  # longer headers (EXIF, ICC) are walked each time
+
+
 def jpeg_meta(data: bytes | memoryview) -> Optional[JpegMeta]:
     """The header facts of a JPEG as Pillow + ``exif_transpose`` read them, or None when this
     parser cannot promise them (not a JPEG, or see the module doc): decode with Pillow then."""
+    last = _last
+    if last is not None:
+        before, after, meta = last
+        size_at = len(before)
+        head = data if type(data) is bytes else bytes(data[:size_at + 4 + len(after)])
+        if head.startswith(before) and head.startswith(after, size_at + 4):
+            height, width = (head[size_at] << 8) | head[size_at + 1], (head[size_at + 2] << 8) | head[size_at + 3]
+            if height and width:
+                return JpegMeta(height, width, *meta[2:])
+    return _walk(data)
+
+
+def _walk(data: bytes | memoryview) -> Optional[JpegMeta]:
+    """``jpeg_meta`` by walking every marker; a short header becomes ``_last``."""
+    global _last
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
@@ -153,7 +174,7 @@ def jpeg_meta(data: bytes | memoryview) -> Optional[JpegMeta]:
             if chunks:  # Pillow joins the chunks seen so far when it reads the frame header
                 icc = min(chunks)[1] == len(chunks)
             sof = (marker, data[body], (data[body + 1] << 8) | data[body + 2],
-                   (data[body + 3] << 8) | data[body + 4], components, ids)
+                   (data[body + 3] << 8) | data[body + 4], components, ids, body + 1)
         else:
             return None  # RSTn, TEM, JPGn, SOI, EOI before the scan: leave them to Pillow
         pos = end
@@ -166,9 +187,12 @@ def jpeg_meta(data: bytes | memoryview) -> Optional[JpegMeta]:
         return None
     if orientation == 0:  # no EXIF orientation tag: Pillow's getexif then reads XMP's
         orientation = xmp_orientation(xmp) if xmp is not None else 1
-    marker, precision, height, width, components, ids = sof
-    return JpegMeta(height, width, components, precision, marker, orientation,
+    marker, precision, height, width, components, ids, size_at = sof
+    meta = JpegMeta(height, width, components, precision, marker, orientation,
                     _colour(components, ids, jfif, adobe), adobe, jfif, bool(icc))
+    if pos + 2 <= _REPLAY_LIMIT:
+        _last = (bytes(data[:size_at]), bytes(data[size_at + 4:pos + 2]), meta)
+    return meta
 
 
 def _colour(components: int, ids: tuple[int, ...], jfif: bool, adobe: Optional[int]) -> str:
