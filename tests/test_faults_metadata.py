@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
-from PIL import Image, ImageOps
+from PIL import Image
 
 from jpeg_layouts import Layout, build, exif_segment, layouts
 from packer.codecs import image as imaging, jpeg_region

@@ -88,7 +88,7 @@ class JpegMeta(NamedTuple):
 # ``packer resize``, ``decode-frames``, a synthetic set) differ in the SOF's size only, so the
 # next file's answer is two byte comparisons; any other difference walks in full.
 _last: Optional[tuple[bytes, bytes, JpegMeta]] = None
-_REPLAY_LIMIT = 4096  # longer headers (EXIF, ICC) are walked each time
+_REPLAY_LIMIT = 4096  # longer headers (large EXIF, ICC, XMP) are walked each time
 
 
 def jpeg_meta(data: bytes | memoryview) -> Optional[JpegMeta]:
