@@ -6,7 +6,11 @@ RGB; an alpha channel is dropped (the colour under it is kept, as OpenCV and Pil
 ``convert("RGB")`` both do); 16-bit samples are scaled to 8 bits by taking the high byte.
 The fastest decoder available at run time is used for JPEG: jpeg4py (the optional ``turbo``
 extra, libjpeg-turbo through its C API) when it loads, else OpenCV's ``imdecode``, else Pillow;
-all three give identical pixels (tested). Measured on one core, 0.24 MP JPEGs: Pillow 983
+all three give identical pixels (tested). The reference is Pillow + ``ImageOps.exif_transpose``
+(what torchvision's pipeline gives): the fast decoders decode the stored pixels only (OpenCV
+with ``IMREAD_IGNORE_ORIENTATION``), the orientation is the one ``packer.codecs.jpeg_meta``
+reads as Pillow does, and any JPEG that parser cannot promise (odd EXIF, CMYK/YCCK, an Adobe
+APP14, 12-bit, ...) is decoded by Pillow. Measured on one core, 0.24 MP JPEGs: Pillow 983
 img/s, OpenCV 1,320, jpeg4py 1,347. ``PACKER_DECODER=jpeg4py|opencv|pillow`` forces one.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from packer.codecs.jpeg_header import jpeg_header
+from packer.codecs.jpeg_meta import jpeg_meta, orient
 from packer.errors import CorruptSample
 
 try:  # OpenCV is a dependency, but keep the Pillow path working without it.
@@ -31,6 +36,7 @@ try:  # OpenCV is a dependency, but keep the Pillow path working without it.
 
     cv2.setNumThreads(1)
     _CV_FLAG = getattr(cv2, "IMREAD_COLOR_RGB", None)
+    _CV_FLAG = None if _CV_FLAG is None else _CV_FLAG | cv2.IMREAD_IGNORE_ORIENTATION
 except ImportError:  # pragma: no cover - exercised only where OpenCV is absent
     cv2 = None
     _CV_FLAG = None
@@ -236,51 +242,42 @@ def _decode_cv2(data: bytes | memoryview) -> np.ndarray | None:
     buf = np.frombuffer(data, dtype=np.uint8)
     if _CV_FLAG is not None:
         return cv2.imdecode(buf, _CV_FLAG)
-    arr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    arr = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     return None if arr is None else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
 
 
-# CMYK JPEGs (Adobe inverted) and a few exotic modes decode differently in OpenCV; route
-# anything that is not a plain baseline 8-bit image through Pillow so every path agrees.
 def cv2_safe(data: bytes | memoryview) -> bool:
-    """True when OpenCV decodes ``data`` to the same pixels as Pillow (plain 8-bit JPEG/PNG, BMP, WebP)."""
+    """True when OpenCV, told to ignore EXIF, decodes ``data`` to the stored pixels Pillow gives
+    (a JPEG ``packer.codecs.jpeg_meta`` calls ``fast``: the caller applies its orientation;
+    plain 8-bit PNG, BMP, WebP without EXIF)."""
     fmt = sniff_format(data)
     if fmt == "jpeg":
-        # Adobe APP14 marker => possibly CMYK/YCCK: let Pillow do it.
-        return b"Adobe" not in bytes(data[:4096])
+        meta = jpeg_meta(data)
+        return meta is not None and meta.fast
     if fmt == "png":
-        # colour type byte of IHDR: 3 = palette (transparency via tRNS), bit depth 16.
+        # colour type byte of IHDR: 3 = palette (transparency via tRNS), bit depth 16; an eXIf
+        # chunk anywhere (Pillow's exif_transpose rotates by it) is Pillow's
         head = bytes(data[:33])
-        return len(head) >= 26 and head[24] == 8 and head[25] in (0, 2) and b"tRNS" not in bytes(data[:4096])
-    return fmt in ("bmp", "webp")
+        return (len(head) >= 26 and head[24] == 8 and head[25] in (0, 2) and b"tRNS" not in bytes(data[:4096])
+                and bytes(data).find(b"eXIf") < 0)
+    if fmt == "webp":
+        return bytes(data).find(b"EXIF") < 0
+    return fmt == "bmp"
 
 
 def jpeg_orientation(data: bytes | memoryview) -> int:
-    """The EXIF orientation (1-8) of a JPEG from its APP1 segment; 1 when absent or unreadable."""
-    buf = bytes(data[:65536])
-    pos = 2
-    while pos + 4 <= len(buf) and buf[pos] == 0xFF:
-        marker = buf[pos + 1]
-        if marker in (0xDA, 0xD9):  # start of scan: no more metadata
-            break
-        length = int.from_bytes(buf[pos + 2:pos + 4], "big")
-        seg = buf[pos + 4:pos + 2 + length]
-        if marker == 0xE1 and seg[:6] == b"Exif\0\0" and len(seg) >= 14:
-            tiff = seg[6:]
-            order = "little" if tiff[:2] == b"II" else "big"
-            ifd = int.from_bytes(tiff[4:8], order)
-            if ifd + 2 > len(tiff):
-                return 1
-            for k in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
-                e = ifd + 2 + 12 * k
-                if e + 12 > len(tiff):
-                    break
-                if int.from_bytes(tiff[e:e + 2], order) == 0x0112:
-                    value = int.from_bytes(tiff[e + 8:e + 10], order)
-                    return value if 1 <= value <= 8 else 1
-            return 1
-        pos += 2 + length
-    return 1
+    """The EXIF orientation (1-8) Pillow's ``exif_transpose`` applies to a JPEG; 1 when absent
+    or unreadable (``packer.codecs.jpeg_meta``, or Pillow's own reading where that defers)."""
+    meta = jpeg_meta(data)
+    if meta is not None:
+        return meta.orientation
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = Image.open(io.BytesIO(bytes(data))).getexif().get(0x0112, 1)
+        return int(value) if value in (2, 3, 4, 5, 6, 7, 8) else 1
+    except Exception:
+        return 1
 
 
 if _FORCED == "pillow":
@@ -296,14 +293,24 @@ def decode(data: bytes | memoryview) -> np.ndarray:
 
     Raises ValueError when the bytes are not a decodable image.
     """
-    if DECODER != "pillow" and cv2_safe(data):
-        if DECODER == "jpeg4py" and sniff_format(data) == "jpeg" and jpeg_orientation(data) == 1:
+    if DECODER == "pillow":
+        return decode_pil(data)
+    if sniff_format(data) == "jpeg":
+        meta = jpeg_meta(data)
+        if meta is None or not meta.fast:
+            return decode_pil(data)  # what the parser cannot promise, Pillow decodes
+        if DECODER == "jpeg4py":
             try:
-                return _jpeg4py.JPEG(np.frombuffer(data, np.uint8)).decode()
+                arr = _jpeg4py.JPEG(np.frombuffer(data, np.uint8)).decode()
             except Exception:
                 return decode_pil(data)  # the reference path gives the one error message
-        if cv2 is not None:
-            arr = _decode_cv2(data)
-            if arr is not None:
-                return arr
+        else:
+            arr = _decode_cv2(data) if cv2 is not None else None
+            if arr is None:
+                return decode_pil(data)
+        return orient(arr, meta.orientation)
+    if cv2 is not None and cv2_safe(data):
+        arr = _decode_cv2(data)
+        if arr is not None:
+            return arr
     return decode_pil(data)

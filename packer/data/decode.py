@@ -37,10 +37,12 @@ Decode only what a box needs: header size, DCT scale, region-of-interest decode,
 
 ``decode_box(data, choose, out_h, out_w)`` is the engine of the fast training transforms:
 
-1. the image size comes from the JPEG header; ``choose(height, width)`` picks the box (and
-   a flip) in upright source pixels, so the box never depends on how the image is decoded
-   (a JPEG with an EXIF orientation other than 1 is decoded whole and upright first, then
-   the box is chosen on it: orientation always applies before the box);
+1. the image size comes from the JPEG header (``packer.codecs.jpeg_meta``, the one parser of
+   size, EXIF orientation and colour layout, which reads them as Pillow does);
+   ``choose(height, width)`` picks the box (and a flip) in upright source pixels, so the box
+   never depends on how the image is decoded (a JPEG with an EXIF orientation other than 1
+   is decoded whole and upright first, then the box is chosen on it: orientation always
+   applies before the box);
 2. the DCT scale ``k`` is the largest of 1, 2, 4, 8 that keeps the box at least the output
    size on both axes (``reduction_for``);
 3. only the box's window is decoded at 1/k (``packer.codecs.jpeg_region``; without a
@@ -53,7 +55,8 @@ Decode only what a box needs: header size, DCT scale, region-of-interest decode,
 
 Anything else takes the reference route (the same geometry on a full decode under
 ``packer.codecs.image``'s rules): JPEGs with an EXIF orientation other than 1, CMYK/YCCK,
-12-bit or lossless JPEGs, a JPEG libjpeg warns about, other formats, ``PACKER_DECODER=pillow``.
+an Adobe APP14, 12-bit or lossless JPEGs, any header ``jpeg_meta`` cannot promise Pillow's
+reading of, a JPEG libjpeg warns about, other formats, ``PACKER_DECODER=pillow``.
 Raw HxWx3 arrays (raw packed samples) are resampled directly.
 
 The training crop: RandomResizedCrop + horizontal flip, chosen from the header, decoded in the box.
@@ -124,6 +127,7 @@ import torch
 from PIL import Image
 
 from packer.codecs import image as imaging, jpeg_region
+from packer.codecs.jpeg_meta import jpeg_meta, orient
 from packer.codecs.image import decode_pil, to_chw
 
 __all__ = ["resample_box", "window", "to_chw3", "decode_box", "reduction_for", "jpeg_size", "decode_scaled",
@@ -232,46 +236,24 @@ def to_chw3(arr: np.ndarray) -> np.ndarray:
 Box = tuple[float, float, float, float]  # top, left, height, width (upright source pixels)
 Chooser = Callable[[int, int], tuple[Box, bool]]  # (height, width) -> (box, flip)
 
-# Start-of-frame markers carry the image size (C4 = DHT, C8 = JPG extension, CC = DAC are not SOF).
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _REDUCED_RGB = {}
 _cv2 = imaging.cv2
 if _cv2 is not None and hasattr(_cv2, "IMREAD_COLOR_RGB"):
     # IMREAD_REDUCED_GRAYSCALE_k is the bare "reduce by k" bit; OR-ing COLOR_RGB makes it colour.
-    _REDUCED_RGB = {2: _cv2.IMREAD_REDUCED_GRAYSCALE_2 | _cv2.IMREAD_COLOR_RGB,
-                    4: _cv2.IMREAD_REDUCED_GRAYSCALE_4 | _cv2.IMREAD_COLOR_RGB,
-                    8: _cv2.IMREAD_REDUCED_GRAYSCALE_8 | _cv2.IMREAD_COLOR_RGB}
+    # IMREAD_IGNORE_ORIENTATION: the stored pixels; the orientation is jpeg_meta's (Pillow's)
+    _REDUCED_RGB = {k: flag | _cv2.IMREAD_COLOR_RGB | _cv2.IMREAD_IGNORE_ORIENTATION
+                    for k, flag in ((2, _cv2.IMREAD_REDUCED_GRAYSCALE_2), (4, _cv2.IMREAD_REDUCED_GRAYSCALE_4),
+                                    (8, _cv2.IMREAD_REDUCED_GRAYSCALE_8))}
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(height, width) from a JPEG's start-of-frame header, as stored (before EXIF rotation).
 
-    Returns None when the bytes are not a JPEG or the header is cut short.
+    Returns None when the bytes are not a JPEG whose header ``packer.codecs.jpeg_meta`` can
+    read (cut short, junk between segments, ...).
     """
-    mv = memoryview(data)
-    n = len(mv)
-    if n < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
-        return None
-    i = 2
-    while i + 4 <= n:
-        if mv[i] != 0xFF:
-            return None
-        marker = mv[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # standalone markers
-            i += 2
-            continue
-        seg = (mv[i + 2] << 8) | mv[i + 3]
-        if marker in _SOF:
-            if i + 9 > n:
-                return None
-            return (mv[i + 5] << 8) | mv[i + 6], (mv[i + 7] << 8) | mv[i + 8]
-        if marker in (0xD9, 0xDA):  # end of image / start of scan before any SOF
-            return None
-        i += 2 + seg
-    return None
+    meta = jpeg_meta(data)
+    return None if meta is None else (meta.height, meta.width)
 
 
 DCT_GAP = 1.0
@@ -288,10 +270,11 @@ def reduction_for(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
 def decode_scaled(data: bytes | memoryview, k: int) -> np.ndarray:
     """The whole JPEG decoded at 1/k in the DCT domain (EXIF applied), HxWx3 RGB uint8."""
     if k > 1:
-        if _REDUCED_RGB and imaging.cv2_safe(data) and imaging.DECODER != "pillow":
+        meta = jpeg_meta(data) if _REDUCED_RGB and imaging.DECODER != "pillow" else None
+        if meta is not None and meta.fast:
             arr = _cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED_RGB[k])
             if arr is not None:
-                return arr
+                return orient(arr, meta.orientation)
         try:  # Pillow's draft picks the same 1/k scaled IDCT (also for CMYK/Adobe JPEGs)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -320,24 +303,25 @@ def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray
         box, flip = choose(*data.shape[:2])
         return resample_box(data, box, out_h, out_w, flip=flip)
     chosen, chosen_for = None, None
-    if imaging.sniff_format(data) == "jpeg" and imaging.jpeg_orientation(data) == 1:
-        size = jpeg_size(data)
-        if size is not None and size[0] > 0 and size[1] > 0:
-            height, width = size
-            chosen, chosen_for = choose(height, width), (height, width)
-            (box, flip), k = chosen, reduction_for(chosen[0][2], chosen[0][3], out_h, out_w)
-            sbox = _scaled_box(box, k)
-            sh, sw = jpeg_region.scaled(height, k), jpeg_region.scaled(width, k)
-            if jpeg_region.available() and imaging.DECODER != "pillow":
-                y0, x0, y1, x1 = window(sbox, sh, sw, out_h, out_w)
-                roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k)
-                if roi is not None:
-                    return resample_box(roi, (sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3]),
-                                        out_h, out_w, flip=flip)
-            else:
-                arr = decode_scaled(data, k)
-                if arr.shape[:2] == (sh, sw):
-                    return resample_box(arr, sbox, out_h, out_w, flip=flip)
+    meta = jpeg_meta(data) if imaging.sniff_format(data) == "jpeg" else None
+    # the fast route: a JPEG whose header promises Pillow's pixels and is upright as stored;
+    # anything else is decoded whole (and upright) by imaging.decode's rules, then boxed
+    if meta is not None and meta.fast and meta.orientation == 1:
+        height, width = meta.height, meta.width
+        chosen, chosen_for = choose(height, width), (height, width)
+        (box, flip), k = chosen, reduction_for(chosen[0][2], chosen[0][3], out_h, out_w)
+        sbox = _scaled_box(box, k)
+        sh, sw = jpeg_region.scaled(height, k), jpeg_region.scaled(width, k)
+        if jpeg_region.available() and imaging.DECODER != "pillow":
+            y0, x0, y1, x1 = window(sbox, sh, sw, out_h, out_w)
+            roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k)
+            if roi is not None:
+                return resample_box(roi, (sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3]),
+                                    out_h, out_w, flip=flip)
+        else:
+            arr = decode_scaled(data, k)
+            if arr.shape[:2] == (sh, sw):
+                return resample_box(arr, sbox, out_h, out_w, flip=flip)
     arr = imaging.decode(data)
     if chosen_for != arr.shape[:2]:  # not a JPEG we could read the size of (or it lied)
         chosen = choose(*arr.shape[:2])
