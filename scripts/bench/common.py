@@ -7,8 +7,10 @@ the package importable (installed, or ``PYTHONPATH=$PWD``); nothing here edits `
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import hashlib
+import io
 import json
 import os
 import platform
@@ -20,10 +22,10 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["REPO", "RESULTS", "machine_info", "write_result", "image_folder", "run_fresh", "proc_usage",
-           "usage_delta", "command_line"]
+           "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench-out" / "results"  # --results; the committed copies live in docs/bench-results
@@ -151,6 +153,39 @@ def image_folder(root: Path | str, *, count: int, classes: int = 10, size: tuple
     return root
 
 
+def write_video(path: Path, *, frames: int = 24, size: tuple[int, int] = (48, 64), fps: float = 25.0,
+                seed: int = 0, fourcc: str | None = None) -> Path:
+    """A small synthetic video (OpenCV's mp4v for .mp4, MJPG for .avi): a moving photo-like image
+    whose frame i carries i in its mean brightness (the same bytes as the tests' generator)."""
+    import cv2
+    import numpy as np
+
+    from packer.synth import natural_image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fourcc = fourcc or ("MJPG" if path.suffix.lower() == ".avi" else "mp4v")
+    h, w = size
+    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
+    if not out.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {path} with {fourcc}")
+    base = natural_image(np.random.default_rng(seed), h, w)
+    for i in range(frames):
+        frame = np.roll(base, 2 * i, axis=1).astype(np.int16) + (i * 97) % 120 - 60
+        out.write(np.clip(frame, 0, 255).astype(np.uint8)[:, :, ::-1])
+    out.release()
+    return path
+
+
+def write_video_folder(root: Path, *, per_class: int = 2, classes: int = 2, frames: int = 24,
+                       size: tuple[int, int] = (48, 64)) -> Path:
+    """``root/<class>/<video>``: mp4 and avi videos of ``frames`` (+k) frames each."""
+    for c in range(classes):
+        for k in range(per_class):
+            ext = "mp4" if k % 2 == 0 else "avi"
+            write_video(root / f"class_{c}" / f"clip_{c}_{k}.{ext}", frames=frames + k, size=size, seed=10 * c + k)
+    return root
+
+
 # -- fresh processes ---------------------------------------------------------------------------------
 def _clock_ticks() -> int:
     return os.sysconf("SC_CLK_TCK")
@@ -178,12 +213,16 @@ def usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 
 
 def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
-    """Run ``python -m module --child SPEC`` in a fresh interpreter (default settings, as a user's
+    """Run ``python -m module --child SPEC.json`` in a fresh interpreter (default settings, as a user's
     training script starts) and return the JSON it prints last, with the child's whole-life
     wall time, user and system CPU, minor and major faults and peak RSS (``os.wait4``: the child
     and every worker process it reaped) under ``process``. A child that fails or times out
     gives ``{"error": ...}``."""
-    cmd = [sys.executable, "-m", module, "--child", json.dumps(spec)]
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-spec-", delete=False) as f:
+        json.dump(spec, f)  # a file, not argv: a spec may list thousands of paths
+    cmd = [sys.executable, "-m", module, "--child", f.name]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     timer = threading.Timer(timeout, proc.kill)
@@ -193,6 +232,7 @@ def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0) -> d
         _, status, ru = os.wait4(proc.pid, 0)
     finally:
         timer.cancel()
+        os.unlink(f.name)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
     usage = {"wall_s": wall, "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "minflt": ru.ru_minflt,
@@ -203,3 +243,60 @@ def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0) -> d
     result = json.loads(lines[-1])
     result["process"] = usage
     return result
+
+
+# -- benchmarks made of sections that print markdown ----------------------------------------------------
+class _Tee(io.TextIOBase):
+    """Write to the terminal and keep a copy (a section's printed markdown goes in the JSON)."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        return self.copy.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def run_sections(bench: str, doc: str, sections: dict[str, Callable[[list[str]], Any]], *,
+                 all_sections: tuple[str, ...], quick: dict[str, list[str]], notes: list[str],
+                 argv: list[str] | None = None) -> int:
+    """``python -m scripts.bench.<bench> SECTION [--quick] [--results DIR] [section options]``:
+    run the section(s), print their markdown and write it, with the machine and the command, as
+    the benchmark's JSON. A section is ``fn(argv)`` that prints markdown and may return a dict of
+    figures (kept under ``figures``)."""
+    def parser(add_help: bool) -> argparse.ArgumentParser:
+        ap = argparse.ArgumentParser(prog=f"python -m scripts.bench.{bench}", description=doc.split("\n\n")[0],
+                                     add_help=add_help,
+                                     epilog=f"Section options: python -m scripts.bench.{bench} SECTION --help")
+        ap.add_argument("section", choices=[*sections, "all"],
+                        help="what to measure (all: " + ", ".join(all_sections) + ")")
+        ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run that proves the section works")
+        ap.add_argument("--results", type=Path, default=None, help="folder for the JSON (default bench-out/results)")
+        return ap
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not any(a in sections or a == "all" for a in argv):
+        parser(True).parse_args(argv)  # --help, or the error that names the sections
+    args, rest = parser(False).parse_known_args(argv)  # -h/--help after a section is the section's
+    if "-h" in rest or "--help" in rest:
+        sections[args.section if args.section != "all" else all_sections[0]](["--help"])
+        return 0
+    machine = machine_info()
+    figures: dict[str, Any] = {"quick": args.quick, "sections": {}}
+    for name in all_sections if args.section == "all" else (args.section,):
+        section_argv = (quick.get(name, []) if args.quick else []) + rest
+        tee = _Tee(sys.stdout)
+        saved, sys.stdout = sys.stdout, tee
+        t = time.perf_counter()
+        try:
+            extra = sections[name](section_argv)
+        finally:
+            sys.stdout = saved
+        figures["sections"][name] = {"argv": section_argv, "seconds": time.perf_counter() - t,
+                                     "markdown": tee.copy.getvalue().strip(),
+                                     **({"figures": extra} if isinstance(extra, dict) else {})}
+    write_result(bench, figures, results=args.results, machine=machine, notes=notes)
+    return 0

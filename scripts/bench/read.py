@@ -25,8 +25,6 @@ Sections (``--section``, comma-separated, or ``all``):
 * ``shuffle``: ``StreamingDataset``'s default block shuffle against shard order + buffer on a
   class-sorted records pack: classes per 256-batch against iid, and read throughput.
 * ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
-* ``warmth``: what writing a file costs in system time right after another was deleted (a
-  virtual machine's free page reporting; why the write benchmark deletes outputs first).
 
 Run from the repository root with packer importable::
 
@@ -56,7 +54,7 @@ import numpy as np
 from scripts.bench.common import image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
 
 MODULE = "scripts.bench.read"
-SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "warmth")
+SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops")
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
@@ -953,37 +951,8 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
             "markdown": "\n\n".join(parts)}
 
 
-def section_warmth(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
-    """System time of writing ``--warmth-mb`` into a new file 0, 0.5, 2, 8 s after deleting the last."""
-    pauses = (0.0, 0.5, 2.0, 8.0)
-    chunk = os.urandom(1 << 20) * 50
-    target_file = work / "warmth.bin"
-    sys_s: dict[float, list[float]] = {p: [] for p in pauses}
-    for _ in range(args.repeats):
-        for pause in pauses:
-            if target_file.exists():
-                target_file.unlink()
-            time.sleep(pause)
-            r0 = os.times()
-            with open(target_file, "wb") as f:
-                for _ in range(max(1, args.warmth_mb // 50)):
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            sys_s[pause].append(os.times().system - r0.system)
-    target_file.unlink(missing_ok=True)
-    rows = [[f"{p:g}", f"{min(v):.3f}", f"{statistics.median(v):.3f}"] for p, v in sys_s.items()]
-    md = "\n\n".join([f"{max(1, args.warmth_mb // 50) * 50} MB written (50 MB writes + fsync) into a new file in "
-                      f"{work} after deleting the previous one; system CPU seconds of the write, {args.repeats} "
-                      f"rounds. On bare metal the pause changes nothing; on a VM with free page reporting "
-                      f"the first write into freshly returned pages costs the host's fault.",
-                      md_table(["pause after delete (s)", "least sys s", "median sys s"], rows)])
-    return {"params": {"mb": args.warmth_mb}, "sys_s": {str(k): v for k, v in sys_s.items()}, "markdown": md}
-
-
 SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
-                 "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
-                 "warmth": section_warmth}
+                 "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops}
 
 
 # == main ===============================================================================================
@@ -1013,13 +982,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shuffle-shard", type=int, default=3000)
     ap.add_argument("--crop-count", type=int, default=96)
     ap.add_argument("--crop-rounds", type=int, default=7)
-    ap.add_argument("--warmth-mb", type=int, default=640)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.count, args.classes, args.batch_size, args.steps, args.repeats = 48, 2, 8, 2, 1
         args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard = 4, 40, 40
-        args.crop_count, args.crop_rounds, args.warmth_mb = 4, 1, 50
+        args.crop_count, args.crop_rounds = 4, 1
         if args.workdir == Path("bench-out/read"):
             args.workdir = Path("bench-out/read-quick")
     args.sections = list(SECTIONS) if args.section == "all" else [s for s in args.section.split(",") if s]
@@ -1032,7 +1000,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.child is not None:
-        print(json.dumps(child(json.loads(args.child))), flush=True)
+        print(json.dumps(child(json.loads(Path(args.child).read_text()))), flush=True)
         return 0
     machine = machine_info()
     work = args.workdir.resolve()
