@@ -535,7 +535,7 @@ def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str
 
     src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
     items, _ = list_folder(src)
-    formats = [f for f in FORMATS]
+    formats = [f for f in args.formats if f in FORMATS]
     paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2) for f in formats}
     peers = available_peers(args.peers, skipped)
     peer_paths = {}
@@ -611,10 +611,11 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
 
     src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
     items, _ = list_folder(src)
-    packs = {"packer/lmdb": packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2),
-             "packer/hdf5": packed(src, work / f"packed-{args.count}" / "data.hdf5", "hdf5", workers=2),
-             "packer/hdf5-raw": packed(src, work / f"packed-{args.count}" / "raw-256x320.h5", "hdf5", workers=2,
-                                       raw=True, resize=ResizeSpec(size=(320, 256)))}
+    packs = {"packer/lmdb": packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)}
+    if "hdf5" in args.formats:
+        packs["packer/hdf5"] = packed(src, work / f"packed-{args.count}" / "data.hdf5", "hdf5", workers=2)
+        packs["packer/hdf5-raw"] = packed(src, work / f"packed-{args.count}" / "raw-256x320.h5", "hdf5", workers=2,
+                                          raw=True, resize=ResizeSpec(size=(320, 256)))
     peers = available_peers(args.train_peers, skipped)
     base = dict(base_spec(args, items), pipeline="train", images=str(src))
     par = max(args.threads)
@@ -659,15 +660,17 @@ def section_formats(args: argparse.Namespace, work: Path, skipped: dict[str, str
 
     src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
     items, _ = list_folder(src)
-    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2) for f in FORMATS}
+    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2)
+             for f in args.formats if f in FORMATS}
     base = dict(base_spec(args, items), pipeline="tensor")
     rows = [dict(base, source="ceiling", loader="DataLoader", parallel=w) for w in args.workers]
     for w in args.workers:
         for f, path in paths.items():
             rows.append(dict(base, source=f"packer/{f}", loader="DataLoader", parallel=w, path=path))
-        rows.append(dict(base, source="packer/records-nocrc", loader="DataLoader", parallel=w,
-                         path=paths["records"], dataset_options={"check_crc": False}))
-        rows.append(dict(base, source="stream/records", loader="DataLoader", parallel=w, path=paths["records"]))
+        if "records" in paths:
+            rows.append(dict(base, source="packer/records-nocrc", loader="DataLoader", parallel=w,
+                             path=paths["records"], dataset_options={"check_crc": False}))
+            rows.append(dict(base, source="stream/records", loader="DataLoader", parallel=w, path=paths["records"]))
     results = run_rows(rows, args.repeats, lambda s: f"tensor {s['source']} w={s['parallel']}")
 
     def ceiling(e: dict[str, Any]) -> dict[str, Any] | None:
@@ -745,14 +748,16 @@ def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
     for name, path in spec["paths"].items():
         ds = PackedDataset(path, decode="bytes")
         fetch[f"packer/{name}"] = least(lambda ds=ds: (ds[i] for i in order))
-    ds = PackedDataset(spec["paths"]["records"], decode="bytes", check_crc=False)
-    fetch["packer/records-nocrc"] = least(lambda: (ds[i] for i in order))
-    records = open_reader(spec["paths"]["records"])
-    framed = [bytes(records.read_payload(i)) for i in order]
-    lengths = [len(p).to_bytes(8, "little") for p in framed]
-    crc = least(lambda: ((masked_crc32c(a), masked_crc32c(b)) for a, b in zip(lengths, framed)))
-    return {"samples": n, "decode_us": decode, "fetch_us": fetch, "crc_us": crc,
-            "crc_share": crc / (fetch["packer/records"] + decode["tensor"])}
+    out = {"samples": n, "decode_us": decode, "fetch_us": fetch}
+    if "records" in spec["paths"]:
+        ds = PackedDataset(spec["paths"]["records"], decode="bytes", check_crc=False)
+        fetch["packer/records-nocrc"] = least(lambda: (ds[i] for i in order))
+        records = open_reader(spec["paths"]["records"])
+        framed = [bytes(records.read_payload(i)) for i in order]
+        lengths = [len(p).to_bytes(8, "little") for p in framed]
+        out["crc_us"] = least(lambda: ((masked_crc32c(a), masked_crc32c(b)) for a, b in zip(lengths, framed)))
+        out["crc_share"] = out["crc_us"] / (fetch["packer/records"] + decode["tensor"])
+    return out
 
 
 def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
@@ -761,7 +766,8 @@ def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str])
 
     src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
     items, _ = list_folder(src)
-    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2) for f in FORMATS}
+    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2)
+             for f in args.formats if f in FORMATS}
     n = min(400, args.count)
     r = run_fresh(MODULE, dict(base_spec(args, items), kind="costs", paths=paths, n=n))
     if "error" in r:
@@ -773,8 +779,9 @@ def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     md = "\n\n".join([
         f"CPU per sample in one fresh process, least of 3 passes over {n} samples in random order. Decode + "
         f"resize 256 + crop 224: packer {d['packer']:.0f} us, Pillow {d['pillow']:.0f} us "
-        f"({d['pillow'] / d['packer']:.2f}x); full decode to a tensor {d['tensor']:.0f} us. The two CRC32Cs of a "
-        f"checked record: {r['crc_us']:.1f} us = {100 * r['crc_share']:.2f}% of a records read + full decode.",
+        f"({d['pillow'] / d['packer']:.2f}x); full decode to a tensor {d['tensor']:.0f} us."
+        + (f" The two CRC32Cs of a checked record: {r['crc_us']:.1f} us = {100 * r['crc_share']:.2f}% of a "
+           f"records read + full decode." if "crc_us" in r else ""),
         md_table(["source", "fetch us", "img/CPU-s, packer decode", "img/CPU-s, Pillow", "vs ceiling (packer)"],
                  table)])
     return {"params": {"samples": n}, "results": r, "markdown": md}
@@ -974,6 +981,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the best of each row is kept")
     ap.add_argument("--workers", type=_ints, default=[0, 2], help="DataLoader num_workers values")
     ap.add_argument("--threads", type=_ints, default=[1, 2], help="packer.Loader num_threads values")
+    ap.add_argument("--formats", type=lambda s: [f for f in s.split(",") if f], default=["lmdb", "records", "hdf5"],
+                    help="packer formats in the loaders, formats, costs and training sections")
     ap.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p and p != "none"], default=list(PEERS))
     ap.add_argument("--train-peers", type=lambda s: [p for p in s.split(",") if p and p != "none"],
                     default=list(TRAIN_PEERS))
