@@ -1,6 +1,6 @@
 """The docs and the test suite say only what is true, checked here:
 
-* README's reliability table is what ``scripts/fault_counts.py`` prints from the fault suite's
+* README's reliability table is what ``python -m scripts.check.fault_counts`` prints from the fault suite's
   own collection (so counts cannot drift);
 * the contracts README points to exist in the repository, and no doc describes code that does
   not exist (the records merge "fast path");
@@ -22,11 +22,11 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def test_reliability_tables_are_the_suites_own_count():
-    printed = subprocess.run([sys.executable, "scripts/fault_counts.py"], cwd=REPO, capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "scripts.check.fault_counts"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.strip()
     assert printed.startswith("| suite |")
     for doc in ("README.md", "docs/faults.md"):
-        assert printed in (REPO / doc).read_text(), f"{doc}'s table is stale: rerun scripts/fault_counts.py"
+        assert printed in (REPO / doc).read_text(), f"{doc}'s table is stale: rerun python -m scripts.check.fault_counts"
 
 
 def test_contracts_are_in_the_repository():
