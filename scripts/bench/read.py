@@ -327,12 +327,12 @@ def train_peer(spec: dict[str, Any]) -> Iterable:
         def collate(items):
             return torch.from_numpy(np.stack([a for a, _ in items])), torch.tensor([lab for _, lab in items])
 
-        pipe = (PipelineBuilder().add_source(order).pipe(load, concurrency=par).aggregate(bs).pipe(collate)
-                .add_sink(3).build(num_threads=par))
+        spdl_pipe = (PipelineBuilder().add_source(order).pipe(load, concurrency=par).aggregate(bs).pipe(collate)
+                     .add_sink(3).build(num_threads=par))
 
         def run():
-            with pipe.auto_stop():
-                yield from pipe.get_iterator(timeout=120)
+            with spdl_pipe.auto_stop():
+                yield from spdl_pipe.get_iterator(timeout=120)
         return run()
     if source == "dali":
         from nvidia.dali import fn, pipeline_def, types
@@ -438,9 +438,9 @@ def run_rows(rows: list[dict[str, Any]], repeats: int, label: Callable[[dict], s
     round's result is kept (``rounds``) and the best by samples/s summarised."""
     out: dict[int, dict[str, Any]] = {}
     for rnd in range(repeats):
-        order = rows[rnd % len(rows):] + rows[:rnd % len(rows)] if rows else []
-        for spec in order:
-            i = rows.index(spec)
+        shift = rnd % len(rows) if rows else 0
+        for i in [*range(shift, len(rows)), *range(shift)]:  # rotating: no row always runs first
+            spec = rows[i]
             r = run_fresh(MODULE, spec)
             entry = out.setdefault(i, {"row": {k: v for k, v in spec.items() if k not in ("files", "labels")},
                                        "rounds": []})
@@ -871,7 +871,7 @@ def _median_cpu_ms(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: i
 def _crop_set(label: str, data: list[bytes], rounds: int, seed: int) -> tuple[str, dict[str, float]]:
     import torch
 
-    from packer.codecs.image import decode, to_chw
+    from packer.codecs.image import decode
     from packer.commands.fidelity import fidelity_rows, format_fidelity
     from packer.data.crops import DecodeRandomResizedCrop, PilRandomResizedCrop
     from packer.data.resample import resample_box, to_chw3

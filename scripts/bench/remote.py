@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader
 from packer.data import StreamingDataset
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from packer.synth import natural_image
-from scripts.bench.common import REPO, run_sections
+from scripts.bench.common import run_sections
 from tests.remote.servers import start_nginx
 
 

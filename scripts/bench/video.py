@@ -25,7 +25,6 @@ Target: DIS >= 100 flow frames/s per core. Frames: the fixture, else a generated
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil

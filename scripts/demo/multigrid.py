@@ -24,9 +24,7 @@ dataset is cycled to ``--epoch-size`` clips (each clip still a fresh random crop
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
