@@ -578,6 +578,9 @@ def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str
         c = e and ceiling(e)
         targets.append(target(f"packer/{f} vs in-memory ceiling, DataLoader {top_w} workers",
                               e and c and e["samples_per_s"] / c["samples_per_s"], 0.95))
+        folder = find(results, source="folder", pipeline="packer", loader="DataLoader", parallel=top_w)
+        targets.append(target(f"packer/{f} vs the folder read file by file (same decode), DataLoader {top_w} workers",
+                              e and folder and e["samples_per_s"] / folder["samples_per_s"], 1.0))
     peer_default = [find(results, source=p, pipeline="pillow", loader="DataLoader", parallel=top_w)
                     for p in peer_paths]
     peer_default = [p for p in peer_default if p]
