@@ -998,7 +998,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.count, args.classes, args.batch_size, args.steps, args.repeats = 48, 2, 8, 2, 1
-        args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard = 4, 40, 40
+        args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard = 8, 40, 40
         args.crop_count, args.crop_rounds = 4, 1
         if args.workdir == Path("bench-out/read"):
             args.workdir = Path("bench-out/read-quick")
