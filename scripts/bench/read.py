@@ -25,6 +25,8 @@ Sections (``--section``, comma-separated, or ``all``):
 * ``shuffle``: ``StreamingDataset``'s default block shuffle against shard order + buffer on a
   class-sorted records pack: classes per 256-batch against iid, and read throughput.
 * ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
+* ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
+  CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
 
 Run from the repository root with packer importable::
 
@@ -54,7 +56,7 @@ import numpy as np
 from scripts.bench.common import image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
 
 MODULE = "scripts.bench.read"
-SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops")
+SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
@@ -982,8 +984,67 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
             "markdown": "\n\n".join(parts)}
 
 
+def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """Host-side cost per batch: the uint8 path (stage the batch for the copy engine) against
+    normalizing float32 on the CPU; with CUDA, the real ``DevicePrefetcher``'s host time too."""
+    import torch
+
+    from packer.data.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from packer.data.prefetch import DevicePrefetcher
+    from packer.data.transforms import DecodeResizeCrop
+    from packer.synth import jpeg_bytes, natural_image
+
+    rng = np.random.default_rng(0)
+    decode = DecodeResizeCrop(256, 224)
+    batch = torch.stack([decode(jpeg_bytes(natural_image(rng, 432, 576), 90)) for _ in range(args.batch_size)])
+    reps = 15
+    norm = Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    stage_u8, stage_f32 = torch.empty_like(batch), torch.empty(batch.shape, dtype=torch.float32)
+
+    def med(fn: Callable[[], Any]) -> float:
+        fn()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return 1000 * statistics.median(ts)
+
+    out: dict[str, Any] = {
+        "batch_shape": list(batch.shape), "uint8_path_ms": med(lambda: stage_u8.copy_(batch)),
+        "cpu_float32_ms": med(lambda: stage_f32.copy_(norm(batch))),
+        "prefetcher_cpu_fallback_ms": med(lambda: next(iter(DevicePrefetcher([(batch, 0)], device="cpu"))))}
+    out["ratio"] = out["uint8_path_ms"] / out["cpu_float32_ms"]
+    if torch.cuda.is_available():  # the real thing: host time spent inside the CUDA prefetcher
+        pinned = batch.pin_memory()
+        it = iter(DevicePrefetcher([(pinned, torch.zeros(len(batch), dtype=torch.long))] * (reps + 1), device="cuda"))
+        next(it)
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            next(it)
+            ts.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        out["cuda_prefetcher_host_ms"] = 1000 * statistics.median(ts)
+        out["cuda_device"] = torch.cuda.get_device_name()
+    cuda = out.get("cuda_prefetcher_host_ms")
+    t = [target("uint8 path host cost per batch vs CPU float32 normalization", out["ratio"], 0.5, at_most=True)]
+    if cuda is not None:
+        t.append(target("CUDA DevicePrefetcher host time per batch vs CPU float32 normalization",
+                        cuda / out["cpu_float32_ms"], 0.5, at_most=True, who=out["cuda_device"]))
+    rows = [["uint8 path: stage the batch (copy into a preallocated buffer)", f"{out['uint8_path_ms']:.2f}"],
+            ["CPU float32: normalize + stage", f"{out['cpu_float32_ms']:.2f}"],
+            ["DevicePrefetcher, CPU fallback", f"{out['prefetcher_cpu_fallback_ms']:.2f}"],
+            [f"DevicePrefetcher on CUDA ({out.get('cuda_device', 'no CUDA here: not measured')}), host time",
+             _f(cuda, ".2f")]]
+    md = "\n\n".join([f"Host-side cost per batch {tuple(batch.shape)} uint8 (median of {reps}), in this process.",
+                       md_table(["path", "ms per batch"], rows), targets_md(t)])
+    return {"results": out, "targets": t, "markdown": md}
+
+
 SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
-                 "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops}
+                 "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
+                 "prefetch": section_prefetch}
 
 
 # == main ===============================================================================================

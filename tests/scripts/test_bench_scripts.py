@@ -42,7 +42,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
                                            "--workdir", str(tmp_path / "work"), "--peers", "none",
                                            "--train-peers", "none"], tmp_path / "results")
     sections = doc["figures"]["sections"]
-    assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops"}
+    assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
     loaders = rows_by(sections["loaders"])
     for source in ("ceiling", "folder", "packer/lmdb", "packer/records", "packer/hdf5"):
         for pipe in ("packer", "pillow"):
@@ -70,6 +70,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert {"ceiling", "folder", "packer/lmdb", "packer/records-nocrc"} <= set(costs["fetch_us"])
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
+    assert 0 < sections["prefetch"]["results"]["ratio"] < 1
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
 
