@@ -767,7 +767,7 @@ def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
             best = min(best, (time.process_time() - t) / n)
         return 1e6 * best
 
-    decode = {name: least(lambda fn=pipeline(name): (fn(b) for b in blobs)) for name in ("packer", "pillow")}
+    decode = {name: least(lambda fn=pipeline(name): (fn(b) for b in blobs)) for name in ("packer", "pillow", "train")}
     decode["tensor"] = least(lambda: (decode_record(b, "tensor") for b in blobs))
     fetch = {"ceiling": least(lambda: (blobs[k] for k in range(n))),
              "folder": least(lambda: (Path(spec["files"][i]).read_bytes() for i in order))}
@@ -805,7 +805,8 @@ def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     md = "\n\n".join([
         f"CPU per sample in one fresh process, least of 3 passes over {n} samples in random order. Decode + "
         f"resize 256 + crop 224: packer {d['packer']:.0f} us, Pillow {d['pillow']:.0f} us "
-        f"({d['pillow'] / d['packer']:.2f}x); full decode to a tensor {d['tensor']:.0f} us."
+        f"({d['pillow'] / d['packer']:.2f}x); RandomResizedCrop(224) + flip {d.get('train', float('nan')):.0f} us; "
+        f"full decode to a tensor {d['tensor']:.0f} us."
         + (f" The two CRC32Cs of a checked record: {r['crc_us']:.1f} us = {100 * r['crc_share']:.2f}% of a "
            f"records read + full decode." if "crc_us" in r else ""),
         md_table(["source", "fetch us", "img/CPU-s, packer decode", "img/CPU-s, Pillow", "vs ceiling (packer)"],

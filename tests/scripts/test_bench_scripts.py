@@ -66,7 +66,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
         "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
     costs = sections["costs"]["results"]
-    assert set(costs["decode_us"]) == {"packer", "pillow", "tensor"} and costs["crc_us"] > 0
+    assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"} and costs["crc_us"] > 0
     assert {"ceiling", "folder", "packer/lmdb", "packer/records-nocrc"} <= set(costs["fetch_us"])
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
