@@ -118,7 +118,7 @@ def test_remote_quick(tmp_path):
     if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
         pytest.skip("nginx is not installed: the remote benchmark serves its shards with it")
     doc = run_bench("scripts.bench.remote", ["--quick", "streaming"], tmp_path / "results")
-    assert "| local |" in doc["figures"]["sections"]["streaming"]["markdown"]
+    assert "| local disk | " in doc["figures"]["sections"]["streaming"]["markdown"]
 
 
 def test_committed_benchmarks_page_is_rendered_from_the_committed_results(tmp_path):
