@@ -1,6 +1,6 @@
 """The docs and the test suite say only what is true, checked here:
 
-* docs/faults.md's reliability table is what ``scripts/check/fault_counts.py`` prints from the
+* docs/faults.md's reliability table is what ``python -m scripts.check.fault_counts`` prints from the
   fault suite's own collection (so counts cannot drift);
 * docs/cli.md is what ``scripts/gen_cli_docs.py`` renders from ``--help`` today;
 * every ``packer <command>`` and ``--flag`` that README.md, CONTRIBUTING.md and docs/ show exists
@@ -78,10 +78,14 @@ def command_mentions(text: str) -> list[tuple[str, list[str], str]]:
 
 def bare_flags(text: str) -> list[str]:
     """Flags named on their own in inline code (``--short-side 256``, ``--fit crop|pad``), except
-    in a section that runs a script (``scripts/...``), whose flags may be the script's."""
-    unfenced = FENCE.sub(lambda m: "(a script block: scripts/)" if "scripts/" in m.group(0) else "", text)
+    in a section that runs a script (``scripts/...``, ``python -m scripts.``), whose flags may be
+    the script's."""
+    def runs_script(s: str) -> bool:
+        return "scripts/" in s or "-m scripts." in s
+
+    unfenced = FENCE.sub(lambda m: "(a script block: scripts/)" if runs_script(m.group(0)) else "", text)
     sections = re.split(r"^#+ ", unfenced, flags=re.M)
-    return [f for sec in sections if "scripts/" not in sec
+    return [f for sec in sections if not runs_script(sec)
             for span in inline_spans(sec) if span.startswith("--") for f in FLAG.findall(span)]
 
 
@@ -140,12 +144,11 @@ def mentions_by_doc():
 
 
 def test_reliability_table_is_the_suites_own_count():
-    # scripts/check/ is where the checks live; the flat path is the one before scripts/ was grouped
-    script = next(p for p in ("scripts/check/fault_counts.py", "scripts/fault_counts.py") if (REPO / p).is_file())
-    printed = subprocess.run([sys.executable, script], cwd=REPO, capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "scripts.check.fault_counts"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.strip()
     assert printed.startswith("| suite |")
-    assert printed in (REPO / "docs" / "faults.md").read_text(), f"docs/faults.md's table is stale: rerun {script}"
+    assert printed in (REPO / "docs" / "faults.md").read_text(), \
+        "docs/faults.md's table is stale: rerun python -m scripts.check.fault_counts"
 
 
 def test_cli_reference_is_current():

@@ -1,6 +1,6 @@
 """packer's samplers against index arrays that mmaction2 1.2's own transforms drew.
 
-``tests/reference/mmaction2_samplers.json.gz`` was written by ``scripts/mmaction2_samplers.py``
+``tests/reference/mmaction2_samplers.json.gz`` was written by ``python -m scripts.check.mmaction2 --record-samplers``
 running mmaction2's real ``SampleFrames(target_fps=...)``, ``DenseSampleFrames`` and
 ``UntrimmedSampleFrames`` after ``np.random.seed(seed)`` (mmaction2 installed in a separate
 venv); here packer's samplers get ``np.random.RandomState(seed)`` and must return the same

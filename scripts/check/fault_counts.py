@@ -4,9 +4,9 @@ The counts come from the suite itself (pytest's collection of ``tests/test_fault
 docs cannot drift from what the tests run: one row per test function, with how many cases it runs
 in all and how many of those are in the quick run (``-m "not slow"``).
 
-    python scripts/fault_counts.py
+    python -m scripts.check.fault_counts
     PACKER_FAULT_STATS=/tmp/s.json python -m pytest tests/test_faults_corrupt.py
-    python scripts/fault_counts.py --corruption /tmp/s.json   # what those corruptions did
+    python -m scripts.check.fault_counts --corruption /tmp/s.json   # what those corruptions did
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def collect(*marks: str) -> list[str]:

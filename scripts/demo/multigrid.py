@@ -18,15 +18,13 @@
 A handful of videos makes too small an epoch for the long cycle's batches of 64 clips, so the
 dataset is cycled to ``--epoch-size`` clips (each clip still a fresh random crop and offset).
 
-    python scripts/multigrid_demo.py                    # frame folders, < 1 min on 2 cores
-    python scripts/multigrid_demo.py --format lmdb --iters 12
+    python -m scripts.demo.multigrid                    # frame folders, < 1 min on 2 cores
+    python -m scripts.demo.multigrid --format lmdb --iters 12
 """
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,16 +36,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 
-from packer import FrameDataset, PackedVideoDataset  # noqa: E402
-from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule, SubBatchNorm3d, set_sub_bn_splits  # noqa: E402
-from packer.data.video import split_request  # noqa: E402
-from packer.commands.decode_frames import decode_frames  # noqa: E402
-from packer.formats import FORMATS  # noqa: E402
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS  # noqa: E402
-from packer.synth import natural_image  # noqa: E402
+from packer import FrameDataset, PackedVideoDataset
+from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule, SubBatchNorm3d, set_sub_bn_splits
+from packer.data.video import split_request
+from packer.commands.decode_frames import decode_frames
+from packer.formats import FORMATS
+from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
+from packer.synth import natural_image
 
 FIXTURES = REPO / "tests" / "fixtures" / "videos"
 MEAN, STD = 0.45, 0.225  # the usual Kinetics normalisation, one value for all channels

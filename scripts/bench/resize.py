@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark pre-resizing, side by side in one run (issue 5).
 
 1. Resize throughput on generated ~3000x2000 JPEGs to a short side of 256, one process:
@@ -11,7 +10,8 @@
    the original-size images (both packed by ``pack_images``, the resized one with
    ``resize=ResizeSpec(short_side=256)``, i.e. ``packer to-lmdb --short-side 256``).
 
-Usage: python scripts/bench_resize.py [--count 8] [--repeat 3] [--loader-images 96] [--workers 2]
+Usage: python -m scripts.bench.resize pre-resize [--count 8] [--repeat 3] [--loader-images 96] [--workers 2]
+       python -m scripts.bench.resize --quick pre-resize
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packer.commands.pack_images import pack_images  # noqa: E402
-from packer.codecs.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels  # noqa: E402
-from packer.synth import jpeg_bytes, natural_image  # noqa: E402
+from packer.commands.pack_images import pack_images
+from packer.codecs.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels
+from packer.synth import jpeg_bytes, natural_image
+from scripts.bench.common import run_sections
 
 cv2.setNumThreads(1)
 
@@ -196,15 +196,16 @@ def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short
     return r_small / r_orig
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def resize_main(argv: list[str]) -> None:
+    """The resize fast path against full decode + resize, and the loader on resized vs original LMDBs."""
+    ap = argparse.ArgumentParser(prog="resize.py pre-resize")
     ap.add_argument("--count", type=int, default=8, help="distinct generated 3000x2000 JPEGs")
     ap.add_argument("--repeat", type=int, default=3, help="timed passes over them per method")
     ap.add_argument("--short-side", type=int, default=256)
     ap.add_argument("--loader-images", type=int, default=96, help="images in the loader benchmark's LMDBs")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--workdir", type=Path, default=Path("bench-out/resize"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"machine: {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f} "
           f"(timings are noisy on a shared machine; compare the ratios)")
     paths = make_large_jpegs(args.workdir / "photos", args.count)
@@ -213,5 +214,13 @@ def main() -> None:
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Run the section named on the command line and write the JSON."""
+    return run_sections("resize", __doc__, {"pre-resize": resize_main}, all_sections=("pre-resize",), argv=argv,
+                        quick={"pre-resize": ["--count", "2", "--repeat", "1", "--loader-images", "48",
+                                              "--workdir", "bench-out/resize-quick"]},
+                        notes=["One process (and a DataLoader's workers); ratios within one run stand."])
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,5 +1,6 @@
-#!/usr/bin/env python
-"""Benchmark ``decode-frames`` and video clip loading, side by side in one run.
+"""Videos: ``decode-frames`` and clip loading side by side in one run, and optical flow per core.
+
+Section ``clips``:
 
 1. Conversion: frames/s of ``decode_frames`` with 1 and 2 workers against the bare
    decode -> resize -> encode loop of the same library calls in one process (targets:
@@ -12,12 +13,18 @@
 Input: copies of ``tests/fixtures/videos/mmaction2_test.mp4`` (H.264, 340x256, 300
 frames) when present, else synthetic mp4v videos of the same size.
 
-    python scripts/bench_video.py --videos 12 --clips 300
+Section ``flow``: optical flow per core at 340x256 per method (TV-L1, Farneback, DIS), one
+process, OpenCV on one thread: the estimate alone, and what ``decode-frames --task flow`` does
+per flow frame (estimate + mmaction2 quantization + two grey JPEG encodes), against DIS.
+Target: DIS >= 100 flow frames/s per core. Frames: the fixture, else a generated video.
+
+    python -m scripts.bench.video clips --videos 12 --clips 300    # ~3 min on 2 cores
+    python -m scripts.bench.video flow --pairs 40 --tvl1-pairs 4
+    python -m scripts.bench.video --quick all
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -28,15 +35,15 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from packer.data.video import FrameDataset, PackedVideoDataset, sample_frames  # noqa: E402
-from packer.commands.decode_frames import FrameJob, decode_frames  # noqa: E402
-from packer.formats import FORMATS  # noqa: E402
-from packer.conversion.video_inputs import video_items  # noqa: E402
-from packer.synth import natural_image  # noqa: E402
-from packer.codecs.video import Resize, read_video  # noqa: E402
+from packer.data.video import FrameDataset, PackedVideoDataset, sample_frames
+from packer.commands.decode_frames import FrameJob, decode_frames
+from packer.formats import FORMATS
+from packer.conversion.video_inputs import video_items
+from packer.synth import natural_image
+from packer.codecs.flow import FlowEstimator, encode_grey, quantize, tvl1_available
+from packer.codecs.video import Resize, read_video
+from scripts.bench.common import REPO, run_sections
 
 FIXTURE = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
 
@@ -129,13 +136,14 @@ def bench_loading(src: Path, work: Path, clips: int) -> dict:
     return {"wall": res, "cpu": cpu}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def clips_main(argv: list[str]) -> dict:
+    """decode-frames against the bare loop, and TSN clip loading against decord."""
+    ap = argparse.ArgumentParser(prog="video.py clips")
     ap.add_argument("--videos", type=int, default=12, help="input videos (300 frames each)")
     ap.add_argument("--clips", type=int, default=300, help="TSN clips loaded per source")
     ap.add_argument("--short-side", type=int, default=224, help="decode-frames resize")
     ap.add_argument("--workdir", default=str(REPO / "bench-out" / "video"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cv2.setNumThreads(1)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -162,9 +170,80 @@ def main() -> None:
         print(f"  {name:<22} {wall[name]:7.1f} clips/s ({wall[name] / wall['decord from video']:5.1f}x decord)"
               f"  {cpu[name]:7.1f} clips/CPU-s ({cpu[name] / cpu['decord from video']:5.1f}x decord)")
     print("  target: packed >= 10x decord")
-    (work / "bench_video.json").write_text(json.dumps({"input": what, "load_average": load,
-                                                       "conversion": conv, "loading": loading}, indent=1))
+    return {"input": what, "load_average": load, "conversion": conv, "loading": loading}
+
+
+# == flow ===========================================================================================
+def grey_frames(n: int) -> tuple[list[np.ndarray], str]:
+    """``n`` consecutive grey 340x256 frames and where they came from."""
+    if FIXTURE.is_file():
+        cap = cv2.VideoCapture(str(FIXTURE))
+        frames = []
+        while len(frames) < n:
+            ok, f = cap.read()
+            if not ok:
+                break
+            if f.shape[:2] != (256, 340):
+                f = cv2.resize(f, (340, 256), interpolation=cv2.INTER_AREA)
+            frames.append(cv2.cvtColor(f, cv2.COLOR_BGR2GRAY))
+        if len(frames) == n:
+            return frames, f"{FIXTURE.name} (first {n} frames)"
+    rng = np.random.default_rng(0)
+    base = cv2.cvtColor(natural_image(rng, 256, 340 + 2 * n), cv2.COLOR_RGB2GRAY)
+    return [base[:, 2 * i:2 * i + 340].copy() for i in range(n)], "generated 340x256 frames panning 2 px/frame"
+
+
+def measure(method: str, frames: list[np.ndarray], full: bool) -> tuple[float, float]:
+    """(flow frames per CPU-second, per wall-second) over consecutive pairs."""
+    est = FlowEstimator(method)
+    est(frames[0], frames[1])  # warm up: allocations, first-call setup
+    c0, w0 = time.process_time(), time.perf_counter()
+    for a, b in zip(frames, frames[1:]):
+        flow = est(a, b)
+        if full:
+            encode_grey(quantize(flow[:, :, 0]))
+            encode_grey(quantize(flow[:, :, 1]))
+    n = len(frames) - 1
+    return n / (time.process_time() - c0), n / (time.perf_counter() - w0)
+
+
+def flow_main(argv: list[str]) -> None:
+    """Optical flow per core at 340x256 (TV-L1, Farneback, DIS): the estimate, and with quantize + 2 JPEGs."""
+    ap = argparse.ArgumentParser(prog="video.py flow")
+    ap.add_argument("--pairs", type=int, default=40, help="flow frames per method (Farneback, DIS)")
+    ap.add_argument("--tvl1-pairs", type=int, default=4, help="flow frames for TV-L1 (about 1 s each)")
+    args = ap.parse_args(argv)
+    cv2.setNumThreads(1)
+    frames, where = grey_frames(args.pairs + 1)
+    methods = [m for m in ("dis", "farneback", "tvl1") if m != "tvl1" or tvl1_available()]
+    rows = {}
+    for m in methods:
+        use = frames[: (args.tvl1_pairs if m == "tvl1" else args.pairs) + 1]
+        rows[m] = (measure(m, use, False), measure(m, use, True), len(use) - 1)
+    print(f"Input: {where}; OpenCV {cv2.__version__}, 1 thread, one process.\n")
+    print("| method | flow frames | flow only (frames/CPU-s) | + quantize + 2 JPEG (frames/CPU-s) "
+          "| wall (frames/s) | vs DIS |")
+    print("|---|---|---|---|---|---|")
+    dis = rows["dis"][1][0]
+    for m, ((cpu, _), (full, wall), n) in rows.items():
+        fmt = (lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}")  # noqa: E731
+        print(f"| {m} | {n} | {fmt(cpu)} | {fmt(full)} | {fmt(wall)} | {full / dis:.4f}x |")
+    print(f"\nDIS >= 100 flow frames/s per core (with quantize + encode): "
+          f"{'met' if dis >= 100 else 'NOT met'} ({dis:.0f})")
+    if "tvl1" not in rows:
+        print("TV-L1 skipped: this OpenCV has no contrib optflow module")
+
+
+SECTIONS = {"clips": clips_main, "flow": flow_main}
+QUICK = {"clips": ["--videos", "2", "--clips", "10", "--workdir", str(REPO / "bench-out" / "video-quick")],
+         "flow": ["--pairs", "4", "--tvl1-pairs", "1"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the section(s) named on the command line and write the JSON."""
+    return run_sections("video", __doc__, SECTIONS, all_sections=("clips", "flow"), quick=QUICK, argv=argv,
+                        notes=["One process (or decode-frames' pool) per section; ratios within one run stand."])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,31 +14,37 @@ On generated videos (two classes, one multi-label list), this script:
    ``tools/misc/flow_extraction.py`` (``extract_dense_flow``, same method) on one video and checks
    that its x/y JPEG files are byte-identical to packer's.
 
-mmaction2 pulls mmengine/mmcv, so it runs in a separate environment (see
-scripts/mmaction2_samplers.py for the install line):
+Prints one line per check and exits 1 on the first mismatch. With ``--record-samplers`` it
+instead runs mmaction2 1.2's real samplers (``SampleFrames`` with and without ``target_fps``,
+``DenseSampleFrames``, ``UntrimmedSampleFrames``) after ``np.random.seed(seed)`` on a grid of
+cases and writes ``tests/reference/mmaction2_samplers.json.gz``, the data the sampler tests hold
+packer's samplers to.
 
-    PYTHONPATH=$PWD .venv-bench/bin/python scripts/check_mmaction2.py --mmaction2-repo DIR
+mmaction2 pulls mmengine/mmcv, so this runs in a separate environment, not packer's:
 
-Prints one line per check and exits 1 on the first mismatch.
+    python -m venv .venv-bench
+    .venv-bench/bin/pip install --no-deps mmaction2==1.2.0 mmengine==0.10.7 mmcv-lite==2.1.0 \
+        addict yapf termcolor rich platformdirs        # plus numpy, torch, opencv
+    PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --mmaction2-repo DIR
+    PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --record-samplers
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
+import itertools
+import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from conftest import write_video  # noqa: E402
-from packer import FrameDataset, PackedVideoDataset  # noqa: E402
-from packer.codecs.flow import tvl1_available  # noqa: E402
-from packer.commands.decode_frames import decode_frames  # noqa: E402
+from packer import FrameDataset, PackedVideoDataset
+from packer.codecs.flow import tvl1_available
+from packer.commands.decode_frames import decode_frames
+from scripts.bench.common import REPO, write_video
 
 
 def check(name: str, ok: bool) -> None:
@@ -75,11 +81,80 @@ def compare(name: str, mm, ours, seeds=range(3), flow: bool = False) -> None:
     check(f"{name}: {len(ours)} videos x {len(list(seeds))} seeds: same indices, pixels and labels", True)
 
 
+# == the samplers' reference data ====================================================================
+SAMPLERS_OUT = REPO / "tests" / "reference" / "mmaction2_samplers.json.gz"
+TOTALS = (1, 7, 33, 65, 301)
+SEEDS = (0, 7)
+
+
+def run(transform, total: int, seed: int, fps=None, start_index: int = 1):
+    np.random.seed(seed)
+    results = {"total_frames": total, "start_index": start_index}
+    if fps is not None:
+        results["avg_fps"] = fps
+    try:
+        return transform(results)["frame_inds"].tolist()
+    except Exception as e:  # recorded: packer must refuse the same cases
+        return {"error": type(e).__name__}
+
+
+def cases():
+    from mmaction.datasets.transforms.loading import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
+
+    out = []
+    fps_grid = [dict(clip_len=c, frame_interval=i, num_clips=n, test_mode=t, target_fps=30,
+                     out_of_bound_opt=o, twice_sample=tw, keep_tail_frames=kt)
+                for c, i, n, t, o, tw, kt in itertools.product(
+                    (1, 4, 8), (1, 4), (1, 3), (False, True), ("loop", "repeat_last"), (False, True),
+                    (False, True))
+                if not (tw and not t) and not (kt and t) and not (tw and n == 1 and c > 1)]
+    for kw in fps_grid:
+        for fps in (None, 29.97, 60.0):
+            for total in TOTALS:
+                for seed in SEEDS[: 1 if kw["test_mode"] else 2]:
+                    out.append({"sampler": "SampleFrames", "kwargs": kw, "total_frames": total, "fps": fps,
+                                "seed": seed, "frame_inds": run(SampleFrames(**kw), total, seed, fps)})
+    dense_grid = [dict(clip_len=c, frame_interval=i, num_clips=n, test_mode=t, sample_range=r,
+                       num_sample_positions=p, out_of_bound_opt=o, temporal_jitter=j)
+                  for c, i, n, t, r, p, o, j in itertools.product(
+                      (1, 8), (1, 3), (1, 4), (False, True), (32, 64), (10, 3), ("loop", "repeat_last"),
+                      (False, True))
+                  if not (p != 10 and not t)]
+    for kw in dense_grid:
+        for total in TOTALS:
+            for seed in SEEDS[: 1 if kw["test_mode"] and not kw["temporal_jitter"] else 2]:
+                out.append({"sampler": "DenseSampleFrames", "kwargs": kw, "total_frames": total, "fps": None,
+                            "seed": seed, "frame_inds": run(DenseSampleFrames(**kw), total, seed)})
+    for c, ci, i in itertools.product((1, 2, 5), (1, 16, 32), (1, 3)):
+        kw = dict(clip_len=c, clip_interval=ci, frame_interval=i)
+        for total in TOTALS:
+            out.append({"sampler": "UntrimmedSampleFrames", "kwargs": kw, "total_frames": total, "fps": None,
+                        "seed": 0, "frame_inds": run(UntrimmedSampleFrames(**kw), total, 0)})
+    return out
+
+
+def record_samplers() -> None:
+    """Write the frame indices mmaction2's own samplers draw on a grid of cases (test data)."""
+    import mmaction
+
+    data = {"source": f"mmaction2 {mmaction.__version__}, mmaction/datasets/transforms/loading.py, "
+                      "after np.random.seed(seed); start_index 1; written by scripts/check/mmaction2.py --record-samplers",
+            "cases": cases()}
+    SAMPLERS_OUT.parent.mkdir(parents=True, exist_ok=True)
+    SAMPLERS_OUT.write_bytes(gzip.compress((json.dumps(data, separators=(",", ":")) + "\n").encode(), mtime=0))
+    print(f"{SAMPLERS_OUT}: {len(data['cases'])} cases")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mmaction2-repo", type=Path, default=None,
                     help="a checkout of open-mmlab/mmaction2, for tools/misc/flow_extraction.py")
+    ap.add_argument("--record-samplers", action="store_true",
+                    help=f"instead: write mmaction2's sampler draws to {SAMPLERS_OUT.relative_to(REPO)}")
     args = ap.parse_args()
+    if args.record_samplers:
+        record_samplers()
+        return
     from mmaction.datasets.transforms.loading import DenseSampleFrames, RawFrameDecode, SampleFrames
 
     method = "tvl1" if tvl1_available() else "farneback"  # both are in mmaction2's flow_extraction.py

@@ -2,7 +2,7 @@
 workers restart every epoch (or, with ``--persistent``, live through every epoch), and check that nothing grows: the RSS of each worker and of the
 main process, and the open file descriptors of the main process.
 
-    python scripts/soak.py --epochs 30 --workers 2 --images 400 --format lmdb
+    python -m scripts.check.soak --epochs 30 --workers 2 --images 400 --format lmdb
 
 Builds a small dataset under ``bench-out/soak`` (or reads ``--path``), prints one line per
 epoch and a JSON summary, and exits 1 when a worker's RSS grows by more than ``--max-growth-mb``

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Streaming record shards from a URL (a local nginx) against the same shards on local disk,
 in one run, with ratios.
 
@@ -25,7 +24,8 @@ dataset of 1000-sample shards; here the default would span the whole set). Then:
 * ``fault run``: the same epoch through nginx's ``/flaky/`` location, where 10% of requests
   get a 503; every sample must come exactly once; retries are counted (cache event log).
 
-    python scripts/bench_remote.py --workdir bench-out/remote
+    python -m scripts.bench.remote streaming --workdir bench-out/remote   # needs nginx
+    python -m scripts.bench.remote --quick streaming
 """
 from __future__ import annotations
 
@@ -43,14 +43,12 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
-from packer.data import StreamingDataset  # noqa: E402
-from packer.remote import RemoteOptions, RetryPolicy, cache_events  # noqa: E402
-from packer.synth import natural_image  # noqa: E402
-from remote.servers import start_nginx  # noqa: E402
+from packer.data import StreamingDataset
+from packer.remote import RemoteOptions, RetryPolicy, cache_events
+from packer.synth import natural_image
+from scripts.bench.common import run_sections
+from tests.remote.servers import start_nginx
 
 
 BUFFER = 256  # sample shuffle buffer: a few 100-sample shards
@@ -172,8 +170,9 @@ def hdf5_access(work: Path, server, reads: int = 200) -> dict:
             "range_s": range_s, "range_req": range_req}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def streaming_main(argv: list[str]) -> None:
+    """Records shards over HTTP (cold, warm cache) against local disk; downloads per shard; HDF5 access."""
+    ap = argparse.ArgumentParser(prog="remote.py streaming")
     ap.add_argument("--workdir", default="bench-out/remote")
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--side", type=int, default=160)
@@ -181,7 +180,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     work = Path(args.workdir).resolve()
     local = make_dataset(work, args.count, args.side, args.per_shard)
     shards = sorted(p.name for p in local.glob("*.tfrecord"))
@@ -279,5 +278,13 @@ def main() -> None:
           f"{h5['range_req']} |")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Run the section named on the command line and write the JSON."""
+    return run_sections("remote", __doc__, {"streaming": streaming_main}, all_sections=("streaming",), argv=argv,
+                        quick={"streaming": ["--count", "120", "--per-shard", "20", "--reps", "1",
+                                             "--workdir", "bench-out/remote-quick"]},
+                        notes=["A local nginx on 127.0.0.1; rows interleaved, best of the rounds kept."])
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

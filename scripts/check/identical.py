@@ -1,7 +1,7 @@
 """Pack the same inputs with two packer checkouts and compare the outputs byte for byte.
 
     git worktree add /tmp/base c0edd86
-    python3 scripts/check_identical.py /tmp/base .
+    python -m scripts.check.identical /tmp/base .
 
 Generates one image folder (with one undecodable file, so ``failures.jsonl`` has a line) and
 one video folder (with one broken video), copies them beside each checkout's outputs, and
@@ -57,12 +57,11 @@ IGNORED = {"lock.mdb"}
 
 
 def make_inputs(root: Path, repo: Path) -> tuple[Path, Path]:
-    """The image and video folders (tests/conftest.py's generators, fixed seeds)."""
-    sys.path.insert(0, str(repo / "tests"))
-    sys.path.insert(0, str(repo))
-    from conftest import write_image_folder, write_video_folder
+    """The image and video folders (packer.synth images, synthetic videos; fixed seeds)."""
+    from packer.synth import make_image_folder
+    from scripts.bench.common import write_video_folder
 
-    images = write_image_folder(root / "images", count=24, classes=3, size=(40, 56), seed=3)
+    images = make_image_folder(root / "images", count=24, classes=3, size=(40, 56), seed=3)
     (images / "class_1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     videos = write_video_folder(root / "videos", per_class=2, classes=2, frames=20, size=(40, 56))
     (videos / "class_0" / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 truncated")

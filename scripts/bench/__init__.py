@@ -1,0 +1,1 @@
+"""packer's benchmarks, one script per question (see scripts/README.md)."""

@@ -1,0 +1,1121 @@
+"""Reading: packer's datasets and loaders against the in-memory ceiling and the peers.
+
+Every configuration runs in a FRESH Python process with default settings, as a user's training
+script runs it (no thread pinning, no heap tuning unless the row says ``tuned``). Each row
+records, beside samples/s over the timed batches, the user and system CPU seconds and minor page
+faults of that window (the process, its loader threads and its DataLoader workers, from /proc)
+and of the child's whole life (``os.wait4``: start-up, imports and workers included).
+
+Sections (``--section``, comma-separated, or ``all``):
+
+* ``loaders`` (default): ``Resize(256) + CenterCrop(224)`` to uint8 CHW, batch 64, over the
+  in-memory ceiling (encoded bytes in a list), the ImageFolder tree, every packer format
+  and the peers (webdataset, litdata, mosaicml-streaming; each skipped with a line when not
+  installed), two decodes (``packer``: ``DecodeResizeCrop``; ``pillow``: the peers' documented
+  Pillow default), ``DataLoader`` at ``--workers`` and ``packer.Loader`` at ``--threads``, and
+  the same Loader/DataLoader rows with ``packer.heap.tune_heap()`` called first (``tuned``).
+* ``training``: ``RandomResizedCrop(224)`` + flip, 2 threads or workers per row: packer/lmdb,
+  packer/hdf5 and raw HDF5 pixels through ``Loader`` and ``DataLoader``, against SPDL, DALI (CPU),
+  FFCV and webdataset where installed.
+* ``formats``: every format's ``PackedDataset(decode="tensor")`` (CRC checked and, for records,
+  not), ``StreamingDataset``, against the in-memory ceiling, full decode + fixed centre crop.
+* ``raw``: the same images packed at 224x224 as LMDB-JPEG, HDF5-JPEG and HDF5 raw pixels.
+* ``costs``: CPU per sample of each part in one process (fetching the encoded bytes from each
+  source, each decode pipeline, the CRC32C check): what bounds the ratios above.
+* ``shuffle``: ``StreamingDataset``'s default block shuffle against shard order + buffer on a
+  class-sorted records pack: classes per 256-batch against iid, and read throughput.
+* ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
+* ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
+  CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
+
+Run from the repository root with packer importable::
+
+    python -m scripts.bench.read                       # loaders, ~8 min on 2 cores
+    python -m scripts.bench.read --section all         # every section, ~20 min
+    python -m scripts.bench.read --quick --section all # smoke run, ~1 min
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from scripts.bench.common import image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
+
+MODULE = "scripts.bench.read"
+SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
+PEERS = ("webdataset", "litdata", "mds")
+TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
+PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
+                "dali": "nvidia.dali", "ffcv": "ffcv"}
+CROP = (368, 496)  # formats: every ~432x576 image is at least 378x504 (1/8 jitter)
+
+
+# == the data (parent) ================================================================================
+def packed(src: Path, out: Path, fmt: str, **options: Any) -> str:
+    """Pack ``src`` as ``fmt`` once (kept while the image set is unchanged)."""
+    from packer.commands.pack_images import pack_images
+
+    stamp = out.parent / f"{out.name}.done"
+    marker = src.parent / f"{src.name}.json"
+    key = json.dumps({"images": marker.read_text() if marker.exists() else "", "options": repr(sorted(options.items()))})
+    if not (stamp.exists() and stamp.read_text() == key):
+        t = time.perf_counter()
+        report = pack_images(src, out, format=fmt, overwrite=True, **options)
+        stamp.write_text(key)
+        print(f"packed {out.name}: {report.summary()} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
+    return str(out)
+
+
+def _peer_item(pair: tuple[str, int]) -> dict[str, Any]:
+    path, label = pair
+    return {"image": Path(path).read_bytes(), "label": label}
+
+
+def build_peer(peer: str, items: list[Any], work: Path) -> Any:
+    """The peer's own format of the same images, made once."""
+    d = work / peer
+    if peer == "webdataset":
+        import webdataset as wds
+
+        if not (d / ".complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            with wds.ShardWriter(str(d / "shard-%05d.tar"), maxcount=625, verbose=0) as sink:
+                for it in items:
+                    sink.write({"__key__": f"{it.label}_{Path(it.key).stem}", "jpg": Path(it.path).read_bytes(),
+                                "cls": it.label})
+            (d / ".complete").write_text("ok")
+        return sorted(str(p) for p in d.glob("shard-*.tar"))
+    if peer == "litdata":
+        import litdata
+
+        if not (d / ".complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            litdata.optimize(fn=_peer_item, inputs=[(it.path, it.label) for it in items], output_dir=str(d),
+                             chunk_bytes="64MB", num_workers=1, verbose=False, start_method="fork")
+            (d / ".complete").write_text("ok")
+        return str(d)
+    if peer == "mds":
+        from streaming import MDSWriter
+
+        if not (d / ".complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            with MDSWriter(out=str(d), columns={"image": "bytes", "label": "int"}) as w:
+                for it in items:
+                    w.write({"image": Path(it.path).read_bytes(), "label": it.label})
+            (d / ".complete").write_text("ok")
+        return str(d)
+    if peer == "ffcv":
+        return str(work / "train.beton")  # written by the child on first use
+    return None
+
+
+def available_peers(peers: list[str], skipped: dict[str, str]) -> list[str]:
+    """The peers whose package imports here; the others get a line in ``skipped``."""
+    out = []
+    for p in peers:
+        if importlib.util.find_spec(PEER_MODULES[p].split(".")[0]) is None or (
+                "." in PEER_MODULES[p] and importlib.util.find_spec(PEER_MODULES[p]) is None):
+            skipped[p] = f"not installed (pip install the {PEER_MODULES[p]} package to include it)"
+            print(f"skipped {p}: {skipped[p]}", file=sys.stderr)
+        else:
+            out.append(p)
+    return out
+
+
+# == one configuration (child) =========================================================================
+class InMemory:
+    """The ceiling: the encoded bytes already in a list, decoded like every other row."""
+
+    def __init__(self, files: list[str], labels: list[int], decode: Callable[[Any], Any]):
+        self.blobs = [Path(f).read_bytes() for f in files]
+        self.labels, self.decode = labels, decode
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int):
+        return self.decode(self.blobs[i]), self.labels[i]
+
+
+class Folder:
+    """ImageFolder style: torchvision's pil_loader (open + convert RGB) for Pillow, else bytes."""
+
+    def __init__(self, files: list[str], labels: list[int], decode: Callable[[Any], Any], pillow: bool):
+        self.files, self.labels, self.decode, self.pillow = files, labels, decode, pillow
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        with open(self.files[i], "rb") as f:
+            if self.pillow:
+                from PIL import Image
+
+                return self.decode(Image.open(f).convert("RGB")), self.labels[i]
+            return self.decode(f.read()), self.labels[i]
+
+
+class _ImageLabel:
+    """A streaming peer's item dict -> (decoded image, label)."""
+
+    def __init__(self, decode: Callable[[Any], Any]):
+        self.decode = decode
+
+    def __call__(self, item: dict[str, Any]):
+        return self.decode(item["image"]), item["label"]
+
+
+def center_crop(image: Any) -> Any:
+    """A fixed centre crop of a CHW tensor so that full-decode batches stack (formats section)."""
+    h, w = image.shape[1:]
+    top, left = (h - CROP[0]) // 2, (w - CROP[1]) // 2
+    return image[:, top:top + CROP[0], left:left + CROP[1]].contiguous()
+
+
+def pipeline(name: str) -> Callable[[Any], Any]:
+    """The per-sample decode of a row: ``packer`` / ``pillow`` (resize 256 + centre crop 224),
+    ``train`` (packer's RandomResizedCrop(224) + flip)."""
+    if name == "packer":
+        from packer.data.decode import DecodeResizeCrop
+
+        return DecodeResizeCrop(256, 224)
+    if name == "pillow":
+        from packer.data.decode import PilResizeCrop
+
+        return PilResizeCrop(256, 224)
+    if name == "train":
+        from packer.data.decode import DecodeRandomResizedCrop
+
+        return DecodeRandomResizedCrop(224)
+    raise ValueError(f"unknown pipeline {name!r}")
+
+
+def make_dataset(spec: dict[str, Any]) -> tuple[Any, bool]:
+    """(dataset, map_style) of one row."""
+    source, pipe = spec["source"], spec["pipeline"]
+    if source.startswith(("packer/", "stream/")):
+        path = spec["path"]
+        kwargs = dict(spec.get("dataset_options", {}))
+        if pipe == "tensor":
+            kwargs.update(decode="tensor", transform=center_crop if spec.get("crop", True) else None)
+        else:
+            kwargs["decode"] = pipeline(pipe)
+        if source.startswith("stream/"):
+            from packer import StreamingDataset
+
+            return StreamingDataset(path, batch_size=spec["batch_size"], **kwargs), False
+        from packer import PackedDataset
+
+        return PackedDataset(path, **kwargs), True
+    if source in ("ceiling", "folder"):
+        if pipe == "tensor":
+            from packer.data.datasets import decode_record
+
+            def decode(data: bytes) -> Any:
+                return center_crop(decode_record(data, "tensor"))
+        else:
+            decode = pipeline(pipe)
+        files, labels = spec["files"], spec["labels"]
+        if source == "ceiling":
+            return InMemory(files, labels, decode), True
+        return Folder(files, labels, decode, pillow=pipe == "pillow"), True
+    raise ValueError(f"unknown source {source!r}")
+
+
+def make_loader(spec: dict[str, Any]) -> Any:
+    """The row's loader, built as a user's script builds it: defaults but for batch, shuffle and
+    the parallelism the row names."""
+    import torch
+
+    kind, par, bs = spec["loader"], spec["parallel"], spec["batch_size"]
+    source = spec["source"]
+    if source in PEERS or source in TRAIN_PEERS:
+        return peer_loader(spec)
+    ds, map_style = make_dataset(spec)
+    if kind == "Loader":
+        from packer import Loader
+
+        return Loader(ds, batch_size=bs, shuffle=map_style, num_threads=par)
+    return torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=map_style, num_workers=par,
+                                       persistent_workers=spec.get("persistent", False) and par > 0)
+
+
+def peer_loader(spec: dict[str, Any]) -> Any:
+    """A peer's own pipeline over its own format (``DataLoader`` with the row's workers unless
+    the peer has its own loader)."""
+    import torch
+
+    source, par, bs = spec["source"], spec["parallel"], spec["batch_size"]
+    if spec["pipeline"] == "train":
+        return train_peer(spec)
+    pillow = spec["pipeline"] == "pillow"
+    decode = pipeline(spec["pipeline"])
+    if source == "webdataset":
+        import webdataset as wds
+
+        ds = wds.WebDataset(spec["path"], shardshuffle=len(spec["path"]), empty_check=False).shuffle(1000)
+        if pillow:
+            ds = ds.decode("pil")
+        ds = ds.to_tuple("jpg", "cls").map_tuple(decode, int)
+        return torch.utils.data.DataLoader(ds, batch_size=bs, num_workers=par)
+    if source == "litdata":
+        import litdata
+
+        ds = litdata.StreamingDataset(spec["path"], shuffle=True, transform=_ImageLabel(decode),
+                                      cache_dir=spec["path"] + "-cache")
+        return litdata.StreamingDataLoader(ds, batch_size=bs, num_workers=par)
+    if source == "mds":
+        import streaming
+
+        class MDSImages(streaming.StreamingDataset):  # fork start method: never pickled
+            def __getitem__(self, idx):
+                return _ImageLabel(decode)(super().__getitem__(idx))
+
+        streaming.base.util.clean_stale_shared_memory()
+        return torch.utils.data.DataLoader(MDSImages(local=spec["path"], shuffle=True, batch_size=bs),
+                                           batch_size=bs, num_workers=par)
+    raise ValueError(source)
+
+
+def train_peer(spec: dict[str, Any]) -> Iterable:
+    """The training section's peers, each its own fastest way to RandomResizedCrop(224) + flip."""
+    import torch
+
+    source, par, bs, size = spec["source"], spec["parallel"], spec["batch_size"], 224
+    count = (spec["steps"] + 2) * bs
+    order = (np.random.default_rng(0).permutation(len(spec["files"])).tolist() * (count // len(spec["files"]) + 1))
+    order = order[:count]
+    if source == "webdataset":
+        import webdataset as wds
+
+        ds = (wds.WebDataset(spec["path"], shardshuffle=len(spec["path"]), empty_check=False).shuffle(1000)
+              .to_tuple("jpg", "cls").map_tuple(pipeline("train"), int))
+        return torch.utils.data.DataLoader(ds.repeat(), batch_size=bs, num_workers=par)
+    if source == "spdl":
+        import spdl.io as sio
+        from spdl.pipeline import PipelineBuilder
+
+        from packer.codecs.image import to_chw
+        from packer.data.video import random_resized_crop_box
+
+        paths, labels, local = spec["files"], spec["labels"], threading.local()
+
+        def load(i: int):
+            rng = getattr(local, "rng", None)
+            if rng is None:
+                rng = local.rng = np.random.RandomState(threading.get_ident() % (2**32))
+            packets = sio.demux_image(paths[i])
+            top, left, h, w = random_resized_crop_box(packets.height, packets.width, rng)
+            flip = ",hflip" if rng.rand() < 0.5 else ""
+            desc = f"crop={w}:{h}:{left}:{top},scale={size}:{size}:flags=bilinear{flip},format=rgb24"
+            arr = sio.to_numpy(sio.convert_frames(sio.decode_packets(packets, filter_desc=desc)))
+            return to_chw(arr.reshape(size, size, 3)), labels[i]
+
+        def collate(items):
+            return torch.from_numpy(np.stack([a for a, _ in items])), torch.tensor([lab for _, lab in items])
+
+        spdl_pipe = (PipelineBuilder().add_source(order).pipe(load, concurrency=par).aggregate(bs).pipe(collate)
+                     .add_sink(3).build(num_threads=par))
+
+        def run():
+            with spdl_pipe.auto_stop():
+                yield from spdl_pipe.get_iterator(timeout=120)
+        return run()
+    if source == "dali":
+        from nvidia.dali import fn, pipeline_def, types
+
+        @pipeline_def(batch_size=bs, num_threads=par, device_id=None, prefetch_queue_depth=2, seed=0)
+        def pipe():
+            jpegs, labels = fn.readers.file(file_root=spec["images"], random_shuffle=True, name="files")
+            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                   random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+                                                   num_attempts=10)
+            images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR,
+                               antialias=False)
+            images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
+            return fn.transpose(images, perm=[2, 0, 1]), labels
+
+        p = pipe()
+        p.build()
+
+        def run():
+            for _ in range(count // bs):
+                images, labels = p.run()
+                yield torch.from_numpy(images.as_array()), torch.from_numpy(labels.as_array())
+        return run()
+    if source == "ffcv":
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.loader import Loader as FfcvLoader
+        from ffcv.loader import OrderOption
+        from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
+        from ffcv.writer import DatasetWriter
+        from PIL import Image
+
+        if not Path(spec["path"]).exists():
+            class Items(torch.utils.data.Dataset):
+                def __len__(self):
+                    return len(spec["files"])
+
+                def __getitem__(self, i):
+                    return Image.open(spec["files"][i]).convert("RGB"), spec["labels"][i]
+
+            DatasetWriter(spec["path"], {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                                         "label": IntField()}, num_workers=2).from_indexed_dataset(Items())
+        return FfcvLoader(spec["path"], batch_size=bs, num_workers=par, order=OrderOption.RANDOM, drop_last=True,
+                          pipelines={"image": [RandomResizedCropRGBImageDecoder((size, size)), RandomHorizontalFlip(),
+                                               ToTensor(), ToTorchImage(channels_last=False)],
+                                     "label": [IntDecoder(), ToTensor()]})
+    raise ValueError(source)
+
+
+def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time one row: the first batch (start-up) apart, then ``steps`` batches."""
+    if spec.get("tuned"):
+        from packer.heap import tune_heap
+
+        tune_heap()
+    t0 = time.perf_counter()
+    it = iter(make_loader(spec))
+    next(it)
+    first = time.perf_counter() - t0
+    pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
+    before, start, n = proc_usage(pids), time.perf_counter(), 0
+    for _ in range(spec["steps"]):
+        batch = next(it, None)
+        if batch is None:
+            break
+        n += len(batch[1])
+    wall = time.perf_counter() - start
+    window = usage_delta(before, proc_usage(pids))
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    return {"samples": n, "samples_per_s": n / wall, "first_batch_s": first, "window_s": wall, "window": window}
+
+
+def child_stream(spec: dict[str, Any]) -> dict[str, Any]:
+    """One full epoch of ``StreamingDataset(decode="bytes")`` in this process: samples/s."""
+    from packer import StreamingDataset
+
+    ds = StreamingDataset(spec["path"], decode="bytes", **spec.get("dataset_options", {}))
+    before, start, n = proc_usage([os.getpid()]), time.perf_counter(), 0
+    for _ in ds:
+        n += 1
+    wall = time.perf_counter() - start
+    return {"samples": n, "samples_per_s": n / wall, "window_s": wall,
+            "window": usage_delta(before, proc_usage([os.getpid()]))}
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one configuration of any section in this (fresh) process."""
+    kind = spec.get("kind", "loader")
+    if kind == "loader":
+        return child_loader(spec)
+    if kind == "stream":
+        return child_stream(spec)
+    if kind == "costs":
+        return child_costs(spec)
+    raise ValueError(kind)
+
+
+# == running rows (parent) ==============================================================================
+def run_rows(rows: list[dict[str, Any]], repeats: int, label: Callable[[dict], str]) -> list[dict[str, Any]]:
+    """Each row in a fresh process, rounds interleaved (a load spike spreads over all rows); every
+    round's result is kept (``rounds``) and the best by samples/s summarised."""
+    out: dict[int, dict[str, Any]] = {}
+    for rnd in range(repeats):
+        shift = rnd % len(rows) if rows else 0
+        for i in [*range(shift, len(rows)), *range(shift)]:  # rotating: no row always runs first
+            spec = rows[i]
+            r = run_fresh(MODULE, spec)
+            entry = out.setdefault(i, {"row": {k: v for k, v in spec.items() if k not in ("files", "labels")},
+                                       "rounds": []})
+            entry["rounds"].append(r)
+            rate = r.get("samples_per_s")
+            load = os.getloadavg()[0]
+            msg = f"{rate:7.0f} samples/s" if rate else r.get("error", "?")
+            print(f"[{rnd}] {label(spec):>44}: {msg} (load {load:.1f})", file=sys.stderr, flush=True)
+    results = []
+    for i in sorted(out):
+        entry = out[i]
+        ok = [r for r in entry["rounds"] if "samples_per_s" in r]
+        if ok:
+            best = max(ok, key=lambda r: r["samples_per_s"])
+            entry.update(best=best, samples_per_s=best["samples_per_s"], **per_sample(best))
+        else:
+            entry["error"] = entry["rounds"][-1].get("error")
+        results.append(entry)
+    return results
+
+
+def per_sample(r: dict[str, Any]) -> dict[str, float]:
+    """CPU ms and minor faults per sample in the timed window, and system time as a share of user."""
+    n, w = max(r["samples"], 1), r["window"]
+    return {"user_ms": 1e3 * w["user_s"] / n, "sys_ms": 1e3 * w["sys_s"] / n, "minflt": w["minflt"] / n,
+            "sys_share": w["sys_s"] / w["user_s"] if w["user_s"] > 0 else float("nan")}
+
+
+def md_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (numbers formatted by the caller)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _f(x: float | None, fmt: str = ".0f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def target(name: str, value: float | None, goal: float, who: str = "", at_most: bool = False) -> dict[str, Any]:
+    met = None if value is None else (value <= goal if at_most else value >= goal)
+    return {"name": name, "value": value, "target": goal, "at_most": at_most, "met": met, "who": who}
+
+
+def targets_md(targets: list[dict[str, Any]]) -> str:
+    rows = [[t["name"] + (f" ({t['who']})" if t["who"] else ""),
+             _f(t["value"], ".2f") + ("x" if t["value"] is not None else ""),
+             ("<= " if t["at_most"] else ">= ") + f"{t['target']}x",
+             {True: "met", False: "**missed**", None: "n/a"}[t["met"]]] for t in targets]
+    return md_table(["target", "measured", "goal", ""], rows)
+
+
+def rows_md(results: list[dict[str, Any]], ratio_to: Callable[[dict], dict | None],
+            cols: tuple[str, ...] = ("source", "pipeline", "loader")) -> str:
+    """The common table: throughput, ratio, CPU and faults per sample in the window, whole process."""
+    table = []
+    for e in results:
+        row = e["row"]
+        head = [row.get(c, "") for c in cols] + [f"{row['loader']} {row['parallel']}" if "loader" not in cols
+                                                   else row["parallel"]]
+        if "error" in e:
+            table.append(head + [f"failed: {e['error']}"] + [""] * 9)
+            continue
+        ref = ratio_to(e)
+        ratio = e["samples_per_s"] / ref["samples_per_s"] if ref and "samples_per_s" in ref else None
+        p = e["best"]["process"]
+        cpu, ref_cpu = per_cpu_s(e), per_cpu_s(ref)
+        cpu_ratio = cpu / ref_cpu if cpu and ref_cpu else None
+        table.append(head + [_f(e["samples_per_s"]), _f(ratio, ".2f") + ("x" if ratio else ""), _f(cpu),
+                             _f(cpu_ratio, ".2f") + ("x" if cpu_ratio else ""), _f(e["user_ms"], ".2f"), _f(e["sys_ms"], ".2f"), _f(e["minflt"], ".0f"),
+                             f"{p['wall_s']:.1f}", f"{p['user_s'] + p['sys_s']:.1f}", f"{p['minflt'] / 1e3:.0f}k"])
+    columns = [c for c in cols] + ["threads/workers" if "loader" in cols else "loader",
+                                   "samples/s", "/ ref", "img/CPU-s", "/ ref", "user ms/img", "sys ms/img", "faults/img",
+                                   "process wall s", "process CPU s", "process faults"]
+    return md_table(columns, table)
+
+
+def find(results: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for e in results:
+        if all(e["row"].get(k) == v for k, v in match.items()) and "samples_per_s" in e:
+            return e
+    return None
+
+
+# == sections ===========================================================================================
+def base_spec(args: argparse.Namespace, items: list[Any]) -> dict[str, Any]:
+    return {"batch_size": args.batch_size, "steps": args.steps,
+            "files": [str(it.path) for it in items], "labels": [int(it.label) for it in items]}
+
+
+def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.conversion.inputs import image_folder as list_folder
+    from packer.formats import FORMATS
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    formats = [f for f in args.formats if f in FORMATS]
+    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2) for f in formats}
+    peers = available_peers(args.peers, skipped)
+    peer_paths = {}
+    for p in peers:
+        try:
+            peer_paths[p] = build_peer(p, items, work / f"peers-{args.count}")
+        except Exception as e:  # a peer that cannot run here is reported, never faked
+            skipped[p] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    base = base_spec(args, items)
+    rows: list[dict[str, Any]] = []
+    sources = ["ceiling", "folder"] + [f"packer/{f}" for f in formats] + list(peer_paths)
+    for source in sources:
+        path = paths.get(source.split("/", 1)[-1]) if source.startswith("packer/") else peer_paths.get(source)
+        for pipe in ("packer", "pillow"):
+            for w in args.workers:
+                rows.append(dict(base, source=source, pipeline=pipe, loader="DataLoader", parallel=w, path=path))
+            if source in PEERS:
+                continue
+            for t in args.threads if pipe == "packer" else ():
+                rows.append(dict(base, source=source, pipeline=pipe, loader="Loader", parallel=t, path=path))
+    top_w, top_t = max(args.workers), max(args.threads)
+    for loader, par in (("Loader", top_t), ("DataLoader", top_w)):
+        rows.append(dict(base, source="packer/lmdb", pipeline="packer", loader=loader, parallel=par,
+                         path=paths["lmdb"], tuned=True))
+    results = run_rows(rows, args.repeats,
+                       lambda s: f"{s['source']} {s['pipeline']} {s['loader']} {s['parallel']}"
+                                 + (" tuned" if s.get("tuned") else ""))
+    for e in results:
+        if e["row"].get("tuned"):
+            e["row"]["pipeline"] += " (tuned heap)"
+
+    mean_kb = sum(Path(f).stat().st_size for f in base["files"]) / len(base["files"]) / 1e3
+    params = {"count": args.count, "classes": args.classes, "batch_size": args.batch_size, "steps": args.steps,
+              "repeats": args.repeats, "workers": args.workers, "threads": args.threads, "mean_jpeg_kb": mean_kb,
+              "formats": formats, "peers": list(peer_paths)}
+    return dict(summarize_loaders(results, params), params=params, results=results)
+
+
+def per_cpu_s(e: dict[str, Any] | None) -> float | None:
+    """Samples per CPU-second of a row's timed window (process, threads and workers): the
+    figure other jobs on a shared machine hardly move."""
+    if not e or "samples_per_s" not in e:
+        return None
+    w = e["best"]["window"]
+    return e["best"]["samples"] / (w["user_s"] + w["sys_s"]) if w["user_s"] + w["sys_s"] > 0 else None
+
+
+def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    """The loaders section's targets and markdown from its rows: wall-clock ratios, and the same
+    ratios in samples per CPU-second (what stands when the machine is shared)."""
+    top_w, top_t = max(params["workers"]), max(params["threads"])
+
+    def ceiling(e: dict[str, Any]) -> dict[str, Any] | None:
+        return find(results, source="ceiling", pipeline=e["row"]["pipeline"].split(" ")[0],
+                    loader=e["row"]["loader"], parallel=e["row"]["parallel"])
+
+    def both(name: str, a: dict | None, b: dict | None, goal: float, who: str = "") -> list[dict[str, Any]]:
+        wall = a["samples_per_s"] / b["samples_per_s"] if a and b else None
+        ca, cb = per_cpu_s(a), per_cpu_s(b)
+        return [target(name, wall, goal, who), target(name + ", per CPU-second", ca / cb if ca and cb else None, goal, who)]
+
+    targets: list[dict[str, Any]] = []
+    folder = find(results, source="folder", pipeline="packer", loader="DataLoader", parallel=top_w)
+    for f in params["formats"]:
+        e = find(results, source=f"packer/{f}", pipeline="packer", loader="DataLoader", parallel=top_w)
+        targets += both(f"packer/{f} vs in-memory ceiling, DataLoader {top_w} workers", e, e and ceiling(e), 0.95)
+        targets += both(f"packer/{f} vs the folder read file by file (same decode), DataLoader {top_w} workers",
+                        e, folder, 1.0)
+    peer_default = [find(results, source=p, pipeline="pillow", loader="DataLoader", parallel=top_w)
+                    for p in params["peers"]]
+    peer_default = [p for p in peer_default if p]
+    fastest = max(peer_default, key=lambda e: e["samples_per_s"]) if peer_default else None
+    for loader, par in (("Loader", top_t), ("DataLoader", top_w)):
+        mine = find(results, source="packer/lmdb", pipeline="packer", loader=loader, parallel=par)
+        tuned = find(results, source="packer/lmdb", pipeline="packer (tuned heap)", loader=loader, parallel=par)
+        targets += both(f"default {loader} {par} vs the fastest peer's default at {top_w} workers", mine, fastest, 2.0,
+                        fastest["row"]["source"] if fastest else "no peer installed")
+        targets += both(f"default {loader} {par} vs the same with the heap tuned by hand", mine, tuned, 0.9)
+        targets.append(target(f"default {loader} {par}: system time / user time",
+                              mine and mine["sys_share"], 0.10, at_most=True))
+    p = params
+    head = (f"{p['count']} photo-like JPEGs (packer.synth, ~432x576 +-1/8, mean {p['mean_jpeg_kb']:.0f} kB) in "
+            f"{p['classes']} classes; Resize(256) + CenterCrop(224) to uint8 CHW; batch {p['batch_size']}; "
+            f"{p['steps']} batches timed after the first; best of {p['repeats']} interleaved rounds; "
+            f"each row a fresh process with default settings. img/CPU-s, CPU and faults per image: the timed "
+            f"window (process, threads and workers); process columns: the child's whole life (start-up "
+            f"included).")
+    return {"targets": targets, "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets)])}
+
+
+def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.codecs.resize import ResizeSpec
+    from packer.conversion.inputs import image_folder as list_folder
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    packs = {"packer/lmdb": packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)}
+    if "hdf5" in args.formats:
+        packs["packer/hdf5"] = packed(src, work / f"packed-{args.count}" / "data.hdf5", "hdf5", workers=2)
+        packs["packer/hdf5-raw"] = packed(src, work / f"packed-{args.count}" / "raw-256x320.h5", "hdf5", workers=2,
+                                          raw=True, resize=ResizeSpec(size=(320, 256)))
+    peers = available_peers(args.train_peers, skipped)
+    base = dict(base_spec(args, items), pipeline="train", images=str(src))
+    par = max(args.threads)
+    rows = []
+    for source, path in packs.items():
+        for loader in ("Loader", "DataLoader"):
+            rows.append(dict(base, source=source, loader=loader, parallel=par, path=path))
+    for p in peers:
+        path = build_peer(p, items, work / f"peers-{args.count}") if p in ("webdataset", "ffcv") else None
+        rows.append(dict(base, source=p, loader=p, parallel=par, path=path))
+    results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}")
+
+    def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
+        return find(results, source="packer/lmdb", loader="Loader")
+
+    ours = find(results, source="packer/lmdb", loader="Loader")
+    others = [e for e in results if not e["row"]["source"].startswith("packer/") and "samples_per_s" in e]
+    fastest = max(others, key=lambda e: e["samples_per_s"]) if others else None
+    t = []
+
+    def ratio(a: dict | None, b: dict | None) -> float | None:
+        return a["samples_per_s"] / b["samples_per_s"] if a and b else None
+
+    t.append(target("packer default training pipeline vs the fastest peer", ratio(ours, fastest), 1.2,
+                    fastest["row"]["source"] if fastest else "no peer installed"))
+    lm_dl = find(results, source="packer/lmdb", loader="DataLoader")
+    raw_l = find(results, source="packer/hdf5-raw", loader="Loader")
+    raw_dl = find(results, source="packer/hdf5-raw", loader="DataLoader")
+    t.append(target("Loader vs DataLoader, LMDB-JPEG", ratio(ours, lm_dl), 1.3))
+    t.append(target("Loader vs DataLoader, raw HDF5 pixels", ratio(raw_l, raw_dl), 2.5))
+    t.append(target("raw HDF5 vs LMDB-JPEG end to end, Loader", ratio(raw_l, ours), 4.0))
+    head = (f"RandomResizedCrop(224) + flip (packer: DecodeRandomResizedCrop; raw rows: 256x320 pixels), "
+            f"batch {args.batch_size}, {par} threads or workers per row, every peer its own fastest way; "
+            f"{args.steps} batches timed; each row a fresh process. Ratio column: to packer/lmdb Loader.")
+    return {"params": {"parallel": par, "count": args.count}, "results": results, "targets": t,
+            "markdown": "\n\n".join([head, rows_md(results, lmdb_loader), targets_md(t)])}
+
+
+def section_formats(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.conversion.inputs import image_folder as list_folder
+    from packer.formats import FORMATS
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2)
+             for f in args.formats if f in FORMATS}
+    base = dict(base_spec(args, items), pipeline="tensor")
+    rows = [dict(base, source="ceiling", loader="DataLoader", parallel=w) for w in args.workers]
+    for w in args.workers:
+        for f, path in paths.items():
+            rows.append(dict(base, source=f"packer/{f}", loader="DataLoader", parallel=w, path=path))
+        if "records" in paths:
+            rows.append(dict(base, source="packer/records-nocrc", loader="DataLoader", parallel=w,
+                             path=paths["records"], dataset_options={"check_crc": False}))
+            rows.append(dict(base, source="stream/records", loader="DataLoader", parallel=w, path=paths["records"]))
+    results = run_rows(rows, args.repeats, lambda s: f"tensor {s['source']} w={s['parallel']}")
+
+    def ceiling(e: dict[str, Any]) -> dict[str, Any] | None:
+        return find(results, source="ceiling", parallel=e["row"]["parallel"])
+
+    t = [target(f"{e['row']['source']} vs ceiling, {e['row']['parallel']} workers",
+                e["samples_per_s"] / ceiling(e)["samples_per_s"] if ceiling(e) and "samples_per_s" in e else None,
+                0.95) for e in results if e["row"]["source"] != "ceiling" and e["row"]["parallel"] == max(args.workers)]
+    head = (f"Full decode to a CHW tensor (decode=\"tensor\") + a fixed {CROP[0]}x{CROP[1]} centre crop, "
+            f"default collate, batch {args.batch_size}; each row a fresh process.")
+    return {"params": {"count": args.count}, "results": results, "targets": t,
+            "markdown": "\n\n".join([head, rows_md(results, ceiling, ("source", "pipeline")), targets_md(t)])}
+
+
+def section_raw(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.codecs.resize import ResizeSpec
+    from packer.conversion.inputs import image_folder as list_folder
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    spec = ResizeSpec(size=(224, 224))
+    outs = {"packer/lmdb-jpeg224": packed(src, work / f"packed-{args.count}" / "jpeg224.lmdb", "lmdb", workers=2,
+                                          resize=spec),
+            "packer/hdf5-jpeg224": packed(src, work / f"packed-{args.count}" / "jpeg224.h5", "hdf5", workers=2,
+                                          resize=spec),
+            "packer/hdf5-raw224": packed(src, work / f"packed-{args.count}" / "raw224.h5", "hdf5", workers=2,
+                                         resize=spec, raw=True)}
+    base = dict(base_spec(args, items), pipeline="tensor", crop=False)
+    rows = [dict(base, source=s, loader="DataLoader", parallel=w, path=p) for w in args.workers
+            for s, p in outs.items()]
+    results = run_rows(rows, args.repeats, lambda s: f"raw {s['source']} w={s['parallel']}")
+
+    def lmdb(e: dict[str, Any]) -> dict[str, Any] | None:
+        return find(results, source="packer/lmdb-jpeg224", parallel=e["row"]["parallel"])
+
+    t = []
+    for w in args.workers:
+        raw = find(results, source="packer/hdf5-raw224", parallel=w)
+        for s in ("packer/lmdb-jpeg224", "packer/hdf5-jpeg224"):
+            other = find(results, source=s, parallel=w)
+            t.append(target(f"HDF5 raw vs {s.split('/')[1]}, {w} workers",
+                            raw and other and raw["samples_per_s"] / other["samples_per_s"], 5.0))
+    head = ("The same images packed at 224x224 (centre crop) three ways, read as uint8 CHW tensors "
+            "(decode=\"tensor\", CRC checked); each row a fresh process. Ratio column: to LMDB-JPEG.")
+    return {"params": {"count": args.count}, "results": results, "targets": t,
+            "markdown": "\n\n".join([head, rows_md(results, lmdb, ("source",)), targets_md(t)])}
+
+
+def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
+    """CPU us per sample of each part, in this process, least of 3 passes: fetching the bytes from
+    each source (decode="bytes"), each decode on bytes in memory, the two CRC32Cs of a record."""
+    from packer import PackedDataset
+    from packer.data.datasets import decode_record
+    from packer.formats import open_reader
+    from packer.integrity import masked_crc32c
+
+    n = spec["n"]
+    order = np.random.default_rng(1).permutation(len(spec["files"]))[:n].tolist()
+    blobs = [Path(spec["files"][i]).read_bytes() for i in order]
+
+    def least(make: Callable[[], Iterable]) -> float:
+        best = math.inf
+        for _ in range(3):
+            it = iter(make())
+            t = time.process_time()
+            for _ in it:
+                pass
+            best = min(best, (time.process_time() - t) / n)
+        return 1e6 * best
+
+    decode = {name: least(lambda fn=pipeline(name): (fn(b) for b in blobs)) for name in ("packer", "pillow", "train")}
+    decode["tensor"] = least(lambda: (decode_record(b, "tensor") for b in blobs))
+    fetch = {"ceiling": least(lambda: (blobs[k] for k in range(n))),
+             "folder": least(lambda: (Path(spec["files"][i]).read_bytes() for i in order))}
+    for name, path in spec["paths"].items():
+        ds = PackedDataset(path, decode="bytes")
+        fetch[f"packer/{name}"] = least(lambda ds=ds: (ds[i] for i in order))
+    out = {"samples": n, "decode_us": decode, "fetch_us": fetch}
+    if "records" in spec["paths"]:
+        ds = PackedDataset(spec["paths"]["records"], decode="bytes", check_crc=False)
+        fetch["packer/records-nocrc"] = least(lambda: (ds[i] for i in order))
+        records = open_reader(spec["paths"]["records"])
+        framed = [bytes(records.read_payload(i)) for i in order]
+        lengths = [len(p).to_bytes(8, "little") for p in framed]
+        out["crc_us"] = least(lambda: ((masked_crc32c(a), masked_crc32c(b)) for a, b in zip(lengths, framed)))
+        out["crc_share"] = out["crc_us"] / (fetch["packer/records"] + decode["tensor"])
+    return out
+
+
+def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.conversion.inputs import image_folder as list_folder
+    from packer.formats import FORMATS
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2)
+             for f in args.formats if f in FORMATS}
+    n = min(400, args.count)
+    r = run_fresh(MODULE, dict(base_spec(args, items), kind="costs", paths=paths, n=n))
+    if "error" in r:
+        return {"results": r, "markdown": f"costs failed: {r['error']}"}
+    d = r["decode_us"]
+    table = [[k, f"{v:.1f}", f"{1e6 / (v + d['packer']):.0f}", f"{1e6 / (v + d['pillow']):.0f}",
+              f"{(r['fetch_us']['ceiling'] + d['packer']) / (v + d['packer']):.3f}x"]
+             for k, v in r["fetch_us"].items()]
+    md = "\n\n".join([
+        f"CPU per sample in one fresh process, least of 3 passes over {n} samples in random order. Decode + "
+        f"resize 256 + crop 224: packer {d['packer']:.0f} us, Pillow {d['pillow']:.0f} us "
+        f"({d['pillow'] / d['packer']:.2f}x); RandomResizedCrop(224) + flip {d.get('train', float('nan')):.0f} us; "
+        f"full decode to a tensor {d['tensor']:.0f} us."
+        + (f" The two CRC32Cs of a checked record: {r['crc_us']:.1f} us = {100 * r['crc_share']:.2f}% of a "
+           f"records read + full decode." if "crc_us" in r else ""),
+        md_table(["source", "fetch us", "img/CPU-s, packer decode", "img/CPU-s, Pillow", "vs ceiling (packer)"],
+                 table)])
+    return {"params": {"samples": n}, "results": r, "markdown": md}
+
+
+def section_shuffle(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.commands.pack_images import pack_images
+    from packer.data.mixing import mixing_report
+    from packer.formats import open_reader
+    from packer.synth import jpeg_bytes, natural_image
+    from packer import StreamingDataset
+
+    classes, per, shard = args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard
+    src = work / f"sorted-{classes}x{per}"
+    if not (src / ".complete").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        rng = np.random.default_rng(0)
+        blobs = [jpeg_bytes(natural_image(rng, 32, 32), 90) for _ in range(64)]
+        for i in range(classes * per):  # class-sorted: class = i's block
+            d = src / f"class_{i // per:04d}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"img_{i:06d}.jpg").write_bytes(blobs[i % len(blobs)])
+        (src / ".complete").write_text("ok")
+    out = work / f"sorted-{classes}x{per}-{shard}.records"
+    if not (out / "manifest.json").exists():
+        pack_images(src, out, format="records", workers=2, overwrite=True, check="header",
+                    writer_options={"samples_per_shard": shard})
+    reader = open_reader(out)
+    labels = np.array([reader.read(i).label for i in range(len(reader))])
+    variants = {"previous (shard order + 4096 buffer)": {"block_size": None}, "default (block shuffle)": {}}
+    rep = {name: mixing_report(labels[np.array(StreamingDataset(out, decode="bytes", **opts).order())], 256)
+           for name, opts in variants.items()}
+    rows = [{"kind": "stream", "source": name, "path": str(out), "dataset_options": opts}
+            for name, opts in variants.items()]
+    results = run_rows(rows, args.repeats, lambda s: f"shuffle {s['source']}")
+    speed = {e["row"]["source"]: e.get("samples_per_s") for e in results}
+    table = [[name, f"{rep[name]['median']:.0f}", f"{rep[name]['p10']:.0f}", f"{rep[name]['ratio']:.2f}x",
+              _f(speed[name])] for name in variants]
+    names = list(variants)
+    t = [target("median distinct classes per 256-batch vs iid", rep[names[1]]["ratio"], 0.9),
+         target("read throughput vs the previous order",
+                speed[names[1]] / speed[names[0]] if speed[names[0]] and speed[names[1]] else None, 0.9)]
+    md = "\n\n".join([
+        f"Class-sorted records pack: {classes} classes x {per}, {shard}-sample shards; 256-sample batches; "
+        f"read = one StreamingDataset(decode='bytes') epoch in a fresh process; iid expectation "
+        f"{rep[names[1]]['iid']:.1f} classes.",
+        md_table(["order", "median classes", "p10", "vs iid", "read samples/s"], table), targets_md(t)])
+    return {"params": {"classes": classes, "per_class": per, "shard": shard}, "results": results,
+            "mixing": rep, "targets": t, "markdown": md}
+
+
+# -- crops: transforms per core, one process --------------------------------------------------------
+def _crop_sets(count: int, seed: int) -> dict[str, list[bytes]]:
+    from PIL import Image
+
+    from packer.synth import jpeg_bytes, natural_image
+
+    rng = np.random.default_rng(seed)
+    big, small = [], []
+    for i in range(count):
+        h, w = 375 + int(rng.integers(-46, 47)), 500 + int(rng.integers(-62, 63))
+        if i % 4 == 3:
+            h, w = w, h  # some portrait images
+        arr = natural_image(rng, h, w)
+        big.append(jpeg_bytes(arr, 90))
+        s = 256 / min(h, w)
+        small.append(jpeg_bytes(np.asarray(Image.fromarray(arr).resize(
+            (max(256, round(w * s)), max(256, round(h * s))), Image.LANCZOS)), 90))
+    return {"ImageNet-size (~500x375)": big, "pre-resized (short side 256)": small}
+
+
+def _median_cpu_ms(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: int) -> dict[str, float]:
+    """Median over rounds of the mean CPU ms per image (this thread), the order rotating."""
+    names = list(pipelines)
+    per: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = pipelines[name]
+            t0 = time.thread_time()
+            for i in range(n):
+                fn(i)
+            per[name].append((time.thread_time() - t0) / n * 1e3)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _crop_set(label: str, data: list[bytes], rounds: int, seed: int) -> tuple[str, dict[str, float]]:
+    import torch
+
+    from packer.codecs.image import decode
+    from packer.commands.fidelity import fidelity_rows, format_fidelity
+    from packer.data.decode import DecodeRandomResizedCrop, PilRandomResizedCrop
+    from packer.data.decode import resample_box, to_chw3
+    from packer.data.decode import DecodeResizeCrop, PilResizeCrop
+
+    n = len(data)
+    rrc, pil_rrc = DecodeRandomResizedCrop(224, seed=seed), PilRandomResizedCrop(224, seed=seed)
+    drc, pil_drc = DecodeResizeCrop(256, 224), PilResizeCrop(256, 224)
+
+    def rng(i: int) -> np.random.Generator:
+        return np.random.default_rng([seed, i])
+
+    def full(i: int) -> Any:
+        arr = decode(data[i])
+        box, flip = rrc.sample(arr.shape[0], arr.shape[1], rng(i))
+        return torch.from_numpy(to_chw3(resample_box(arr, box, 224, 224, flip=flip)))
+
+    pipes = {"rrc roi": lambda i: rrc(data[i], rng=rng(i)), "rrc full": full,
+             "rrc torchvision": lambda i: pil_rrc(data[i], rng=rng(i)),
+             "centre roi": lambda i: drc(data[i]), "centre torchvision": lambda i: pil_drc(data[i])}
+    for fn in pipes.values():
+        fn(0)
+    ms = _median_cpu_ms(pipes, n, rounds)
+    rows = [["RandomResizedCrop(224)+flip: full decode + crop + resize", f"{ms['rrc full']:.3f}", "1.00x"],
+            ["RandomResizedCrop(224)+flip: DecodeRandomResizedCrop (region decode)", f"{ms['rrc roi']:.3f}",
+             f"**{ms['rrc full'] / ms['rrc roi']:.2f}x**"],
+            ["RandomResizedCrop(224)+flip: torchvision (PIL)", f"{ms['rrc torchvision']:.3f}",
+             f"{ms['rrc full'] / ms['rrc torchvision']:.2f}x"],
+            ["Resize(256)+CenterCrop(224): DecodeResizeCrop", f"{ms['centre roi']:.3f}", "1.00x"],
+            ["Resize(256)+CenterCrop(224): torchvision (PIL)", f"{ms['centre torchvision']:.3f}",
+             f"{ms['centre roi'] / ms['centre torchvision']:.2f}x"]]
+    md = "\n\n".join([f"**{label}**: {n} JPEGs, CPU ms per image on one core (median of {rounds} rounds)",
+                      md_table(["pipeline", "CPU ms/image", "speed-up"], rows),
+                      f"Fidelity on the same {n} images (reference: full decode + Lanczos from the exact box)",
+                      format_fidelity(fidelity_rows(data, seed=seed))])
+    return md, ms
+
+
+def _pre_resize_md(seed: int, per_size: int = 3) -> str:
+    from PIL import Image
+
+    from packer.codecs.resize import ResizeSpec, resize_pixels
+    from packer.codecs.video import Resize
+    from packer.commands.fidelity import measure_shift, psnr
+    from packer.synth import jpeg_bytes, natural_image
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for h, w in [(375, 500), (768, 1024), (1080, 1920), (2000, 3000)]:
+        acc: dict[str, tuple[list, list]] = {"packer resize --short-side 256": ([], []),
+                                             "decode-frames --short-side 256": ([], [])}
+        for _ in range(per_size):
+            data = jpeg_bytes(natural_image(rng, h, w), 90)
+            full = Image.open(io.BytesIO(data)).convert("RGB")
+            outs = {"packer resize --short-side 256": resize_pixels(data, ResizeSpec(short_side=256)),
+                    "decode-frames --short-side 256": Resize(short_side=256)(np.asarray(full))}
+            for name, out in outs.items():
+                ref = np.asarray(full.resize((out.shape[1], out.shape[0]), Image.LANCZOS))
+                acc[name][0].append(psnr(out, ref))
+                acc[name][1].append(float(np.hypot(*measure_shift(out, ref))))
+        rows += [[f"{w}x{h}", name, f"{statistics.median(ps):.2f}", f"{max(sh):.3f}"] for name, (ps, sh) in acc.items()]
+    return "\n\n".join(["Pre-resizing to a 256-px short side, against full decode + Lanczos to the same size",
+                        md_table(["source", "pipeline", "PSNR median (dB)", "shift max (px)"], rows)])
+
+
+def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    import cv2
+    import torch
+
+    from packer.codecs import jpeg_region
+    from packer.codecs.image import DECODER
+
+    cv2.setNumThreads(1)  # per core: one thread, whatever the machine's load
+    torch.set_num_threads(1)
+    lib = jpeg_region.library_path()
+    parts = [f"Full decoder: {DECODER}; region decoding: {lib or 'unavailable (the roi rows decoded whole images)'}. "
+             "One process, one thread, every pipeline fed the same boxes."]
+    ms = {}
+    for label, data in _crop_sets(args.crop_count, 0).items():
+        md, ms[label] = _crop_set(label, data, args.crop_rounds, 0)
+        parts.append(md)
+    parts.append(_pre_resize_md(0))
+    return {"params": {"count": args.crop_count, "rounds": args.crop_rounds}, "cpu_ms": ms,
+            "markdown": "\n\n".join(parts)}
+
+
+def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """Host-side cost per batch: the uint8 path (stage the batch for the copy engine) against
+    normalizing float32 on the CPU; with CUDA, the real ``DevicePrefetcher``'s host time too."""
+    import torch
+
+    from packer.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from packer.data.device import DevicePrefetcher
+    from packer.data.decode import DecodeResizeCrop
+    from packer.synth import jpeg_bytes, natural_image
+
+    rng = np.random.default_rng(0)
+    decode = DecodeResizeCrop(256, 224)
+    batch = torch.stack([decode(jpeg_bytes(natural_image(rng, 432, 576), 90)) for _ in range(args.batch_size)])
+    reps = 15
+    norm = Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    stage_u8, stage_f32 = torch.empty_like(batch), torch.empty(batch.shape, dtype=torch.float32)
+
+    def med(fn: Callable[[], Any]) -> float:
+        fn()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return 1000 * statistics.median(ts)
+
+    out: dict[str, Any] = {
+        "batch_shape": list(batch.shape), "uint8_path_ms": med(lambda: stage_u8.copy_(batch)),
+        "cpu_float32_ms": med(lambda: stage_f32.copy_(norm(batch))),
+        "prefetcher_cpu_fallback_ms": med(lambda: next(iter(DevicePrefetcher([(batch, 0)], device="cpu"))))}
+    out["ratio"] = out["uint8_path_ms"] / out["cpu_float32_ms"]
+    if torch.cuda.is_available():  # the real thing: host time spent inside the CUDA prefetcher
+        pinned = batch.pin_memory()
+        it = iter(DevicePrefetcher([(pinned, torch.zeros(len(batch), dtype=torch.long))] * (reps + 1), device="cuda"))
+        next(it)
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            next(it)
+            ts.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        out["cuda_prefetcher_host_ms"] = 1000 * statistics.median(ts)
+        out["cuda_device"] = torch.cuda.get_device_name()
+    cuda = out.get("cuda_prefetcher_host_ms")
+    t = [target("uint8 path host cost per batch vs CPU float32 normalization", out["ratio"], 0.5, at_most=True)]
+    if cuda is not None:
+        t.append(target("CUDA DevicePrefetcher host time per batch vs CPU float32 normalization",
+                        cuda / out["cpu_float32_ms"], 0.5, at_most=True, who=out["cuda_device"]))
+    rows = [["uint8 path: stage the batch (copy into a preallocated buffer)", f"{out['uint8_path_ms']:.2f}"],
+            ["CPU float32: normalize + stage", f"{out['cpu_float32_ms']:.2f}"],
+            ["DevicePrefetcher, CPU fallback", f"{out['prefetcher_cpu_fallback_ms']:.2f}"],
+            [f"DevicePrefetcher on CUDA ({out.get('cuda_device', 'no CUDA here: not measured')}), host time",
+             _f(cuda, ".2f")]]
+    md = "\n\n".join([f"Host-side cost per batch {tuple(batch.shape)} uint8 (median of {reps}), in this process.",
+                       md_table(["path", "ms per batch"], rows), targets_md(t)])
+    return {"results": out, "targets": t, "markdown": md}
+
+
+SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
+                 "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
+                 "prefetch": section_prefetch}
+
+
+# == main ===============================================================================================
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--section", default="loaders", help=f"comma list of {', '.join(SECTIONS)}, or all")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run that proves the script works")
+    ap.add_argument("--workdir", type=Path, default=Path("bench-out/read"), help="generated data and packs (kept)")
+    ap.add_argument("--results", type=Path, default=None, help="folder for the JSON (default bench-out/results)")
+    ap.add_argument("--count", type=int, default=5000, help="generated images")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20, help="batches timed per row, after the first")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds; the best of each row is kept")
+    ap.add_argument("--workers", type=_ints, default=[0, 2], help="DataLoader num_workers values")
+    ap.add_argument("--threads", type=_ints, default=[1, 2], help="packer.Loader num_threads values")
+    ap.add_argument("--formats", type=lambda s: [f for f in s.split(",") if f], default=["lmdb", "records", "hdf5"],
+                    help="packer formats in the loaders, formats, costs and training sections")
+    ap.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p and p != "none"], default=list(PEERS))
+    ap.add_argument("--train-peers", type=lambda s: [p for p in s.split(",") if p and p != "none"],
+                    default=list(TRAIN_PEERS))
+    ap.add_argument("--shuffle-classes", type=int, default=200)
+    ap.add_argument("--shuffle-per-class", type=int, default=300)
+    ap.add_argument("--shuffle-shard", type=int, default=3000)
+    ap.add_argument("--crop-count", type=int, default=96)
+    ap.add_argument("--crop-rounds", type=int, default=7)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.count, args.classes, args.batch_size, args.steps, args.repeats = 48, 2, 8, 2, 1
+        args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard = 8, 40, 40
+        args.crop_count, args.crop_rounds = 4, 1
+        if args.workdir == Path("bench-out/read"):
+            args.workdir = Path("bench-out/read-quick")
+    args.sections = list(SECTIONS) if args.section == "all" else [s for s in args.section.split(",") if s]
+    bad = [s for s in args.sections if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {bad}; choose from {SECTIONS}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.child is not None:
+        print(json.dumps(child(json.loads(Path(args.child).read_text()))), flush=True)
+        return 0
+    machine = machine_info()
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {"quick": args.quick, "sections": {}, "skipped": {}}
+    for name in args.sections:
+        skipped: dict[str, str] = {}
+        t = time.perf_counter()
+        out = SECTION_FUNCS[name](args, work, skipped)
+        out["seconds"] = time.perf_counter() - t
+        out["skipped"] = skipped
+        if skipped:
+            out["markdown"] += "\n\n" + "\n".join(f"- skipped {k}: {v}" for k, v in skipped.items())
+        figures["sections"][name] = out
+        print(f"\n## {name}\n\n{out['markdown']}\n", flush=True)
+    notes = ["Every row a fresh process with default settings; figures are noisy on a shared machine, "
+             "ratios within one run stand."]
+    write_result("read", figures, results=args.results, machine=machine, notes=notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

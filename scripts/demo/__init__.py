@@ -1,0 +1,1 @@
+"""Demonstrations of packer in a training loop (see scripts/README.md)."""

@@ -1,0 +1,149 @@
+"""Every benchmark in scripts/bench runs at its --quick size and writes the JSON render.py reads;
+the committed docs/benchmarks.md is what render.py makes of the committed results."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_bench(module: str, args: list[str], results: Path, timeout: int = 900) -> dict:
+    """``python -m module --quick ... --results DIR`` from the repository root, as a user runs it;
+    returns its one JSON document."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", module, *args, "--results", str(results)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    files = sorted(results.glob("*.json"))
+    assert len(files) == 1, files
+    doc = json.loads(files[0].read_text())
+    assert {"bench", "machine", "command", "notes", "figures"} <= set(doc)
+    assert {"date", "cores", "cpu_model", "load_avg", "python", "torch", "commit"} <= set(doc["machine"])
+    assert doc["command"].startswith(f"python -m {module} ")
+    return doc
+
+
+def rows_by(section: dict) -> dict[tuple, dict]:
+    return {(e["row"]["source"], e["row"].get("pipeline"), e["row"].get("loader"), e["row"].get("parallel")): e
+            for e in section["results"]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_read_quick_every_section_in_fresh_processes(tmp_path):
+    doc = run_bench("scripts.bench.read", ["--quick", "--section", "all", "--workers", "0", "--threads", "2",
+                                           "--workdir", str(tmp_path / "work"), "--peers", "none",
+                                           "--train-peers", "none"], tmp_path / "results")
+    sections = doc["figures"]["sections"]
+    assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
+    loaders = rows_by(sections["loaders"])
+    for source in ("ceiling", "folder", "packer/lmdb", "packer/records", "packer/hdf5"):
+        for pipe in ("packer", "pillow"):
+            e = loaders[(source, pipe, "DataLoader", 0)]
+            assert e["samples_per_s"] > 0 and e["best"]["samples"] == 2 * 8
+            proc = e["best"]["process"]  # the child's whole life, from os.wait4
+            assert proc["wall_s"] > 0 and proc["user_s"] > 0 and proc["minflt"] > 0
+            assert e["best"]["window"]["user_s"] >= 0 and e["minflt"] >= 0
+    assert loaders[("packer/lmdb", "packer", "Loader", 2)]["samples_per_s"] > 0
+    assert loaders[("packer/lmdb", "packer (tuned heap)", "Loader", 2)]["samples_per_s"] > 0
+    names = [t["name"] for t in sections["loaders"]["targets"]]
+    assert "packer/lmdb vs in-memory ceiling, DataLoader 0 workers" in names
+    assert any("heap tuned by hand" in n for n in names)
+    training = rows_by(sections["training"])
+    for source in ("packer/lmdb", "packer/hdf5", "packer/hdf5-raw"):
+        for loader in ("Loader", "DataLoader"):
+            assert training[(source, "train", loader, 2)]["samples_per_s"] > 0
+    formats = {e["row"]["source"] for e in sections["formats"]["results"] if "samples_per_s" in e}
+    assert formats == {"ceiling", "packer/lmdb", "packer/records", "packer/hdf5", "packer/records-nocrc",
+                       "stream/records"}
+    assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
+        "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
+    costs = sections["costs"]["results"]
+    assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"} and costs["crc_us"] > 0
+    assert {"ceiling", "folder", "packer/lmdb", "packer/records-nocrc"} <= set(costs["fetch_us"])
+    assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
+    assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
+    assert 0 < sections["prefetch"]["results"]["ratio"] < 1
+    for name, sec in sections.items():
+        assert sec["markdown"].strip(), name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_read_skips_a_peer_that_is_not_installed_with_a_line(tmp_path):
+    """A peer whose package is absent is named in ``skipped``, never faked; with none installed
+    the peer target says so."""
+    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
+               if __import__("importlib").util.find_spec(mod) is None]
+    if not missing:
+        pytest.skip("every loaders peer is installed here")
+    doc = run_bench("scripts.bench.read", ["--quick", "--workers", "0", "--threads", "1", "--formats", "lmdb",
+                                           "--workdir", str(tmp_path / "work"), "--peers", ",".join(missing)],
+                    tmp_path / "results")
+    section = doc["figures"]["sections"]["loaders"]
+    for peer in missing:
+        assert "not installed" in section["skipped"][peer]
+        assert f"skipped {peer}: not installed" in section["markdown"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("module, section, expect", [
+    ("scripts.bench.write", "write", "to-lmdb"),
+    ("scripts.bench.write", "breakdown", "| the writer | CPU µs/sample |"),
+    ("scripts.bench.write", "frame-crc", "check_crc=True (default)"),
+    ("scripts.bench.write", "warmth", "pause between the delete and the write"),
+    ("scripts.bench.write", "scale", "2 workers"),
+    ("scripts.bench.video", "flow", "| dis |"),
+    ("scripts.bench.video", "clips", "decode-frames --workers 2"),
+    ("scripts.bench.resize", "pre-resize", "resized / original"),
+])
+def test_section_quick(tmp_path, module, section, expect):
+    doc = run_bench(module, ["--quick", section], tmp_path / "results")
+    sec = doc["figures"]["sections"][section]
+    assert sec["argv"] and sec["seconds"] > 0
+    assert expect in sec["markdown"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_remote_quick(tmp_path):
+    if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
+        pytest.skip("nginx is not installed: the remote benchmark serves its shards with it")
+    doc = run_bench("scripts.bench.remote", ["--quick", "streaming"], tmp_path / "results")
+    assert "| local disk | " in doc["figures"]["sections"]["streaming"]["markdown"]
+
+
+def test_committed_benchmarks_page_is_rendered_from_the_committed_results(tmp_path):
+    """docs/benchmarks.md is render.py's output for docs/bench-results (run the render after a run)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "scripts.bench.render", "--check"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_render_shows_each_sections_newest_full_run(tmp_path):
+    """A full run wins over a newer quick one; each section comes from the newest run that has it."""
+    def doc(date: str, quick: bool, sections: dict[str, str]) -> dict:
+        return {"bench": "write", "command": f"python -m scripts.bench.write {date}", "notes": [],
+                "machine": {"date": date, "cores": 2, "cpu_model": "cpu", "load_avg": [1.0], "python": "3",
+                            "torch": "2", "numpy": "2", "commit": "abc"},
+                "figures": {"quick": quick, "sections": {k: {"markdown": v} for k, v in sections.items()}}}
+
+    (tmp_path / "a.json").write_text(json.dumps(doc("2026-01-01", False, {"write": "| old |\n|---|"})))
+    (tmp_path / "b.json").write_text(json.dumps(doc("2026-01-02", True, {"write": "| quick |\n|---|"})))
+    (tmp_path / "c.json").write_text(json.dumps(doc("2026-01-03", False, {"breakdown": "plain text"})))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-m", "scripts.bench.render", "--results", str(tmp_path), "--out",
+                    str(tmp_path / "page.md")], cwd=REPO, env=env, check=True, timeout=120)
+    page = (tmp_path / "page.md").read_text()
+    assert "| old |" in page and "| quick |" not in page
+    assert "```text\nplain text\n```" in page
+    assert page.index("### Writing: write") < page.index("### Writing: breakdown")
