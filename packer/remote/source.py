@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.errors import UsageError
+from packer.errors import OutputChanged, UsageError
 from packer.manifest import MANIFEST_NAME
-from packer.remote.cache import NodeCache, default_cache_dir
-from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
+from packer.remote.cache import NodeCache, default_cache_dir, file_identity, write_verified
+from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, http_status, retrying
 from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
 __all__ = ["RemoteOptions", "RemoteSource", "SUMS_NAME", "parse_sums"]
@@ -103,6 +103,7 @@ class RemoteSource:
         self.cache = NodeCache(options.cache_dir or default_cache_dir(), limit=options.limit_bytes())
         self.key = cache_key(self.url)
         self.sums: dict[str, str] = {}
+        self.manifest_text: str | None = None  # the manifest as opened (what readers are pinned to)
         self._fs: Any = None
         self._fs_pid: int | None = None
 
@@ -146,8 +147,12 @@ class RemoteSource:
         fs, _ = self.fs
 
         def download(dest: Path) -> FetchStats:
-            return fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
-                              policy=self.options.retry, secrets=self.secrets)
+            stats = fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
+                               policy=self.options.retry, secrets=self.secrets,
+                               changed=self.check_republished if self.manifest_text is not None else None)
+            if sha256:  # checked on landing: readers taking it from the cache need not hash it again
+                write_verified(dest, file_identity(os.stat(dest)), sha256)
+            return stats
 
         return self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
 
@@ -164,12 +169,54 @@ class RemoteSource:
                 self.cache._record(redact(self.name_url(name)), self.local(name), stats, time.monotonic() - start)
         return raw.decode("utf-8")
 
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of file ``name`` (one ranged request, retried)."""
+    def read_range(self, name: str, start: int, end: int, *, pin: dict[str, Any] | None = None) -> bytes:
+        """Bytes ``[start, end)`` of file ``name`` (one ranged request, retried).
+
+        ``pin`` (``head(name)`` as seen when the dataset was opened) holds the read to that
+        version of the file: over HTTP(S) with a strong ETag the request carries ``If-Match``
+        (the server answers 412 for any other version); elsewhere the file's stamp is asked
+        again after the read. Either way another version raises OutputChanged, never its bytes.
+        """
         fs, _ = self.fs
-        return retrying(redact(self.name_url(name)),
-                        lambda: fs.cat_file(self.remote_path(name), start=start, end=end),
+        what = redact(self.name_url(name))
+        etag = _strong_etag(pin) if pin is not None and _is_http(fs) else None
+
+        def get() -> bytes:
+            if etag is None:
+                return fs.cat_file(self.remote_path(name), start=start, end=end)
+            try:
+                return fs.cat_file(self.remote_path(name), start=start, end=end, headers={"If-Match": etag})
+            except Exception as e:  # noqa: BLE001 - only 412 is ours; the rest is classified by retrying
+                if http_status(e) == 412:
+                    raise self._republished(name) from None
+                raise
+
+        data = retrying(what, get, policy=self.options.retry, secrets=self.secrets)
+        if pin is not None and etag is None and _stamp_of(self.head(name)) != _stamp_of(pin):
+            raise self._republished(name)
+        return data
+
+    def head(self, name: str) -> dict[str, Any]:
+        """What the server says of file ``name`` (size, ETag, modification time: one HEAD)."""
+        fs, _ = self.fs
+        return retrying(redact(self.name_url(name)), lambda: fs.info(self.remote_path(name)),
                         policy=self.options.retry, secrets=self.secrets)
+
+    def _republished(self, name: str) -> OutputChanged:
+        return OutputChanged(redact(self.name_url(name)), "changed on the server since this dataset was opened "
+                                                          "(republished?); open it again to read the new version")
+
+    def check_republished(self) -> None:
+        """Raise OutputChanged when the manifest at the URL is no longer the one opened."""
+        if self.manifest_text is None:
+            return
+        try:
+            now = self.read_text(MANIFEST_NAME)
+        except RemoteMissing:
+            now = None
+        if now != self.manifest_text:
+            raise OutputChanged(redact(self.url), "republished at this URL since this dataset was opened "
+                                                  "(its manifest changed); open it again to read the new version")
 
     def optional_text(self, name: str) -> str | None:
         try:
@@ -180,16 +227,15 @@ class RemoteSource:
     def refresh_manifest(self, name: str = MANIFEST_NAME) -> str:
         """Fetch the manifest fresh; when it differs from the cached copy the dataset changed
         at the URL, and everything cached for it is dropped before the new one is stored."""
-        return self.refresh_identity(name, self.read_text(name))
+        text = self.refresh_identity(name, self.read_text(name))
+        if name == MANIFEST_NAME:
+            self.manifest_text = text
+        return text
 
     def stamp(self, name: str) -> str:
         """What the server says of file ``name`` that changes when it is rewritten (size, ETag,
         modification time), for files that come with no hash."""
-        fs, _ = self.fs
-        info = retrying(redact(self.name_url(name)), lambda: fs.info(self.remote_path(name)),
-                        policy=self.options.retry, secrets=self.secrets)
-        keys = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "Last-Modified")
-        return json.dumps({k: info[k] for k in keys if k in info}, default=str, sort_keys=True)
+        return _stamp_of(self.head(name))
 
     def refresh_identity(self, name: str, text: str) -> str:
         """Keep ``text`` (what identifies the dataset now) as the cached ``name``; when it differs
@@ -206,3 +252,20 @@ class RemoteSource:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, local)
         return text
+
+
+_STAMP_KEYS = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "Last-Modified")
+
+
+def _stamp_of(info: dict[str, Any]) -> str:
+    return json.dumps({k: info[k] for k in _STAMP_KEYS if k in info}, default=str, sort_keys=True)
+
+
+def _is_http(fs: Any) -> bool:
+    return any(p in ("http", "https") for p in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol))
+
+
+def _strong_etag(info: dict[str, Any]) -> str | None:
+    """The ETag of a HEAD answer when ``If-Match`` can use it (strong comparison: not ``W/``)."""
+    etag = info.get("ETag") or info.get("etag")
+    return etag if isinstance(etag, str) and etag and not etag.startswith("W/") else None
