@@ -159,3 +159,26 @@ def test_range_reader_opened_on_a_changed_shard_says_so(dataset, tmp_path):
     shard.write_bytes(shard.read_bytes() + b"\0")  # the server's shard is not the manifest's
     with pytest.raises(Exception, match="train-00001.tfrecord.*bytes on the server"):
         open_reader(url, remote=RemoteOptions(cache_dir=tmp_path / "c", access="range"))
+
+
+def test_range_reader_over_s3_raises_output_changed_when_republished(s3, tmp_path):
+    import s3fs
+
+    bucket = f"packer-pin-{tmp_path.name.lower().replace('_', '-')[:40]}"
+    s3.make_bucket(bucket)
+    fs = s3fs.S3FileSystem(**s3.storage_options)
+    src = write_image_folder(tmp_path / "src", count=COUNT, seed=3)
+
+    def publish(labels: list[int]) -> None:  # the manifest last, as over HTTP
+        built = _pack_list(src, tmp_path / "built", labels)
+        names = sorted(p.name for p in built.iterdir() if p.is_file())
+        for name in [n for n in names if n != "packer.json"] + ["packer.json"]:
+            fs.put_file(str(built / name), f"{bucket}/ds/{name}")
+
+    publish(OLD)
+    opts = RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c", access="range")
+    ds = PackedDataset(f"s3://{bucket}/ds", decode="bytes", remote=opts)
+    assert [ds[i][1] for i in range(10)] == OLD[:10]
+    publish(SAME_SIZE)  # S3's ETag is the content's MD5: no wait needed
+    labels, changed = _read_rest(ds, 10, COUNT)
+    assert changed == COUNT - 10 and labels == []
