@@ -30,8 +30,9 @@ from typing import Any
 
 from packer.errors import OutputChanged, UsageError
 from packer.manifest import MANIFEST_NAME
-from packer.remote.cache import NodeCache, default_cache_dir, file_identity, write_verified
-from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, http_status, retrying
+from packer.remote.cache import NodeCache, default_cache_dir, file_identity, read_verified, write_verified
+from packer.remote.fetch import (FetchStats, RemoteMissing, RetryPolicy, fetch_file, file_sha256, http_status,
+                                 retrying)
 from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
 __all__ = ["RemoteOptions", "RemoteSource", "SUMS_NAME", "parse_sums"]
@@ -141,10 +142,17 @@ class RemoteSource:
 
     def fetch(self, name: str, *, sha256: str | None = None, size: int | None = None,
               wait: bool = True) -> Path | None:
-        """The cached path of file ``name``, downloaded (once per node) and checked first."""
+        """The cached path of file ``name``, downloaded (once per node) and checked first.
+
+        A file with a known sha256 (the manifest's, or the hash list's) taken from the cache is
+        checked too: as is while it has the identity recorded when it was last hashed, else
+        hashed again; one that is not the hash's is fetched again (OutputChanged when the
+        dataset was republished since it was opened).
+        """
         sha256 = sha256 or self.sums.get(name)
         url = self.name_url(name)
         fs, _ = self.fs
+        landed: list[Path] = []
 
         def download(dest: Path) -> FetchStats:
             stats = fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
@@ -152,9 +160,30 @@ class RemoteSource:
                                changed=self.check_republished if self.manifest_text is not None else None)
             if sha256:  # checked on landing: readers taking it from the cache need not hash it again
                 write_verified(dest, file_identity(os.stat(dest)), sha256)
+            landed.append(dest)
             return stats
 
+        path = self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
+        if path is None or landed or not sha256 or self._cached_is(path, sha256):
+            return path
+        log.warning("%s: the cached copy is not the one the manifest lists; fetching it again", redact(url))
+        self.cache.discard(path)
         return self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
+
+    def _cached_is(self, path: Path, sha256: str) -> bool:
+        """True when cached ``path`` hashes to ``sha256`` (recorded for its identity, else hashed);
+        OutputChanged when it does not and the dataset was republished since it was opened."""
+        try:
+            ident = file_identity(os.stat(path))
+        except OSError:  # evicted meanwhile: fetched again
+            return False
+        if read_verified(path) == (ident, sha256):
+            return True
+        if file_sha256(path) == sha256:
+            write_verified(path, ident, sha256)
+            return True
+        self.check_republished()
+        return False
 
     def read_text(self, name: str) -> str:
         """A small file's text, always fetched fresh (no cache)."""

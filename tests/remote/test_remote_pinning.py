@@ -182,3 +182,32 @@ def test_range_reader_over_s3_raises_output_changed_when_republished(s3, tmp_pat
     publish(SAME_SIZE)  # S3's ETag is the content's MD5: no wait needed
     labels, changed = _read_rest(ds, 10, COUNT)
     assert changed == COUNT - 10 and labels == []
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_a_cached_file_listed_in_the_hash_list_is_checked_at_every_open(nginx, tmp_path, fmt):
+    from .helpers import pack
+    from packer.remote.fetch import file_sha256
+
+    src = write_image_folder(tmp_path / "src", count=12)
+    if fmt == "lmdb":  # packer.sha256 inside the folder, as an upload by packer writes it
+        out = pack("lmdb", src, nginx.root / f"pin-{tmp_path.name}.lmdb")
+        files = sorted(p for p in out.iterdir() if p.is_file())
+        (out / "packer.sha256").write_text("".join(f"{file_sha256(p)}  {p.name}\n" for p in files))
+        url, big = nginx.url(out.name), "data.mdb"
+    else:  # {file}.sha256 beside a single file
+        out = pack("hdf5", src, nginx.root / f"pin-{tmp_path.name}.h5")
+        (out.parent / f"{out.name}.sha256").write_text(f"{file_sha256(out)}  {out.name}\n")
+        url, big = nginx.url(out.name), out.name
+    cache = tmp_path / "c"
+    want = [PackedDataset(url, decode="bytes", cache_dir=cache)[i] for i in range(12)]
+    cached = next(p for p in cache.rglob(big) if p.is_file())
+    data = bytearray(cached.read_bytes())
+    at = data.find(want[5][0][100:140])
+    assert at > 0
+    data[at] ^= 0xFF  # in sample 5's bytes: a bad disk or a stray writer; same size
+    cached.write_bytes(bytes(data))
+    again = PackedDataset(url, decode="bytes", cache_dir=cache)
+    assert [again[i] for i in range(12)] == want
+    path = "/d/" + (f"{out.name}/data.mdb" if fmt == "lmdb" else out.name)
+    assert nginx.downloads(suffix="")[path] == 2  # fetched again, not read from the damaged copy
