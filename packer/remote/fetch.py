@@ -148,13 +148,15 @@ def retrying(what: str, fn: Callable[[], Any], *, policy: RetryPolicy, secrets: 
 
 def fetch_file(fs: Any, rpath: str, dest: Path, *, url: str, sha256: str | None = None,
                size: int | None = None, policy: RetryPolicy = RetryPolicy(), secrets: list[str] = (),
-               stats: FetchStats | None = None, changed: Callable[[], None] | None = None) -> FetchStats:
+               stats: FetchStats | None = None, changed: Callable[[], None] | None = None,
+               landing: Callable[[Path], None] | None = None) -> FetchStats:
     """Download ``rpath`` to ``dest`` atomically (a temporary file beside it, checked, renamed).
 
     ``sha256``/``size`` (from the manifest) are checked before the rename; a mismatch is
     fetched again within the policy, then CorruptData naming the URL. ``changed()`` runs on the
     first mismatch and raises (OutputChanged) when the dataset was republished since the
-    manifest was read: then the file is not damaged, it is another version's.
+    manifest was read: then the file is not damaged, it is another version's. ``landing(tmp)``
+    runs on the checked file just before it is renamed into place (to record the check first).
     """
     stats = stats if stats is not None else FetchStats()
     what = redact(url)
@@ -171,6 +173,8 @@ def fetch_file(fs: Any, rpath: str, dest: Path, *, url: str, sha256: str | None 
             elif sha256 and file_sha256(tmp) != sha256:
                 problem = "sha256 differs from the manifest's (altered download)"
             if problem is None:
+                if landing is not None:
+                    landing(tmp)
                 os.replace(tmp, dest)
                 stats.bytes += got
                 return stats

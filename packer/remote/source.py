@@ -155,11 +155,13 @@ class RemoteSource:
         landed: list[Path] = []
 
         def download(dest: Path) -> FetchStats:
+            def record(tmp: Path) -> None:  # before the rename: no reader sees the file unrecorded
+                write_verified(dest, file_identity(os.stat(tmp)), sha256)
+
             stats = fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
                                policy=self.options.retry, secrets=self.secrets,
-                               changed=self.check_republished if self.manifest_text is not None else None)
-            if sha256:  # checked on landing: readers taking it from the cache need not hash it again
-                write_verified(dest, file_identity(os.stat(dest)), sha256)
+                               changed=self.check_republished if self.manifest_text is not None else None,
+                               landing=record if sha256 else None)
             landed.append(dest)
             return stats
 
