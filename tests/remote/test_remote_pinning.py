@@ -19,8 +19,9 @@ from packer.cli import main
 from packer.data import PackedDataset
 from packer.errors import OutputChanged
 from packer.remote import RemoteOptions, RetryPolicy, open_reader
+from packer.remote.fetch import file_sha256
 
-from .helpers import write_image_folder
+from .helpers import pack, write_image_folder
 
 COUNT, PER_SHARD = 30, 5
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
@@ -162,8 +163,7 @@ def test_range_reader_opened_on_a_changed_shard_says_so(dataset, tmp_path):
 
 
 def test_range_reader_over_s3_raises_output_changed_when_republished(s3, tmp_path):
-    import s3fs
-
+    s3fs = pytest.importorskip("s3fs")
     bucket = f"packer-pin-{tmp_path.name.lower().replace('_', '-')[:40]}"
     s3.make_bucket(bucket)
     fs = s3fs.S3FileSystem(**s3.storage_options)
@@ -186,9 +186,6 @@ def test_range_reader_over_s3_raises_output_changed_when_republished(s3, tmp_pat
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
 def test_a_cached_file_listed_in_the_hash_list_is_checked_at_every_open(nginx, tmp_path, fmt):
-    from .helpers import pack
-    from packer.remote.fetch import file_sha256
-
     src = write_image_folder(tmp_path / "src", count=12)
     if fmt == "lmdb":  # packer.sha256 inside the folder, as an upload by packer writes it
         out = pack("lmdb", src, nginx.root / f"pin-{tmp_path.name}.lmdb")
