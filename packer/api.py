@@ -250,8 +250,8 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
 def verify(path: PathLike, *, decode: bool = True) -> VerifyResult:
     """Read every sample of a packed output and check its checksums and structure.
 
-    The library form of ``packer verify``. ``path`` may be a URL (every file is fetched into
-    the cache and checked against its sha256).
+    The library form of ``packer verify``. ``path`` may be a URL (every records shard is
+    downloaded again from the server and checked against its sha256; ``notes`` says so).
 
     Args:
         path: the packed output.

@@ -47,7 +47,7 @@ def inspect(path, as_json, grid, show, seed):
 @library_call
 def verify(path, no_decode):
     """Read every sample, check checksums and structure; exit 1 on any problem. PATH may be a URL
-    (every file is fetched into the cache and checked against its sha256)."""
+    (every shard is downloaded again from the server and checked against its sha256)."""
     from packer.api import verify as verify_output
     from packer.errors import VerifyFailed
 
@@ -59,6 +59,8 @@ def verify(path, no_decode):
         click.echo(str(e), err=True)
         sys.exit(1)
     click.echo(f"{path}: OK ({result.checked} samples checked)")
+    for note in result.notes:
+        click.echo(f"  {note}")
 
 
 @main.command()

@@ -100,6 +100,7 @@ class VerifyResult:
     count: int = 0
     checked: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how it was checked (a URL: the server's bytes)
 
     @property
     def ok(self) -> bool:
@@ -131,4 +132,6 @@ def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> Ve
     for problem in reader.verify(check_record=decodes):  # one pass: read (CRC-checked), decode
         report(problem)
     result.checked = len(reader)
+    if getattr(reader, "verify_note", None):
+        result.notes.append(reader.verify_note)
     return result

@@ -34,6 +34,19 @@ def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = Tru
 
 def open_remote(url: str, *, check_crc: bool = True, options: Any = None) -> Any:
     """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
+    from packer.errors import OutputChanged
+
+    tries = 0
+    while True:
+        try:
+            return _open_remote(url, check_crc=check_crc, options=options)
+        except OutputChanged:  # republished while it was being opened: open the new version
+            tries += 1
+            if tries == 3:
+                raise
+
+
+def _open_remote(url: str, *, check_crc: bool, options: Any) -> Any:
     from packer.errors import FormatError, UsageError
     from packer.formats import FORMATS
     from packer.manifest import MANIFEST_NAME, Manifest

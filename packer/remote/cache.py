@@ -10,9 +10,14 @@ attempts, retries, refetches) from which ``cache_events`` totals what every proc
   download instead of repeating it (prefetchers only try the lock and move on when it is held).
 * Atomic landing: downloads go to a temporary name, are checked (size and sha256 from the
   manifest) and renamed into place, so a file in the cache is always whole and verified.
-* LRU eviction: each use touches the file's mtime; past ``limit`` bytes the least recently
-  used data files are deleted (metadata - manifests, indexes, keys - stays). A reader that
-  still has an evicted file mapped keeps reading it (POSIX unlink semantics).
+* Verified stamps: beside each checked file, ``.{name}.verified`` records the sha256 it was
+  checked against and the file's identity then (device, inode, size, mtime). A reader that
+  takes a file from the cache trusts it without hashing only while that identity holds; a
+  file replaced or rewritten since (another process refilled the cache) is hashed again.
+* LRU eviction: each use sets the file's atime (the mtime stays the download's, part of the
+  identity above); past ``limit`` bytes the least recently used data files are deleted
+  (metadata - manifests, indexes, keys - stays). A reader that still has an evicted file
+  mapped keeps reading it (POSIX unlink semantics).
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ from typing import Any, Callable, Iterator
 from packer.errors import UsageError
 from packer.remote.fetch import FetchStats
 
-__all__ = ["NodeCache", "cache_events", "default_cache_dir", "METADATA_NAMES"]
+__all__ = ["NodeCache", "cache_events", "default_cache_dir", "METADATA_NAMES", "file_identity",
+           "read_verified", "write_verified"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,37 @@ def default_cache_dir() -> Path:
 
 def _is_metadata(path: Path) -> bool:
     return path.name in METADATA_NAMES or path.name.endswith(METADATA_SUFFIXES)
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns) of a cached file: changes whenever it is replaced or
+    rewritten (a download lands under a new inode with its own mtime; uses set only the atime)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _verified_path(local: Path) -> Path:
+    return local.with_name(f".{local.name}.verified")
+
+
+def read_verified(local: Path) -> tuple[tuple[int, ...], str] | None:
+    """(identity, sha256) recorded when ``local`` was last checked, or None."""
+    try:
+        rec = json.loads(_verified_path(local).read_text(encoding="utf-8"))
+        return tuple(rec["identity"]), str(rec["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_verified(local: Path, identity: tuple[int, ...], sha256: str) -> None:
+    """Record that ``local``, while it has ``identity``, was checked to hash to ``sha256``."""
+    target = _verified_path(local)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"identity": list(identity), "sha256": sha256}), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as e:  # a stamp saves a later hash; without one the next reader hashes again
+        tmp.unlink(missing_ok=True)
+        log.debug("cache: cannot record the check of %s (%s)", local, e)
 
 
 class NodeCache:
@@ -123,10 +160,16 @@ class NodeCache:
             self.evict(keep=local)
         return local
 
+    def discard(self, local: Path) -> None:
+        """Delete cached file ``local`` (and its check record) so the next ``ensure`` fetches it."""
+        with self._lock(local, wait=True):
+            local.unlink(missing_ok=True)
+            _verified_path(local).unlink(missing_ok=True)
+
     def touch(self, local: Path) -> None:
-        """Mark ``local`` as just used (its mtime is the LRU clock)."""
+        """Mark ``local`` as just used: its atime is the LRU clock (the mtime is left alone)."""
         try:
-            os.utime(local)
+            os.utime(local, ns=(time.time_ns(), os.stat(local).st_mtime_ns))
         except OSError:  # evicted meanwhile: the next ensure fetches it again
             pass
 
@@ -143,7 +186,7 @@ class NodeCache:
             except OSError:
                 continue
             if p.is_file() and not _is_metadata(p):
-                files.append((st.st_mtime, st.st_size, p))
+                files.append((st.st_atime, st.st_size, p))
         total = sum(size for _, size, _ in files)
         removed = []
         for _, size, p in sorted(files, key=lambda t: t[0]):
@@ -158,6 +201,7 @@ class NodeCache:
                     p.unlink()
                 except OSError:
                     continue
+                _verified_path(p).unlink(missing_ok=True)
             total -= size
             removed.append(p)
             log.info("cache: evicted %s (%d bytes)", p, size)

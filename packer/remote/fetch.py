@@ -23,7 +23,7 @@ from packer.errors import CorruptData, PackerError
 from packer.remote.url import redact, scrub
 
 __all__ = ["RetryPolicy", "FetchStats", "RemoteError", "RemoteMissing", "fetch_file", "file_sha256",
-           "is_transient", "retrying"]
+           "is_transient", "retrying", "http_status"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ class FetchStats:
 _LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
-def _status(exc: BaseException) -> int | None:
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries (aiohttp, botocore, fsspec), or None."""
     for name in ("status", "status_code", "code"):
         value = getattr(exc, name, None)
         if isinstance(value, int) and 100 <= value < 600:
@@ -89,7 +90,7 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, OSError) and exc.errno in _LOCAL_ERRNOS:  # our own disk: no retry helps
         return False
-    status = _status(exc)
+    status = http_status(exc)
     if status is not None:
         return status >= 500 or status in (408, 429)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
@@ -124,13 +125,15 @@ def retrying(what: str, fn: Callable[[], Any], *, policy: RetryPolicy, secrets: 
         stats.attempts += 1
         try:
             return fn()
+        except PackerError:  # fn's own verdict (e.g. OutputChanged): not a transport fault
+            raise
         except FileNotFoundError:
             raise RemoteMissing(f"{what}: not found (no such object on the server)") from None
         except PermissionError as e:
             raise RemoteError(f"{what}: access refused ({scrub(str(e), secrets) or type(e).__name__})") from None
         except Exception as e:  # noqa: BLE001 - classified below; the original never leaks secrets
             reason = f"{type(e).__name__}: {scrub(str(e), secrets)}".rstrip(": ")
-            if _status(e) == 404:
+            if http_status(e) == 404:
                 raise RemoteMissing(f"{what}: not found (HTTP 404)") from None
             if not is_transient(e):
                 raise RemoteError(f"{what}: {reason}") from None
@@ -145,11 +148,15 @@ def retrying(what: str, fn: Callable[[], Any], *, policy: RetryPolicy, secrets: 
 
 def fetch_file(fs: Any, rpath: str, dest: Path, *, url: str, sha256: str | None = None,
                size: int | None = None, policy: RetryPolicy = RetryPolicy(), secrets: list[str] = (),
-               stats: FetchStats | None = None) -> FetchStats:
+               stats: FetchStats | None = None, changed: Callable[[], None] | None = None,
+               landing: Callable[[Path], None] | None = None) -> FetchStats:
     """Download ``rpath`` to ``dest`` atomically (a temporary file beside it, checked, renamed).
 
     ``sha256``/``size`` (from the manifest) are checked before the rename; a mismatch is
-    fetched again within the policy, then CorruptData naming the URL.
+    fetched again within the policy, then CorruptData naming the URL. ``changed()`` runs on the
+    first mismatch and raises (OutputChanged) when the dataset was republished since the
+    manifest was read: then the file is not damaged, it is another version's. ``landing(tmp)``
+    runs on the checked file just before it is renamed into place (to record the check first).
     """
     stats = stats if stats is not None else FetchStats()
     what = redact(url)
@@ -166,9 +173,13 @@ def fetch_file(fs: Any, rpath: str, dest: Path, *, url: str, sha256: str | None 
             elif sha256 and file_sha256(tmp) != sha256:
                 problem = "sha256 differs from the manifest's (altered download)"
             if problem is None:
+                if landing is not None:
+                    landing(tmp)
                 os.replace(tmp, dest)
                 stats.bytes += got
                 return stats
+            if bad == 0 and changed is not None:
+                changed()
             bad += 1
             stats.errors.append(problem)
             if bad >= policy.attempts:

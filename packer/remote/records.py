@@ -1,8 +1,15 @@
 """Record shards at a URL: a ``RecordsReader`` over the cached copy that fetches each shard
 when first read, prefetches the next shards of the epoch's order, or reads single records
-by range (``access="range"``)."""
+by range (``access="range"``).
+
+A reader is pinned to the version it opened: every shard it maps from the cache is the one
+whose sha256 its manifest lists (hashed unless the file still has the identity recorded when
+it was last checked), and a cache refilled with a republished version, a download of another
+version, or a ranged read of a changed file raises ``OutputChanged``, never another version's
+bytes."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -12,9 +19,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from packer.errors import CorruptData, PackerError
+from pathlib import Path
+
+from packer.errors import CorruptData, OutputChanged, PackerError
 from packer.codecs.tfrecord import unframe_record
 from packer.formats.records.reader import RecordsReader
+from packer.manifest import MANIFEST_NAME
+from packer.remote.cache import file_identity, read_verified, write_verified
 from packer.remote.fetch import RemoteMissing
 from packer.remote.source import RemoteSource
 from packer.remote.url import redact
@@ -36,7 +47,15 @@ class RemoteRecordsReader(RecordsReader):
         self.source = source
         self._prefetcher: _Prefetcher | None = None
         self._bad: dict[int, PackerError] = {}
-        manifest = json.loads(source.local("packer.json").read_text(encoding="utf-8"))
+        self._checked: dict[int, tuple[int, ...]] = {}  # shard -> identity of the cached file hashed
+        self._pins: list[dict[str, Any]] | None = None
+        self.verify_note: str | None = None  # how verify_structure checked the server's bytes
+        # The cached manifest's identity is this reader's: another process that opens the URL after
+        # a republish replaces it (and empties the folder), and every later use of the cache sees it.
+        self._cached_manifest = _identity_of(source.local(MANIFEST_NAME))
+        if source.local(MANIFEST_NAME).read_text(encoding="utf-8") != source.manifest_text:
+            raise self._refilled()
+        manifest = json.loads(source.manifest_text)
         small = ["keys.json"] + [s.get("index", s["file"] + ".idx") for s in manifest.get("shards", [])
                                  if isinstance(s, dict) and isinstance(s.get("file"), str)]
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -46,7 +65,35 @@ class RemoteRecordsReader(RecordsReader):
         except RemoteMissing:
             pass
         super().__init__(source.local_root, check_crc=check_crc)
-        self._identity = None  # the node cache fills in as shards arrive: no output identity to check
+        self._identity = None  # the folder's own stat changes as shards arrive: _cached_manifest instead
+        self._load_index()  # now, from the indexes of this version (checked against the manifest after)
+        if source.options.access == "range":
+            self._pin_shards()
+
+    def _check_unchanged(self) -> None:
+        """OutputChanged once the node cache holds another version of the dataset (a process
+        opened the URL after a republish): files taken from it now would not be this version's."""
+        if _identity_of(self.source.local(MANIFEST_NAME)) != self._cached_manifest:
+            raise self._refilled()
+
+    def _refilled(self) -> OutputChanged:
+        return OutputChanged(redact(self.source.url), "republished at this URL since this dataset was opened "
+                                                      "(the node cache now holds the new version); open it "
+                                                      "again to read it")
+
+    def _pin_shards(self) -> None:
+        """Range access: hold every shard to the server's version now (ETag, size, modification
+        time; one HEAD each) and check it is the manifest's (size, and the manifest unchanged)."""
+        names = [s["file"] for s in self.manifest.shards]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            pins = list(pool.map(self.source.head, names))
+        for s, pin in zip(self.manifest.shards, pins):
+            if "bytes" in s and pin.get("size") is not None and int(pin["size"]) != int(s["bytes"]):
+                self.source.check_republished()
+                raise CorruptData(redact(self.source.name_url(s["file"])),
+                                  f"{pin['size']} bytes on the server, the manifest says {s['bytes']}")
+        self.source.check_republished()  # the shards seen are those of the manifest read at open
+        self._pins = pins
 
     @property
     def url(self) -> str:
@@ -71,6 +118,7 @@ class RemoteRecordsReader(RecordsReader):
         """Make shard ``k`` local (downloaded once per node, hash-checked)."""
         if k in self._bad:  # already failed after every retry: fail fast for its other samples
             raise self._bad[k]
+        self._check_unchanged()  # never download this version's shard into another version's cache
         s = self.manifest.shards[k]
         try:
             try:
@@ -99,16 +147,39 @@ class RemoteRecordsReader(RecordsReader):
             self.fetch_shard(k)
             try:
                 return super()._view(k)
+            except _DamagedInCache as e:  # fetched again, once: the server's copy is checked on landing
+                attempt += 1
+                if attempt > 1:
+                    raise CorruptData(e.path, e.reason) from None
+                self.source.cache.discard(self.shard_path(k))
             except CorruptData:
                 attempt += 1
                 if self.shard_path(k).exists() or attempt == 3:  # not an eviction race
                     raise
 
+    def _shard_opened(self, k: int, path: Path, st: os.stat_result, view: memoryview) -> None:
+        """The cached file just mapped must be the manifest's shard ``k``: trusted without hashing
+        while it has the identity this reader, or the process that checked it, recorded."""
+        want = self.manifest.shards[k].get("sha256")
+        ident = file_identity(st)
+        if not want or self._checked.get(k) == ident:
+            return
+        if read_verified(path) != (ident, want):
+            got = hashlib.sha256(view).hexdigest()
+            if got != want:
+                self._check_unchanged()
+                self.source.check_republished()
+                raise _DamagedInCache(str(path), "cached shard's sha256 differs from the manifest's "
+                                                 "(changed in the cache)")
+            write_verified(path, ident, got)
+        self._checked[k] = ident
+
     def _read_framed(self, index: int) -> tuple[memoryview, int, int]:
         if self.source.options.access != "range":
             return super()._read_framed(index)
         index, k, local, offset, size, where = self._locate(index)
-        buf = self.source.read_range(self.manifest.shards[k]["file"], offset, offset + size)
+        pin = self._pins[k] if self._pins is not None else None
+        buf = self.source.read_range(self.manifest.shards[k]["file"], offset, offset + size, pin=pin)
         if len(buf) != size:
             raise CorruptData(self.source.name_url(self.manifest.shards[k]["file"]),
                               f"ranged read gave {len(buf)} of {size} bytes", position=where)
@@ -119,14 +190,22 @@ class RemoteRecordsReader(RecordsReader):
         return payload, k, local
 
     def verify_structure(self) -> Iterator[CorruptData]:
-        """Fetch every shard (each checked against its sha256), then the local checks."""
+        """Download every shard from the server (a cached copy is dropped first: it says nothing
+        of the server's bytes), each checked against its sha256, then the local checks."""
         for k in range(len(self.manifest.shards)):
             try:
+                self._check_unchanged()
+                if self.shard_path(k).exists():
+                    self.source.cache.discard(self.shard_path(k))
                 self.fetch_shard(k)
             except CorruptData as e:
                 yield e
+            except OutputChanged:
+                raise
             except PackerError as e:
                 yield CorruptData(self.source.name_url(self.manifest.shards[k]["file"]), str(e))
+        self.verify_note = (f"server: all {len(self.manifest.shards)} shards downloaded again and checked "
+                            "against the manifest's sha256")
         yield from super().verify_structure()
 
     # -- prefetch ----------------------------------------------------------------------------
@@ -146,6 +225,17 @@ class RemoteRecordsReader(RecordsReader):
         if self._own_prefetcher() is not None:
             self._prefetcher.stop()
         self._prefetcher = _Prefetcher(self, seq, self.source.options.prefetch)
+
+
+class _DamagedInCache(CorruptData):
+    """A cached shard whose bytes are not the manifest's while the dataset is unchanged."""
+
+
+def _identity_of(path: Path) -> tuple[int, ...] | None:
+    try:
+        return file_identity(os.stat(path))
+    except OSError:
+        return None
 
 
 class _Prefetcher:

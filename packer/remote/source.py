@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.errors import UsageError
+from packer.errors import OutputChanged, UsageError
 from packer.manifest import MANIFEST_NAME
-from packer.remote.cache import NodeCache, default_cache_dir
-from packer.remote.fetch import FetchStats, RemoteMissing, RetryPolicy, fetch_file, retrying
+from packer.remote.cache import NodeCache, default_cache_dir, file_identity, read_verified, write_verified
+from packer.remote.fetch import (FetchStats, RemoteMissing, RetryPolicy, fetch_file, file_sha256, http_status,
+                                 retrying)
 from packer.remote.url import cache_key, is_url, join_url, redact, secrets_of, url_filesystem
 
 __all__ = ["RemoteOptions", "RemoteSource", "SUMS_NAME", "parse_sums"]
@@ -103,6 +104,7 @@ class RemoteSource:
         self.cache = NodeCache(options.cache_dir or default_cache_dir(), limit=options.limit_bytes())
         self.key = cache_key(self.url)
         self.sums: dict[str, str] = {}
+        self.manifest_text: str | None = None  # the manifest as opened (what readers are pinned to)
         self._fs: Any = None
         self._fs_pid: int | None = None
 
@@ -140,16 +142,50 @@ class RemoteSource:
 
     def fetch(self, name: str, *, sha256: str | None = None, size: int | None = None,
               wait: bool = True) -> Path | None:
-        """The cached path of file ``name``, downloaded (once per node) and checked first."""
+        """The cached path of file ``name``, downloaded (once per node) and checked first.
+
+        A file with a known sha256 (the manifest's, or the hash list's) taken from the cache is
+        checked too: as is while it has the identity recorded when it was last hashed, else
+        hashed again; one that is not the hash's is fetched again (OutputChanged when the
+        dataset was republished since it was opened).
+        """
         sha256 = sha256 or self.sums.get(name)
         url = self.name_url(name)
         fs, _ = self.fs
+        landed: list[Path] = []
 
         def download(dest: Path) -> FetchStats:
-            return fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
-                              policy=self.options.retry, secrets=self.secrets)
+            def record(tmp: Path) -> None:  # before the rename: no reader sees the file unrecorded
+                write_verified(dest, file_identity(os.stat(tmp)), sha256)
 
+            stats = fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
+                               policy=self.options.retry, secrets=self.secrets,
+                               changed=self.check_republished if self.manifest_text is not None else None,
+                               landing=record if sha256 else None)
+            landed.append(dest)
+            return stats
+
+        path = self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
+        if path is None or landed or not sha256 or self._cached_is(path, sha256):
+            return path
+        log.warning("%s: the cached copy is not the one the manifest lists; fetching it again", redact(url))
+        self.cache.discard(path)
         return self.cache.ensure(self.local(name), download, url=redact(url), wait=wait)
+
+    def _cached_is(self, path: Path, sha256: str) -> bool:
+        """True when cached ``path`` hashes to ``sha256`` (recorded for its identity, else hashed);
+        OutputChanged when it does not and the dataset was republished since it was opened."""
+        try:
+            ident = file_identity(os.stat(path))
+        except OSError:  # evicted meanwhile: fetched again
+            return False
+        if read_verified(path) == (ident, sha256):
+            return True
+        if file_sha256(path) == sha256:
+            write_verified(path, ident, sha256)
+            return True
+        self.check_republished()
+        return False
 
     def read_text(self, name: str) -> str:
         """A small file's text, always fetched fresh (no cache)."""
@@ -164,12 +200,54 @@ class RemoteSource:
                 self.cache._record(redact(self.name_url(name)), self.local(name), stats, time.monotonic() - start)
         return raw.decode("utf-8")
 
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of file ``name`` (one ranged request, retried)."""
+    def read_range(self, name: str, start: int, end: int, *, pin: dict[str, Any] | None = None) -> bytes:
+        """Bytes ``[start, end)`` of file ``name`` (one ranged request, retried).
+
+        ``pin`` (``head(name)`` as seen when the dataset was opened) holds the read to that
+        version of the file: over HTTP(S) with a strong ETag the request carries ``If-Match``
+        (the server answers 412 for any other version); elsewhere the file's stamp is asked
+        again after the read. Either way another version raises OutputChanged, never its bytes.
+        """
         fs, _ = self.fs
-        return retrying(redact(self.name_url(name)),
-                        lambda: fs.cat_file(self.remote_path(name), start=start, end=end),
+        what = redact(self.name_url(name))
+        etag = _strong_etag(pin) if pin is not None and _is_http(fs) else None
+
+        def get() -> bytes:
+            if etag is None:
+                return fs.cat_file(self.remote_path(name), start=start, end=end)
+            try:
+                return fs.cat_file(self.remote_path(name), start=start, end=end, headers={"If-Match": etag})
+            except Exception as e:  # noqa: BLE001 - only 412 is ours; the rest is classified by retrying
+                if http_status(e) == 412:
+                    raise self._republished(name) from None
+                raise
+
+        data = retrying(what, get, policy=self.options.retry, secrets=self.secrets)
+        if pin is not None and etag is None and _stamp_of(self.head(name)) != _stamp_of(pin):
+            raise self._republished(name)
+        return data
+
+    def head(self, name: str) -> dict[str, Any]:
+        """What the server says of file ``name`` (size, ETag, modification time: one HEAD)."""
+        fs, _ = self.fs
+        return retrying(redact(self.name_url(name)), lambda: fs.info(self.remote_path(name)),
                         policy=self.options.retry, secrets=self.secrets)
+
+    def _republished(self, name: str) -> OutputChanged:
+        return OutputChanged(redact(self.name_url(name)), "changed on the server since this dataset was opened "
+                                                          "(republished?); open it again to read the new version")
+
+    def check_republished(self) -> None:
+        """Raise OutputChanged when the manifest at the URL is no longer the one opened."""
+        if self.manifest_text is None:
+            return
+        try:
+            now = self.read_text(MANIFEST_NAME)
+        except RemoteMissing:
+            now = None
+        if now != self.manifest_text:
+            raise OutputChanged(redact(self.url), "republished at this URL since this dataset was opened "
+                                                  "(its manifest changed); open it again to read the new version")
 
     def optional_text(self, name: str) -> str | None:
         try:
@@ -180,16 +258,15 @@ class RemoteSource:
     def refresh_manifest(self, name: str = MANIFEST_NAME) -> str:
         """Fetch the manifest fresh; when it differs from the cached copy the dataset changed
         at the URL, and everything cached for it is dropped before the new one is stored."""
-        return self.refresh_identity(name, self.read_text(name))
+        text = self.refresh_identity(name, self.read_text(name))
+        if name == MANIFEST_NAME:
+            self.manifest_text = text
+        return text
 
     def stamp(self, name: str) -> str:
         """What the server says of file ``name`` that changes when it is rewritten (size, ETag,
         modification time), for files that come with no hash."""
-        fs, _ = self.fs
-        info = retrying(redact(self.name_url(name)), lambda: fs.info(self.remote_path(name)),
-                        policy=self.options.retry, secrets=self.secrets)
-        keys = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "Last-Modified")
-        return json.dumps({k: info[k] for k in keys if k in info}, default=str, sort_keys=True)
+        return _stamp_of(self.head(name))
 
     def refresh_identity(self, name: str, text: str) -> str:
         """Keep ``text`` (what identifies the dataset now) as the cached ``name``; when it differs
@@ -206,3 +283,20 @@ class RemoteSource:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, local)
         return text
+
+
+_STAMP_KEYS = ("size", "ETag", "etag", "LastModified", "last_modified", "mtime", "Last-Modified")
+
+
+def _stamp_of(info: dict[str, Any]) -> str:
+    return json.dumps({k: info[k] for k in _STAMP_KEYS if k in info}, default=str, sort_keys=True)
+
+
+def _is_http(fs: Any) -> bool:
+    return any(p in ("http", "https") for p in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol))
+
+
+def _strong_etag(info: dict[str, Any]) -> str | None:
+    """The ETag of a HEAD answer when ``If-Match`` can use it (strong comparison: not ``W/``)."""
+    etag = info.get("ETag") or info.get("etag")
+    return etag if isinstance(etag, str) and etag and not etag.startswith("W/") else None

@@ -12,7 +12,7 @@ import numpy as np
 
 from packer.codecs.tfexample import decode_example
 from packer.codecs.tfrecord import INDEX_SUFFIX, read_index, unframe_record
-from packer.errors import CorruptData, FormatError, OutputChanged
+from packer.errors import CorruptData, FormatError
 from packer.formats.reader import Reader
 from packer.formats.records.example import record_of
 from packer.formats.records.foreign import ForeignKeys, foreign_files, foreign_manifest, has_tfrecords
@@ -153,21 +153,26 @@ class RecordsReader(Reader):
         path = self.shard_path(k)
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                st = os.fstat(f.fileno())
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else None
         except OSError as e:
             self._check_unchanged()  # a shard gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from None
         entry = (m, memoryview(m) if m is not None else memoryview(b""))
         try:  # streamed shard by shard: a shard mapped after an --overwrite is not the one listed
             self._check_unchanged()
-        except OutputChanged:
+            self._shard_opened(k, path, st, entry[1])
+        except Exception:
             _unmap(entry)
             raise
         self._maps[k] = entry
         if len(self._maps) > _MAX_OPEN:
             _unmap(self._maps.popitem(last=False)[1])
         return self._maps[k][1]
+
+    def _shard_opened(self, k: int, path: Path, st: os.stat_result, view: memoryview) -> None:
+        """Hook: shard ``k`` was just mapped from ``path`` (``st``: its fstat). The node cache's
+        reader checks there that the file is the version its manifest lists."""
 
     def _unmap_all(self) -> None:
         for entry in self._maps.values():
