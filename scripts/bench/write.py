@@ -286,6 +286,12 @@ def section_write(src: Path, work: Path, files: list[str], reps: int) -> str:
                                                                               workers=0)),
         "to-hdf5 --check header --workers 2 (part files)": (out / "c.h5", lambda o: pack(src, o, "hdf5",
                                                                                            check="header", workers=2)),
+        # the two pool engines on the same cheap work: RangePool (ranges out, verdicts back) against
+        # pebble (every item out, every sample back): executors/__init__.py quotes this ratio
+        "to-lmdb --check header --workers 2 (verdicts, RangePool)": (
+            out / "d.lmdb", lambda o: pack_with_plan(src, o, "lmdb", "staged", 2, check="header")),
+        "to-lmdb --check header --workers 2 (samples, pebble pool)": (
+            out / "e.lmdb", lambda o: pack_with_plan(src, o, "lmdb", "pool", 2, check="header")),
     })
     best = run_rows(rows, reps, outputs)
     names = list(rows)
@@ -296,6 +302,7 @@ def section_write(src: Path, work: Path, files: list[str], reps: int) -> str:
         ("to-records default / --workers 0", names[4], names[5], 1.0),
         ("to-hdf5 default / --workers 0", names[7], names[8], 1.0),
         ("to-hdf5 --workers 2 (part files) / --workers 0", names[9], names[8], None),
+        ("2 workers: RangePool verdicts / pebble pool samples", names[10], names[11], None),
     ])
 
 
