@@ -196,7 +196,7 @@ def holder_of(path: Path) -> tuple[Holder | None, str | None, bool]:
     except FileNotFoundError:
         return None, None, False
     except OSError as e:
-        raise WriteError(f"{path}: cannot read the claim ({e.strerror or e})") from None
+        raise WriteError(f"{path}: cannot read the claim ({e.strerror or e})") from e
     holder = Holder.parse(data)
     if _os_lock_free(path) is False:
         return holder, None, True
@@ -427,7 +427,7 @@ def claim_output(out: str | os.PathLike, *, takeover: bool = False, break_lock: 
         holder = _acquire(out, Holder.me(command), takeover=takeover, break_lock=break_lock)
         claim = Claim(out, holder, break_lock=break_lock)
     except OSError as e:
-        raise WriteError(f"{lock_path(out)}: cannot claim the output ({e.strerror or e})") from None
+        raise WriteError(f"{lock_path(out)}: cannot claim the output ({e.strerror or e})") from e
     _HELD[key] = claim
     restore = None
     if threading.current_thread() is threading.main_thread() and len(_HELD) == 1:
@@ -522,7 +522,7 @@ def stamp_partial(writer: Any) -> None:
     try:
         atomic_write_bytes(_token_file(writer), data)
     except OSError as e:
-        raise WriteError(f"{_token_file(writer)}: cannot write the run token ({e.strerror or e})") from None
+        raise WriteError(f"{_token_file(writer)}: cannot write the run token ({e.strerror or e})") from e
 
 
 def publish_guard(writer: Any) -> Callable[[], None]:

@@ -58,7 +58,7 @@ class Manifest:
         try:
             d = json.loads(text)
         except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"{source}: manifest is not valid JSON ({e})") from None
+            raise FormatError(f"{source}: manifest is not valid JSON ({e})") from e
         if not isinstance(d, dict) or "format" not in d:
             raise FormatError(f"{source}: manifest has no 'format' field")
         version = d.get("format_version")
@@ -74,7 +74,7 @@ class Manifest:
             m.count = int(m.count)
             m.failures = int(m.failures)
         except (TypeError, ValueError) as e:
-            raise FormatError(f"{source}: malformed manifest ({e})") from None
+            raise FormatError(f"{source}: malformed manifest ({e})") from e
         if not isinstance(m.classes, list) or m.count < 0:
             raise FormatError(f"{source}: malformed manifest (classes/count)")
         return m
@@ -92,7 +92,7 @@ class Manifest:
         except FileNotFoundError:
             raise FormatError(f"{directory}: no {MANIFEST_NAME} (not a packer output)") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise FormatError(f"{p}: cannot read manifest ({e})") from None
+            raise FormatError(f"{p}: cannot read manifest ({e})") from e
         return cls.from_json(text, str(p))
 
 

@@ -27,7 +27,7 @@ def library_call(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PackerError as e:
             err = click.ClickException(str(e))
             err.exit_code = getattr(e, "exit_code", 1)  # ResumeRefused, OutputClaimed: 2
-            raise err from None
+            raise err from e
 
     return wrapper
 
@@ -120,7 +120,7 @@ def resize_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                                                        fit=fit, upscale=upscale, format=out_format,
                                                        quality=quality)
         except PackerError as e:
-            raise click.UsageError(str(e)) from None
+            raise click.UsageError(str(e)) from e
         return fn(*args, **kwargs)
 
     wrapper = click.option("--quality", type=int, default=None,

@@ -63,7 +63,7 @@ def check_flow_template(tmpl: str) -> str:
         names = {tmpl.format(d, n) for d in ("x", "y") for n in (1, 2)}
     except (IndexError, KeyError, ValueError) as e:
         raise UsageError(f"--flow-tmpl {tmpl!r} needs a direction field then a number field, "
-                         f"as '{{}}_{{:05d}}.jpg' ({e})") from None
+                         f"as '{{}}_{{:05d}}.jpg' ({e})") from e
     if len(names) != 4 or any("/" in n or "\\" in n or n.startswith(".") for n in names):
         raise UsageError(f"--flow-tmpl {tmpl!r} must put the direction and the number in a plain file name")
     ext = tmpl.format("x", 1).rsplit(".", 1)[-1].lower()

@@ -188,13 +188,13 @@ def reading_image(key: str, source: str) -> Iterator[None]:
     except CorruptSample:
         raise
     except Image.DecompressionBombError as e:
-        raise CorruptSample(key, source, f"decompression bomb refused ({e})") from None
+        raise CorruptSample(key, source, f"decompression bomb refused ({e})") from e
     except Image.UnidentifiedImageError:
         raise CorruptSample(key, source, "not a readable image: unknown or damaged header") from None
     except Exception as e:  # Pillow raises many types for bad data
         # no object reprs (memory addresses) in reasons: failures.jsonl must be deterministic
         reason = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "data", str(e)) or type(e).__name__
-        raise CorruptSample(key, source, f"not a readable image: {reason}") from None
+        raise CorruptSample(key, source, f"not a readable image: {reason}") from e
 
 
 def grey_to_8bit(im: Image.Image) -> Image.Image:
@@ -235,7 +235,7 @@ def decode_pil(data: bytes | memoryview) -> np.ndarray:
             im = Image.open(io.BytesIO(bytes(data)))
             return np.ascontiguousarray(to_rgb_array(im))
     except Exception as e:
-        raise ValueError(f"cannot decode image: {e}") from None
+        raise ValueError(f"cannot decode image: {e}") from e
 
 
 def _decode_cv2(data: bytes | memoryview) -> np.ndarray | None:

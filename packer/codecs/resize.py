@@ -365,7 +365,7 @@ def resize_image(data: bytes, spec: ResizeSpec, *, key: str = "", source: str = 
         im.save(buf, _PIL_SAVE[out_fmt], **options)
     except (OSError, ValueError) as e:  # e.g. a side beyond WebP's 16383
         raise CorruptSample(key, source, f"cannot encode {out_fmt} {im.width}x{im.height}: {e}",
-                            stage="encode") from None
+                            stage="encode") from e
     return Resized(buf.getvalue(), out_fmt, im.width, im.height, len(im.getbands()), False)
 
 

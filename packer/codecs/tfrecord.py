@@ -124,7 +124,7 @@ def read_index(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
-        raise CorruptData(str(path), f"cannot read index ({e.strerror or e})") from None
+        raise CorruptData(str(path), f"cannot read index ({e.strerror or e})") from e
     lines = [ln.split() for ln in raw.splitlines() if ln.strip()]
     bad = next((k for k, ln in enumerate(lines)
                 if len(ln) != 2 or not (ln[0].isdigit() and ln[1].isdigit())), None)

@@ -122,7 +122,7 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         st = os.stat(path)
     except OSError as e:
         raise CorruptSample(key, path, "file not found" if isinstance(e, FileNotFoundError)
-                            else f"cannot read file ({e.strerror or e})", stage="read") from None
+                            else f"cannot read file ({e.strerror or e})", stage="read") from e
     if stat.S_ISDIR(st.st_mode):
         raise CorruptSample(key, path, "is a folder, not a video file", stage="read")
     if stat.S_ISREG(st.st_mode) and st.st_size == 0:

@@ -174,7 +174,7 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
             held = list(timed_loader(dataset, num_workers=0, batch_size=batch_size,
                                      batches=min(steps + 1, 4), seed=seed, pin=pin))
         except ValueError as e:
-            raise UsageError(f"{path}: cannot batch samples with --decode {decode}: {e}") from None
+            raise UsageError(f"{path}: cannot batch samples with --decode {decode}: {e}") from e
         ceiling = measure(Replay(held, steps + 1), device=dev, steps=steps, batch_size=batch_size,
                           model_ms=model_ms, tick=bar.update)
         result["ceiling"] = {"samples_per_s": ceiling["samples_per_s"],

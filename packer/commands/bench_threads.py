@@ -34,7 +34,7 @@ def load_transform(spec: str | None) -> Callable[[Any], Any] | None:
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise UsageError(f"--transform {spec}: {e}") from None
+        raise UsageError(f"--transform {spec}: {e}") from e
     if not callable(fn):
         raise UsageError(f"--transform {spec}: not callable")
     return fn

@@ -127,7 +127,7 @@ def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> Ve
             try:
                 decode(rec.data)
             except ValueError as e:
-                raise CorruptData(str(path), f"undecodable image ({e})", position=f"sample {i}") from None
+                raise CorruptData(str(path), f"undecodable image ({e})", position=f"sample {i}") from e
 
     for problem in reader.verify(check_record=decodes):  # one pass: read (CRC-checked), decode
         report(problem)

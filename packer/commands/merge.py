@@ -89,7 +89,7 @@ def read_failures(reader: Reader) -> list[dict[str, Any]]:
     except FileNotFoundError:
         raise CorruptData(str(path), "missing (every packed output has a failures file)") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise CorruptData(str(path), f"cannot read ({e})") from None
+        raise CorruptData(str(path), f"cannot read ({e})") from e
     records = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():

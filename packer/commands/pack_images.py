@@ -89,7 +89,7 @@ class ImageJob:
         try:
             buf, size, stat = read_framed(item.path, framing.head, framing.tail)
         except OSError as e:
-            raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
+            raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from e
         data = buf[framing.head:framing.head + size]
         hwc = jpeg_header(data)
         if hwc is None:

@@ -85,7 +85,7 @@ class ResizeFileJob:
             atomic_write_bytes(dest, result.data)
         except OSError as e:
             raise CorruptSample(item.key, item.path, f"cannot write {dest} ({e.strerror or e})",
-                                stage="write") from None
+                                stage="write") from e
         return ("kept" if result.kept else "resized"), len(result.data)
 
 

@@ -281,4 +281,4 @@ def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
     try:
         return read_file_stat(item.path)
     except OSError as e:
-        raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from None
+        raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from e

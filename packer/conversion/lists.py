@@ -46,9 +46,9 @@ def read_lines(path: str | os.PathLike, what: str) -> list[str]:
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except OSError as e:
-        raise UsageError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+        raise UsageError(f"{path}: cannot read {what} ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: {what} is not UTF-8 ({e})") from None
+        raise UsageError(f"{path}: {what} is not UTF-8 ({e})") from e
     return text.splitlines()
 
 

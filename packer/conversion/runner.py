@@ -126,7 +126,7 @@ class _Checkpointer:
                     append_input_stats(self.path.parent, self.stats[2 * self.journaled:2 * self.items_done])
                 except OSError as e:
                     raise WriteError(f"{self.path.parent}: cannot save the input table "
-                                     f"({e.strerror or e})") from None
+                                     f"({e.strerror or e})") from e
                 self.journaled = self.items_done
             self.save()
 
@@ -137,7 +137,7 @@ class _Checkpointer:
         try:
             atomic_write_bytes(self.path, json.dumps(state).encode())
         except OSError as e:
-            raise WriteError(f"{self.path}: cannot save the resume checkpoint ({e.strerror or e})") from None
+            raise WriteError(f"{self.path}: cannot save the resume checkpoint ({e.strerror or e})") from e
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer:
     try:
         ckpt = json.loads(state_path.read_text())
     except (OSError, ValueError) as e:
-        raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from None
+        raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from e
     done = min(int(ckpt.get("items_done", 0)), len(items))
     failed = {f["key"] for f in ckpt.get("failures", []) if f.get("index", -1) >= 0 and not f.get("note")}
     stored = {it.key for it in items[:done]} - failed  # their files must not have changed
@@ -291,7 +291,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     try:
         save_inputs(writer.resume_state_path().parent, stats)
     except OSError as e:
-        raise WriteError(f"{out}: cannot save the input table ({e.strerror or e})") from None
+        raise WriteError(f"{out}: cannot save the input table ({e.strerror or e})") from e
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = opts.overwrite or st.overwrite
     seen: list[int] | None = None if opts.resume else []  # size, mtime_ns per item read (flat)

@@ -25,7 +25,7 @@ def decode_record(data: bytes, mode: str, *, where: str = "") -> Any:
     try:
         arr = decode(data)
     except ValueError as e:
-        raise CorruptData(where, str(e)) from None
+        raise CorruptData(where, str(e)) from e
     if mode == "numpy":
         return arr
     if mode == "tensor":
@@ -144,4 +144,4 @@ class PackedDataset(torch.utils.data.Dataset):
         try:
             return fn(data)
         except ValueError as e:
-            raise CorruptData(where, str(e)) from None
+            raise CorruptData(where, str(e)) from e

@@ -283,7 +283,7 @@ def decode_scaled(data: bytes | memoryview, k: int) -> np.ndarray:
                 im.draft(im.mode if im.mode in ("CMYK", "L") else "RGB", (im.width // k, im.height // k))
                 return np.ascontiguousarray(imaging.to_rgb_array(im))
         except Exception as e:
-            raise ValueError(f"cannot decode image: {e}") from None
+            raise ValueError(f"cannot decode image: {e}") from e
     return imaging.decode(data)
 
 

@@ -108,7 +108,7 @@ def parse_rawframes(list_file: str | os.PathLike, *, with_offset: bool = False) 
     try:
         lines = list_file.read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise UsageError(f"{list_file}: cannot read list file ({e.strerror or e})") from None
+        raise UsageError(f"{list_file}: cannot read list file ({e.strerror or e})") from e
     infos = []
     for lineno, line in enumerate(lines, 1):
         parts = line.strip().split()
@@ -382,9 +382,9 @@ class _ClipDataset(torch.utils.data.Dataset):
         try:
             self.sampling = dataclasses.replace(sampling or ClipSampling(), **sampling_fields)
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(str(e)) from e
         except TypeError as e:  # a field this sampler does not have
-            raise UsageError(f"{type(sampling or ClipSampling()).__name__}: {e}") from None
+            raise UsageError(f"{type(sampling or ClipSampling()).__name__}: {e}") from e
         self.layout = options.layout
         self.crop_size = options.crop_size
         self.transform = transform
@@ -462,7 +462,7 @@ class _ClipDataset(torch.utils.data.Dataset):
                                  layout=self.layout, crop_size=req.crop_size or self.crop_size,
                                  rng=None if self.sampling.test_mode else rng)
         except ValueError as e:
-            raise CorruptData(self._where(index), str(e)) from None
+            raise CorruptData(self._where(index), str(e)) from e
         clip = torch.from_numpy(clip)
         _, label = self._video(index)
         if self.transform is not None:
@@ -570,7 +570,7 @@ class FrameDataset(_ClipDataset):
             try:
                 text = self.list_file.read_text(encoding="utf-8")
             except (OSError, ValueError) as e:
-                raise CorruptData(str(self.list_file), f"cannot read list file ({e})") from None
+                raise CorruptData(str(self.list_file), f"cannot read list file ({e})") from e
             if text != rawframes_lines(reader.videos, self.modality):
                 raise CorruptData(str(self.list_file), f"does not match the manifest's videos "
                                   f"({reader.path / MANIFEST_NAME}): the list was changed or damaged")
@@ -613,14 +613,14 @@ class FrameDataset(_ClipDataset):
             data = path.read_bytes()
         except OSError as e:
             self._check_root()
-            raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from None
+            raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})") from e
         self._check_root()
         if self._packed is not None:
             self._check_frame(path, data)
         try:
             return decode_grey(data) if flow else decode(data)
         except ValueError as e:
-            raise CorruptData(str(path), str(e)) from None
+            raise CorruptData(str(path), str(e)) from e
 
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         v = self.videos[index]
@@ -694,7 +694,7 @@ class PackedVideoDataset(_ClipDataset):
         try:
             return decode_grey(rec.data) if flow else decode(rec.data)
         except ValueError as e:
-            raise CorruptData(self._where(index), f"sample {position}: {e}") from None
+            raise CorruptData(self._where(index), f"sample {position}: {e}") from e
 
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         start = self._videos[index][0]

@@ -50,7 +50,7 @@ def load_keys(directory: Path, count: int) -> list[str]:
     try:
         keys = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise CorruptData(str(p), f"cannot read keys ({e})") from None
+        raise CorruptData(str(p), f"cannot read keys ({e})") from e
     if not isinstance(keys, list) or len(keys) != count:
         raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
                                   f"manifest says {count}")
@@ -87,7 +87,7 @@ def load_checksums(path: Path, count: int) -> "np.ndarray":
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise CorruptData(str(path), f"cannot read checksums ({e})") from None
+        raise CorruptData(str(path), f"cannot read checksums ({e})") from e
     if len(raw) != 4 * count:
         raise CorruptData(str(path), f"{len(raw)} bytes, expected {4 * count} (one u32 per sample)")
     return np.frombuffer(raw, dtype="<u4")

@@ -148,7 +148,7 @@ class Writer(abc.ABC):
                 self._open(resume_samples)
                 self.count = self.durable = resume_samples
         except OSError as e:
-            raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from None
+            raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from e
         from packer import claim  # the token of the claim held on self.out, if any
 
         claim.stamp_partial(self)
@@ -168,7 +168,7 @@ class Writer(abc.ABC):
         try:
             crc = self._write(self.count, sample)
         except OSError as e:  # formats that write as they go (frame files) hit a full disk here
-            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from e
         self.keys.append(sample.key)
         self.crcs.append(crc)
         self.count = count = self.count + 1
@@ -188,7 +188,7 @@ class Writer(abc.ABC):
             fsync_append(jd / KEYS_JOURNAL, ("\n".join(map(_json_str, new_keys)) + "\n").encode())
             fsync_append(jd / CRC_JOURNAL, struct.pack(f"<{len(new_crcs)}I", *new_crcs))
         except OSError as e:
-            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from None
+            raise WriteError(f"{self.workdir}: write failed ({e.strerror or e})") from e
         self.bytes_written += self._pending_bytes
         self._pending_bytes = 0
         self.durable = self.count
@@ -232,7 +232,7 @@ class Writer(abc.ABC):
             recheck()
             os.replace(self.workdir, self.out)
         except OSError as e:
-            raise WriteError(f"{self.out}: cannot finish output ({e.strerror or e})") from None
+            raise WriteError(f"{self.out}: cannot finish output ({e.strerror or e})") from e
         self._opened = False
         log.info("wrote %s: %d samples, %d failures", self.out, self.count, len(failures))
         return manifest

@@ -104,7 +104,7 @@ class NodeCache:
         try:
             (self.directory / LOCKS).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"{self.directory}: cannot create the cache folder ({e.strerror or e})") from None
+            raise UsageError(f"{self.directory}: cannot create the cache folder ({e.strerror or e})") from e
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

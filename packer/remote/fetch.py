@@ -130,16 +130,16 @@ def retrying(what: str, fn: Callable[[], Any], *, policy: RetryPolicy, secrets: 
         except FileNotFoundError:
             raise RemoteMissing(f"{what}: not found (no such object on the server)") from None
         except PermissionError as e:
-            raise RemoteError(f"{what}: access refused ({scrub(str(e), secrets) or type(e).__name__})") from None
+            raise RemoteError(f"{what}: access refused ({scrub(str(e), secrets) or type(e).__name__})") from e
         except Exception as e:  # noqa: BLE001 - classified below; the original never leaks secrets
             reason = f"{type(e).__name__}: {scrub(str(e), secrets)}".rstrip(": ")
             if http_status(e) == 404:
-                raise RemoteMissing(f"{what}: not found (HTTP 404)") from None
+                raise RemoteMissing(f"{what}: not found (HTTP 404)") from e
             if not is_transient(e):
-                raise RemoteError(f"{what}: {reason}") from None
+                raise RemoteError(f"{what}: {reason}") from e
             stats.errors.append(reason)
             if attempt >= policy.attempts or time.monotonic() + policy.delay(attempt) > deadline:
-                raise RemoteError(f"{what}: gave up after {attempt} attempts ({reason})") from None
+                raise RemoteError(f"{what}: gave up after {attempt} attempts ({reason})") from e
             stats.retries += 1
             wait = policy.delay(attempt)
             log.warning("%s: %s; retry %d of %d in %.2fs", what, reason, attempt, policy.attempts - 1, wait)

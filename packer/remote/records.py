@@ -150,7 +150,7 @@ class RemoteRecordsReader(RecordsReader):
             except _DamagedInCache as e:  # fetched again, once: the server's copy is checked on landing
                 attempt += 1
                 if attempt > 1:
-                    raise CorruptData(e.path, e.reason) from None
+                    raise CorruptData(e.path, e.reason) from e
                 self.source.cache.discard(self.shard_path(k))
             except CorruptData:
                 attempt += 1
@@ -186,7 +186,7 @@ class RemoteRecordsReader(RecordsReader):
         try:
             payload = unframe_record(buf, check_crc=self.check_crc)
         except CorruptData as e:
-            raise self._corrupt(index, k, e.reason, where) from None
+            raise self._corrupt(index, k, e.reason, where) from e
         return payload, k, local
 
     def verify_structure(self) -> Iterator[CorruptData]:

@@ -219,7 +219,7 @@ class RemoteSource:
                 return fs.cat_file(self.remote_path(name), start=start, end=end, headers={"If-Match": etag})
             except Exception as e:  # noqa: BLE001 - only 412 is ours; the rest is classified by retrying
                 if http_status(e) == 412:
-                    raise self._republished(name) from None
+                    raise self._republished(name) from e
                 raise
 
         data = retrying(what, get, policy=self.options.retry, secrets=self.secrets)

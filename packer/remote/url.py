@@ -157,7 +157,7 @@ def url_filesystem(url: str, storage_options: dict[str, Any] | None = None, *,
         fs, path = fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as e:
         raise UsageError(f"{redact(url)}: no filesystem for this URL ({scrub(str(e), secrets_of(url, options))}); "
-                         "pip install 'packer[remote]' (s3fs, aiohttp) or the protocol's fsspec package") from None
+                         "pip install 'packer[remote]' (s3fs, aiohttp) or the protocol's fsspec package") from e
     return fs, path
 
 

@@ -82,7 +82,7 @@ class RayExecutor(Executor):
             try:
                 ray.init(address=address, **options)
             except (ConnectionError, RuntimeError, ValueError) as e:
-                raise UsageError(f"cannot start or join Ray at {address or 'RAY_ADDRESS/local'}: {e}") from None
+                raise UsageError(f"cannot start or join Ray at {address or 'RAY_ADDRESS/local'}: {e}") from e
             self._started = True
         elif address is not None:
             log.info("Ray is already initialised in this process; --ray-address %s is not used", address)

@@ -20,7 +20,7 @@ def check_template(tmpl: str) -> str:
     try:
         a, b = tmpl.format(1), tmpl.format(2)
     except (IndexError, KeyError, ValueError) as e:
-        raise UsageError(f"--tmpl {tmpl!r} is not a format string with one number field ({e})") from None
+        raise UsageError(f"--tmpl {tmpl!r} is not a format string with one number field ({e})") from e
     if a == b or "/" in a or "\\" in a or a.startswith("."):
         raise UsageError(f"--tmpl {tmpl!r} must put the frame number in a plain file name")
     ext = a.rsplit(".", 1)[-1].lower() if "." in a else ""

@@ -70,7 +70,7 @@ class FramesReader(Reader):
         except OSError as e:
             self._check_unchanged()  # a frame gone because the output was replaced says so
             raise CorruptData(str(path), f"cannot read frame ({e.strerror or e})",
-                              position=f"sample {index}") from None
+                              position=f"sample {index}") from e
         # Frames are opened file by file by path: one stat per frame makes sure this file came
         # from the output the manifest describes, not from an --overwrite renamed over it.
         self._check_unchanged()

@@ -107,7 +107,7 @@ class HDF5Reader(Reader):
             with h5py.File(self.path, "r") as f:
                 text = f.attrs.get(MANIFEST_ATTR)
         except H5_ERRORS as e:
-            raise CorruptData(str(self.path), f"cannot open HDF5 file ({e})") from None
+            raise CorruptData(str(self.path), f"cannot open HDF5 file ({e})") from e
         if text is None:
             raise FormatError(f"{self.path}: HDF5 file without a {MANIFEST_ATTR!r} attribute "
                               "(not a finished packer output)")
@@ -140,7 +140,7 @@ class HDF5Reader(Reader):
             data = f["pixels"] if raw else f["blobs"]
         except H5_ERRORS as e:
             self._check_unchanged()  # gone because the output was replaced: say so
-            raise CorruptData(str(self.path), f"cannot read HDF5 datasets ({e})") from None
+            raise CorruptData(str(self.path), f"cannot read HDF5 datasets ({e})") from e
         for name, arr, want in (("labels", labels, n), ("crc32c", crcs, n),
                                 ("offsets", offsets, n + 1), ("shapes", shapes, n)):
             if arr is not None and arr.shape[0] != want:
@@ -191,7 +191,7 @@ class HDF5Reader(Reader):
             with h5py.File(self.path, "r") as f:
                 keys = list(f["keys"].asstr()[:])
         except H5_ERRORS as e:
-            raise CorruptData(str(self.path), f"cannot read keys ({e})") from None
+            raise CorruptData(str(self.path), f"cannot read keys ({e})") from e
         if len(keys) != len(self):
             raise CorruptData(str(self.path), f"holds {len(keys)} keys, manifest says {len(self)}")
         return keys
@@ -215,7 +215,7 @@ class HDF5Reader(Reader):
                 fmt = sniff_format(data)
         except H5_ERRORS as e:
             raise CorruptData(str(self.path), f"HDF5 read failed ({e})", position=f"sample {index}",
-                              key=self._key_name(index)) from None
+                              key=self._key_name(index)) from e
         self._check_crc32c(data, index, file=self.path, expected=h.crcs[index])
         return Record(data, int(h.labels[index]), fmt, int(height), int(width), int(channels))
 

@@ -86,7 +86,7 @@ class HDF5Writer(Writer):
             except H5_ERRORS as e:
                 self._close_handles()
                 raise CorruptData(str(self.workdir), f"the interrupted output cannot be continued ({e}); "
-                                                     "start again with --overwrite") from None
+                                                     "start again with --overwrite") from e
             self._check_prefix(resume_samples)
         elif resume_samples:
             raise CorruptData(str(self.workdir), "the interrupted output is missing; start again with --overwrite")

@@ -91,13 +91,13 @@ def _open_env(path: str | os.PathLike) -> lmdb.Environment:
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
                         max_readers=1024, subdir=True)
     except lmdb.Error as e:
-        raise CorruptData(path, f"cannot open LMDB environment ({e})") from None
+        raise CorruptData(path, f"cannot open LMDB environment ({e})") from e
     try:  # a data.mdb shorter than its pages would crash the process (SIGBUS) on the first read
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         size = os.path.getsize(os.path.join(path, "data.mdb"))
     except (lmdb.Error, OSError) as e:
         env.close()
-        raise CorruptData(path, f"cannot open LMDB environment ({e})") from None
+        raise CorruptData(path, f"cannot open LMDB environment ({e})") from e
     if size < need:
         env.close()
         raise CorruptData(os.path.join(path, "data.mdb"), f"truncated: {size} bytes, its pages need {need}")

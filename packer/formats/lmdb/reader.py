@@ -56,7 +56,7 @@ class LmdbReader(Reader):
                 value = txn.get(lmdb_key(index))
         except lmdb.Error as e:
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
-                              position=f"sample {index}") from None
+                              position=f"sample {index}") from e
         if value is None:
             raise CorruptData(str(self.path / "data.mdb"), "missing key", position=f"sample {index}",
                               key=lmdb_key(index).decode())
@@ -72,7 +72,7 @@ class LmdbReader(Reader):
             d = decode_datum(value)
         except ValueError as e:
             raise CorruptData(str(self.path / "data.mdb"), f"malformed Datum ({e})",
-                              position=f"sample {index}", key=self._key_name(index)) from None
+                              position=f"sample {index}", key=self._key_name(index)) from e
         fmt = sniff_format(d.data) if d.encoded else "raw"
         return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
 
@@ -81,7 +81,7 @@ class LmdbReader(Reader):
         try:
             txn = self._env().begin(buffers=False)
         except lmdb.Error as e:
-            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from None
+            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from e
         with txn:
             for i in indices:
                 yield self.read(i, txn)

@@ -58,7 +58,7 @@ class LmdbWriter(Writer):
                         while cur.delete():
                             pass
         except lmdb.Error as e:
-            raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from None
+            raise WriteError(f"{data}: cannot open the LMDB environment for writing ({e})") from e
 
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
@@ -79,7 +79,7 @@ class LmdbWriter(Writer):
             self._txn.put(lmdb_key(index), value, append=True)
         except lmdb.Error as e:  # disk full, an estimate too small: the open txn is lost, the run fails
             self._abort_txn()
-            raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
+            raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from e
         return crc
 
     def _begin(self, need: int) -> None:
@@ -111,7 +111,7 @@ class LmdbWriter(Writer):
         try:
             self._commit_txn()
         except lmdb.Error as e:  # disk full, file size limit, I/O error: the txn is not committed
-            raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from None
+            raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from e
 
     def _finish(self, manifest: Manifest) -> None:
         write_keys(self.workdir, self.keys)

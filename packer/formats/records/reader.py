@@ -157,7 +157,7 @@ class RecordsReader(Reader):
                 m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else None
         except OSError as e:
             self._check_unchanged()  # a shard gone because the output was replaced says so
-            raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from None
+            raise CorruptData(str(path), f"cannot open shard ({e.strerror or e})") from e
         entry = (m, memoryview(m) if m is not None else memoryview(b""))
         try:  # streamed shard by shard: a shard mapped after an --overwrite is not the one listed
             self._check_unchanged()
@@ -213,7 +213,7 @@ class RecordsReader(Reader):
         try:
             payload = unframe_record(buf, check_crc=self.check_crc)
         except CorruptData as e:
-            raise self._corrupt(index, k, e.reason, where) from None
+            raise self._corrupt(index, k, e.reason, where) from e
         return payload, k, local
 
     def read_payload(self, index: int) -> memoryview:
@@ -226,7 +226,7 @@ class RecordsReader(Reader):
             return decode_example(payload), k, local
         except ValueError as e:
             index = self._check_index(index)
-            raise self._corrupt(index, k, f"malformed Example ({e})", f"record {local}") from None
+            raise self._corrupt(index, k, f"malformed Example ({e})", f"record {local}") from e
 
     def read_features(self, index: int) -> dict[str, list]:
         """Every feature of sample ``index``'s Example."""
@@ -238,7 +238,7 @@ class RecordsReader(Reader):
         try:
             rec = record_of(feats)
         except ValueError as e:
-            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from None
+            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from e
         names = (("video/index", "video_index"), ("frame/index", "frame_index"))
         extra = {key: feats[name][0] for name, key in names if feats.get(name) and isinstance(feats[name][0], int)}
         return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label, rec.height, rec.width,
@@ -249,7 +249,7 @@ class RecordsReader(Reader):
         try:
             return record_of(feats)
         except ValueError as e:
-            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from None
+            raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from e
 
     def _load_keys(self) -> Sequence[str]:
         return ForeignKeys(self) if self._foreign is not None else super()._load_keys()
