@@ -87,9 +87,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         out: the output path (``out.lmdb``, ``out.h5``, a records folder) or a URL.
         format: ``lmdb``, ``hdf5`` or ``records``.
         list_path: a list file of ``relative/path label`` lines instead of walking ``src``.
-        class_index: number the class folders as the training classes are (a label map,
-            ``classInd.txt`` or a built-in map's name): for a validation tree that lacks some
-            classes. None: the folders sorted (byte order).
+        class_index: number the class folders as the training classes are (the training
+            tree or its packed output, a label map, ``classInd.txt`` or a built-in map's name):
+            for a validation tree that lacks some classes. None: the folders sorted (byte order).
         exts: comma-separated image extensions to take (case-insensitive).
         check: how much of each image is decoded to accept it: ``full``, ``header`` or ``none``.
         resize: a ``packer.ResizeSpec`` to resize every image while packing (None: stored as is).
@@ -156,8 +156,8 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
         list_path: an mmaction2 video list (``path label`` lines) relative to ``src``.
         csv_path: a Kinetics CSV (``label,youtube_id,time_start,time_end,split``).
         class_index: class names by label (UCF-101 ``classInd.txt``, a label map, the training CSV,
-            or a built-in map's name: ``ucf101``, ``hmdb51``, ``kinetics400``/``600``/``700``,
-            ``sthv2``). None: a class-folder tree of a dataset packer knows takes its label map
+            the training tree or its packed output, or a built-in map's name: ``ucf101``,
+            ``hmdb51``, ``kinetics400``/``600``/``700``, ``sthv2``). None: a class-folder tree of a dataset packer knows takes its label map
             (a part of its classes is refused), any other is numbered in sorted order.
         exts: comma-separated video extensions to take.
         short_side, size, keep_aspect: the resize (``size`` as ``"WxH"``; 0 on a side: from the aspect).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,25 @@ def test_an_image_validation_tree_is_numbered_from_the_training_classes(tmp_path
     assert reader.classes == ["class_0", "class_1", "class_2", "class_3"]
     assert created_by(out)["label_map"] == str(tmp_path / "classes.txt")
     assert "labels: 4 classes numbered by --class-index" in r.output
+
+
+def test_the_training_data_itself_numbers_a_validation_tree(tmp_path):
+    train = write_image_folder(tmp_path / "train", count=6, classes=3, size=(16, 16))
+    (train / "class_0").rename(train / "Zebra")  # byte order: Zebra 0, class_1 1, class_2 2
+    pack_images(train, tmp_path / "train.h5", format="hdf5", workers=0)
+    val = write_image_folder(tmp_path / "val", count=4, classes=3, size=(16, 16))
+    shutil.rmtree(val / "class_0")
+    for given in (train, tmp_path / "train.h5"):  # the training tree, or what it was packed into
+        out = tmp_path / f"val-{given.name}.lmdb"
+        pack_images(val, out, workers=0, class_index=given)
+        reader = open_reader(out)
+        assert {reader.keys[i].split("/")[0]: reader.read(i).label for i in range(len(reader))} \
+            == {"class_1": 1, "class_2": 2}
+    k400 = KNOWN["kinetics400"].classes
+    videos = class_tree(tmp_path / "k400_train", k400, {})  # a Kinetics training tree numbers its part
+    val = class_tree(tmp_path / "k400_val", ["yoga", "abseiling"], {"yoga": 0, "abseiling": 1})
+    decode_frames(val, tmp_path / "frames", workers=0, class_index=videos)
+    assert labels_by_class(tmp_path / "frames") == {"abseiling": 0, "yoga": 398}
 
 
 def test_folders_of_no_known_dataset_keep_byte_order_and_say_so(tmp_path):

@@ -50,10 +50,11 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
                       help="List file of 'relative/path label' lines instead of an ImageFolder tree.")(fn)
     fn = click.option("--class-index", default=None, metavar="FILE|NAME",
-                      help="Number the class folders as the training classes are: a label map (one "
-                           "name per line), classInd.txt ('1 name' lines) or a built-in map's name; "
-                           "for a validation tree that lacks some classes. Default: the folders "
-                           "sorted (byte order, as torchvision's ImageFolder).")(fn)
+                      help="Number the class folders as the training classes are: the training "
+                           "tree or its packed output, a label map (one name per line), "
+                           "classInd.txt ('1 name' lines) or a built-in map's name; for a "
+                           "validation tree that lacks some classes. Default: the folders sorted "
+                           "(byte order, as torchvision's ImageFolder).")(fn)
     return fn
 
 

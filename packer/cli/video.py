@@ -18,7 +18,8 @@ from packer.conversion.inputs import DEFAULT_VIDEO_EXTS
 @click.option("--class-index", default=None, metavar="FILE|NAME",
               help="Class names by label: UCF-101 classInd.txt ('1 ApplyEyeMakeup', 1-based; list labels "
                    "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt), "
-                   "the Kinetics training CSV, or a built-in map: ucf101, hmdb51, kinetics400, "
+                   "the Kinetics training CSV, the training tree or its packed output, or a "
+                   "built-in map: ucf101, hmdb51, kinetics400, "
                    "kinetics600, kinetics700, sthv2. Default: class folders of one of those datasets "
                    "take its map (a part of its classes, e.g. a validation tree, is refused); other "
                    "class folders / CSV labels are sorted as mmaction2 sorts them.")

@@ -172,7 +172,7 @@ def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EX
     for name in loose:
         bad_line(failures, str(root), 0, f"{name}: an image beside the class folders belongs to no class", name)
     if class_index is not None:
-        index = lists.read_class_index(class_index)
+        index = lists.read_class_index(class_index, tree=lambda train: top_level(train, exts)[0])
         classes = lists.Classes.of_index(index)
         label_of = lists.labels_of(names, index, str(root), class_index)[1]
     else:  # (no label_map recorded: the manifest stays as it always was)

@@ -4,7 +4,9 @@
   a 0-based ``0 name`` index, mmaction2's label maps (``label_map_k400.txt``: one class name
   per line, line number = label; names may hold spaces and parentheses), a Kinetics
   training CSV (its classes in mmaction2's order), or the name of a label map packer ships
-  (``ucf101``, ``kinetics400``, ...: ``packer.conversion.labelmaps``).
+  (``ucf101``, ``kinetics400``, ...: ``packer.conversion.labelmaps``); or the training
+  data itself: a packer output (its manifest's classes) or a class-folder tree (numbered as
+  the command numbers one).
 * ``Classes``: the class names by label a listing found, and where that numbering came from
   (for the run's report and the manifest's ``created_by``).
 * ``mmaction2_order``: class names ordered as mmaction2's list builder orders them (sorted
@@ -21,10 +23,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from packer.conversion.labelmaps import KNOWN, class_key, known_map
 from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME
 
 __all__ = ["ClassIndex", "Classes", "read_class_index", "mmaction2_order", "mmaction2_name", "ListLine",
            "parse_list_line", "read_lines", "is_kinetics_csv", "labels_of", "line_labels"]
@@ -63,7 +66,9 @@ class ClassIndex:
 
     classes: list[str]
     base: int
-    kind: str  # "index" (INDEX NAME lines), "names" (a label map), "csv" (a Kinetics CSV), "builtin"
+    # "index" (INDEX NAME lines), "names" (a label map), "csv" (a Kinetics CSV), "builtin",
+    # "output" (a packer output's manifest), "tree" (a training class-folder tree)
+    kind: str
     source: str = ""  # what the manifest records: a built-in map's name, else the file's path
 
     def label_of(self, name: str) -> Optional[int]:
@@ -119,8 +124,22 @@ def is_kinetics_csv(path: str | os.PathLike) -> bool:
     return KINETICS_FIELDS <= head
 
 
-def read_class_index(path: str | os.PathLike) -> ClassIndex:
-    """Read a class index in any of the forms above (see the module docstring)."""
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _packed_output(path: Path) -> bool:
+    if path.is_dir():
+        return (path / MANIFEST_NAME).is_file()
+    with open(path, "rb") as f:
+        return f.read(len(_HDF5_MAGIC)) == _HDF5_MAGIC
+
+
+def read_class_index(path: str | os.PathLike, *,
+                     tree: Optional[Callable[[Path], list[str]]] = None) -> ClassIndex:
+    """Read a class index in any of the forms above (see the module docstring), or the
+    classes of a training output: a packer output (its manifest's classes, as its labels
+    were stored) or, with ``tree`` (the command's numbering of a class-folder tree), a
+    training tree's class folders."""
     builtin = known_map(str(path))
     path = Path(path)
     if builtin is not None:
@@ -128,10 +147,25 @@ def read_class_index(path: str | os.PathLike) -> ClassIndex:
             raise UsageError(f"--class-index {path}: both packer's built-in {builtin.title} label map and "
                              f"a file of that name; write ./{path} for the file")
         return ClassIndex(builtin.classes, 0, "builtin", builtin.name)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"{path}: class index file does not exist (or give a built-in label map: "
                          f"{', '.join(KNOWN)})")
     source = str(path.resolve())
+    if _packed_output(path):
+        from packer.formats import open_reader
+
+        reader = open_reader(path, check_crc=False)  # (the manifest's own checksum is checked)
+        try:
+            classes = list(reader.manifest.classes)
+        finally:
+            reader.close()
+        if not classes:
+            raise UsageError(f"{path}: this output has no class names to number by")
+        return ClassIndex(classes, 0, "output", source)
+    if path.is_dir():
+        if tree is None:
+            raise UsageError(f"{path}: a folder is not a class index here")
+        return ClassIndex(list(tree(path)), 0, "tree", source)
     if is_kinetics_csv(path):
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.DictReader(f))

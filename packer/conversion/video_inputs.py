@@ -84,7 +84,13 @@ def read_class_index(path: str | os.PathLike) -> list[str]:
 
 
 def _index(class_index: str | os.PathLike | None) -> Optional[lists.ClassIndex]:
-    return lists.read_class_index(class_index) if class_index is not None else None
+    return lists.read_class_index(class_index, tree=_training_tree) if class_index is not None else None
+
+
+def _training_tree(root: Path) -> list[str]:
+    """The classes of a training class-folder tree given as ``--class-index``, numbered as
+    ``folder_classes`` numbers that tree."""
+    return folder_classes(top_level(root, DEFAULT_VIDEO_EXTS)[0], None, str(root), None)[0]
 
 
 def _lacking(lacks: Sequence[str]) -> str:
