@@ -22,7 +22,8 @@ from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, Item, class_files, has
                                      top_level, walk_files)
 from packer.errors import UsageError
 
-__all__ = ["VideoItem", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
+__all__ = ["VideoItem", "video_items", "video_folder", "folder_classes", "kinetics_csv", "video_list",
+           "read_class_index"]
 
 log = logging.getLogger(__name__)
 

@@ -6,17 +6,15 @@ ignoring case (``Hammering`` 34, ``HammerThrow`` 35), which byte order swaps; a 
 validation tree that lacks a class must keep the training labels. Each ``NAME.txt`` here is one
 class name per line, line number = label (0-based), copied byte for byte from its source:
 
-==============  ======  ============================================================
-name            labels  source (open-mmlab/mmaction2 at 4d6c9347, ``tools/data/``)
-==============  ======  ============================================================
-``ucf101``      101     ``ucf101/label_map.txt``: UCF-101's ``classInd.txt`` (1-based there)
-``hmdb51``      51      ``hmdb51/label_map.txt``: the class folders sorted, as mmaction2's
-                        ``parse_hmdb51_split`` writes HMDB51's ``classInd.txt``
-``kinetics400`` 400     ``kinetics/label_map_k400.txt``: the training CSV's classes sorted
-``kinetics600`` 600     ``kinetics/label_map_k600.txt`` (as mmaction2's ``parse_kinetics_splits``)
-``kinetics700`` 700     ``kinetics/label_map_k700.txt``
-``sthv2``       174     ``sthv2/label_map.txt``: ``something-something-v2-labels.json`` by id
-==============  ======  ============================================================
+* ``ucf101`` (101): ``ucf101/label_map.txt``, UCF-101's ``classInd.txt`` (1-based there);
+* ``hmdb51`` (51): ``hmdb51/label_map.txt``, the class folders sorted, as mmaction2's
+  ``parse_hmdb51_split`` writes HMDB51's ``classInd.txt``;
+* ``kinetics400`` / ``kinetics600`` / ``kinetics700`` (400, 600, 700):
+  ``kinetics/label_map_k400.txt`` etc., the training CSV's classes sorted as mmaction2's
+  ``parse_kinetics_splits`` sorts them;
+* ``sthv2`` (174): ``sthv2/label_map.txt``, ``something-something-v2-labels.json`` by id;
+
+each from open-mmlab/mmaction2 at 4d6c9347, ``tools/data/`` (``SOURCE``).
 
 Names are matched to folder names by ``class_key``: case folded, ``"`` removed and spaces as
 ``_`` (mmaction2's ``rename_classnames.sh`` renames Kinetics folders so; copies of UCF-101 spell
