@@ -69,7 +69,7 @@ def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite
 
 
 def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optional[PathLike] = None,
-         exts: str = IMAGE_EXTS, check: str = "full", resize: Optional[ResizeSpec] = None, raw: bool = False,
+         class_index: Optional[PathLike] = None, exts: str = IMAGE_EXTS, check: str = "full", resize: Optional[ResizeSpec] = None, raw: bool = False,
          shuffle: Optional[int] = None, shard_size: Union[int, str] = "256MB",
          samples_per_shard: Optional[int] = None, name: str = "train", commit_every: Optional[int] = None,
          workers: Optional[int] = None, executor: str = "local", max_failures: int = 0,
@@ -87,6 +87,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         out: the output path (``out.lmdb``, ``out.h5``, a records folder) or a URL.
         format: ``lmdb``, ``hdf5`` or ``records``.
         list_path: a list file of ``relative/path label`` lines instead of walking ``src``.
+        class_index: number the class folders as the training classes are (the training
+            tree or its packed output, a label map, ``classInd.txt`` or a built-in map's name):
+            for a validation tree that lacks some classes. None: the folders sorted (byte order).
         exts: comma-separated image extensions to take (case-insensitive).
         check: how much of each image is decoded to accept it: ``full``, ``header`` or ``none``.
         resize: a ``packer.ResizeSpec`` to resize every image while packing (None: stored as is).
@@ -120,7 +123,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
     def build(path: str) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,
-                           writer_options=writer_options, list_path=list_path, exts=exts,
+                           writer_options=writer_options, list_path=list_path, class_index=class_index, exts=exts,
                            num_shards=num_shards, shard_index=shard_index, workers=workers, executor=executor,
                            max_failures=max_failures, resume=resume, overwrite=overwrite, strict=strict,
                            timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock)
@@ -153,7 +156,10 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
         to: ``frames`` or a packed format (``lmdb``, ``hdf5``, ``records``).
         list_path: an mmaction2 video list (``path label`` lines) relative to ``src``.
         csv_path: a Kinetics CSV (``label,youtube_id,time_start,time_end,split``).
-        class_index: class names by label (UCF-101 ``classInd.txt``, a label map, or the training CSV).
+        class_index: class names by label (UCF-101 ``classInd.txt``, a label map, the training CSV,
+            the training tree or its packed output, or a built-in map's name: ``ucf101``,
+            ``hmdb51``, ``kinetics400``/``600``/``700``, ``sthv2``). None: a class-folder tree of a dataset packer knows takes its label map
+            (a part of its classes is refused), any other is numbered in sorted order.
         exts: comma-separated video extensions to take.
         short_side, size, keep_aspect: the resize (``size`` as ``"WxH"``; 0 on a side: from the aspect).
         fps, stride, max_frames: which frames (resample to ``fps``, every ``stride``-th, at most ``max_frames``).

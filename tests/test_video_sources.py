@@ -20,12 +20,14 @@ def touch(root, *rels):
 def test_ucf_style_class_folders(tmp_path):
     touch(tmp_path, "YoYo/v_YoYo_g01_c01.avi", "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c02.avi",
           "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi", "ApplyEyeMakeup/notes.txt", ".hidden/x.avi")
-    items, classes = video_items(tmp_path)
-    assert classes == ["ApplyEyeMakeup", "YoYo"]
+    with pytest.raises(UsageError, match="part of the classes of UCF-101"):  # 2 of 101: a subset
+        video_items(tmp_path)
+    items, classes = video_items(tmp_path, class_index="ucf101")
+    assert (len(classes), classes[0], classes[100]) == (101, "ApplyEyeMakeup", "YoYo")
     assert [(it.key, it.label, it.frame_dir) for it in items] == [
         ("ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi", 0, "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01"),
         ("ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c02.avi", 0, "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c02"),
-        ("YoYo/v_YoYo_g01_c01.avi", 1, "YoYo/v_YoYo_g01_c01"),
+        ("YoYo/v_YoYo_g01_c01.avi", 100, "YoYo/v_YoYo_g01_c01"),
     ]
 
 
@@ -52,12 +54,12 @@ def test_same_stem_in_one_class_uses_stem_ext_for_both(tmp_path):
 
 def test_whitespace_never_reaches_a_frame_dir(tmp_path):
     # mmaction2 splits list lines on whitespace (Kinetics class names have spaces)
-    touch(tmp_path, "air drumming/x y.mp4")
-    items, classes = video_items(tmp_path)
-    assert classes == ["air drumming"] and items[0].frame_dir == "air_drumming/x_y"
+    touch(tmp_path, "air drumming/x y.mp4")  # (one Kinetics class: numbered by the label map)
+    items, classes = video_items(tmp_path, class_index="kinetics400")
+    assert classes[items[0].label] == "air drumming" and items[0].frame_dir == "air_drumming/x_y"
     touch(tmp_path, "air drumming/x_y.mp4")
     with pytest.raises(UsageError, match="both map to frame folder"):
-        video_items(tmp_path)
+        video_items(tmp_path, class_index="kinetics400")
 
 
 KINETICS_CSV = """label,youtube_id,time_start,time_end,split

@@ -49,6 +49,12 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Folder the --list paths are relative to (then give only OUT).")(fn)
     fn = click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
                       help="List file of 'relative/path label' lines instead of an ImageFolder tree.")(fn)
+    fn = click.option("--class-index", default=None, metavar="FILE|NAME",
+                      help="Number the class folders as the training classes are: the training "
+                           "tree or its packed output, a label map (one name per line), "
+                           "classInd.txt ('1 name' lines) or a built-in map's name; for a "
+                           "validation tree that lacks some classes. Default: the folders sorted "
+                           "(byte order, as torchvision's ImageFolder).")(fn)
     return fn
 
 
@@ -164,6 +170,8 @@ def conversion_call(call: Callable[[], Any]) -> None:
         report, too_many = e.report, e
     if getattr(report, "upload", None) is not None:
         click.echo(report.upload.summary())
+    if getattr(report, "labels", ""):
+        click.echo(f"labels: {report.labels}")
     click.echo(report.summary())
     for f in report.failures[:10]:
         what = "kept" if f["stage"] == "partial" else "failed"  # partial decodes are packed

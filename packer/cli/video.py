@@ -15,10 +15,14 @@ from packer.conversion.options import DEFAULT_VIDEO_EXTS
                    "or 'path' (no label: -1, or its folder's class with --class-index).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
-@click.option("--class-index", type=click.Path(dir_okay=False), default=None,
+@click.option("--class-index", default=None, metavar="FILE|NAME",
               help="Class names by label: UCF-101 classInd.txt ('1 ApplyEyeMakeup', 1-based; list labels "
-                   "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt) or "
-                   "the Kinetics training CSV. Default: class folders / CSV labels in mmaction2's order.")
+                   "become 0-based), a label map (one name per line, mmaction2's label_map_k400.txt), "
+                   "the Kinetics training CSV, the training tree or its packed output, or a "
+                   "built-in map: ucf101, hmdb51, kinetics400, "
+                   "kinetics600, kinetics700, sthv2. Default: class folders of one of those datasets "
+                   "take its map (a part of its classes, e.g. a validation tree, is refused); other "
+                   "class folders / CSV labels are sorted as mmaction2 sorts them.")
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",

@@ -318,6 +318,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
         bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
         items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
                                      class_index=inputs.class_index, exts=inputs.exts, failures=bad)
+        if getattr(classes, "note", ""):
+            log.info("%s: labels: %s", src, classes.note)
         items = partition(items, inputs.num_shards, inputs.shard_index)
         if not items:
             raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
@@ -328,7 +330,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                     "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
                     "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
                     "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
-                    "commit_every": run_opts.commit_every or 1000}
+                    "commit_every": run_opts.commit_every or 1000,
+                    "label_map": getattr(classes, "label_map", None)}
         if flow is not None:
             recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
         frame_folders = to in VIDEO_FORMATS
@@ -355,6 +358,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                 check_space(out, est, force=run_opts.force)
             report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
                          sample_unit="frames", input_failures=bad, all_in=closing.start)
+            report.labels = getattr(classes, "note", "")
             videos = open_reader(out, check_crc=False).manifest.videos
             if list_out is not None:
                 _write_lists(Path(list_out), videos, flow)

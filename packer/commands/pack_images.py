@@ -136,7 +136,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
             writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
-        items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts, failures=bad)
+        items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
+                                     class_index=inputs.class_index, failures=bad)
         if not items:
             raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
         if shuffle is not None:  # before partition: the parts of a split pack share one permutation
@@ -146,6 +147,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                     "list": str(inputs.list_path) if inputs.list_path else None,
                     "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
                     "ext": list(parse_exts(inputs.exts))}
+        if getattr(classes, "label_map", None) is not None:  # --class-index (else as always)
+            recorded["label_map"] = classes.label_map
         if resize is not None:
             recorded["resize"] = resize.to_dict()
         if raw:
@@ -166,5 +169,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
         ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
         with ex:
-            return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
-                       desc=f"to-{format}", input_failures=bad)
+            report = run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
+                         desc=f"to-{format}", input_failures=bad)
+        report.labels = getattr(classes, "note", "")
+        return report

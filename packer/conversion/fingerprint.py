@@ -40,7 +40,9 @@ __all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "
 # created_by options that say where the input lives, not what the output holds: moving the
 # source folder between an interrupted run and its resume is fine (each file's size and mtime
 # still have to match).
-NEUTRAL = frozenset({"src", "list", "csv", "root", "class_index"})
+# ``label_map`` names where the class numbering came from (a built-in map, a --class-index
+# path): the class names and every label are in the fingerprint themselves.
+NEUTRAL = frozenset({"src", "list", "csv", "root", "class_index", "label_map"})
 # Commit sizes say where a run may stop, not what it stores (the resume keeps whole commits and
 # the result equals an uninterrupted run) -- except in records, where a commit is a shard.
 COMMIT_OPTIONS = frozenset({"commit_every", "commit_bytes"})

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from packer.conversion import lists
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import CorruptSample, UsageError
@@ -154,21 +155,35 @@ def top_level(root: Path, exts: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def image_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS, *,
+                 class_index: str | os.PathLike | None = None,
                  failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
-    """An ImageFolder tree ``root/<class>/<file>``: classes sorted, label = class index.
+    """An ImageFolder tree ``root/<class>/<file>``: classes sorted (byte order, as torchvision's
+    ``ImageFolder``), label = class index; or, with ``class_index`` (the training classes: a
+    label map, ``classInd.txt``, ...; see ``lists.read_class_index``), that file's numbering,
+    for a validation tree that lacks some of them (a folder it lacks is refused).
     A file whose name cannot be a key (not UTF-8, control characters), an image beside the class
-    folders (it belongs to no class) and a folder that cannot be listed go to ``failures``."""
+    folders (it belongs to no class) and a folder that cannot be listed go to ``failures``.
+    The classes are a ``lists.Classes``."""
     root = Path(root)
-    classes, loose = top_level(root, exts)
-    if not classes:
+    names, loose = top_level(root, exts)
+    if not names:
         raise UsageError(f"{root}: no class folders (expected ROOT/<class>/<image>)")
     for name in loose:
         bad_line(failures, str(root), 0, f"{name}: an image beside the class folders belongs to no class", name)
+    if class_index is not None:
+        index = lists.read_class_index(class_index, tree=lambda train: top_level(train, exts)[0])
+        classes = lists.Classes.of_index(index)
+        label_of = lists.labels_of(names, index, str(root), class_index)[1]
+    else:  # (no label_map recorded: the manifest stays as it always was)
+        classes = lists.Classes(names)
+        classes.note = f"{len(names)} class folders numbered in sorted order (byte order): {classes.first_labels()}"
+        label_of = {n: i for i, n in enumerate(names)}
     items = []
-    # (in (label, key) order as made: labels follow the sorted classes, and class_files gives
-    # each class's files sorted by key)
-    for label, cls in enumerate(classes):
+    # (in (label, key) order as made when the labels follow the sorted classes, and class_files
+    # gives each class's files sorted by key)
+    for cls in sorted(names, key=label_of.__getitem__):
         base = os.path.join(root, cls, "")  # one join per class: millions of files share it
+        label = label_of[cls]
         items.extend(Item(key, base + rel, label) for key, rel in class_files(root, cls, exts, failures))
     return items, classes
 
@@ -241,14 +256,17 @@ def list_file(list_path: str | os.PathLike, root: str | os.PathLike,
 
 
 def image_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None = None,
-                exts: str | Sequence[str] | None = None,
+                exts: str | Sequence[str] | None = None, class_index: str | os.PathLike | None = None,
                 failures: list[InputFailure] | None = None) -> tuple[list[Item], list[str]]:
-    """Items of an image dataset: an ImageFolder ``src``, or ``list_path`` relative to ``src``.
-    Unusable lines/entries go to ``failures`` (see ``InputFailure``)."""
+    """Items of an image dataset: an ImageFolder ``src`` (numbered by ``class_index`` when
+    given), or ``list_path`` relative to ``src``. Unusable lines/entries go to ``failures``
+    (see ``InputFailure``)."""
     exts = parse_exts(exts)
     if list_path is not None:
+        if class_index is not None:
+            raise UsageError("--class-index numbers class folders; a --list gives its own labels")
         return list_file(list_path, src, exts, failures=failures)
-    return image_folder(src, exts, failures=failures)
+    return image_folder(src, exts, class_index=class_index, failures=failures)
 
 
 def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[Item]:

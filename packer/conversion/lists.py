@@ -2,8 +2,13 @@
 
 * ``read_class_index``: UCF-101/HMDB51 ``classInd.txt`` (``1 ApplyEyeMakeup``, 1-based),
   a 0-based ``0 name`` index, mmaction2's label maps (``label_map_k400.txt``: one class name
-  per line, line number = label; names may hold spaces and parentheses), or a Kinetics
-  training CSV (its classes in mmaction2's order).
+  per line, line number = label; names may hold spaces and parentheses), a Kinetics
+  training CSV (its classes in mmaction2's order), or the name of a label map packer ships
+  (``ucf101``, ``kinetics400``, ...: ``packer.conversion.labelmaps``); or the training
+  data itself: a packer output (its manifest's classes) or a class-folder tree (numbered as
+  the command numbers one).
+* ``Classes``: the class names by label a listing found, and where that numbering came from
+  (for the run's report and the manifest's ``created_by``).
 * ``mmaction2_order``: class names ordered as mmaction2's list builder orders them (sorted
   with ``"`` removed and spaces replaced by ``_``), so both tools number a dataset alike.
 * ``parse_list_line``: one line of a video list: ``path``, ``path label``, or ``path l1 l2 ...``
@@ -18,11 +23,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
+from packer.conversion.labelmaps import KNOWN, class_key, known_map
 from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME
 
-__all__ = ["ClassIndex", "read_class_index", "mmaction2_order", "mmaction2_name", "ListLine",
+__all__ = ["ClassIndex", "Classes", "read_class_index", "mmaction2_order", "mmaction2_name", "ListLine",
            "parse_list_line", "read_lines", "is_kinetics_csv", "labels_of", "line_labels"]
 
 _INDEXED = re.compile(r"^(\d+)\s+(\S.*)$")
@@ -59,18 +66,55 @@ class ClassIndex:
 
     classes: list[str]
     base: int
-    kind: str  # "index" (INDEX NAME lines), "names" (a label map), "csv" (a Kinetics CSV)
+    # "index" (INDEX NAME lines), "names" (a label map), "csv" (a Kinetics CSV), "builtin",
+    # "output" (a packer output's manifest), "tree" (a training class-folder tree)
+    kind: str
+    source: str = ""  # what the manifest records: a built-in map's name, else the file's path
 
     def label_of(self, name: str) -> Optional[int]:
-        """The label of class ``name`` (also matched with spaces as ``_``), or None."""
+        """The label of class ``name`` (also matched with spaces as ``_``, and ignoring case
+        where that names one class only), or None."""
         lookup = self.__dict__.get("_lookup")
         if lookup is None:
-            lookup = {}
+            lookup, folded = {}, {}
             for i, c in enumerate(self.classes):
                 lookup.setdefault(c, i)
                 lookup.setdefault(mmaction2_name(c), i)
+                folded.setdefault(class_key(c), []).append(i)
+            for key, found in folded.items():  # "HandStandPushups" is classInd's "HandstandPushups"
+                if len(found) == 1:
+                    lookup.setdefault(key, found[0])
             object.__setattr__(self, "_lookup", lookup)
-        return lookup.get(name, lookup.get(mmaction2_name(name)))
+        return lookup.get(name, lookup.get(mmaction2_name(name), lookup.get(class_key(name))))
+
+    def describe(self) -> str:
+        """Where these classes come from, for reports."""
+        m = known_map(self.source) if self.kind == "builtin" else None
+        return m.describe() if m is not None else f"--class-index {self.source}"
+
+
+class Classes(list):
+    """Class names by label (a list), plus where that numbering came from: ``label_map`` is
+    what the manifest's ``created_by`` records (a built-in map's name, a ``--class-index``
+    file's path, ``sorted``: the names found, sorted; ``list``: the list's own numbers;
+    None: no classes), ``note`` the sentence a run's report prints."""
+
+    def __init__(self, names: Iterable[str] = (), *, label_map: Optional[str] = None, note: str = ""):
+        super().__init__(names)
+        self.label_map = label_map
+        self.note = note
+
+    def first_labels(self, n: int = 5) -> str:
+        """``0 a, 1 b, ... 9 z``: the numbering, shortened for a report line."""
+        shown = ", ".join(f"{i} {c}" for i, c in enumerate(self[:n]))
+        return shown + (f", ... {len(self) - 1} {self[-1]} (all in the manifest's classes)"
+                        if len(self) > n else "")
+
+    @classmethod
+    def of_index(cls, index: "ClassIndex") -> "Classes":
+        """``index``'s classes, noted as coming from it."""
+        return cls(index.classes, label_map=index.source,
+                   note=f"{len(index.classes)} classes numbered by {index.describe()}")
 
 
 def is_kinetics_csv(path: str | os.PathLike) -> bool:
@@ -80,18 +124,55 @@ def is_kinetics_csv(path: str | os.PathLike) -> bool:
     return KINETICS_FIELDS <= head
 
 
-def read_class_index(path: str | os.PathLike) -> ClassIndex:
-    """Read a class index in any of the forms above (see the module docstring)."""
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _packed_output(path: Path) -> bool:
+    if path.is_dir():
+        return (path / MANIFEST_NAME).is_file()
+    with open(path, "rb") as f:
+        return f.read(len(_HDF5_MAGIC)) == _HDF5_MAGIC
+
+
+def read_class_index(path: str | os.PathLike, *,
+                     tree: Optional[Callable[[Path], list[str]]] = None) -> ClassIndex:
+    """Read a class index in any of the forms above (see the module docstring), or the
+    classes of a training output: a packer output (its manifest's classes, as its labels
+    were stored) or, with ``tree`` (the command's numbering of a class-folder tree), a
+    training tree's class folders."""
+    builtin = known_map(str(path))
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: class index file does not exist")
+    if builtin is not None:
+        if path.exists():
+            raise UsageError(f"--class-index {path}: both packer's built-in {builtin.title} label map and "
+                             f"a file of that name; write ./{path} for the file")
+        return ClassIndex(builtin.classes, 0, "builtin", builtin.name)
+    if not path.exists():
+        raise UsageError(f"{path}: class index file does not exist (or give a built-in label map: "
+                         f"{', '.join(KNOWN)})")
+    source = str(path.resolve())
+    if _packed_output(path):
+        from packer.formats import open_reader
+
+        reader = open_reader(path, check_crc=False)  # (the manifest's own checksum is checked)
+        try:
+            classes = list(reader.manifest.classes)
+        finally:
+            reader.close()
+        if not classes:
+            raise UsageError(f"{path}: this output has no class names to number by")
+        return ClassIndex(classes, 0, "output", source)
+    if path.is_dir():
+        if tree is None:
+            raise UsageError(f"{path}: a folder is not a class index here")
+        return ClassIndex(list(tree(path)), 0, "tree", source)
     if is_kinetics_csv(path):
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.DictReader(f))
         names = [(r.get("label") or "").strip() for r in rows]
         if not any(names):
             raise UsageError(f"{path}: a Kinetics CSV without labels cannot name the classes")
-        return ClassIndex(mmaction2_order(n for n in names if n), 0, "csv")
+        return ClassIndex(mmaction2_order(n for n in names if n), 0, "csv", source)
     lines = [(n, line.strip()) for n, line in enumerate(read_lines(path, "class index"), 1) if line.strip()]
     if not lines:
         raise UsageError(f"{path}: class index file is empty")
@@ -107,13 +188,13 @@ def read_class_index(path: str | os.PathLike) -> ClassIndex:
         if base not in (0, 1) or sorted(found) != list(range(base, base + len(found))):
             raise UsageError(f"{path}: indices must run 1..{len(found)} (or 0..{len(found) - 1}) "
                              "without gaps")
-        return ClassIndex([found[i] for i in sorted(found)], base, "index")
+        return ClassIndex([found[i] for i in sorted(found)], base, "index", source)
     seen: dict[str, int] = {}
     for lineno, name in lines:  # a label map: one class name per line
         if name in seen:
             raise UsageError(f"{path}:{lineno}: class {name!r} is listed twice (also line {seen[name]})")
         seen[name] = lineno
-    return ClassIndex([name for _, name in lines], 0, "names")
+    return ClassIndex([name for _, name in lines], 0, "names", source)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ class InputOptions:
     Args:
         list_path: a list file (``relative/path label`` lines) instead of walking ``src``.
         csv_path: a Kinetics CSV over the videos in ``src`` (videos only).
-        class_index: a class index file (``1 ApplyEyeMakeup`` lines; videos only).
+        class_index: the classes by label: a class index file (``1 ApplyEyeMakeup`` lines), a
+            label map, a Kinetics training CSV or a built-in map's name (``ucf101``, ...); for
+            image packs, class-folder trees only.
         exts: comma-separated extensions to take (default: the command's).
         num_shards: split the inputs into this many contiguous parts ...
         shard_index: ... and convert this one (``packer merge`` joins them).

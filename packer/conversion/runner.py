@@ -54,6 +54,7 @@ class Report:
     strict: bool = False  # partial decodes count as failures
     note: str = ""  # what a finished-output --resume checked
     upload: Any = None  # a URL OUT: the UploadReport of its upload (packer.remote.upload)
+    labels: str = ""  # where the labels came from (a class-folder tree's label map or order)
 
     @property
     def failed(self) -> int:

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from packer.conversion import lists
+from packer.conversion.labelmaps import identify
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import (DEFAULT_VIDEO_EXTS, Item, class_files, has_ext, parse_exts, safe_key,
                                      top_level, walk_files)
 from packer.errors import UsageError
 
-__all__ = ["VideoItem", "video_items", "video_folder", "kinetics_csv", "video_list", "read_class_index"]
+__all__ = ["VideoItem", "video_items", "video_folder", "folder_classes", "kinetics_csv", "video_list",
+           "read_class_index"]
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +85,66 @@ def read_class_index(path: str | os.PathLike) -> list[str]:
 
 
 def _index(class_index: str | os.PathLike | None) -> Optional[lists.ClassIndex]:
-    return lists.read_class_index(class_index) if class_index is not None else None
+    return lists.read_class_index(class_index, tree=_training_tree) if class_index is not None else None
+
+
+def _training_tree(root: Path) -> list[str]:
+    """The classes of a training class-folder tree given as ``--class-index``, numbered as
+    ``folder_classes`` numbers that tree."""
+    return folder_classes(top_level(root, DEFAULT_VIDEO_EXTS)[0], None, str(root), None)[0]
+
+
+def _lacking(lacks: Sequence[str]) -> str:
+    return ", ".join(lacks[:3]) + (f" and {len(lacks) - 3} more" if len(lacks) > 3 else "")
+
+
+def folder_classes(names: Sequence[str], index: Optional[lists.ClassIndex], where: str,
+                   class_index: str | os.PathLike | None) -> tuple[lists.Classes, dict[str, int]]:
+    """(classes, folder name -> label) of a class-folder tree whose folders are ``names``:
+
+    * with ``index`` (``--class-index``), its numbering; a folder it lacks is refused;
+    * the label map of the dataset whose classes the folders are (``labelmaps.identify``:
+      UCF-101's ``classInd.txt``, Kinetics' label maps, ...), as mmaction2 numbers it;
+    * refused when the folders are a proper subset of such a dataset's classes (a validation
+      or test tree, numbered on its own, would shift every label after a missing class);
+    * otherwise the folder names in mmaction2's order (sorted with spaces as ``_``: byte
+      order for names without spaces), and the report says so.
+    """
+    if index is not None:
+        return lists.Classes.of_index(index), lists.labels_of(names, index, where, class_index)[1]
+    found = identify(names)
+    if found.equal is not None:
+        m = found.equal
+        return (lists.Classes(m.classes, label_map=m.name,
+                              note=f"the class folders are {m.title}'s {len(names)} classes: numbered by "
+                                   f"{m.describe()}"), found.label_of or {})
+    if found.within:
+        of = "; ".join(f"{m.title}'s {len(m.classes)} (lacking {_lacking(lacks)})" for m, lacks in found.within)
+        first = found.within[0][0]
+        raise UsageError(f"{where}: the {len(names)} class folders are a part of the classes of {of}. "
+                         "A validation or test tree is numbered from the training classes, or every label "
+                         f"after a missing class shifts: give them with --class-index ({first.name} for "
+                         f"packer's copy of {first.what}, a label map, classInd.txt or the training CSV); "
+                         "a dataset of its own takes a file of its class names in label order")
+    classes = lists.Classes(lists.mmaction2_order(names), label_map="sorted")
+    classes.note = (f"{len(classes)} class folders of no dataset packer knows, numbered in sorted order "
+                    f"(byte order, spaces as _): {classes.first_labels()}")
+    if found.closest is not None:
+        m, strangers = found.closest
+        log.warning("%s: %d of the %d class folders are %s classes, but not %s: numbered in sorted order, "
+                    "not as %s", where, len(names) - len(strangers), len(names), m.title, _lacking(strangers),
+                    m.describe())
+    return classes, {n: i for i, n in enumerate(classes)}
 
 
 def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EXTS, *,
                  class_index: str | os.PathLike | None = None,
                  failures: list[InputFailure] | None = None) -> tuple[list[VideoItem], list[str]]:
-    """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels from the class
-    folders in mmaction2's order (sorted with spaces as ``_``), or from ``class_index``
-    (``classInd.txt`` or a label map). A flat folder of videos (mmaction2's ``--level 1``)
-    gives label -1 and no classes. A file name that cannot be a key goes to ``failures``."""
+    """UCF-101 / HMDB51 / Kinetics class folders ``root/<class>/<video>``: labels as
+    ``folder_classes`` gives them (``class_index``, the dataset's own label map, or sorted
+    names; a part of a known dataset's classes is refused without ``class_index``). A flat
+    folder of videos (mmaction2's ``--level 1``) gives label -1 and no classes. A file name
+    that cannot be a key goes to ``failures``. The classes are a ``lists.Classes``."""
     root = Path(root)
     names, loose = top_level(root, exts)
     if not names and not loose:
@@ -101,10 +153,10 @@ def video_folder(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_VIDEO_EX
     if not names:
         log.warning("%s: no class folders: %d videos packed with label -1 (unlabelled)", root, len(loose))
         entries = [(safe_key(name, str(root)), str(root / name), -1, "") for name in loose]
-        return _with_frame_dirs(entries, str(root)), []
+        return _with_frame_dirs(entries, str(root)), lists.Classes(note="no class folders: every video has label -1")
     for name in loose:  # not a documented filter: each one is recorded (or refused without a list)
         bad_line(failures, str(root), 0, f"{name}: a video beside the class folders belongs to no class", name)
-    classes, label_of = lists.labels_of(names, _index(class_index), str(root), class_index)
+    classes, label_of = folder_classes(names, _index(class_index), str(root), class_index)
     entries = []
     for cls in names:
         for key, rel in class_files(root, cls, exts, failures):
@@ -163,12 +215,17 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
     if labelled and index is None and splits - {"train", ""}:
         raise UsageError(f"{csv_path}: a {'/'.join(sorted(splits - {'train', ''}))} CSV may miss classes, "
                          "which would shift every label: give the classes with --class-index "
-                         "(mmaction2's label_map_k400.txt, or the training CSV)")
-    if labelled:
-        classes, label_of = lists.labels_of((r[0] for r in rows), index, str(csv_path), class_index)
+                         "(kinetics400/600/700: packer's copies of mmaction2's label maps; a label map "
+                         "file, or the training CSV)")
+    if labelled and index is not None:
+        classes = lists.Classes.of_index(index)
+        label_of = lists.labels_of((r[0] for r in rows), index, str(csv_path), class_index)[1]
+    elif labelled:
+        classes, label_of = _csv_classes({r[0] for r in rows})
     else:
         log.warning("%s: no label column: every video gets label -1", csv_path)
-        classes, label_of = (index.classes if index is not None else []), {}
+        classes = lists.Classes.of_index(index) if index is not None else lists.Classes()
+        classes.note, label_of = "no label column: every video has label -1", {}
     entries, seen = [], set()
     for label, yid, start, end, lineno in rows:
         clip = f"{yid}_{start:06d}_{end:06d}"
@@ -185,6 +242,20 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
         entries.append((key, str(root / rel), label_of.get(label, -1), _dir_part(label) if label else ""))
     entries.sort(key=lambda e: (e[2], e[0]))
     return _with_frame_dirs(entries, str(csv_path)), classes
+
+
+def _csv_classes(names: set[str]) -> tuple[lists.Classes, dict[str, int]]:
+    """A training CSV's classes: a known dataset's label map when they are its classes (the
+    same order: mmaction2 sorts the training CSV's names to make it), else sorted as mmaction2."""
+    found = identify(names)
+    if found.equal is not None:
+        m = found.equal
+        return (lists.Classes(m.classes, label_map=m.name, note=f"the CSV's classes are {m.title}'s: "
+                                                                 f"numbered by {m.describe()}"),
+                found.label_of or {})
+    classes = lists.Classes(lists.mmaction2_order(names), label_map="sorted")
+    classes.note = f"{len(classes)} classes of the CSV in mmaction2's order: {classes.first_labels()}"
+    return classes, {n: i for i, n in enumerate(classes)}
 
 
 def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
@@ -231,13 +302,14 @@ def video_list(list_path: str | os.PathLike, root: str | os.PathLike,
         entries.append((key, str(Path(root) / key), labels[0],
                         "/".join(_dir_part(p) for p in key.split("/")[:-1])))
     if index is not None:
-        classes = index.classes
+        classes = lists.Classes.of_index(index)
     else:
         if entries and min(e[2] for e in entries) == 1:
             log.warning("%s: labels start at 1; if they are 1-based (UCF-101's trainlist), pass "
                         "--class-index classInd.txt, or every label is one too high", list_path)
         n = max((x for e in entries for x in labels_by_key.get(e[0], (e[2],))), default=-1) + 1
-        classes = [str(i) for i in range(n)]
+        classes = lists.Classes([str(i) for i in range(n)], label_map="list",
+                                note=f"labels as the list numbers them (0..{n - 1}; no class names)")
     items = _with_frame_dirs(entries, str(list_path))
     return [dataclasses.replace(it, labels=labels_by_key[it.key]) if it.key in labels_by_key else it
             for it in items], classes
