@@ -7,6 +7,8 @@ folders are not followed (no loops), and list files may not point outside their 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import operator
 import os
@@ -22,7 +24,7 @@ from packer.fileio import read_file_stat, visible_files
 
 __all__ = ["Item", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
-           "walk_files", "class_files", "top_level"]
+           "walk_files", "class_files", "top_level", "listing", "run_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
 
 def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[str]:
     """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered.
+    Only regular files (or symlinks to one) are inputs: a named pipe, socket or device is an
+    ``InputFailure`` naming it (never opened: a pipe's read would wait forever).
 
     A folder that cannot be listed (no permission, an I/O error, a path too long) is an
     ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
@@ -81,7 +85,11 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[st
         bad_line(failures, str(e.filename or top), 0,
                  f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
 
-    return visible_files(top, unlisted)
+    def irregular(rel: str, kind: str) -> None:  # reading it could block forever or never end
+        name = os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
+        bad_line(failures, str(top), 0, f"{name}: is {kind}, not a regular file: not an input", name)
+
+    return visible_files(top, unlisted, irregular)
 
 
 _CONTROL = re.compile("[\x00-\x1f]")
@@ -260,6 +268,37 @@ def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[
     start = n * shard_index // num_shards
     end = n * (shard_index + 1) // num_shards
     return list(items[start:end])
+
+
+def listing(items: Sequence[Item], failures: Sequence[InputFailure] = (),
+            lists: dict[str, str | os.PathLike | None] | None = None) -> dict[str, object]:
+    """What every part of a split run (``--num-shards``) records of the WHOLE listing it was cut
+    from, so that ``packer merge`` can refuse parts cut from different listings (a tree or list
+    that changed between the parts moves the split points: inputs are lost or doubled):
+    the number of items and a sha256 over their keys and labels in listed order, the number and
+    a sha256 of the unusable lines and entries, and a sha256 of each list/CSV file's bytes
+    (``lists``: role -> path, e.g. ``{"list": ...}``; None paths are left out)."""
+    h = hashlib.sha256()
+    # (keys hold no control characters, see safe_key: tab and newline separate unambiguously)
+    for it in items:
+        labels = getattr(it, "labels", None)
+        h.update(f"{it.key}\t{it.label}\t{','.join(map(str, labels)) if labels else ''}\n".encode("utf-8", "surrogatepass"))
+    bad = hashlib.sha256()
+    for f in failures:
+        bad.update(json.dumps(f.record(), sort_keys=True).encode("utf-8", "surrogatepass") + b"\n")
+    files = {}
+    for role, path in sorted((lists or {}).items()):
+        if path is not None:
+            files[role] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return {"inputs": len(items), "inputs_sha256": h.hexdigest(), "input_failures": len(failures),
+            "input_failures_sha256": bad.hexdigest(), "lists_sha256": files}
+
+
+def run_failures(failures: Sequence[InputFailure], shard_index: int) -> list[InputFailure]:
+    """The unusable input lines a part of a split run records: all of them in part 0, none in
+    the others. They belong to the run, not to a part: recorded once, the merged
+    ``failures.jsonl`` (the parts' in shard order) equals a single run's."""
+    return list(failures) if shard_index == 0 else []
 
 
 def shuffle_items(items: Sequence[Item], seed: int) -> list[Item]:
