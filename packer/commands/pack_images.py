@@ -22,7 +22,8 @@ from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
-from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition, read_item, shuffle_items
+from packer.conversion.inputs import (InputFailure, Item, image_items, listing, parse_exts, partition, read_item,
+                                     run_failures, shuffle_items)
 
 __all__ = ["ImageJob", "pack_images"]
 
@@ -134,6 +135,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts, failures=bad)
         if not items:
             raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+        # a part of a split run records the whole listing it was cut from (merge compares them)
+        whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
         if shuffle is not None:  # before partition: the parts of a split pack share one permutation
             items = shuffle_items(items, shuffle)
         items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
@@ -141,6 +144,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                     "list": str(inputs.list_path) if inputs.list_path else None,
                     "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
                     "ext": list(parse_exts(inputs.exts))}
+        if whole is not None:
+            recorded["listing"] = whole
         if resize is not None:
             recorded["resize"] = resize.to_dict()
         if raw:
@@ -163,4 +168,4 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
               else make_pack_executor(plan, writer))
         with ex:
             return run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
-                       desc=f"to-{format}", input_failures=bad)
+                       desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
