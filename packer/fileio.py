@@ -56,6 +56,21 @@ def not_regular(mode: int) -> str | None:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def _open(path: str | os.PathLike) -> int:
+    """``os.open`` for reading an input; an open refused because the path is not a regular
+    file (a socket: ENXIO) says what it is instead."""
+    try:
+        return os.open(path, _FLAGS)
+    except OSError as e:
+        try:
+            kind = not_regular(os.stat(path).st_mode)
+        except OSError:
+            kind = None
+        if kind is None or kind == "a folder":
+            raise
+        raise OSError(f"is {kind}, not a regular file") from e
+
+
 def _checked(fd: int, limit: int | None) -> os.stat_result:
     """The fstat of an open input, refusing (OSError) anything but a regular file of at most
     ``limit`` bytes (None: ``max_input_bytes()``)."""
@@ -79,7 +94,7 @@ def read_file(path: str | os.PathLike, *, limit: int | None = None) -> bytes:
 
 def read_file_stat(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, tuple[int, int]]:
     """``read_file`` and the ``(size, mtime_ns)`` the open file had when it was read (its fstat)."""
-    fd = os.open(path, _FLAGS)
+    fd = _open(path)
     try:
         st = _checked(fd, limit)
         size = st.st_size
@@ -120,7 +135,7 @@ def read_framed(path: str | os.PathLike, head: int, tail: int, *,
     stores the bytes inside a value it builds around them (LMDB's Datum, ``Writer.framing``)
     then writes its fields into the room instead of copying the data. Read to the file's end
     as ``read_file`` reads, refusing what it refuses (``limit``); raises ``OSError``."""
-    fd = os.open(path, _FLAGS)
+    fd = _open(path)
     try:
         st = _checked(fd, limit)
         size = st.st_size

@@ -196,9 +196,10 @@ def _listing_of(reader: Reader) -> Any:
 def _show_listing(listing: Any) -> str:
     if not isinstance(listing, dict):
         return "no listing recorded (an older packer)"
-    lists = ", ".join(f"{role} sha256 {digest[:12]}" for role, digest in (listing.get("lists_sha256") or {}).items())
-    return (f"{listing.get('inputs')} inputs (sha256 {str(listing.get('inputs_sha256'))[:12]}), "
-            f"{listing.get('input_failures')} unusable lines or entries" + (f", {lists}" if lists else ""))
+    files = ", ".join(f"{name[:-len('_file_sha256')]} file sha256 {str(digest)[:12]}"
+                      for name, digest in sorted(listing.items()) if name.endswith("_file_sha256"))
+    return (f"{listing.get('listed_inputs')} inputs (sha256 {str(listing.get('listed_inputs_sha256'))[:12]}), "
+            f"{listing.get('unusable_inputs')} unusable lines or entries" + (f", {files}" if files else ""))
 
 
 def _check_listing(parts: Sequence[Reader]) -> None:
