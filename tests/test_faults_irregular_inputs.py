@@ -151,3 +151,13 @@ def test_a_file_over_the_size_cap_is_a_recorded_failure(tmp_path):
         records = failures_of(out)
         assert len(records) == 1 and records[0]["key"].endswith("big.jpg"), records
         assert "cap on one input" in records[0]["reason"] and str(big.stat().st_size) in records[0]["reason"]
+
+
+def test_special_files_not_named_as_inputs_are_left_out_quietly(tmp_path):
+    """A pipe or socket whose name has none of the extensions taken is no input, as any such
+    file: left out without a failure (a FIFO named ``control`` beside the images)."""
+    src = write_image_folder(tmp_path / "src", count=4, classes=2, size=(24, 32))
+    os.mkfifo(src / "class_0" / "control")
+    os.mkfifo(src / "class_1" / "pipe.txt")
+    r = run("to-lmdb", src, tmp_path / "out", "--workers", "0")
+    assert r.returncode == 0 and failures_of(tmp_path / "out") == [], r.stderr

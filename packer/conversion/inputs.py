@@ -73,10 +73,12 @@ def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
     return [name for name in names if has_ext(name, exts)]
 
 
-def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[str]:
+def walk_files(top: Path, failures: list[InputFailure] | None = None,
+               exts: Sequence[str] | None = None) -> list[str]:
     """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered.
-    Only regular files (or symlinks to one) are inputs: a named pipe, socket or device is an
-    ``InputFailure`` naming it (never opened: a pipe's read would wait forever).
+    Only regular files (or symlinks to one) are inputs: a named pipe, socket or device is left
+    out, and an ``InputFailure`` naming it when its name has one of ``exts`` (None: any name;
+    it was meant as an input; never opened: a pipe's read would wait forever).
 
     A folder that cannot be listed (no permission, an I/O error, a path too long) is an
     ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
@@ -86,6 +88,8 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[st
                  f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
 
     def irregular(rel: str, kind: str) -> None:  # reading it could block forever or never end
+        if exts is not None and not has_ext(rel, exts):
+            return  # not named as an input: left out, as the extension filter leaves out any file
         name = os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
         bad_line(failures, str(top), 0, f"{name}: is {kind}, not a regular file: not an input", name)
 
@@ -134,7 +138,7 @@ def class_files(root: Path, cls: str, exts: Sequence[str],
     """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
     ``root/cls``, sorted by key; a name that cannot be a key, or a folder that cannot be listed,
     is recorded in ``failures`` (or refused)."""
-    rels = _with_ext(sorted(walk_files(root / cls, failures)), exts)
+    rels = _with_ext(sorted(walk_files(root / cls, failures, exts)), exts)
     if _plain_names(cls, rels):  # the usual folder: every key is the class and the path, as it is
         yield from zip([f"{cls}/{rel}" for rel in rels], rels)  # (sorted by rel is sorted by key)
         return
@@ -190,7 +194,7 @@ def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     items = [Item(safe_key(rel, str(root)), str(root / rel), 0)
-             for rel in walk_files(root, failures) if has_ext(rel, exts)]
+             for rel in walk_files(root, failures, exts) if has_ext(rel, exts)]
     items.sort(key=lambda it: it.key)
     return items
 
