@@ -5,10 +5,11 @@ into ONE output through a Writer, and to resume that output exactly. A mirror ha
 output to order or resume: every image is its own file, made atomic by a temporary name and a
 rename. So the worker that resizes an image also writes it (the bytes never travel back to
 the parent), and "resume" is the incremental rule: an output made with the same options from
-the source file whose identity was recorded then (``source_identity``) is up to date. ``resize_tree`` reuses what does apply unchanged: the
-executors (same process pool, same exception -> failed ``Outcome`` policy), ``convert.Report``
-for the summary and exit status, ``formats.sidecars.write_failures`` for ``failures.jsonl``,
-``inputs.read_item_bytes``, ``sources`` for walking, and ``resize`` for the image itself.
+the source file whose identity was recorded then (``source_identity``) is up to date.
+``resize_tree`` reuses what does apply unchanged: the executors (same process pool, same
+exception -> failed ``Outcome`` policy), ``convert.Report`` for the summary and exit status,
+``formats.sidecars.write_failures`` for ``failures.jsonl``, ``inputs.read_item_bytes``,
+``sources`` for walking, and ``resize`` for the image itself.
 """
 from __future__ import annotations
 
@@ -174,10 +175,11 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
 
     Incremental: an output made with the same options from the very source file there now (its
     size, mtime and ctime as recorded in ``{out}/.packer-resize.json``, compared for equality,
-    never by age) is left alone, so a rerun does no work and changes no byte. Each output is written under a temporary name
-    and renamed; unreadable inputs are listed in ``{out}/failures.jsonl`` (rewritten each run).
-    The run holds an exclusive claim on ``out`` (``OUT.lock`` beside it); one left by a dead
-    run is taken over (the mirror is incremental), a live one only with ``break_lock``.
+    never by age) is left alone, so a rerun does no work and changes no byte. Each output is
+    written under a temporary name and renamed; unreadable inputs are listed in
+    ``{out}/failures.jsonl`` (rewritten each run). The run holds an exclusive claim on ``out``
+    (``OUT.lock`` beside it); one left by a dead run is taken over (the mirror is incremental),
+    a live one only with ``break_lock``.
     """
     with ensure_claim(out, takeover=True, break_lock=break_lock):
         return _resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,

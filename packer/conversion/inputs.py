@@ -74,11 +74,12 @@ def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
 
 
 def walk_files(top: Path, failures: list[InputFailure] | None = None,
-               exts: Sequence[str] | None = None) -> list[str]:
+               exts: Sequence[str] | None = None, key_prefix: str = "") -> list[str]:
     """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered.
     Only regular files (or symlinks to one) are inputs: a named pipe, socket or device is left
     out, and an ``InputFailure`` naming it when its name has one of ``exts`` (None: any name;
-    it was meant as an input; never opened: a pipe's read would wait forever).
+    it was meant as an input; never opened: a pipe's read would wait forever), its key being
+    ``key_prefix`` and its path below ``top``.
 
     A folder that cannot be listed (no permission, an I/O error, a path too long) is an
     ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
@@ -90,7 +91,7 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None,
     def irregular(rel: str, kind: str) -> None:  # reading it could block forever or never end
         if exts is not None and not has_ext(rel, exts):
             return  # not named as an input: left out, as the extension filter leaves out any file
-        name = os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
+        name = key_prefix + os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
         bad_line(failures, str(top), 0, f"{name}: is {kind}, not a regular file: not an input", name)
 
     return visible_files(top, unlisted, irregular)
@@ -138,7 +139,7 @@ def class_files(root: Path, cls: str, exts: Sequence[str],
     """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
     ``root/cls``, sorted by key; a name that cannot be a key, or a folder that cannot be listed,
     is recorded in ``failures`` (or refused)."""
-    rels = _with_ext(sorted(walk_files(root / cls, failures, exts)), exts)
+    rels = _with_ext(sorted(walk_files(root / cls, failures, exts, f"{cls}/")), exts)
     if _plain_names(cls, rels):  # the usual folder: every key is the class and the path, as it is
         yield from zip([f"{cls}/{rel}" for rel in rels], rels)  # (sorted by rel is sorted by key)
         return
@@ -286,7 +287,8 @@ def listing(items: Sequence[Item], failures: Sequence[InputFailure] = (),
     # (keys hold no control characters, see safe_key: tab and newline separate unambiguously)
     for it in items:
         labels = getattr(it, "labels", None)
-        h.update(f"{it.key}\t{it.label}\t{','.join(map(str, labels)) if labels else ''}\n".encode("utf-8", "surrogatepass"))
+        line = f"{it.key}\t{it.label}\t{','.join(map(str, labels)) if labels else ''}\n"
+        h.update(line.encode("utf-8", "surrogatepass"))
     bad = hashlib.sha256()
     for f in failures:
         bad.update(json.dumps(f.record(), sort_keys=True).encode("utf-8", "surrogatepass") + b"\n")
