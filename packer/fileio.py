@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat as stat_mode
 from pathlib import Path
 from typing import Callable
 
@@ -17,38 +18,107 @@ import numpy as np
 
 from packer.errors import UsageError
 
-__all__ = ["read_file", "read_file_stat", "read_framed", "remove_path", "visible_files", "parse_bytes"]
+__all__ = ["MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat", "read_framed",
+           "remove_path", "visible_files", "parse_bytes"]
 
-_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+# O_NONBLOCK: opening a named pipe must not wait for a writer (the fstat after the open refuses
+# anything that is not a regular file before a byte is read; on a regular file it changes nothing)
+_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
 _CHUNK = 1 << 20
 
+MAX_INPUT_BYTES = 1 << 30
+"""The default cap on one whole-file read (1 GiB: larger than any real image; the environment
+variable ``PACKER_MAX_INPUT_BYTES`` sets another). A bigger file is refused as unreadable (a
+recorded failure) before it is read, so no input can take a worker's memory."""
 
-def read_file(path: str | os.PathLike) -> bytes:
-    """The whole content of ``path``, read to its end (a file that grows while it is read is
-    read to wherever its end is then, as ``open().read()`` would); raises ``OSError``."""
-    return read_file_stat(path)[0]
 
-
-def read_file_stat(path: str | os.PathLike) -> tuple[bytes, tuple[int, int]]:
-    """``read_file`` and the ``(size, mtime_ns)`` the open file had when it was read (its fstat)."""
-    fd = os.open(path, _FLAGS)
+def max_input_bytes() -> int:
+    """The cap on one whole-file read: ``PACKER_MAX_INPUT_BYTES`` when set (bytes), else
+    ``MAX_INPUT_BYTES``. Read at each call, so worker processes see the parent's setting."""
+    raw = os.environ.get("PACKER_MAX_INPUT_BYTES")
+    if not raw:
+        return MAX_INPUT_BYTES
     try:
-        st = os.fstat(fd)
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"PACKER_MAX_INPUT_BYTES must be a number of bytes, not {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"PACKER_MAX_INPUT_BYTES must be >= 1, not {value}")
+    return value
+
+
+_KINDS = ((stat_mode.S_ISFIFO, "a named pipe (FIFO)"), (stat_mode.S_ISSOCK, "a socket"),
+          (stat_mode.S_ISCHR, "a character device"), (stat_mode.S_ISBLK, "a block device"),
+          (stat_mode.S_ISDIR, "a folder"))
+
+
+def not_regular(mode: int) -> str | None:
+    """None for a regular file's ``st_mode``, else what it is (``"a named pipe (FIFO)"``, ...)."""
+    if stat_mode.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _open(path: str | os.PathLike) -> int:
+    """``os.open`` for reading an input; an open refused because the path is not a regular
+    file (a socket: ENXIO) says what it is instead."""
+    try:
+        return os.open(path, _FLAGS)
+    except OSError as e:
+        try:
+            kind = not_regular(os.stat(path).st_mode)
+        except OSError:
+            kind = None
+        if kind is None or kind == "a folder":
+            raise
+        raise OSError(f"is {kind}, not a regular file") from e
+
+
+def _checked(fd: int, limit: int | None) -> os.stat_result:
+    """The fstat of an open input, refusing (OSError) anything but a regular file of at most
+    ``limit`` bytes (None: ``max_input_bytes()``)."""
+    st = os.fstat(fd)
+    kind = not_regular(st.st_mode)
+    if kind is not None:
+        raise OSError(f"is {kind}, not a regular file")
+    cap = max_input_bytes() if limit is None else limit
+    if st.st_size > cap:
+        raise OSError(f"{st.st_size} bytes, over the {cap}-byte cap on one input (PACKER_MAX_INPUT_BYTES)")
+    return st
+
+
+def read_file(path: str | os.PathLike, *, limit: int | None = None) -> bytes:
+    """The whole content of ``path``, read to its end (a file that grows while it is read is
+    read to wherever its end is then, as ``open().read()`` would); raises ``OSError``, also for
+    anything but a regular file (a named pipe is never waited on) and for a file over ``limit``
+    bytes (None: ``max_input_bytes()``), before or while it is read."""
+    return read_file_stat(path, limit=limit)[0]
+
+
+def read_file_stat(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, tuple[int, int]]:
+    """``read_file`` and the ``(size, mtime_ns)`` the open file had when it was read (its fstat)."""
+    fd = _open(path)
+    try:
+        st = _checked(fd, limit)
         size = st.st_size
         data = os.read(fd, size + 1)  # one call for a regular file; the +1 sees a file that grew
-        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
+        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a network mount) goes on
         if not more:
             return data, (size, st.st_mtime_ns)
-        return _to_end(fd, [data, more]), (size, st.st_mtime_ns)
+        return _to_end(fd, [data, more], max_input_bytes() if limit is None else limit), (size, st.st_mtime_ns)
     finally:
         os.close(fd)
 
 
-def _to_end(fd: int, parts: list[bytes]) -> bytes:
-    """``parts`` (what was read so far, the last one not empty) and the rest of ``fd``, joined."""
-    more = parts[-1]
+def _to_end(fd: int, parts: list[bytes], limit: int) -> bytes:
+    """``parts`` (what was read so far, the last one not empty) and the rest of ``fd``, joined;
+    OSError once more than ``limit`` bytes came (a file that keeps growing)."""
+    more, total = parts[-1], sum(map(len, parts))
     while more:
+        if total > limit:
+            raise OSError(f"grew past the {limit}-byte cap on one input while it was read (PACKER_MAX_INPUT_BYTES)")
         more = os.read(fd, _CHUNK)
+        total += len(more)
         parts.append(more)
     return b"".join(parts)
 
@@ -60,25 +130,27 @@ def _buffer(n: int) -> memoryview:
     return memoryview(np.empty(n, dtype=np.uint8))
 
 
-def read_framed(path: str | os.PathLike, head: int, tail: int) -> tuple[memoryview, int, tuple[int, int]]:
+def read_framed(path: str | os.PathLike, head: int, tail: int, *,
+                limit: int | None = None) -> tuple[memoryview, int, tuple[int, int]]:
     """The whole content of ``path`` read into a fresh writable buffer behind ``head`` free bytes
     and before at least ``tail``: ``(view of the buffer, size, (file size, mtime_ns))``, the
     content being ``view[head:head + size]`` and the last the open file's fstat. A format that
     stores the bytes inside a value it builds around them (LMDB's Datum, ``Writer.framing``)
     then writes its fields into the room instead of copying the data. Read to the file's end
-    as ``read_file`` reads; raises ``OSError``."""
-    fd = os.open(path, _FLAGS)
+    as ``read_file`` reads, refusing what it refuses (``limit``); raises ``OSError``."""
+    fd = _open(path)
     try:
-        st = os.fstat(fd)
+        st = _checked(fd, limit)
         size = st.st_size
         buf = _buffer(head + size + 1 + tail)
         got = os.readv(fd, [buf[head:head + size + 1]])  # the +1 sees a file that grew
         if got == size:  # all fstat counted and no byte past it: the end (a regular file reads
             return buf, got, (size, st.st_mtime_ns)  # short only there; saves a read per file)
-        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a pipe, a network mount) goes on
+        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a network mount) goes on
         if not more and got <= size:
             return buf, got, (size, st.st_mtime_ns)
-        data = _to_end(fd, [bytes(buf[head:head + got]), more]) if more else bytes(buf[head:head + got])
+        cap = max_input_bytes() if limit is None else limit
+        data = _to_end(fd, [bytes(buf[head:head + got]), more], cap) if more else bytes(buf[head:head + got])
     finally:
         os.close(fd)
     buf = memoryview(bytearray(head + len(data) + tail))
@@ -95,20 +167,51 @@ def remove_path(path: str | os.PathLike) -> None:
         path.unlink()
 
 
-def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None]) -> list[str]:
+def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],
+                  irregular: Callable[[str, str], None] | None = None) -> list[str]:
     """Relative paths (``os.sep`` joined) of the non-hidden files below ``top``, its folders
     walked in sorted order; symlinked folders are not entered. ``unlisted(error)`` is called for
     each folder that cannot be listed (no permission, an I/O error, a path too long; the error's
     ``filename`` names it): ``os.walk`` alone skips such a folder in silence, so the caller must
-    record it or raise."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(top, onerror=unlisted, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = os.path.relpath(dirpath, top)
-        for name in filenames:
+    record it or raise. With ``irregular``, an entry that is neither a folder nor a regular
+    file (a named pipe, a socket, a device, a symlink to one) is left out and
+    ``irregular(relative path, what it is)`` called for it (the type comes from the directory
+    entry: no system call for a plain file); a dangling symlink stays listed (its read fails)."""
+    found: list[str] = []
+    top = os.fspath(top)
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        path = os.path.join(top, rel) if rel else top
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as e:
+            if e.filename is None:
+                e.filename = path
+            unlisted(e)
+            continue
+        folders = []
+        for entry in entries:
+            name = entry.name
             if name.startswith("."):
                 continue
-            found.append(name if rel == "." else os.path.join(rel, name))
+            sub = os.path.join(rel, name) if rel else name
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():  # as os.walk(followlinks=False): listed, not entered
+                    folders.append(sub)
+                continue
+            if irregular is not None and not _regular(entry):
+                kind = _entry_kind(entry)
+                if kind is not None:
+                    irregular(sub, kind)
+                    continue
+            found.append(sub)
+        stack.extend(sorted(folders, reverse=True))  # popped in sorted order, depth first
     return found
 
 
@@ -130,3 +233,20 @@ def parse_bytes(value: int | str) -> int:
     if size < 1:
         raise UsageError(f"size must be positive, not {value!r}")
     return size
+def _regular(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _entry_kind(entry: os.DirEntry) -> str | None:
+    """What a directory entry that is not a regular file is, followed through a symlink; None
+    for a dangling symlink (or one that cannot be followed): it stays an input and fails its read."""
+    try:
+        kind = not_regular(os.stat(entry.path).st_mode)
+    except OSError:
+        return None
+    if kind is None:
+        return None
+    return f"a symlink to {kind}" if entry.is_symlink() else kind

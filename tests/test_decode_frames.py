@@ -256,13 +256,17 @@ def test_kinetics_csv_with_a_missing_download(tmp_path):
     assert open_reader(tmp_path / "out").classes == ["abseiling", "air drumming"]
 
 
-def test_a_hanging_video_costs_its_timeout_only(tmp_path):
+def test_a_fifo_video_never_reaches_a_decoder(tmp_path):
+    """Opening a FIFO blocked the decoder for real (this test once used one as its hanging
+    video, costing the timeout); only regular files are inputs now (issue 31): the listing
+    records it, no worker opens it. (Real hangs and their timeouts: tests/test_executors.py.)"""
     src = write_video_folder(tmp_path / "src", per_class=1, classes=1, frames=6)
-    os.mkfifo(src / "class_0" / "hang.mp4")  # opening a FIFO blocks the decoder for real
+    os.mkfifo(src / "class_0" / "hang.mp4")
     r = cli("decode-frames", src, tmp_path / "out", "--workers", 1, "--timeout", 2, "--max-failures", 1)
     assert r.exit_code == 0, r.output
     (failure,) = map(json.loads, read_lines(tmp_path / "out" / "failures.jsonl"))
-    assert failure["key"] == "class_0/hang.mp4" and failure["stage"] == "timeout"
+    assert failure["key"] == "class_0/hang.mp4" and failure["stage"] == "input"
+    assert "named pipe" in failure["reason"]
     assert read_lines(tmp_path / "out" / "rawframes.txt") == ["class_0/clip_0_0 6 0"]
 
 

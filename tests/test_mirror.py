@@ -91,7 +91,8 @@ def test_incremental_redo_of_changed_sources_and_options(tree, tmp_path):
     assert r.exit_code == 0 and "1 resized" in r.output
     after = snapshot(out)
     changed = {k for k in after if after[k] != before[k]}
-    assert changed == {"a/b/class_0/img_0000.jpg"}
+    # (the state records each source's identity: the changed source's entry changes with it)
+    assert changed == {"a/b/class_0/img_0000.jpg", STATE_NAME}
     assert Image.open(out / "a/b/class_0/img_0000.jpg").size == (96, 32)
     # other options: every image is redone
     r = resize(str(tree), str(out), "--short-side", "24", "--workers", "0", "--max-failures", "9")

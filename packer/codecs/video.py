@@ -31,6 +31,7 @@ import numpy as np
 from packer.codecs.frame_selection import FrameSelection, Resize
 from packer.codecs.video_sources import VideoInfo, VideoSource, decord_available, open_source, probe_video, sample_frame
 from packer.errors import CorruptSample, UsageError
+from packer.fileio import not_regular
 
 __all__ = ["BACKENDS", "PARTIAL_SLACK", "FrameSelection", "Resize", "VideoInfo", "VideoFrames",
            "read_video", "probe_video", "sample_frame", "decord_available"]
@@ -125,6 +126,9 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
                             else f"cannot read file ({e.strerror or e})", stage="read") from e
     if stat.S_ISDIR(st.st_mode):
         raise CorruptSample(key, path, "is a folder, not a video file", stage="read")
+    kind = not_regular(st.st_mode)
+    if kind is not None:  # a decoder would wait forever on a named pipe
+        raise CorruptSample(key, path, f"is {kind}, not a regular file", stage="read")
     if stat.S_ISREG(st.st_mode) and st.st_size == 0:
         raise CorruptSample(key, path, "empty file (0 bytes)", stage="read")
     if prefer not in ("decord", "opencv"):

@@ -12,6 +12,8 @@ from typing import Callable, Iterator, Optional
 import cv2
 import numpy as np
 
+from packer.fileio import not_regular
+
 __all__ = ["VideoInfo", "VideoSource", "decord_available", "probe_video", "sample_frame", "open_source"]
 
 
@@ -36,7 +38,19 @@ class VideoInfo:
     rotation: int = 0
 
 
+def regular_video(path: str) -> None:
+    """Refuse (ValueError) a path that is not a regular file before a decoder opens it: FFmpeg
+    waits forever on a named pipe. (The decoders stream a video, so no size cap applies here.)"""
+    try:
+        kind = not_regular(os.stat(path).st_mode)
+    except OSError:
+        return  # missing or unreadable: the decoder's own error says so
+    if kind is not None:
+        raise ValueError(f"{path}: is {kind}, not a regular file")
+
+
 def _cv2_capture(path: str) -> "cv2.VideoCapture":
+    regular_video(path)
     # one decoding thread: decode-frames runs one video per worker process
     cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
     if cap.isOpened():
@@ -115,6 +129,7 @@ class _DecordSource(VideoSource):
     def __init__(self, path: str, probe: Optional[VideoInfo]):
         import decord
 
+        regular_video(path)
         self.vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
         self.n = n = len(self.vr)
         if probe is not None:

@@ -32,7 +32,7 @@ from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_li
 from packer.manifest import atomic_write_bytes, created_by
 from packer.conversion.diskspace import (Estimate, check_space, disk_used, encoded_bound, estimate_output, fits,
                                         human_bytes, sample_items)
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
+from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, listing, parse_exts, partition, run_failures
 from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.resize import parse_size
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video, sample_frame
@@ -320,6 +320,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                                      class_index=inputs.class_index, exts=inputs.exts, failures=bad)
         if getattr(classes, "note", ""):
             log.info("%s: labels: %s", src, classes.note)
+        # a part of a split run records the whole listing it was cut from (merge compares them)
+        whole = (listing(items, bad, {"list": inputs.list_path, "csv": inputs.csv_path,
+                                      "class_index": inputs.class_index}) if inputs.num_shards > 1 else None)
         items = partition(items, inputs.num_shards, inputs.shard_index)
         if not items:
             raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
@@ -332,6 +335,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                     "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
                     "commit_every": run_opts.commit_every or 1000,
                     "label_map": getattr(classes, "label_map", None)}
+        if whole is not None:
+            recorded["listing"] = whole
         if flow is not None:
             recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
         frame_folders = to in VIDEO_FORMATS
@@ -357,7 +362,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                 log.info("%s: the output needs %s", out, estimate)
                 check_space(out, est, force=run_opts.force)
             report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
-                         sample_unit="frames", input_failures=bad, all_in=closing.start)
+                         sample_unit="frames", input_failures=run_failures(bad, inputs.shard_index),
+                         all_in=closing.start)
             report.labels = getattr(classes, "note", "")
             videos = open_reader(out, check_crc=False).manifest.videos
             if list_out is not None:

@@ -3,10 +3,13 @@
 A conversion split with ``--num-shards N --shard-index I`` writes N parts, each a complete
 packed output of one contiguous block of the sorted input. Merging them in shard order gives
 what one machine would have written over the whole input: the same positions, keys, labels,
-bytes, classes and ``failures.jsonl``; video entries move by the preceding parts' counts.
+bytes, classes and ``failures.jsonl`` (unusable input lines are the run's: part 0 records
+them, once); video entries move by the preceding parts' counts.
 
 The checks come first and refuse clearly: the parts must share format, kind and classes,
-their conversion options must agree apart from the shard index, and shard indices must be
+their conversion options must agree apart from the shard index, every part must record the
+same listing of the whole input (``conversion.inputs.listing``: a tree or list that changed
+between the parts' runs moved the split points), and shard indices must be
 ``0..N-1``, each exactly once (``any_parts=True`` merges any compatible outputs in the given
 order instead). The combining itself is the format's ``Writer.merge_parts`` hook: by default
 a re-pack through the format's writer (any format), overridable with a fast path.
@@ -40,7 +43,7 @@ __all__ = ["MergeReport", "merge_parts", "part_of", "read_failures", "writer_of"
 log = logging.getLogger(__name__)
 
 # created_by options that name the part, not what was converted
-_PART_OPTIONS = ("num_shards", "shard_index")
+_PART_OPTIONS = ("num_shards", "shard_index", "listing")  # (listing: compared by _check_listing)
 
 
 @dataclass
@@ -172,6 +175,7 @@ def _shard_order(readers: Sequence[Reader]) -> list[Reader]:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         what = f"part {shown} of {total} is" if len(missing) == 1 else f"parts {shown} of {total} are"
         raise UsageError(f"{what} missing (got {len(by_index)} of {total}); merge needs every part")
+    _check_listing([by_index[i] for i in range(total)])
     options = _run_options(by_index[0])
     for i in range(1, total):
         other = _run_options(by_index[i])
@@ -183,6 +187,40 @@ def _shard_order(readers: Sequence[Reader]) -> list[Reader]:
     if len(versions) > 1:
         log.warning("parts were written by different packer versions: %s", sorted(map(str, versions)))
     return [by_index[i] for i in range(total)]
+
+
+def _listing_of(reader: Reader) -> Any:
+    return (reader.manifest.created_by.get("options") or {}).get("listing")
+
+
+def _show_listing(listing: Any) -> str:
+    if not isinstance(listing, dict):
+        return "no listing recorded (an older packer)"
+    files = ", ".join(f"{name[:-len('_file_sha256')]} file sha256 {str(digest)[:12]}"
+                      for name, digest in sorted(listing.items()) if name.endswith("_file_sha256"))
+    return (f"{listing.get('listed_inputs')} inputs (sha256 {str(listing.get('listed_inputs_sha256'))[:12]}), "
+            f"{listing.get('unusable_inputs')} unusable lines or entries" + (f", {files}" if files else ""))
+
+
+def _check_listing(parts: Sequence[Reader]) -> None:
+    """Every part of one split run was cut from the same listing of the inputs (its manifest's
+    ``listing``, see ``conversion.inputs.listing``); refuse naming which parts differ and how.
+    Parts that all record none (an older packer) are not compared."""
+    listings = [_listing_of(r) for r in parts]
+    if all(x is None for x in listings):
+        return
+    groups: dict[str, list[int]] = {}
+    for i, x in enumerate(listings):
+        groups.setdefault(json.dumps(x, sort_keys=True), []).append(i)
+    if len(groups) == 1:
+        return
+    lines = []
+    for key, indices in groups.items():
+        names = ", ".join(f"{i} ({parts[i].path})" for i in indices[:5]) + (" ..." if len(indices) > 5 else "")
+        lines.append(f"part{'s' if len(indices) > 1 else ''} {names}: {_show_listing(json.loads(key))}")
+    raise UsageError("the parts were cut from different listings of the inputs (the tree or list changed "
+                     "between their runs, so the split points moved: inputs would be lost or doubled):\n  "
+                     + "\n  ".join(lines) + "\nrerun every part over the inputs as they are now")
 
 
 def _run_options(reader: Reader) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
-from packer.conversion.inputs import InputFailure, Item, image_items, parse_exts, partition, read_item, shuffle_items
+from packer.conversion.inputs import (InputFailure, Item, image_items, listing, parse_exts, partition, read_item,
+                                     run_failures, shuffle_items)
 
 __all__ = ["ImageJob", "pack_images"]
 
@@ -140,6 +141,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                                      class_index=inputs.class_index, failures=bad)
         if not items:
             raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+        # a part of a split run records the whole listing it was cut from (merge compares them)
+        whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
         if shuffle is not None:  # before partition: the parts of a split pack share one permutation
             items = shuffle_items(items, shuffle)
         items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
@@ -149,6 +152,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                     "ext": list(parse_exts(inputs.exts))}
         if getattr(classes, "label_map", None) is not None:  # --class-index (else as always)
             recorded["label_map"] = classes.label_map
+        if whole is not None:
+            recorded["listing"] = whole
         if resize is not None:
             recorded["resize"] = resize.to_dict()
         if raw:
@@ -170,6 +175,6 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
         with ex:
             report = run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
-                         desc=f"to-{format}", input_failures=bad)
+                         desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
         report.labels = getattr(classes, "note", "")
         return report

@@ -4,11 +4,12 @@ Why this is not a ``convert.run`` conversion: ``run`` exists to funnel samples, 
 into ONE output through a Writer, and to resume that output exactly. A mirror has no single
 output to order or resume: every image is its own file, made atomic by a temporary name and a
 rename. So the worker that resizes an image also writes it (the bytes never travel back to
-the parent), and "resume" is the incremental rule: an output newer than its source, made with
-the same options, is up to date. ``resize_tree`` reuses what does apply unchanged: the
-executors (same process pool, same exception -> failed ``Outcome`` policy), ``convert.Report``
-for the summary and exit status, ``formats.sidecars.write_failures`` for ``failures.jsonl``,
-``inputs.read_item_bytes``, ``sources`` for walking, and ``resize`` for the image itself.
+the parent), and "resume" is the incremental rule: an output made with the same options from
+the source file whose identity was recorded then (``source_identity``) is up to date.
+``resize_tree`` reuses what does apply unchanged: the executors (same process pool, same
+exception -> failed ``Outcome`` policy), ``convert.Report`` for the summary and exit status,
+``formats.sidecars.write_failures`` for ``failures.jsonl``, ``inputs.read_item_bytes``,
+``sources`` for walking, and ``resize`` for the image itself.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ __all__ = ["STATE_NAME", "MirrorReport", "MirrorTask", "ResizeFileJob", "resize_
 
 log = logging.getLogger(__name__)
 
-STATE_NAME = ".packer-resize.json"  # the options of the last run (hidden: walkers skip it)
+STATE_NAME = ".packer-resize.json"  # the last run's options and sources (hidden: walkers skip it)
 
 
 @dataclass
@@ -66,15 +67,18 @@ class MirrorTask:
 class ResizeFileJob:
     """Read, resize and atomically write one image (picklable; runs in worker processes).
 
-    Returns ``(status, bytes written)`` with status ``resized`` or ``kept``. A source that fails
-    also removes an existing output of it, which no longer mirrors the source.
+    Returns ``(status, bytes written, the source's identity)`` with status ``resized`` or
+    ``kept``; the identity (``source_identity``) is taken before the read, so a source replaced
+    while it is read is seen as changed on the next run. A source that fails also removes an
+    existing output of it, which no longer mirrors the source.
     """
 
     spec: ResizeSpec
 
-    def __call__(self, task: MirrorTask) -> tuple[str, int]:
+    def __call__(self, task: MirrorTask) -> tuple[str, int, list[int] | None]:
         item, dest = task.item, Path(task.dest)
         try:
+            identity = source_identity(item.path)
             result = resize_image(read_item_bytes(item), self.spec, key=item.key, source=item.path)
         except CorruptSample:
             if dest.exists():
@@ -86,7 +90,20 @@ class ResizeFileJob:
         except OSError as e:
             raise CorruptSample(item.key, item.path, f"cannot write {dest} ({e.strerror or e})",
                                 stage="write") from e
-        return ("kept" if result.kept else "resized"), len(result.data)
+        return ("kept" if result.kept else "resized"), len(result.data), identity
+
+
+def source_identity(path: str) -> list[int] | None:
+    """What identifies a source's content without reading it: ``[size, mtime_ns, ctime_ns]``
+    (None when it cannot be stat'ed). Any difference from the recorded one means changed,
+    whichever way the times moved: a source replaced by an OLDER file (``cp -p``) has another
+    mtime, and a rewrite in place that restores the mtime still has a new ctime (which the
+    kernel sets on every change and nobody can set back)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _remove_stale_temporaries(out: Path, todo: list[MirrorTask]) -> None:
@@ -104,11 +121,12 @@ def output_path(out: Path, key: str, spec: ResizeSpec) -> Path:
     return out / f"{stem}.{FORMAT_EXT[spec.format]}"
 
 
-def _up_to_date(source: str, dest: Path) -> bool:
-    try:
-        return dest.stat().st_mtime_ns >= os.stat(source).st_mtime_ns
-    except FileNotFoundError:
+def _up_to_date(source: str, dest: Path, recorded: Any) -> bool:
+    """The output exists and its source is the very file it was made from (the identity the
+    run that made it recorded); by identity, not by age: an older replacement is a change too."""
+    if recorded is None or not dest.exists():
         return False
+    return source_identity(source) == recorded
 
 
 def _check_paths(src: Path, out: Path) -> None:
@@ -155,11 +173,13 @@ def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec
                 break_lock: bool = False) -> MirrorReport:
     """Mirror the images under ``src`` (any tree, or the ``list_path`` entries) into ``out``, resized.
 
-    Incremental: an output newer than its source and made with the same options is left alone,
-    so a rerun does no work and changes no byte. Each output is written under a temporary name
-    and renamed; unreadable inputs are listed in ``{out}/failures.jsonl`` (rewritten each run).
-    The run holds an exclusive claim on ``out`` (``OUT.lock`` beside it); one left by a dead
-    run is taken over (the mirror is incremental), a live one only with ``break_lock``.
+    Incremental: an output made with the same options from the very source file there now (its
+    size, mtime and ctime as recorded in ``{out}/.packer-resize.json``, compared for equality,
+    never by age) is left alone, so a rerun does no work and changes no byte. Each output is
+    written under a temporary name and renamed; unreadable inputs are listed in
+    ``{out}/failures.jsonl`` (rewritten each run). The run holds an exclusive claim on ``out``
+    (``OUT.lock`` beside it); one left by a dead run is taken over (the mirror is incremental),
+    a live one only with ``break_lock``.
     """
     with ensure_claim(out, takeover=True, break_lock=break_lock):
         return _resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
@@ -181,13 +201,23 @@ def _resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpe
         raise UsageError(f"{src}: no input images found (extensions: {', '.join(exts)})")
     tasks = _tasks(items, out, spec)
     start = time.monotonic()
-    state = {"options": spec.to_dict()}
+    state: dict[str, Any] = {"options": spec.to_dict()}
     previous = _load_state(out)
+    # each output's source identity, as recorded by the run that made it (an older packer's
+    # state has none: everything is made again once)
+    made: dict[str, Any] = {}
     if previous is not None and previous.get("options") != state["options"]:
         log.info("%s: options changed since the last run; redoing every image", out)
         todo = tasks
     else:
-        todo = [t for t in tasks if not _up_to_date(t.item.path, Path(t.dest))]
+        recorded = (previous or {}).get("sources")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        todo = []
+        for t in tasks:
+            if _up_to_date(t.item.path, Path(t.dest), recorded.get(t.item.key)):
+                made[t.item.key] = recorded[t.item.key]
+            else:
+                todo.append(t)
     report = MirrorReport(str(out), items=len(tasks) + len(bad), skipped=len(tasks) - len(todo),
                           failures=[f.record() for f in bad])
     out.mkdir(parents=True, exist_ok=True)
@@ -198,9 +228,11 @@ def _resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpe
                 tqdm(total=len(todo), unit="img", desc="resize", dynamic_ncols=True, disable=None) as bar:
             for task, outcome in zip(todo, ex.map(ResizeFileJob(spec), todo)):
                 if outcome.ok:
-                    status, nbytes = outcome.value
+                    status, nbytes, identity = outcome.value
                     setattr(report, status, getattr(report, status) + 1)
                     report.bytes += nbytes
+                    if identity is not None:
+                        made[task.item.key] = identity
                 elif outcome.stage == "write":  # disk full, read-only: stop, don't fail every image
                     raise WriteError(outcome.reason)
                 else:
@@ -208,10 +240,16 @@ def _resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpe
                                             "stage": outcome.stage, "reason": outcome.reason})
                     log.warning("%s: %s", task.item.path, outcome.reason)
                 bar.update(1)
-    if _changed(out / FAILURES_NAME, report.failures):
-        write_failures(out / FAILURES_NAME, report.failures)
-    if previous != state:
-        atomic_write_bytes(out / STATE_NAME, json.dumps(state, sort_keys=True).encode())
+    state["sources"] = {key: made[key] for key in sorted(made)}
+    target = out / FAILURES_NAME
+    try:  # disk full, a file size limit, read-only: one line naming the file
+        if _changed(target, report.failures):
+            write_failures(target, report.failures)
+        target = out / STATE_NAME
+        if previous != state:
+            atomic_write_bytes(target, json.dumps(state, sort_keys=True).encode())
+    except OSError as e:
+        raise WriteError(f"{target}: cannot write ({e.strerror or e})") from None
     report.count = report.items - report.failed
     report.elapsed = time.monotonic() - start
     return report

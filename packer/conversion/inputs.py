@@ -7,6 +7,8 @@ folders are not followed (no loops), and list files may not point outside their 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import operator
 import os
@@ -24,7 +26,7 @@ from packer.fileio import read_file_stat, visible_files
 
 __all__ = ["Item", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
-           "walk_files", "class_files", "top_level"]
+           "walk_files", "class_files", "top_level", "listing", "run_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +73,13 @@ def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
     return [name for name in names if has_ext(name, exts)]
 
 
-def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[str]:
+def walk_files(top: Path, failures: list[InputFailure] | None = None,
+               exts: Sequence[str] | None = None, key_prefix: str = "") -> list[str]:
     """Relative paths of the non-hidden files below ``top``; symlinked folders are not entered.
+    Only regular files (or symlinks to one) are inputs: a named pipe, socket or device is left
+    out, and an ``InputFailure`` naming it when its name has one of ``exts`` (None: any name;
+    it was meant as an input; never opened: a pipe's read would wait forever), its key being
+    ``key_prefix`` and its path below ``top``.
 
     A folder that cannot be listed (no permission, an I/O error, a path too long) is an
     ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
@@ -81,7 +88,13 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None) -> list[st
         bad_line(failures, str(e.filename or top), 0,
                  f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
 
-    return visible_files(top, unlisted)
+    def irregular(rel: str, kind: str) -> None:  # reading it could block forever or never end
+        if exts is not None and not has_ext(rel, exts):
+            return  # not named as an input: left out, as the extension filter leaves out any file
+        name = key_prefix + os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
+        bad_line(failures, str(top), 0, f"{name}: is {kind}, not a regular file: not an input", name)
+
+    return visible_files(top, unlisted, irregular)
 
 
 _CONTROL = re.compile("[\x00-\x1f]")
@@ -126,7 +139,7 @@ def class_files(root: Path, cls: str, exts: Sequence[str],
     """``(key, path relative to the class folder)`` of each file with one of ``exts`` under
     ``root/cls``, sorted by key; a name that cannot be a key, or a folder that cannot be listed,
     is recorded in ``failures`` (or refused)."""
-    rels = _with_ext(sorted(walk_files(root / cls, failures)), exts)
+    rels = _with_ext(sorted(walk_files(root / cls, failures, exts, f"{cls}/")), exts)
     if _plain_names(cls, rels):  # the usual folder: every key is the class and the path, as it is
         yield from zip([f"{cls}/{rel}" for rel in rels], rels)  # (sorted by rel is sorted by key)
         return
@@ -196,7 +209,7 @@ def image_tree(root: str | os.PathLike, exts: Sequence[str] = DEFAULT_IMAGE_EXTS
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     items = [Item(safe_key(rel, str(root)), str(root / rel), 0)
-             for rel in walk_files(root, failures) if has_ext(rel, exts)]
+             for rel in walk_files(root, failures, exts) if has_ext(rel, exts)]
     items.sort(key=lambda it: it.key)
     return items
 
@@ -277,6 +290,39 @@ def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[
     start = n * shard_index // num_shards
     end = n * (shard_index + 1) // num_shards
     return list(items[start:end])
+
+
+def listing(items: Sequence[Item], failures: Sequence[InputFailure] = (),
+            lists: dict[str, str | os.PathLike | None] | None = None) -> dict[str, object]:
+    """What every part of a split run (``--num-shards``) records of the WHOLE listing it was cut
+    from, so that ``packer merge`` can refuse parts cut from different listings (a tree or list
+    that changed between the parts moves the split points: inputs are lost or doubled):
+    the number of items and a sha256 over their keys and labels in listed order, the number and
+    a sha256 of the unusable lines and entries, and a sha256 of each list/CSV file's bytes
+    (``lists``: role -> path, e.g. ``{"list": ...}``; None paths are left out)."""
+    h = hashlib.sha256()
+    # (keys hold no control characters, see safe_key: tab and newline separate unambiguously)
+    for it in items:
+        labels = getattr(it, "labels", None)
+        line = f"{it.key}\t{it.label}\t{','.join(map(str, labels)) if labels else ''}\n"
+        h.update(line.encode("utf-8", "surrogatepass"))
+    bad = hashlib.sha256()
+    for f in failures:
+        bad.update(json.dumps(f.record(), sort_keys=True).encode("utf-8", "surrogatepass") + b"\n")
+    # (flat, self-naming fields: a resume refused over them names each as an option)
+    record: dict[str, object] = {"listed_inputs": len(items), "listed_inputs_sha256": h.hexdigest(),
+                                 "unusable_inputs": len(failures), "unusable_inputs_sha256": bad.hexdigest()}
+    for role, path in sorted((lists or {}).items()):
+        if path is not None:
+            record[f"{role}_file_sha256"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return record
+
+
+def run_failures(failures: Sequence[InputFailure], shard_index: int) -> list[InputFailure]:
+    """The unusable input lines a part of a split run records: all of them in part 0, none in
+    the others. They belong to the run, not to a part: recorded once, the merged
+    ``failures.jsonl`` (the parts' in shard order) equals a single run's."""
+    return list(failures) if shard_index == 0 else []
 
 
 def shuffle_items(items: Sequence[Item], seed: int) -> list[Item]:

@@ -186,7 +186,7 @@ def kinetics_csv(csv_path: str | os.PathLike, root: str | os.PathLike,
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     by_stem: dict[str, str] = {}
-    for rel in sorted(walk_files(root, failures)):
+    for rel in sorted(walk_files(root, failures, exts)):
         if has_ext(rel, exts):
             by_stem.setdefault(Path(rel).stem, rel)
     with open(csv_path, newline="", encoding="utf-8-sig") as f:
