@@ -333,8 +333,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                     "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
                     "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
                     "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
-                    "commit_every": run_opts.commit_every or 1000,
-                    "label_map": getattr(classes, "label_map", None)}
+                    "commit_every": run_opts.commit_every or 1000}
+        if getattr(classes, "label_map", None) not in (None, "sorted", "list"):  # a dataset's map, --class-index
+            recorded["label_map"] = classes.label_map  # (sorted and list orders: recorded as always, by omission)
         if whole is not None:
             recorded["listing"] = whole
         if flow is not None:
