@@ -3,7 +3,7 @@
 in one run, with ratios.
 
 One generated set of natural-looking JPEGs packed once as records shards and served by a
-local nginx (Debian's, started here on 127.0.0.1; see tests/remote/servers.py). Then, for a
+local nginx (Debian's, started here on 127.0.0.1; see tests/support/servers.py). Then, for a
 real DataLoader epoch of ``StreamingDataset`` at ``--workers`` workers, decoding every sample
 to a uint8 CHW tensor (what training does):
 
@@ -45,12 +45,11 @@ from torch.utils.data import DataLoader
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from packer.data import StreamingDataset  # noqa: E402
 from packer.remote import RemoteOptions, RetryPolicy, cache_events  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
-from remote.servers import start_nginx  # noqa: E402
+from tests.support.servers import start_nginx  # noqa: E402
 
 
 BUFFER = 256  # sample shuffle buffer: a few 100-sample shards

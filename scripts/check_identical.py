@@ -57,10 +57,9 @@ IGNORED = {"lock.mdb"}
 
 
 def make_inputs(root: Path, repo: Path) -> tuple[Path, Path]:
-    """The image and video folders (tests/conftest.py's generators, fixed seeds)."""
-    sys.path.insert(0, str(repo / "tests"))
+    """The image and video folders (the tests' generators, tests/support/inputs.py, fixed seeds)."""
     sys.path.insert(0, str(repo))
-    from conftest import write_image_folder, write_video_folder
+    from tests.support.inputs import write_image_folder, write_video_folder
 
     images = write_image_folder(root / "images", count=24, classes=3, size=(40, 56), seed=3)
     (images / "class_1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")

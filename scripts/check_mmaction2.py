@@ -33,12 +33,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
-from conftest import write_video  # noqa: E402
 from packer import FrameDataset, PackedVideoDataset  # noqa: E402
 from packer.codecs.flow import tvl1_available  # noqa: E402
 from packer.commands.decode_frames import decode_frames  # noqa: E402
+from tests.support.inputs import write_video  # noqa: E402
 
 
 def check(name: str, ok: bool) -> None:

@@ -2,8 +2,9 @@
 
 Runs mmaction2 1.2's real transforms (``SampleFrames`` with and without ``target_fps``,
 ``DenseSampleFrames``, ``UntrimmedSampleFrames``) after ``np.random.seed(seed)`` on a grid of
-cases and writes ``tests/reference/mmaction2_samplers.json.gz``; ``tests/test_samplers.py`` checks
-that packer's samplers, given ``np.random.RandomState(seed)``, return the same arrays.
+cases and writes ``tests/support/reference/mmaction2_samplers.json.gz``;
+``tests/data/test_samplers.py`` checks that packer's samplers, given ``np.random.RandomState(seed)``,
+return the same arrays.
 
 mmaction2 pulls mmengine/mmcv, so this runs in a separate environment, not packer's:
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from mmaction.datasets.transforms.loading import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "reference" / "mmaction2_samplers.json.gz"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "support" / "reference" / "mmaction2_samplers.json.gz"
 TOTALS = (1, 7, 33, 65, 301)
 SEEDS = (0, 7)
 

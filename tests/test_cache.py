@@ -11,8 +11,8 @@ from packer.data.prefetch import DevicePrefetcher
 from packer.data.transforms import DecodeResizeCrop
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
+from tests.support.normalize import MEAN, STD, reference
 
-from test_prefetch import MEAN, STD, reference
 
 
 class Tagged(torch.utils.data.Dataset):

@@ -13,19 +13,9 @@ from packer.data.prefetch import DevicePrefetcher, uint8_collate
 from packer.data.transforms import DecodeResizeCrop
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from tests.support.normalize import MEAN, STD, reference
 
-MEAN = (0.5, 0.25, 0.75)
-STD = (0.2, 0.3, 0.125)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def reference(x: torch.Tensor, mean, std, cdim: int) -> torch.Tensor:
-    """Independent float32 reference in numpy: (x - mean*255) / (std*255)."""
-    shape = [1] * x.dim()
-    shape[cdim] = len(mean)
-    m = (np.asarray(mean, dtype=np.float32) * np.float32(255)).reshape(shape)
-    s = (np.asarray(std, dtype=np.float32) * np.float32(255)).reshape(shape)
-    return torch.from_numpy((x.numpy().astype(np.float32) - m) / s)
 
 
 def random_samples(n: int, shape, seed: int = 0):

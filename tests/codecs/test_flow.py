@@ -15,13 +15,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import write_video, write_video_folder
 from packer import FrameDataset, PackedVideoDataset
 from packer.cli import main
 from packer.codecs.flow import FlowEstimator, quantize, tvl1_available
 from packer.commands.decode_frames import decode_frames
 from packer.commands.inspection import verify_dataset
 from packer.formats import FORMATS, open_reader
+from tests.support.inputs import write_video, write_video_folder
 
 PACKED = sorted(FORMATS)
 needs_tvl1 = pytest.mark.skipif(not tvl1_available(), reason="OpenCV without contrib (cv2.optflow)")
@@ -225,7 +225,7 @@ def test_flow_does_not_depend_on_how_videos_are_spread_over_jobs(both_outputs, t
     import pickle
 
     from packer.commands.merge import merge_parts
-    from conftest import packed_snapshot
+    from tests.support.outputs import packed_snapshot
 
     src, outs = both_outputs
     parts = []
@@ -246,8 +246,8 @@ def test_flow_does_not_depend_on_how_videos_are_spread_over_jobs(both_outputs, t
 def test_a_killed_flow_run_resumes_to_the_same_output(both_outputs, tmp_path, to):
     """SIGKILL before the second journal append (data of the first commits on disk), then
     --resume: the same output as one uninterrupted run, flow images included."""
-    from conftest import packed_snapshot
-    from killing import run_packer
+    from tests.support.outputs import packed_snapshot
+    from tests.support.killing import run_packer
 
     src, outs = both_outputs
     out = out_path(tmp_path, to)

@@ -4,7 +4,6 @@ on every file: intact, cut, flipped or with any chroma sampling."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -14,8 +13,9 @@ from PIL import Image
 
 from packer.codecs.image import ImageInfo, decode_all, format_name, probe, reading_image, stored_channels
 from packer.errors import CorruptSample
+from tests.support import FIXTURE_IMAGES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "images"
+FIXTURES = FIXTURE_IMAGES
 
 
 def reference(data: bytes) -> ImageInfo | str:

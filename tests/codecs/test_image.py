@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from conftest import FIXTURE_IMAGES
 from packer.codecs import image as imaging
 from packer.errors import CorruptSample
 from packer.synth import jpeg_bytes, natural_image
+from tests.support import FIXTURE_IMAGES
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURE_IMAGES.iterdir()))

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from conftest import FIXTURE_IMAGES
 from packer.errors import CorruptSample, UsageError
 from packer.codecs.image import decode_pil
 from packer.codecs.resize import ResizeSpec, parse_size, plan_resize, resize_image, resize_pixels
 from packer.synth import jpeg_bytes, natural_image
+from tests.support import FIXTURE_IMAGES
 
 SPECS = [ResizeSpec(short_side=48), ResizeSpec(max_side=80), ResizeSpec(size=(60, 40)),
          ResizeSpec(size=(60, 40), fit="pad"), ResizeSpec(size=(60, 40), fit="stretch"),

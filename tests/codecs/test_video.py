@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURE_VIDEOS, write_video
 from packer.errors import CorruptSample, UsageError
 from packer.codecs.video import FrameSelection, Resize, decord_available, parse_size, read_video
+from tests.support import FIXTURE_VIDEOS
+from tests.support.inputs import write_video
 
 BACKENDS = ["opencv"] + (["decord"] if decord_available() else [])
 

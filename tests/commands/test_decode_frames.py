@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURE_VIDEOS, REPO, write_video, write_video_folder
-from killing import checkpoint_at_least, run_and_kill
 from packer.cli import main
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
 from packer.codecs.image import decode
 from packer.commands.inspection import inspect_dataset, verify_dataset
 from packer.conversion.diskspace import Estimate, check_space
+from tests.support import FIXTURE_VIDEOS, REPO
+from tests.support.inputs import write_video, write_video_folder
+from tests.support.killing import checkpoint_at_least, run_and_kill
 
 PACKED = sorted(FORMATS)
 ALL_OUTPUTS = ["frames"] + PACKED

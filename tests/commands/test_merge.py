@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import packed_snapshot, write_image_folder
 from packer import formats
 from packer.cli import main
 from packer.conversion.runner import WorkResult, run
@@ -23,7 +22,9 @@ from packer.commands.merge import merge_parts, part_of
 from packer.commands.pack_images import ImageJob, pack_images
 from packer.conversion.inputs import image_folder as list_image_folder
 from packer.conversion.inputs import partition
-from killing import checkpoint_at_least, packer_cmd, run_and_kill
+from tests.support.inputs import write_image_folder
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
+from tests.support.outputs import packed_snapshot
 
 IMAGE_FORMATS = sorted(FORMATS)
 # Video-only outputs (decode-frames' frame folders) merge too, where the registry has them.

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import packed_snapshot
 from packer.commands.pack_images import pack_images
 from packer.formats import FORMATS
+from tests.support.outputs import packed_snapshot
 
 BYTE_IDENTICAL = {"lmdb"}
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.cli import main
 from packer.formats import FORMATS, open_reader
 from packer.commands.pack_images import pack_images
 from packer.codecs.resize import ResizeSpec, resize_image
+from tests.support import FIXTURE_IMAGES
 
 CLI_COMMAND = {"lmdb": "to-lmdb", "hdf5": "to-hdf5", "records": "to-records"}
 

@@ -11,11 +11,12 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES, write_image_folder
 from packer.cli import main
 from packer.codecs.image import decode_pil
 from packer.commands.resize_tree import STATE_NAME
 from packer.synth import jpeg_bytes, natural_image
+from tests.support import FIXTURE_IMAGES
+from tests.support.inputs import write_image_folder
 
 
 def make_tree(root: Path) -> Path:

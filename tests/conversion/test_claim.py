@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from killing import REPO
 from packer.cli import main
 from packer.conversion import claim as claims
 from packer.conversion import run_token
@@ -22,6 +21,7 @@ from packer.conversion.run_token import TOKEN_NAME
 from packer.errors import OutputClaimed, WriteError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.sample import Sample
+from tests.support.killing import REPO
 
 HOLD = """
 import os, sys, time

@@ -7,18 +7,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import packed_snapshot, write_image_folder
 from packer.cli import main
 from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import InlineExecutor, LocalExecutor, make_executor
 from packer.formats.base import partial_path
 from packer.commands.pack_images import pack_images
-from killing import checkpoint_at_least, packer_cmd, run_and_kill
+from tests.support import REPO
+from tests.support.inputs import write_image_folder
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
+from tests.support.outputs import packed_snapshot
 
 
 def work(x: int) -> int:
@@ -67,8 +68,9 @@ def test_ray_address_needs_ray_executor(image_folder, tmp_path):
 def ray_cluster():
     ray = pytest.importorskip("ray")
     # address="local": a new instance for this test, never a cluster `ray start` left on the machine
-    # Workers import this module's work functions by name: put tests/ on their path.
-    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    # Workers import this module's work functions by name (tests.conversion....): put the
+    # repository on their path.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              logging_level="WARNING", runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
@@ -156,7 +158,7 @@ def test_cli_ray_address_joins_a_running_cluster(ray_cluster, tmp_path, image_fo
 def test_decode_frames_on_ray_matches_local(ray_cluster, tmp_path):
     """decode-frames passes its per-video timeout: Ray runs one video per task, timed from its
     start, and the frames packed are the local run's."""
-    from conftest import write_video_folder
+    from tests.support.inputs import write_video_folder
     from packer.commands.decode_frames import decode_frames
 
     src = write_video_folder(tmp_path / "videos", per_class=2, classes=2, frames=9)

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from conftest import write_image_folder
 from packer.commands.pack_images import ImageJob
 from packer.conversion.executors.base import Outcome, call_safely
 from packer.conversion.executors.shm import SharedMemoryExecutor, available
@@ -20,6 +19,7 @@ from packer.conversion.runner import WorkResult
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.records import RecordsWriter
 from packer.formats.sample import Sample
+from tests.support.inputs import write_image_folder
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs the fork start method")
 

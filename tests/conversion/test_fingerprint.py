@@ -47,7 +47,7 @@ def test_a_fresh_runs_fingerprint_equals_one_from_stating_every_input_first(tmp_
     """A fresh run takes each input's size and mtime from its own read (or a stat when it packs
     it): the finished manifest's fingerprint is the one a stat pass before the run gives, on
     every plan, a failed input included, so ``--resume`` of the finished output compares equal."""
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     from packer.commands.pack_images import pack_images
     from packer.conversion.inputs import image_items
@@ -68,7 +68,7 @@ def test_a_fresh_runs_fingerprint_equals_one_from_stating_every_input_first(tmp_
 
 def _interrupt(tmp_path, count=10):
     """A fresh to-lmdb run (commits of 3) stopped by a KeyboardInterrupt at its 7th sample."""
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     from packer.commands.pack_images import pack_images
     from packer.formats.lmdb.writer import LmdbWriter

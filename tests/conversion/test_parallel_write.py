@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import packed_snapshot, write_image_folder
-from killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from packer.cli import main
 from packer.commands.merge import merge_parts
 from packer.commands.pack_images import ImageJob, pack_images
@@ -23,6 +21,10 @@ from packer.conversion.parallel_write import VerdictJob, choose_plan
 from packer.errors import CorruptSample
 from packer.formats import open_reader, writer_class
 from packer.formats.lmdb import LmdbWriter
+from tests.support import REPO
+from tests.support.inputs import write_image_folder
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
+from tests.support.outputs import packed_snapshot
 
 
 # -- the choice --------------------------------------------------------------------------------
@@ -302,7 +304,7 @@ def test_workers_of_a_killed_run_stop_instead_of_writing_beside_the_resume(src, 
     proc = subprocess.Popen(packer_cmd("to-records", src, out, "--workers", 2, "--max-failures", 2,
                                        "--shard-size", "20KB"), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 60
     kids: list[int] = []
     while time.monotonic() < deadline and len(kids) < 2 and proc.poll() is None:

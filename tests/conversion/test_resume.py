@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_image_folder
-from killing import checkpoint_at_least, packer_cmd, run_and_kill
 from packer.formats import open_reader
 from packer.formats.base import partial_path
+from tests.support.inputs import write_image_folder
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
 
 pytestmark = pytest.mark.slow
 

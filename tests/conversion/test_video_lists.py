@@ -11,12 +11,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import write_video
 from packer import FrameDataset, PackedVideoDataset
 from packer.cli import main
 from packer.commands.decode_frames import decode_frames
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
+from tests.support.inputs import write_video
 
 PACKED = sorted(FORMATS)
 UCF = [("ApplyEyeMakeup", "v_ApplyEyeMakeup_g01_c01"), ("ApplyEyeMakeup", "v_ApplyEyeMakeup_g02_c01"),

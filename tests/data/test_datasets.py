@@ -7,11 +7,11 @@ import torch
 from PIL import Image, ImageOps
 from torch.utils.data import DataLoader
 
-from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.errors import UsageError
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from tests.support import FIXTURE_IMAGES
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))

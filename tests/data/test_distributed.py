@@ -22,10 +22,10 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, DistributedSampler
 
-from conftest import write_image_folder
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from tests.support.inputs import write_image_folder
 
 WORLD = 2
 WORKERS = 2
@@ -53,7 +53,7 @@ def _open_packed(data: Path) -> PackedDataset:
 
 def _decode_videos(data: Path) -> None:
     """7 short videos of 6..12 frames in 2 classes, as frame folders and packed into LMDB."""
-    from conftest import write_video
+    from tests.support.inputs import write_video
     from packer.commands.decode_frames import decode_frames
 
     for i in range(7):

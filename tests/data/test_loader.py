@@ -15,12 +15,12 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, DistributedSampler
 
-from conftest import write_image_folder
 from packer import DevicePrefetcher, FrameDataset, Loader, PackedDataset, PackedVideoDataset
 from packer.errors import UsageError
 from packer.data import DecodeResizeCrop, LoaderError, uint8_collate
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from tests.support.inputs import write_image_folder
 
 
 def loader_threads() -> list[str]:
@@ -143,7 +143,7 @@ def test_dict_samples_and_arrays_and_user_collate():
 
 @pytest.mark.parametrize("kind", ["FrameDataset", "PackedVideoDataset"])
 def test_video_datasets(tmp_path, kind):
-    from conftest import write_video
+    from tests.support.inputs import write_video
     from packer.commands.decode_frames import decode_frames
 
     for i in range(5):

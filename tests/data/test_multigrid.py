@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from conftest import FIXTURE_VIDEOS
 from packer.data.multigrid import (MultigridBatchSampler, MultigridSchedule, SubBatchNorm3d,
                                    aggregate_sub_bn_stats, set_sub_bn_splits)
 from packer.data.requests import ClipRequest, split_request
 from packer.synth import natural_image
+from tests.support import FIXTURE_VIDEOS
 
 KINETICS = dict(base_batch_size=8, num_frames=16, crop_size=224, lr_steps=[0, 94, 154, 196], max_epoch=239)
 SMALL = dict(base_batch_size=2, num_frames=8, crop_size=64, lr_steps=[0, 8, 12], max_epoch=14)

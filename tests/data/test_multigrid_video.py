@@ -24,13 +24,14 @@ import torch
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-from conftest import FIXTURE_VIDEOS, write_video
 from packer import FrameDataset, PackedVideoDataset
 from packer.cli import main
 from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
 from packer.data.requests import ClipRequest
 from packer.formats import FORMATS, open_reader
 from packer.codecs.image import decode
+from tests.support import FIXTURE_VIDEOS
+from tests.support.inputs import write_video
 
 SCHEDULE = dict(base_batch_size=1, num_frames=8, crop_size=32, lr_steps=[0, 4, 6], max_epoch=8,
                 sampling_rate=2)

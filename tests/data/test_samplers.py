@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ import torch
 
 from packer.data.samplers import (DenseSampleFrames, SampleFrames, UntrimmedSampleFrames,
                                   dense_sample_frames, fps_sample_frames)
+from tests.support import SUPPORT
 
-REFERENCE = Path(__file__).parent / "reference" / "mmaction2_samplers.json.gz"
+REFERENCE = SUPPORT / "reference" / "mmaction2_samplers.json.gz"
 CASES = json.loads(gzip.decompress(REFERENCE.read_bytes()))["cases"]
 SAMPLERS = {"SampleFrames": SampleFrames, "DenseSampleFrames": DenseSampleFrames,
             "UntrimmedSampleFrames": UntrimmedSampleFrames}
@@ -96,7 +96,7 @@ def test_bad_options_are_refused():
 @pytest.fixture(scope="module")
 def decoded(tmp_path_factory):
     """Two classes of 30/31-frame videos decoded to frame folders and LMDB."""
-    from conftest import write_video_folder
+    from tests.support.inputs import write_video_folder
     from packer.commands.decode_frames import decode_frames
 
     base = tmp_path_factory.mktemp("smp")

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from conftest import write_image_folder
 from packer import StreamingDataset
 from packer.data.mixing import mixing_report
 from packer.data.streaming import (DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_SIZE, StreamOrder, block_shuffle,
@@ -24,6 +23,7 @@ from packer.data.streaming import (DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_SIZE, Stre
 from packer.errors import UsageError
 from packer.formats import open_reader
 from packer.commands.pack_images import pack_images
+from tests.support.inputs import write_image_folder
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES
 from packer import PackedDataset
 from packer.data.transforms import (DecodeResizeCrop, PilResizeCrop, _decode_scaled, jpeg_size,
                                     reduction_factor)
@@ -19,6 +18,7 @@ from packer.errors import CorruptData
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
 from packer.synth import jpeg_bytes, natural_image
+from tests.support import FIXTURE_IMAGES
 
 
 def jpeg(h: int, w: int, seed: int = 0, **save) -> bytes:

@@ -18,12 +18,12 @@ import time
 
 import pytest
 
-from concurrency import error_lines, release, start_paused, stop
-from faults import CONVERSIONS, leftovers, one_fast, references, snapshot, sources  # noqa: F401
-from killing import run_packer
 from packer.conversion.claim import lock_path
 from packer.conversion.run_token import TOKEN_NAME
 from packer.formats.base import partial_path
+from tests.support.concurrency import error_lines, release, start_paused, stop
+from tests.support.faults import CONVERSIONS, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.killing import run_packer
 
 
 def assert_refused(r, out, holder_pid: int | None = None) -> str:
@@ -69,14 +69,14 @@ def test_second_run_refused_while_first_writes(conv, sources, references, tmp_pa
 def test_two_runs_started_together(fmt, tmp_path):
     """The issue's report: two plain runs started 0.3 s apart. Exactly one writes the output,
     it verifies clean; the other fails with exit 2 (claimed) or 1 (the output already exists)."""
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     src = write_image_folder(tmp_path / "src", count=300, classes=3, size=(64, 80))
     out = tmp_path / f"out.{fmt}"
     argv = [f"to-{fmt}", src, out, "--workers", 0]
     if fmt == "records":
         argv += ["--samples-per-shard", 50]
-    from killing import packer_cmd, packer_env
+    from tests.support.killing import packer_cmd, packer_env
 
     procs = []
     for _ in range(2):
@@ -197,7 +197,7 @@ def test_merge_output_claimed(sources, tmp_path):
 
 def test_resize_claimed(tmp_path):
     """Two ``packer resize`` into one OUT: the second fails at once naming the first."""
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     src = write_image_folder(tmp_path / "src", count=8)
     out = tmp_path / "small"
@@ -213,7 +213,7 @@ def test_resize_claimed(tmp_path):
 
 def test_index_claimed(tmp_path):
     """``packer index`` on a folder another run claims fails at once; later it succeeds."""
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     src = write_image_folder(tmp_path / "src", count=8)
     rec = tmp_path / "out.records"
@@ -271,7 +271,7 @@ def test_lease_expired_on_another_host(sources, references, tmp_path):
 def test_requeued_job_resumes_after_a_kill_of_the_whole_group(sources, references, tmp_path):
     """A Slurm-style requeue: the first attempt is killed with its workers, the requeued one
     (same command, with --resume) takes the claim over and completes identically."""
-    from killing import checkpoint_at_least, packer_cmd, run_and_kill
+    from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
 
     conv = CONVERSIONS[0]
     reference, _ = references(conv)

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import write_image_folder, write_video_folder
 from packer.commands.decode_frames import decode_frames
 from packer.errors import PackerError
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.lmdb import close_env, drop_stale_env, lmdb_key, open_env
 from packer.commands.inspection import verify_dataset
 from packer.commands.pack_images import pack_images
+from tests.support.inputs import write_image_folder, write_video_folder
 
 OPS = ("flip", "zero", "truncate")
 STATS: collections.Counter = collections.Counter()  # outcomes; PACKER_FAULT_STATS=FILE writes them

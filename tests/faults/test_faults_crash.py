@@ -8,9 +8,9 @@ import signal
 import pytest
 from click.testing import CliRunner
 
-from faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
-from killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from packer.cli import main
+from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
 # two journals of one commit, just before the final rename, right after it.

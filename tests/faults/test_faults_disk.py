@@ -4,26 +4,16 @@ naming the path, leaves nothing a reader would accept, and a rerun with ``--resu
 space is back ends identical to an uninterrupted run."""
 from __future__ import annotations
 
-import os
-import resource
-import shutil
 import signal
 import stat
 
 import pytest
 
-from faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
-from killing import packer_cmd, packer_env, run_packer
 from packer.errors import PackerError
 from packer.formats import open_reader
-
-
-def file_size_limit(limit: int):
-    def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return apply
+from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.killing import run_packer
+from tests.support.limits import file_size_limit, run_readonly
 
 
 def assert_clean_failure(conv: Conversion, r, out) -> None:
@@ -65,22 +55,6 @@ def test_a_workers_part_file_past_the_size_limit_fails_cleanly_then_resumes(sour
     assert_clean_failure(conv, r, out)
     assert "write failed" in r.stderr, r.stderr
     assert_resumes_to_reference(conv, src, out, reference)
-
-
-def readonly_cmd(argv: list[str]) -> list[str]:
-    """``argv`` run so that directory permissions bind (as root: without CAP_DAC_OVERRIDE)."""
-    cmd = packer_cmd(*argv)
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: permissions cannot be enforced")
-        cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", *cmd]
-    return cmd
-
-
-def run_readonly(argv):
-    import subprocess
-
-    return subprocess.run(readonly_cmd(argv), env=packer_env(), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("conv", one_fast(CONVERSIONS))

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from PIL import Image
 
-from conftest import write_image_folder, write_video, write_video_folder
-from faults import CONVERSIONS, Conversion
 from packer.cli import main
 from packer.formats import open_reader
+from tests.support.faults import CONVERSIONS, Conversion
+from tests.support.inputs import bomb_png, write_image_folder, write_video, write_video_folder
 
 IMAGE_CONVS = [c for c in CONVERSIONS if c.source == "images"]
 VIDEO_CONVS = [c for c in CONVERSIONS if c.source == "videos"]
@@ -37,11 +36,6 @@ def run_watching(root: Path, out: Path, conv: Conversion, *args):
     keep = {out, conv.writer.failures_path(out)}
     new = {str(p) for p in set(root.rglob("*")) - before if not any(p == k or k in p.parents for k in keep)}
     return r, new
-
-
-def bomb_png(path: Path) -> None:
-    """A 1-bit PNG of 15000x13000 pixels (195 Mpx > 2 x Pillow's MAX_IMAGE_PIXELS), ~30 KB."""
-    Image.new("1", (15000, 13000)).save(path, optimize=False)
 
 
 # -- recorded failures: the job completes and lists each ------------------------------------

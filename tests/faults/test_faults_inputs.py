@@ -8,9 +8,9 @@ import json
 import os
 import shutil
 
-from conftest import folder_past_path_max, write_image_folder, write_video_folder
-from killing import run_packer
 from packer.formats import open_reader
+from tests.support.inputs import folder_past_path_max, write_image_folder, write_video_folder
+from tests.support.killing import run_packer
 
 
 def _failures(path):

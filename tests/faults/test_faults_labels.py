@@ -12,7 +12,6 @@ import h5py
 import lmdb
 import pytest
 
-from conftest import write_image_folder, write_video_folder
 from packer.codecs.protowire import decode_datum, encode_datum
 from packer.commands.decode_frames import decode_frames
 from packer.commands.inspection import verify_dataset
@@ -21,6 +20,7 @@ from packer.errors import PackerError
 from packer.formats import open_reader
 from packer.formats.hdf5.layout import MANIFEST_ATTR
 from packer.formats.lmdb.env import close_env, lmdb_key
+from tests.support.inputs import write_image_folder, write_video_folder
 
 OUTPUTS = ["lmdb", "hdf5", "records", "frames", "frames-hdf5"]
 KINDS = ["label", "key", "classes", "manifest"]

@@ -13,11 +13,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import write_image_folder, write_video_folder
-from killing import run_packer
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.errors import OutputChanged
 from packer.formats import open_reader
+from tests.support.inputs import write_image_folder, write_video_folder
+from tests.support.killing import run_packer
 
 
 def _images(tmp_path):
@@ -145,7 +145,7 @@ def test_reading_while_an_overwrite_runs(fmt, tmp_path):
     old = [r.read(i).data for i in range(len(r))]
     r.close()
     ds = PackedDataset(out, decode="bytes")
-    from killing import packer_cmd, packer_env
+    from tests.support.killing import packer_cmd, packer_env
 
     argv = [f"to-{fmt}", b, out, "--workers", 0, "--overwrite"]
     proc = subprocess.Popen(packer_cmd(*argv), env=packer_env(), stdout=subprocess.DEVNULL,

@@ -9,10 +9,11 @@ import stat
 
 import pytest
 
-from faults import make_source
-from killing import packer_cmd, run_and_kill, run_packer
-from test_faults_disk import file_size_limit, run_readonly
-from test_faults_hostile import bomb_png
+from tests.support.faults import make_source
+from tests.support.inputs import bomb_png
+from tests.support.killing import packer_cmd, run_and_kill, run_packer
+from tests.support.limits import file_size_limit, run_readonly
+
 
 ARGS = ("--short-side", "24", "--workers", "0", "--max-failures", "9")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from faults import CONVERSIONS, Conversion, sources  # noqa: F401
-from killing import run_packer
 from packer.formats import open_reader
+from tests.support.faults import CONVERSIONS, Conversion, sources  # noqa: F401
+from tests.support.killing import run_packer
 
 
 def _conv(cid: str) -> Conversion:
@@ -91,7 +91,7 @@ def test_resume_with_a_changed_option_is_refused(cid, first, changed, line, sour
 
 @pytest.mark.parametrize("change", ["touched", "label", "removed", "added"])
 def test_resume_over_changed_inputs_names_one(change, tmp_path):
-    from conftest import write_image_folder
+    from tests.support.inputs import write_image_folder
 
     conv = _conv("to-lmdb")
     src = write_image_folder(tmp_path / "src", count=30, classes=3, size=(40, 52))

@@ -11,11 +11,12 @@ import time
 
 import pytest
 
-from faults import CONVERSIONS, sources  # noqa: F401
-from killing import REPO, packer_env, run_packer
 from packer.formats import open_reader
+from tests.support import SUPPORT
+from tests.support.faults import CONVERSIONS, sources  # noqa: F401
+from tests.support.killing import packer_env, run_packer
 
-HOOK = REPO / "tests" / "worker_death"  # sitecustomize.py: the worker given KEY kills itself
+HOOK = SUPPORT / "worker_death"  # sitecustomize.py: the worker given KEY kills itself
 BOUND_S = 120  # a hang would hit this; a run takes a few seconds
 
 
@@ -90,7 +91,7 @@ def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, 
     it (a bad disk, another process) is caught by the writer's CRC32C check as it copies the part
     in: the run stops with an error naming the part file and the sample, nothing of the damaged
     commit is stored, and a resume ends identical to a run in this process."""
-    from conftest import packed_snapshot
+    from tests.support.outputs import packed_snapshot
     from packer.commands.pack_images import ImageJob
     from packer.conversion.inputs import image_items
     from packer.conversion.runner import run

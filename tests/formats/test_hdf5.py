@@ -15,8 +15,6 @@ import torch
 from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
-from conftest import REPO, write_image_folder
-from killing import checkpoint_at_least, run_and_kill
 from packer import PackedDataset
 from packer.cli import main
 from packer.errors import CorruptData, FormatError, PackerError
@@ -25,6 +23,9 @@ from packer.formats.base import Sample
 from packer.formats.hdf5 import MANIFEST_ATTR, HDF5Reader, HDF5Writer
 from packer.codecs.image import decode
 from packer.codecs.resize import ResizeSpec, resize_pixels
+from tests.support import REPO
+from tests.support.inputs import write_image_folder
+from tests.support.killing import checkpoint_at_least, run_and_kill
 
 
 def cli(*args: str):

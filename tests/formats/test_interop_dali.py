@@ -22,11 +22,11 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import write_image_folder, write_video_folder
 from packer.cli import main
 from packer.codecs.image import decode
 from packer.formats import open_reader
 from packer.synth import natural_image
+from tests.support.inputs import write_image_folder, write_video_folder
 
 if not (sys.platform == "linux" and platform.machine() == "x86_64"):
     pytest.skip("NVIDIA DALI ships wheels for x86-64 Linux only (the test extra's marker)",

@@ -12,8 +12,8 @@ from PIL import Image
 
 from packer.formats import FORMATS, VIDEO_FORMATS
 from packer.formats.base import Sample
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 READ_PROGRAM = r"""
 import json, sys

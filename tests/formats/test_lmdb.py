@@ -14,7 +14,7 @@ from packer.formats.lmdb import LmdbReader, LmdbWriter, lmdb_key
 from packer.commands.inspection import verify_dataset
 from packer.integrity import crc32c
 from packer.commands.pack_images import pack_images
-from test_protowire import Datum
+from tests.support.protobuf import Datum
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import FIXTURE_IMAGES, REPO, write_image_folder
 from packer.cli import main
 from packer.conversion.runner import run
 from packer.data.datasets import PackedDataset
@@ -34,6 +33,8 @@ from packer.commands.inspection import verify_dataset
 from packer.commands.pack_images import ImageJob
 from packer.conversion.inputs import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
+from tests.support import FIXTURE_IMAGES, REPO
+from tests.support.inputs import write_image_folder
 
 
 def cli(*args: str, ok: bool = True):

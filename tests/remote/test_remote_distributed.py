@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 
 from packer.data import PackedDataset, StreamingDataset
 from packer.remote import cache_events
+from tests.support.served import records_dataset
 
-from .helpers import records_dataset
 
 WORLD = 2
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
+
 
 
 @pytest.mark.slow

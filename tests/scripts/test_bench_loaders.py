@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
 from packer.formats import FORMATS
+from tests.support import REPO
 
 
 @pytest.mark.slow

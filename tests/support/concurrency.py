@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from killing import packer_env
+from tests.support.killing import packer_env
+
 
 PAUSE_PROGRAM = r"""
 import importlib, os, sys, time

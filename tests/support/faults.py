@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from conftest import write_image_folder, write_video_folder
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.base import Writer
+from tests.support.inputs import write_image_folder, write_video_folder
 
 # Data files whose bytes legitimately depend on the write history (LMDB page allocation after
 # a resumed run); their content is compared through the reader instead.
@@ -85,7 +85,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def references(sources, tmp_path_factory):
     """``references(conv) -> (snapshot, largest file size)`` of an uninterrupted run, made once."""
-    from killing import run_packer
+    from tests.support.killing import run_packer
 
     root, done = tmp_path_factory.mktemp("refs"), {}
 

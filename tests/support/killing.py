@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
 # journal append), "rename:0" (before the final rename), "renamed:0" (right after it).

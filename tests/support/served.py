@@ -2,18 +2,12 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from packer.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conftest import write_image_folder  # noqa: E402
+from tests.support.inputs import write_image_folder
 
 
 def pack(fmt: str, src: Path, out: Path, *extra: str) -> Path:
