@@ -130,7 +130,7 @@ def test_threads_and_mixing_fields(packed):
     assert m["stored"]["median"] == 1  # a class-sorted pack read in stored order
     assert m["streaming"]["median"] >= 2 and m["streaming"]["ratio"] == pytest.approx(m["streaming"]["median"] / m["iid"])
     res = CliRunner().invoke(main, ["bench", str(packed), "--workers", "0", *TINY,
-                                    "--transform", "test_bench:slow_python_transform"])
+                                    "--transform", f"{__name__}:slow_python_transform"])
     assert res.exit_code == 0, res.output
     assert "threads: packer.Loader" in res.output and "mixing: distinct classes" in res.output
     res = CliRunner().invoke(main, ["bench", str(packed), "--transform", "nomodule"])

@@ -21,6 +21,9 @@ from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
 from tests.support.outputs import packed_snapshot
 
+# xdist: these tests share one worker, so the local Ray instance (a module fixture) starts once
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 def work(x: int) -> int:
     """Squares, with the failure kinds of the error policy on chosen inputs."""

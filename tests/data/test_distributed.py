@@ -27,6 +27,9 @@ from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
 from tests.support.inputs import write_image_folder
 
+# xdist: these tests share one worker, so the 2-rank spawn (a module fixture) runs once
+pytestmark = pytest.mark.xdist_group("distributed")
+
 WORLD = 2
 WORKERS = 2
 EPOCH = 3  # a shuffled epoch other than the first

@@ -33,6 +33,9 @@ from packer.codecs.image import decode
 from tests.support import FIXTURE_VIDEOS
 from tests.support.inputs import write_video
 
+# xdist: these tests share one worker, so the decoded inputs (module fixtures) are made once
+pytestmark = pytest.mark.xdist_group("multigrid_video")
+
 SCHEDULE = dict(base_batch_size=1, num_frames=8, crop_size=32, lr_steps=[0, 4, 6], max_epoch=8,
                 sampling_rate=2)
 # (T, frame interval, short cycle [(B, S), ...]) of the first four stages and the fine-tune.

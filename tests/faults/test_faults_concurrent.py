@@ -22,7 +22,7 @@ from packer.conversion.claim import lock_path
 from packer.conversion.run_token import TOKEN_NAME
 from packer.formats.base import partial_path
 from tests.support.concurrency import error_lines, release, start_paused, stop
-from tests.support.faults import CONVERSIONS, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.faults import CONVERSIONS, leftovers, one_fast, snapshot
 from tests.support.killing import run_packer
 
 

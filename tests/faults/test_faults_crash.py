@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from packer.cli import main
-from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, snapshot
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the

@@ -11,7 +11,7 @@ import pytest
 
 from packer.errors import PackerError
 from packer.formats import open_reader
-from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, references, snapshot, sources  # noqa: F401
+from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, snapshot
 from tests.support.killing import run_packer
 from tests.support.limits import file_size_limit, run_readonly
 

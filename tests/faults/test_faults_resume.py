@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from packer.formats import open_reader
-from tests.support.faults import CONVERSIONS, Conversion, sources  # noqa: F401
+from tests.support.faults import CONVERSIONS, Conversion
 from tests.support.killing import run_packer
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from packer.formats import open_reader
 from tests.support import SUPPORT
-from tests.support.faults import CONVERSIONS, sources  # noqa: F401
+from tests.support.faults import CONVERSIONS
 from tests.support.killing import packer_env, run_packer
 
 HOOK = SUPPORT / "worker_death"  # sitecustomize.py: the worker given KEY kills itself

@@ -14,6 +14,9 @@ from packer.data import PackedDataset, StreamingDataset
 from packer.remote import cache_events
 from tests.support.served import records_dataset
 
+# xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("nginx")
+
 
 WORLD = 2
 

@@ -18,6 +18,9 @@ from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from tests.support.inputs import write_image_folder
 from tests.support.served import pack, records_dataset
 
+# xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("nginx")
+
 
 FAST_RETRY = RetryPolicy(attempts=25, backoff=0.01, max_backoff=0.05)
 

@@ -16,6 +16,9 @@ from packer.remote import RemoteOptions
 from packer.remote.upload import remote_exists, staged_output
 from tests.support.inputs import write_image_folder
 
+# xdist: these tests share one worker, so the moto S3 server (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("s3")
+
 
 _buckets = itertools.count()
 

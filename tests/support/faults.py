@@ -75,32 +75,6 @@ def make_source(kind: str, root: Path) -> Path:
     return src
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
-    """One small input of each kind, per test module."""
-    root = tmp_path_factory.mktemp("sources")
-    return {kind: make_source(kind, root / kind) for kind in ("images", "videos")}
-
-
-@pytest.fixture(scope="module")
-def references(sources, tmp_path_factory):
-    """``references(conv) -> (snapshot, largest file size)`` of an uninterrupted run, made once."""
-    from tests.support.killing import run_packer
-
-    root, done = tmp_path_factory.mktemp("refs"), {}
-
-    def get(conv: Conversion) -> tuple[dict[str, Any], int]:
-        if conv.id not in done:
-            out = conv.out(root, conv.id)
-            r = run_packer(*conv.argv(sources[conv.source], out, "--workers", 0))
-            assert r.returncode == 0, r.stderr
-            files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()]
-            done[conv.id] = (snapshot(conv, out), max(p.stat().st_size for p in files))
-        return done[conv.id]
-
-    return get
-
-
 def snapshot(conv: Conversion, out: Path) -> dict[str, Any]:
     """Everything that must match between two runs: every sample as read back, the manifest
     (without ``created_by``), ``failures.jsonl``, and the bytes of every index/sidecar file."""
