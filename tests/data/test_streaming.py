@@ -191,7 +191,10 @@ def _rank_main(rank: int, world: int, path: str, rendezvous: str, out_dir: str) 
         kw = dict(decode="bytes", seed=5, buffer_size=6, batch_size=3)
         ds = StreamingDataset(path, **kw)
         assert (ds.rank, ds.world_size) == (rank, world)
-        loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=no_collate)
+        # fork, as DataLoader does by default on Linux: a rank started by spawn would otherwise
+        # spawn its workers too (a fresh interpreter and torch import per worker)
+        loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=no_collate,
+                            multiprocessing_context="fork")
         epochs = {}
         for epoch in range(2):
             ds.set_epoch(epoch)
@@ -203,7 +206,8 @@ def _rank_main(rank: int, world: int, path: str, rendezvous: str, out_dir: str) 
         state = ds.state_dict(num_samples=6)
         resumed = StreamingDataset(path, **kw)
         resumed.load_state_dict(state)
-        rest = [ids[b] for batch in DataLoader(resumed, batch_size=3, num_workers=2, collate_fn=no_collate)
+        rest = [ids[b] for batch in DataLoader(resumed, batch_size=3, num_workers=2, collate_fn=no_collate,
+                                               multiprocessing_context="fork")
                 for b, _ in batch]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
             {"epochs": epochs, "max_count": int(n), "state": state, "rest": rest, "len": len(ds)}))

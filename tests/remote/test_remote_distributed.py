@@ -27,7 +27,9 @@ def _rank_main(rank: int, url: str, cache: str, init_file: str, out: str) -> Non
         ds = StreamingDataset(url, decode="bytes", shuffle=True, seed=3, buffer_size=8, cache_dir=cache)
         ds.set_epoch(1)
         keys = []
-        for data, label in DataLoader(ds, num_workers=2, batch_size=None):
+        # fork, as DataLoader does by default on Linux: a rank started by spawn would otherwise
+        # spawn its workers too (a fresh interpreter and torch import per worker)
+        for data, label in DataLoader(ds, num_workers=2, batch_size=None, multiprocessing_context="fork"):
             keys.append(data.hex()[:64])
         gathered = [None] * WORLD
         dist.all_gather_object(gathered, keys)
