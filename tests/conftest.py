@@ -3,6 +3,7 @@
 them live in ``tests/support``."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from tests.support.inputs import write_image_folder, write_video_folder
 # tests/test_docs.py (and scripts that put tests/ on sys.path) import this module by its bare
 # name for REPO; tests/ is a package now, so give the bare name the module pytest loaded.
 sys.modules.setdefault("conftest", sys.modules[__name__])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """Workers for ``-n auto`` (pyproject's addopts): one more than the usable cores, as most of
+    the suite waits on subprocesses (3 on a 2-core machine).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set; ``-n 0`` runs serially."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1
 
 
 @pytest.fixture(scope="session")
