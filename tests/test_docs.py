@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 
 DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
 PROSE = [d for d in DOCS if d.name != "cli.md"]  # cli.md is click's own text
@@ -271,7 +271,7 @@ def test_no_doc_claims_a_records_merge_fast_path():
         assert "merge fast path" not in text and "link the shards into one sequence" not in text, doc.name
 
 
-@pytest.mark.parametrize("name", ["test_prefetch.py", "test_cache.py"])
+@pytest.mark.parametrize("name", ["test_device_prefetch.py", "test_device_cache.py"])
 def test_cpu_tests_pin_the_device(name):
     tree = ast.parse(next((REPO / "tests").rglob(name)).read_text())  # wherever the tests' layout puts it
     unpinned = []

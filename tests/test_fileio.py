@@ -67,7 +67,7 @@ def test_missing_file_raises_oserror(tmp_path):
 def test_a_folder_that_cannot_be_listed_is_reported_not_skipped(tmp_path):
     """``visible_files`` hands every folder it cannot list to its caller (``os.walk`` alone would
     skip it in silence); an upload of an output with one stops, naming it."""
-    from conftest import folder_past_path_max
+    from tests.support.inputs import folder_past_path_max
 
     from packer.errors import UsageError
     from packer.fileio import visible_files

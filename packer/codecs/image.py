@@ -145,7 +145,7 @@ def decode_all(im: Image.Image, data: bytes) -> None:
     which cannot fail (~25% less CPU per image). Chroma sampling that is not a whole fraction of
     the largest is the one thing the skipped steps reject, so such a file takes the reference
     decode; and a luma decode that fails is decoded again the reference way, whose exception
-    (and so the recorded reason) is then the verdict. ``tests/test_full_check.py`` holds the
+    (and so the recorded reason) is then the verdict. ``tests/codecs/test_full_check.py`` holds the
     two decodes to the same verdict over mutated JPEGs of every sampling.
     """
     if _luma_suffices(im):

@@ -9,7 +9,7 @@ file is one Pillow opens without any judgement call: anything else (EXIF, ICC or
 blocks, MPO, padding or junk between markers, a truncated segment, a bit depth or layer
 count Pillow refuses, a size past Pillow's decompression-bomb limit, no SOF before the scan)
 returns None and the caller asks Pillow, so the verdict is Pillow's for every file. Tested
-against Pillow on generated and mutated JPEGs (``tests/test_jpeg_header.py``).
+against Pillow on generated and mutated JPEGs (``tests/codecs/test_jpeg_header.py``).
 
 The files of one encoder share their header bytes but for the size in the SOF, so the layout
 of the last plain JPEG walked is remembered, and a file with that very layout is answered with

@@ -32,7 +32,7 @@ or as a RATIONAL/DOUBLE read from elsewhere in the block).
 (baseline, extended or progressive), grey or three components, no Adobe APP14 (CMYK, YCCK
 and Adobe's RGB/YCbCr switch are Pillow's ``CMYK;I`` conversion and Pillow's reading of the
 transform, the reference for them). Tested against Pillow over generated segment layouts in
-``tests/test_faults_metadata.py``.
+``tests/faults/test_faults_metadata.py``.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ orientation tag); the ICC profile is kept when the colour space family is unchan
 scaling by 1/2, 1/4 or 1/8) to the smallest scale still at least ``DRAFT_GAP`` (1.5) times
 the target size, then resampled with Lanczos to the exact size. Against a full decode +
 Lanczos resize it measures >= 35 dB PSNR on a hard synthetic photo (text, thin lines, noise;
->= 43 dB at 3000x2000) and > 50 dB on smooth ones; tests/test_resize.py holds it at 34 dB.
+>= 43 dB at 3000x2000) and > 50 dB on smooth ones; tests/codecs/test_resize.py holds it at 34 dB.
 
 **Modes** (the output's mode is the closest one its format stores):
 

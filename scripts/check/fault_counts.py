@@ -1,11 +1,11 @@
 """Print the fault suite's counts as the markdown table pasted into README.md and docs/faults.md.
 
-The counts come from the suite itself (pytest's collection of ``tests/test_faults_*.py``), so the
-docs cannot drift from what the tests run: one row per test function, with how many cases it runs
-in all and how many of those are in the quick run (``-m "not slow"``).
+The counts come from the suite itself (pytest's collection of ``tests/faults/test_faults_*.py``),
+so the docs cannot drift from what the tests run: one row per test function, with how many cases
+it runs in all and how many of those are in the quick run (``-m "not slow"``).
 
     python -m scripts.check.fault_counts
-    PACKER_FAULT_STATS=/tmp/s.json python -m pytest tests/test_faults_corrupt.py
+    PACKER_FAULT_STATS=/tmp/s.json python -m pytest tests/faults/test_faults_corrupt.py
     python -m scripts.check.fault_counts --corruption /tmp/s.json   # what those corruptions did
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def collect(*marks: str) -> list[str]:
     """Node ids pytest collects from the fault suites (with ``-m`` marks when given)."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-           *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_faults_*.py"))]
+           *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_faults_*.py"))]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from .servers import ServerUnavailable, start_moto, start_nginx
+from tests.support.servers import ServerUnavailable, start_moto, start_nginx
+
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from packer.data import PackedDataset
 from packer.errors import PackerError
 from packer.remote.upload import remote_exists
 
-from .helpers import write_image_folder
+from tests.support.inputs import write_image_folder
 
 _buckets = itertools.count()
 

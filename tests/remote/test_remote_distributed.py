@@ -12,8 +12,11 @@ from torch.utils.data import DataLoader
 
 from packer.data import PackedDataset, StreamingDataset
 from packer.remote import cache_events
+from tests.support.served import records_dataset
 
-from .helpers import records_dataset
+# xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("nginx")
+
 
 WORLD = 2
 
@@ -24,7 +27,9 @@ def _rank_main(rank: int, url: str, cache: str, init_file: str, out: str) -> Non
         ds = StreamingDataset(url, decode="bytes", shuffle=True, seed=3, buffer_size=8, cache_dir=cache)
         ds.set_epoch(1)
         keys = []
-        for data, label in DataLoader(ds, num_workers=2, batch_size=None):
+        # fork, as DataLoader does by default on Linux: a rank started by spawn would otherwise
+        # spawn its workers too (a fresh interpreter and torch import per worker)
+        for data, label in DataLoader(ds, num_workers=2, batch_size=None, multiprocessing_context="fork"):
             keys.append(data.hex()[:64])
         gathered = [None] * WORLD
         dist.all_gather_object(gathered, keys)

@@ -15,8 +15,12 @@ from packer.data import PackedDataset, StreamingDataset
 from packer.errors import CorruptData, PackerError
 from packer.remote import open_reader
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
+from tests.support.inputs import write_image_folder
+from tests.support.served import pack, records_dataset
 
-from .helpers import pack, records_dataset, write_image_folder
+# xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("nginx")
+
 
 FAST_RETRY = RetryPolicy(attempts=25, backoff=0.01, max_backoff=0.05)
 
@@ -238,7 +242,7 @@ def test_verify_over_http_reports_a_missing_shard(nginx, tmp_path, monkeypatch):
 
 
 def test_frames_packed_as_records_read_as_videos_over_http(nginx, tmp_path, monkeypatch):
-    from conftest import write_video
+    from tests.support.inputs import write_video
 
     from packer.data import PackedVideoDataset
 

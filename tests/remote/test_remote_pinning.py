@@ -21,7 +21,8 @@ from packer.errors import OutputChanged
 from packer.remote import RemoteOptions, RetryPolicy, open_reader
 from packer.remote.fetch import file_sha256
 
-from .helpers import pack, write_image_folder
+from tests.support.inputs import write_image_folder
+from tests.support.served import pack
 
 COUNT, PER_SHARD = 30, 5
 FAST_RETRY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)

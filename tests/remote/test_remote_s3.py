@@ -14,8 +14,11 @@ from packer.errors import PackerError
 from packer.remote import open_reader
 from packer.remote import RemoteOptions
 from packer.remote.upload import remote_exists, staged_output
+from tests.support.inputs import write_image_folder
 
-from .helpers import write_image_folder
+# xdist: these tests share one worker, so the moto S3 server (a session fixture) starts once
+pytestmark = pytest.mark.xdist_group("s3")
+
 
 _buckets = itertools.count()
 
@@ -166,7 +169,7 @@ def test_sigkill_during_the_upload_then_resume(bucket, tmp_path, s3):
     import json
     import os
 
-    from killing import packer_cmd, packer_env, run_and_kill
+    from tests.support.killing import packer_cmd, packer_env, run_and_kill
 
     from packer.remote.url import cache_key
 

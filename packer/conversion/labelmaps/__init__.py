@@ -18,7 +18,7 @@ each from open-mmlab/mmaction2 at 4d6c9347, ``tools/data/`` (``SOURCE``).
 
 Names are matched to folder names by ``class_key``: case folded, ``"`` removed and spaces as
 ``_`` (mmaction2's ``rename_classnames.sh`` renames Kinetics folders so; copies of UCF-101 spell
-``HandStandPushups``). No two classes of one map share a key (``tests/test_labels_maps.py``).
+``HandStandPushups``). No two classes of one map share a key (``tests/conversion/test_labelmaps.py``).
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""packer's test suite: one folder per package of ``packer/``, helpers in ``support``."""

@@ -1,0 +1,97 @@
+"""Real ``packer`` processes held at an exact point, so a second one can run against the same
+output while the first is provably still in flight (no timing guesses).
+
+``start_paused(argv, at, flags)`` starts ``packer ARGV`` in a fresh interpreter armed to stop
+the first time it reaches ``at``: ``"add"`` (the writer got its first sample: OUT.partial
+exists and holds data), ``"close"`` (every sample is written, the publish step is next), or
+``"call:MODULE:ATTR"`` (the first call of that function). There it creates ``flags/ready``
+and waits until ``flags/go`` exists; :func:`release` creates it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.killing import packer_env
+
+
+PAUSE_PROGRAM = r"""
+import importlib, os, sys, time
+at, flags = os.environ["PACKER_TEST_PAUSE"].split(";", 1)
+def pause():
+    if getattr(pause, "done", False):
+        return
+    pause.done = True
+    open(os.path.join(flags, "ready"), "w").close()
+    while not os.path.exists(os.path.join(flags, "go")):
+        time.sleep(0.01)
+def wrap(owner, name):
+    real = getattr(owner, name)
+    def hooked(*a, **k):
+        if name != "add":
+            pause()
+        result = real(*a, **k)
+        if name == "add":
+            pause()
+        return result
+    setattr(owner, name, hooked)
+if at in ("add", "close"):
+    import packer.formats.writer as w
+    wrap(w.Writer, at)
+elif at.startswith("call:"):
+    _, mod, attr = at.split(":")
+    wrap(importlib.import_module(mod), attr)
+from packer.cli import main
+main()
+"""
+
+
+def pause_cmd(*args) -> list[str]:
+    """argv of ``packer ARGS`` in a fresh interpreter that can be armed to pause."""
+    return [sys.executable, "-c", PAUSE_PROGRAM, *map(str, args)]
+
+
+def start_paused(argv, at: str, flags: Path) -> subprocess.Popen:
+    """Start ``packer ARGV`` armed to pause at ``at``; returns once it is paused there."""
+    flags.mkdir(parents=True, exist_ok=True)
+    env = {**packer_env(), "PACKER_TEST_PAUSE": f"{at};{flags}"}
+    proc = subprocess.Popen(pause_cmd(*argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (flags / "ready").exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"exited {proc.returncode} before pausing: {err}")
+        if time.monotonic() > deadline:
+            stop(proc)
+            raise AssertionError("never reached its pause point")
+        time.sleep(0.01)
+    return proc
+
+
+def release(proc: subprocess.Popen, flags: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Let a paused process go on; wait for it and return its outcome."""
+    (flags / "go").touch()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGKILL a process group started here (if still there) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The ``Error:`` lines of a packer run's stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("Error:")]

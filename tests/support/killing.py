@@ -1,0 +1,130 @@
+"""The one SIGKILL helper of the test suite: run a real ``packer`` process and kill it.
+
+Two ways to choose the moment:
+
+* from outside, like a user's ``kill -9`` (:func:`run_and_kill`): poll a condition (the resume
+  checkpoint reaching N samples, a file appearing) and SIGKILL the whole process group;
+* from inside, at an exact point of the writer (:func:`packer_cmd` with ``kill_at``): the
+  process SIGKILLs itself on the Nth sample added (mid-batch), just before the Nth journal
+  append (data committed, journal not: a kill during a commit), or just before / after the
+  final atomic rename. A real SIGKILL either way: no ``finally``, no ``atexit``, no flush.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from tests.support import REPO
+
+
+# Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
+# journal append), "rename:0" (before the final rename), "renamed:0" (right after it).
+KILL_PROGRAM = r"""
+import os, signal, sys
+spec = os.environ.get("PACKER_TEST_KILL", "")
+if spec:
+    where, n = spec.split(":"); n = int(n)
+    import packer.formats.writer as base
+    import packer.formats.sidecars as sidecars
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    if where == "add":
+        add = base.Writer.add
+        def hooked_add(self, sample):
+            add(self, sample)
+            if self.count >= n:
+                die()
+        base.Writer.add = hooked_add
+    elif where == "journal":
+        import importlib
+        calls = [0]
+        real = sidecars.fsync_append
+        def hooked_append(path, data):
+            calls[0] += 1
+            if calls[0] >= n:
+                die()
+            real(path, data)
+        for mod in ("packer.formats.sidecars", "packer.formats.writer", "packer.formats.frames.writer"):
+            m = importlib.import_module(mod)
+            if getattr(m, "fsync_append", None) is real:
+                m.fsync_append = hooked_append
+    elif where in ("rename", "renamed"):
+        real_replace = os.replace
+        def hooked_replace(src, dst, *a, **k):
+            final = str(src).endswith(".partial")
+            if final and where == "rename":
+                die()
+            real_replace(src, dst, *a, **k)
+            if final:
+                die()
+        os.replace = hooked_replace
+from packer.cli import main
+main()
+"""
+
+
+def packer_cmd(*args) -> list[str]:
+    """argv running ``packer ARGS`` in a fresh interpreter (set ``PACKER_TEST_KILL`` to arm a kill)."""
+    return [sys.executable, "-c", KILL_PROGRAM, *map(str, args)]
+
+
+def packer_env(kill_at: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a packer subprocess, running this checkout, optionally armed to die."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("PACKER_TEST_KILL", None)
+    if kill_at:
+        env["PACKER_TEST_KILL"] = kill_at
+    return env
+
+
+def run_packer(*args, kill_at: str | None = None, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+    """Run ``packer ARGS`` to the end (or to its armed SIGKILL); reaps any orphaned workers."""
+    proc = subprocess.Popen(packer_cmd(*args), env=popen.pop("env", None) or packer_env(kill_at),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        _kill_group(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Callable[[], bool]:
+    """A condition: the resume checkpoint ``state`` records at least ``samples``."""
+
+    def reached() -> bool:
+        try:
+            return json.loads(state.read_text())[field] >= samples
+        except (OSError, ValueError, KeyError):
+            return False
+
+    return reached
+
+
+def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float = 60,
+                 env: dict[str, str] | None = None) -> bool:
+    """Start ``cmd``; SIGKILL its process group once ``until()`` holds. True if it was killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env or packer_env(), start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if until():
+            break
+        time.sleep(0.002)
+    killed = proc.poll() is None
+    _kill_group(proc)
+    return killed
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
