@@ -139,7 +139,7 @@ def hdf5_access(work: Path, server, reads: int = 200) -> dict:
     import h5py
 
     from packer.commands.pack_images import pack_images
-    from packer.formats import open_reader
+    from packer.remote import open_reader
 
     h5 = work / "www" / "img.h5"
     if not h5.is_file():
