@@ -159,33 +159,39 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
 
     user_transform = load_transform(o.transform)
 
-    import torch
-    from tqdm import tqdm
+    # the fresh processes' server imports torch and packer while this process does the same
+    fresh = FreshProcesses().start()
+    try:
+        import torch
+        from tqdm import tqdm
 
-    from packer.data.device import cache_bytes, free_memory
-    from packer.data.datasets import PackedDataset
-    from packer.data.device import resolve_device
+        from packer.data.device import cache_bytes, free_memory
+        from packer.data.datasets import PackedDataset
+        from packer.data.device import resolve_device
 
-    dev = resolve_device(device)
-    dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
-    folder = FolderDataset(against, pipeline) if against is not None else None
-    pin = dev.type == "cuda"
-    result: dict[str, Any] = {
-        "path": str(path), "format": dataset.manifest.format, "count": len(dataset),
-        "batch_size": batch_size, "steps": steps, "decode": decode, "resize": resize, "crop": crop,
-        "model_ms": model_ms, "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if pin else ""),
-        "cpu_count": os.cpu_count() or 1, "sample_bytes": sample_bytes(dataset.reader),
-    }
+        dev = resolve_device(device)
+        dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
+        folder = FolderDataset(against, pipeline) if against is not None else None
+        pin = dev.type == "cuda"
+        result: dict[str, Any] = {
+            "path": str(path), "format": dataset.manifest.format, "count": len(dataset),
+            "batch_size": batch_size, "steps": steps, "decode": decode, "resize": resize, "crop": crop,
+            "model_ms": model_ms, "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if pin else ""),
+            "cpu_count": os.cpu_count() or 1, "sample_bytes": sample_bytes(dataset.reader),
+        }
+    except BaseException:
+        fresh.close()
+        raise
     mb = result["sample_bytes"] / 1e6
     total = (steps + 1) * (1 + len(workers) * (2 if folder is not None else 1))
-    with tqdm(total=total, desc="bench", unit="batch", disable=None if progress else True) as bar, \
-            FreshProcesses() as fresh:
+    with tqdm(total=total, desc="bench", unit="batch", disable=None if progress else True) as bar, fresh:
         # The ceiling: a few real batches held in memory, replayed through the same consumer.
         try:
             held = list(timed_loader(dataset, num_workers=0, batch_size=batch_size,
                                      batches=min(steps + 1, 4), seed=seed, pin=pin))
         except ValueError as e:
             raise UsageError(f"{path}: cannot batch samples with --decode {decode}: {e}") from None
+        fresh.ready()  # nothing else competes for the CPUs while anything is timed
         ceiling = measure(Replay(held, steps + 1), device=dev, steps=steps, batch_size=batch_size,
                           model_ms=model_ms, tick=bar.update)
         result["ceiling"] = {"samples_per_s": ceiling["samples_per_s"],

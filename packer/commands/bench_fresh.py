@@ -46,6 +46,7 @@ USAGE_FIELDS = ("wall_s", "user_s", "sys_s", "minflt", "majflt", "maxrss_mb")
 class FreshProcesses:
     """A context manager: ``run(spec)`` runs one configuration in a fresh forked process of a new
     interpreter and returns ``child(spec)``'s result with ``process`` (``USAGE_FIELDS``).
+    ``start()`` early lets the server import while the caller works; ``ready()`` waits for it.
 
     ``timeout`` (seconds) bounds each configuration; a failure or a timeout raises PackerError
     with the end of the processes' stderr.
@@ -57,13 +58,28 @@ class FreshProcesses:
         self.timeout = timeout
         self._proc: Optional[subprocess.Popen] = None
         self._err = None
+        self._ready = False
+
+    def start(self) -> "FreshProcesses":
+        """Start the server's interpreter (it imports while the caller goes on); returns self."""
+        if self._proc is None:
+            self._err = tempfile.TemporaryFile("w+")
+            self._proc = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=self._err, text=True,
+                                          start_new_session=True)
+            self._ready = False
+        return self
+
+    def ready(self) -> None:
+        """Wait until the server has imported everything (call before timing anything else)."""
+        if self._proc is None:
+            raise PackerError("FreshProcesses: not started")
+        if not self._ready:
+            self._reply("start-up")
+            self._ready = True
 
     def __enter__(self) -> "FreshProcesses":
-        self._err = tempfile.TemporaryFile("w+")
-        self._proc = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._err, text=True, start_new_session=True)
-        self._reply("start-up")  # the server says it has imported everything
-        return self
+        return self.start()
 
     def _stderr_tail(self) -> str:
         self._err.seek(0)
@@ -89,8 +105,7 @@ class FreshProcesses:
 
     def run(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Run ``spec`` (see ``child``) in a fresh process; its result plus ``process``."""
-        if self._proc is None:
-            raise PackerError("FreshProcesses.run outside its with block")
+        self.ready()
         self._proc.stdin.write(json.dumps(spec) + "\n")
         self._proc.stdin.flush()
         out = self._reply(f"configuration {spec.get('kind')}")
@@ -98,7 +113,10 @@ class FreshProcesses:
             raise PackerError(f"bench configuration {spec.get('kind')} failed in its process: {out['error']}")
         return {**out["result"], "process": out["process"]}
 
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
+        """Stop the server (it exits when its input ends) and every child it left."""
+        if self._proc is None:
+            return
         try:
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
@@ -108,6 +126,9 @@ class FreshProcesses:
         finally:
             self._err.close()
             self._proc = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _usage() -> dict[str, float]:
