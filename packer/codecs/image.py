@@ -6,14 +6,15 @@ RGB; an alpha channel is dropped (the colour under it is kept, as OpenCV and Pil
 ``convert("RGB")`` both do); 16-bit samples are scaled to 8 bits by taking the high byte.
 The fastest decoder available at run time is used for JPEG: simplejpeg (the optional ``turbo``
 extra; its wheels bundle libjpeg-turbo 3, nothing to install with apt) when it imports, else
-OpenCV's ``imdecode``, else Pillow; all three give identical pixels (tested). The reference is Pillow + ``ImageOps.exif_transpose``
-(what torchvision's pipeline gives): the fast decoders decode the stored pixels only (OpenCV
-with ``IMREAD_IGNORE_ORIENTATION``), the orientation is the one ``packer.codecs.jpeg_meta``
-reads as Pillow does, and any JPEG that parser cannot promise (odd EXIF, CMYK/YCCK, an Adobe
-APP14, 12-bit, ...) is decoded by Pillow. CPU per 475x500 JPEG, each decoder in a fresh process
-(``python -m scripts.bench.jpeg_decoders``, one run): Pillow 3.2 ms, OpenCV 1.8 ms, simplejpeg
-0.83 ms, jpeg4py 0.82 ms, all with Pillow's pixels. ``PACKER_DECODER=simplejpeg|opencv|pillow``
-forces one.
+OpenCV's ``imdecode``, else Pillow; all three give identical pixels (tested). The reference is
+Pillow + ``ImageOps.exif_transpose`` (what torchvision's pipeline gives): the fast decoders
+decode the stored pixels only (OpenCV with ``IMREAD_IGNORE_ORIENTATION``), the orientation is
+the one ``packer.codecs.jpeg_meta`` reads as Pillow does, and any JPEG that parser cannot
+promise (odd EXIF, CMYK/YCCK, an Adobe APP14, 12-bit, ...) is decoded by Pillow. CPU per
+475x500 JPEG, one thread, each decoder in a fresh process (``python -m
+scripts.bench.jpeg_decoders decoders``, two runs): Pillow 2.5-3.2 ms, OpenCV 1.6-1.8 ms,
+simplejpeg 0.77-0.83 ms, jpeg4py 0.81-0.82 ms, all with Pillow's pixels.
+``PACKER_DECODER=simplejpeg|opencv|pillow`` forces one.
 """
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
 * ``threads``: ``packer.Loader`` with 1 and N threads over the same samples:
   ``{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, process, holds_gil,
   advice}``, each thread count in a fresh process (``process``: ``{"1": {...}, "N": {...}}``, each
-  the process's figures above with its ``window``) (``available``: the scaling GIL-free work got at the same moment; ``holds_gil`` null
-  when the machine was too busy to tell)
-  (``holds_gil``: N threads give < 1.3x one thread: use the DataLoader); null if not batchable.
+  the process's figures above with its ``window``); ``available``: the scaling GIL-free work got
+  at the same moment; ``holds_gil``: N threads give < 1.3x one thread: use the DataLoader (null
+  when the machine was too busy to tell); null if not batchable.
 * ``mixing``: distinct classes per batch, ``{batch_size, iid, stored: {median, p10, ratio},
   streaming: {...}}`` for the stored order and ``StreamingDataset``'s default order against
   the exact iid expectation (ratio = median / iid); null for one class.

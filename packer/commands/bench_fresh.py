@@ -190,7 +190,8 @@ def _fork_one(spec: dict[str, Any]) -> dict[str, Any]:
     with os.fdopen(read_fd) as f:
         data = f.read()
     _, status, ru = os.wait4(pid, 0)
-    out = json.loads(data) if data else {"error": f"the process exited with status {os.waitstatus_to_exitcode(status)}"}
+    code = os.waitstatus_to_exitcode(status)
+    out = json.loads(data) if data else {"error": f"the process exited with status {code}"}
     out["process"] = {"wall_s": time.perf_counter() - start, "user_s": ru.ru_utime, "sys_s": ru.ru_stime,
                       "minflt": ru.ru_minflt, "majflt": ru.ru_majflt, "maxrss_mb": ru.ru_maxrss / 1024}
     return out

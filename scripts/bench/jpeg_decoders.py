@@ -6,8 +6,10 @@ timed window, and whether its pixels equal Pillow's (a digest of every array). R
 library is missing are skipped with a line. ``packer`` is ``packer.codecs.image.decode`` with
 the decoder it picks by default (header parsing and EXIF handling included).
 
-    python -m scripts.bench.jpeg_decoders                 # ~1 min on 2 cores
-    python -m scripts.bench.jpeg_decoders --count 200 --rounds 2
+    python -m scripts.bench.jpeg_decoders decoders            # ~1 min on 2 cores
+    python -m scripts.bench.jpeg_decoders --quick decoders    # smoke run, seconds
+
+Region decoding and PyTurboJPEG need a libturbojpeg >= 3.0: set ``PACKER_TURBOJPEG`` to one.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from scripts.bench.common import proc_usage, run_fresh, usage_delta
+from scripts.bench.common import proc_usage, run_fresh, run_sections, usage_delta
 
 MODULE = "scripts.bench.jpeg_decoders"
 DECODERS = ("pillow", "opencv", "simplejpeg", "jpeg4py", "pyturbojpeg", "packer")
@@ -87,20 +89,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "digest": digest.hexdigest(), **extra}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every decoder row in a fresh process and print a table (``--json``: the rows)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+def decoders_main(argv: list[str]) -> dict[str, Any]:
+    """The ``decoders`` section: every decoder row in a fresh process; prints a markdown table."""
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.jpeg_decoders decoders")
     ap.add_argument("--count", type=int, default=300, help="distinct JPEGs (default 300)")
     ap.add_argument("--size", default="475x500", help="HxW of each image (default 475x500)")
     ap.add_argument("--rounds", type=int, default=5, help="passes over the images per row")
     ap.add_argument("--decoders", default=",".join(DECODERS))
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.child:
-        with open(args.child) as f:
-            print(json.dumps(child(json.load(f))))
-        return 0
     from packer.synth import jpeg_bytes, natural_image
 
     h, w = (int(v) for v in args.size.split("x"))
@@ -116,20 +112,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.unlink(f.name)
     ref = next((r.get("digest") for r in rows if r["row"] == "pillow"), None)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{args.count} JPEGs {h}x{w}, {args.rounds} rounds, one thread, each row a fresh process")
+    print(f"{args.count} JPEGs {h}x{w} (4:2:0, quality 90), {args.rounds} rounds, one thread, each row a "
+          "fresh process; CPU and minor faults per image of the timed window\n")
+    print("| decoder | images/s | user ms | sys ms | faults | pixels |\n|---|---:|---:|---:|---:|---|")
     for r in rows:
         if "images_s" not in r:
-            print(f"  {r['row']:12s} skipped: {r.get('skipped') or r.get('error')}")
+            print(f"| {r['row']} | skipped: {r.get('skipped') or r.get('error')} | | | | |")
             continue
         p = r["per_image"]
-        same = "n/a" if ref is None else ("same as Pillow" if r["digest"] == ref else "DIFFERENT pixels")
+        same = "n/a" if ref is None else ("Pillow's" if r["digest"] == ref else "DIFFERENT")
         name = r["row"] + (f" ({r['decoder']})" if "decoder" in r else "")
-        print(f"  {name:24s} {r['images_s']:7.0f} img/s  user {p['user_s'] * 1e3:5.2f} ms  "
-              f"sys {p['sys_s'] * 1e3:5.2f} ms  {p['minflt']:6.1f} faults/img  {same}")
-    return 0
+        print(f"| {name} | {r['images_s']:.0f} | {p['user_s'] * 1e3:.2f} | {p['sys_s'] * 1e3:.2f} | "
+              f"{p['minflt']:.1f} | {same} |")
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``decoders`` (the section) or ``--child SPEC`` (one row, in its fresh process)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        with open(argv[1]) as f:
+            print(json.dumps(child(json.load(f))))
+        return 0
+    return run_sections("jpeg_decoders", __doc__, {"decoders": decoders_main}, all_sections=("decoders",),
+                        quick={"decoders": ["--count", "12", "--rounds", "1", "--size", "120x160"]},
+                        notes=["Each row a fresh process; images/s is wall-clock, CPU per image is the "
+                               "figure to compare on a shared machine."], argv=argv)
 
 
 if __name__ == "__main__":
