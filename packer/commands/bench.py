@@ -58,7 +58,6 @@ from typing import Any, Optional, Sequence
 
 from packer.errors import PackerError, UsageError
 # the measuring loop and the report live beside this module; their public names stay importable here
-from packer.commands.bench_fresh import FreshProcesses
 from packer.commands.bench_measure import (DECODES, FolderDataset, Replay, make_decode, measure, sample_bytes,
                                            timed_loader)
 from packer.commands.bench_report import DATA_BOUND_BELOW, format_report, plot_bench, recommend, verdict
@@ -158,6 +157,8 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     from packer.commands.bench_threads import load_transform, order_mixing, thread_scaling
 
     user_transform = load_transform(o.transform)
+
+    from packer.commands.bench_fresh import FreshProcesses  # here: `packer --help` imports this module
 
     # the fresh processes' server imports torch and packer while this process does the same
     fresh = FreshProcesses().start()
