@@ -109,7 +109,8 @@ def _bench_help() -> str:
     fields = "; ".join(f"{k}: {v}" for k, v in JSON_FIELDS.items())
     per = "; ".join(f"{k}: {v}" for k, v in SETTING_FIELDS.items())
     return ("Is data loading the bottleneck? Times the real DataLoader over PATH for each "
-            "--workers value next to the ceiling (the same batches from memory through the same "
+            "--workers value, each in a fresh process with default settings as a training script starts, "
+            "next to the ceiling (the same batches from memory through the same "
             "consumer), gives a verdict per setting, a recommended num_workers, persistent_workers / "
             "prefetch_factor advice and the memory a device cache needs; then packer.Loader's thread "
             "scaling (a pipeline that holds the GIL: use the DataLoader) and distinct classes per "

@@ -4,14 +4,17 @@ Decoding rule (the same for every decoder, so ``decode="pil"|"numpy"|"tensor"`` 
 EXIF orientation is applied; grey, CMYK, palette and 16-bit sources become 3-channel uint8
 RGB; an alpha channel is dropped (the colour under it is kept, as OpenCV and Pillow's
 ``convert("RGB")`` both do); 16-bit samples are scaled to 8 bits by taking the high byte.
-The fastest decoder available at run time is used for JPEG: jpeg4py (the optional ``turbo``
-extra, libjpeg-turbo through its C API) when it loads, else OpenCV's ``imdecode``, else Pillow;
-all three give identical pixels (tested). The reference is Pillow + ``ImageOps.exif_transpose``
-(what torchvision's pipeline gives): the fast decoders decode the stored pixels only (OpenCV
-with ``IMREAD_IGNORE_ORIENTATION``), the orientation is the one ``packer.codecs.jpeg_meta``
-reads as Pillow does, and any JPEG that parser cannot promise (odd EXIF, CMYK/YCCK, an Adobe
-APP14, 12-bit, ...) is decoded by Pillow. Measured on one core, 0.24 MP JPEGs: Pillow 983
-img/s, OpenCV 1,320, jpeg4py 1,347. ``PACKER_DECODER=jpeg4py|opencv|pillow`` forces one.
+The fastest decoder available at run time is used for JPEG: simplejpeg (the optional ``turbo``
+extra; its wheels bundle libjpeg-turbo 3, nothing to install with apt) when it imports, else
+OpenCV's ``imdecode``, else Pillow; all three give identical pixels (tested). The reference is
+Pillow + ``ImageOps.exif_transpose`` (what torchvision's pipeline gives): the fast decoders
+decode the stored pixels only (OpenCV with ``IMREAD_IGNORE_ORIENTATION``), the orientation is
+the one ``packer.codecs.jpeg_meta`` reads as Pillow does, and any JPEG that parser cannot
+promise (odd EXIF, CMYK/YCCK, an Adobe APP14, 12-bit, ...) is decoded by Pillow. CPU per
+475x500 JPEG, one thread, each decoder in a fresh process (``python -m
+scripts.bench.jpeg_decoders decoders``, two runs): Pillow 2.5-3.2 ms, OpenCV 1.6-1.8 ms,
+simplejpeg 0.77-0.83 ms, jpeg4py 0.81-0.82 ms, all with Pillow's pixels.
+``PACKER_DECODER=simplejpeg|opencv|pillow`` forces one.
 """
 from __future__ import annotations
 
@@ -42,22 +45,21 @@ except ImportError:  # pragma: no cover - exercised only where OpenCV is absent
     _CV_FLAG = None
 
 
-def _load_jpeg4py():
-    """jpeg4py when it imports and its libturbojpeg loads (``apt install libturbojpeg0``)."""
+def _load_simplejpeg():
+    """simplejpeg when it imports and really decodes (a tiny probe image)."""
     try:
-        import jpeg4py
+        import simplejpeg
 
-        from packer.synth import jpeg_bytes  # a tiny probe image: the library must really decode
+        from packer.synth import jpeg_bytes
 
-        probe_img = np.zeros((8, 8, 3), np.uint8)
-        jpeg4py.JPEG(np.frombuffer(jpeg_bytes(probe_img), np.uint8)).decode()
-        return jpeg4py
-    except Exception:  # ImportError, or OSError from a missing libturbojpeg
+        simplejpeg.decode_jpeg(jpeg_bytes(np.zeros((8, 8, 3), np.uint8)), colorspace="RGB")
+        return simplejpeg
+    except Exception:  # ImportError, or a broken build
         return None
 
 
 _FORCED = os.environ.get("PACKER_DECODER", "").lower()
-_jpeg4py = _load_jpeg4py() if _FORCED in ("", "jpeg4py") else None
+_simplejpeg = _load_simplejpeg() if _FORCED in ("", "simplejpeg") else None
 
 __all__ = ["ImageInfo", "CHECK_MODES", "probe", "sniff_format", "decode", "decode_pil", "DECODER",
            "format_name", "reading_image", "grey_to_8bit", "to_chw", "to_rgb_array", "stored_channels",
@@ -282,8 +284,8 @@ def jpeg_orientation(data: bytes | memoryview) -> int:
 
 if _FORCED == "pillow":
     DECODER = "pillow"
-elif _jpeg4py is not None:
-    DECODER = "jpeg4py"
+elif _simplejpeg is not None:
+    DECODER = "simplejpeg"
 else:
     DECODER = "opencv" if cv2 is not None else "pillow"
 
@@ -299,9 +301,9 @@ def decode(data: bytes | memoryview) -> np.ndarray:
         meta = jpeg_meta(data)
         if meta is None or not meta.fast:
             return decode_pil(data)  # what the parser cannot promise, Pillow decodes
-        if DECODER == "jpeg4py":
-            try:
-                arr = _jpeg4py.JPEG(np.frombuffer(data, np.uint8)).decode()
+        if DECODER == "simplejpeg":
+            try:  # strict: a libjpeg warning raises, and Pillow's rules decide
+                arr = _simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
             except Exception:
                 return decode_pil(data)  # the reference path gives the one error message
         else:

@@ -1,6 +1,6 @@
 """The one JPEG metadata parser of the decode paths: size, EXIF orientation, colour layout.
 
-Every fast decode path (OpenCV, jpeg4py, TurboJPEG region decoding, DCT-scaled decodes) asks
+Every fast decode path (OpenCV, simplejpeg, TurboJPEG region decoding, DCT-scaled decodes) asks
 ``jpeg_meta`` what the reference decode (Pillow, then ``ImageOps.exif_transpose``: what a
 torchvision ``ImageFolder`` pipeline gives) would do with a JPEG, decodes the stored pixels
 itself and applies ``orientation`` with ``orient``. ``jpeg_meta`` returns None whenever it
@@ -73,7 +73,7 @@ class JpegMeta(NamedTuple):
 
     @property
     def fast(self) -> bool:
-        """Whether the libjpeg-turbo decoders (OpenCV, jpeg4py, TurboJPEG) give Pillow's pixels."""
+        """Whether the libjpeg-turbo decoders (OpenCV, simplejpeg, TurboJPEG) give Pillow's pixels."""
         return (self.sof in _HUFFMAN_8BIT and self.precision == 8 and self.components in (1, 3)
                 and self.adobe is None)
 

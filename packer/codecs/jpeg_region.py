@@ -12,13 +12,15 @@ No maintained Python binding exposes this (checked: PyTurboJPEG 2.6 offers DCT s
 lossless *transform* crops only; simplejpeg 1.9, jpeg4py, Pillow's ``draft`` and OpenCV's
 ``IMREAD_REDUCED_*`` scale but never crop; DALI's ``decoders.image_random_crop`` does it
 inside a DALI pipeline only). The TurboJPEG 3 C API is handle-based and reports errors by
-return code, so ctypes can call it safely; calls release the GIL.
+return code, so ctypes can call it safely; calls release the GIL. packer installs no Python
+module for it, so nothing here can shadow PyTurboJPEG's ``turbojpeg`` module.
 
-The library (``libturbojpeg`` >= 3.0, which exports ``tj3SetCroppingRegion``) is looked for
-in this order: ``$PACKER_TURBOJPEG`` (a path), the system's ``libturbojpeg`` when it is 3.x
-(Debian bookworm and Ubuntu 24.04 ship 2.1, which lacks the API), then the copy bundled in
-the ``turbojpeg`` wheel (``pip install 'packer[turbo]'``). Without one, ``available()`` is
-False and callers decode the whole image instead (same pixels, slower).
+The library (``libturbojpeg`` >= 3.0, which exports ``tj3SetCroppingRegion``; PyTurboJPEG 2.x
+needs the same one) is looked for in this order: ``$PACKER_TURBOJPEG`` (a path; empty turns
+region decoding off), the system's ``libturbojpeg`` when it is 3.x (Fedora 40+, Arch,
+Homebrew, conda-forge; Debian 12/13 and Ubuntu 24.04 ship 2.1, which lacks the API), then
+libjpeg-turbo's own packages under ``/opt/libjpeg-turbo``. Without one, ``available()`` is
+False and callers decode the whole image at the same DCT scale instead (same pixels, slower).
 
 Pixels: inside the requested rectangle the output equals a full decode of the image at the
 same scale, bit for bit (tested: random regions, every column of thin ones, 4:4:4, 4:2:2,
@@ -77,9 +79,9 @@ def _candidates() -> list[str]:
         paths.append(env)
     found = ctypes.util.find_library("turbojpeg")
     paths += [p for p in (found, "libturbojpeg.so.0") if p]
-    for entry in sys.path:  # the turbojpeg wheel bundles libturbojpeg 3 beside its module
-        if entry and os.path.isdir(entry):
-            paths += sorted(glob.glob(os.path.join(entry, "turbojpeg.libs", "libturbojpeg*")))
+    # libjpeg-turbo's official packages (not on the loader's path)
+    paths += sorted(glob.glob("/opt/libjpeg-turbo/lib*/libturbojpeg.so*"))
+    paths += ["/opt/libjpeg-turbo/lib/libturbojpeg.dylib"] if sys.platform == "darwin" else []
     return paths
 
 

@@ -2,7 +2,9 @@
 
 For each ``num_workers`` it runs the real ``DataLoader`` (``PackedDataset`` + the chosen decode
 pipeline + ``uint8_collate``) into ``DevicePrefetcher`` and, after one start-up batch, times
-``steps`` batches. In the same run it measures the *ceiling*: the same kind of batches served
+``steps`` batches, each setting in a fresh process with packer's default settings, as a training
+script starts (``packer.commands.bench_fresh``; so are ``--against`` and the thread scaling). In
+the same run it measures the *ceiling*: the same kind of batches served
 from memory through the same consumer (prefetcher normalization + the simulated model step of
 ``model_ms``), i.e. what the training loop could take if loading were free. A setting is
 data-bound when the loader gives less than 95% of the ceiling.
@@ -20,18 +22,22 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   would go with free loading, >= 1), ``first_batch_s`` (time to the first batch of an
   epoch), ``worker_startup_s`` (what starting the workers adds per epoch: first batch minus a
   steady batch), ``wait_ms_median`` / ``wait_ms_p95`` (time the loop waited per batch),
-  ``verdict`` (one line), and ``against`` (``{samples_per_s, ratio}`` reading the original
-  files with ``--against``, ratio = packed / files; else null).
+  ``verdict`` (one line), ``against`` (``{samples_per_s, ratio, process}`` reading the original
+  files with ``--against``, ratio = packed / files; else null), ``process`` (the fresh process's
+  whole life, imports and reaped workers included: ``{wall_s, user_s, sys_s, minflt, majflt,
+  maxrss_mb}``) and ``window`` (the epoch it timed, from building the loader, workers included:
+  ``{user_s, sys_s, minflt}``; per sample, divide by ``(steps + 1) * batch_size``).
 * ``recommended``: ``{num_workers, persistent_workers, prefetch_factor, reasons}``.
 * ``cache``: ``{sample_shape, bytes, free_bytes, fits, device}`` for
   ``DevicePrefetcher.cache`` (fits = bytes <= half the free memory, leaving the rest to the
   model); null when samples have no fixed shape.
 * ``verdict``: one line for the recommended setting.
 * ``threads``: ``packer.Loader`` with 1 and N threads over the same samples:
-  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil,
-  advice}`` (``available``: the scaling GIL-free work got at the same moment; ``holds_gil`` null
-  when the machine was too busy to tell)
-  (``holds_gil``: N threads give < 1.3x one thread: use the DataLoader); null if not batchable.
+  ``{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, process, holds_gil,
+  advice}``, each thread count in a fresh process (``process``: ``{"1": {...}, "N": {...}}``, each
+  the process's figures above with its ``window``); ``available``: the scaling GIL-free work got
+  at the same moment; ``holds_gil``: N threads give < 1.3x one thread: use the DataLoader (null
+  when the machine was too busy to tell); null if not batchable.
 * ``mixing``: distinct classes per batch, ``{batch_size, iid, stored: {median, p10, ratio},
   streaming: {...}}`` for the stored order and ``StreamingDataset``'s default order against
   the exact iid expectation (ratio = median / iid); null for one class.
@@ -45,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -72,8 +79,8 @@ JSON_FIELDS = {
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
-    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, holds_gil, "
-               "advice} or null",
+    "threads": "{threads, one_thread_samples_per_s, samples_per_s, scaling, available, cpus, process, "
+               "holds_gil, advice} or null, each thread count in a fresh process",
     "mixing": "{batch_size, iid, stored, streaming}: distinct classes per batch vs iid, or null",
     "fidelity": "[{pipeline, kind, images, psnr_median, psnr_p10, shift_median, shift_max}]",
 }
@@ -84,7 +91,9 @@ SETTING_FIELDS = {
     "first_batch_s": "time to the first batch of an epoch",
     "worker_startup_s": "start-up cost per epoch", "wait_ms_median": "median wait per batch",
     "wait_ms_p95": "95th percentile wait per batch", "verdict": "one line",
-    "against": "{samples_per_s, ratio} over the original files, or null",
+    "against": "{samples_per_s, ratio, process} over the original files, or null",
+    "process": "the setting's fresh process: {wall_s, user_s, sys_s, minflt, majflt, maxrss_mb}",
+    "window": "the timed epoch in it, workers included: {user_s, sys_s, minflt}",
 }
 
 
@@ -149,32 +158,41 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
 
     user_transform = load_transform(o.transform)
 
-    import torch
-    from tqdm import tqdm
+    from packer.commands.bench_fresh import FreshProcesses  # here: `packer --help` imports this module
 
-    from packer.data.device import cache_bytes, free_memory
-    from packer.data.datasets import PackedDataset
-    from packer.data.device import resolve_device
+    # the fresh processes' server imports torch and packer while this process does the same
+    fresh = FreshProcesses().start()
+    try:
+        import torch
+        from tqdm import tqdm
 
-    dev = resolve_device(device)
-    dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
-    folder = FolderDataset(against, pipeline) if against is not None else None
-    pin = dev.type == "cuda"
-    result: dict[str, Any] = {
-        "path": str(path), "format": dataset.manifest.format, "count": len(dataset),
-        "batch_size": batch_size, "steps": steps, "decode": decode, "resize": resize, "crop": crop,
-        "model_ms": model_ms, "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if pin else ""),
-        "cpu_count": os.cpu_count() or 1, "sample_bytes": sample_bytes(dataset.reader),
-    }
+        from packer.data.device import cache_bytes, free_memory
+        from packer.data.datasets import PackedDataset
+        from packer.data.device import resolve_device
+
+        dev = resolve_device(device)
+        dataset = PackedDataset(path, decode=pipeline, transform=user_transform)
+        folder = FolderDataset(against, pipeline) if against is not None else None
+        pin = dev.type == "cuda"
+        result: dict[str, Any] = {
+            "path": str(path), "format": dataset.manifest.format, "count": len(dataset),
+            "batch_size": batch_size, "steps": steps, "decode": decode, "resize": resize, "crop": crop,
+            "model_ms": model_ms, "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if pin else ""),
+            "cpu_count": os.cpu_count() or 1, "sample_bytes": sample_bytes(dataset.reader),
+        }
+    except BaseException:
+        fresh.close()
+        raise
     mb = result["sample_bytes"] / 1e6
     total = (steps + 1) * (1 + len(workers) * (2 if folder is not None else 1))
-    with tqdm(total=total, desc="bench", unit="batch", disable=None if progress else True) as bar:
+    with tqdm(total=total, desc="bench", unit="batch", disable=None if progress else True) as bar, fresh:
         # The ceiling: a few real batches held in memory, replayed through the same consumer.
         try:
             held = list(timed_loader(dataset, num_workers=0, batch_size=batch_size,
                                      batches=min(steps + 1, 4), seed=seed, pin=pin))
         except ValueError as e:
             raise UsageError(f"{path}: cannot batch samples with --decode {decode}: {e}") from e
+        fresh.ready()  # nothing else competes for the CPUs while anything is timed
         ceiling = measure(Replay(held, steps + 1), device=dev, steps=steps, batch_size=batch_size,
                           model_ms=model_ms, tick=bar.update)
         result["ceiling"] = {"samples_per_s": ceiling["samples_per_s"],
@@ -182,11 +200,14 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
         shape = tuple(held[0][0].shape[1:]) if isinstance(held[0][0], torch.Tensor) else None
         del held
         settings = []
+        # every loader configuration in a fresh process with default settings (bench_fresh)
+        base = {"path": os.path.abspath(path), "decode": decode, "resize": resize, "crop": crop,
+                "transform": o.transform, "device": device, "seed": seed, "steps": steps,
+                "batch_size": batch_size, "model_ms": model_ms, "sys_path": [p for p in sys.path if p]}
         for w in workers:
             bar.set_postfix_str(f"num_workers={w}")
-            loader = timed_loader(dataset, num_workers=w, batch_size=batch_size, batches=steps + 1, seed=seed, pin=pin)
-            s = {"num_workers": w, **measure(loader, device=dev, steps=steps, batch_size=batch_size,
-                                             model_ms=model_ms, tick=bar.update)}
+            s = {"num_workers": w, **fresh.run({**base, "kind": "loader", "num_workers": w})}
+            bar.update(steps + 1)
             s["mb_per_s"] = s["samples_per_s"] * mb
             s["ratio_to_ceiling"] = s["samples_per_s"] / max(ceiling["samples_per_s"], 1e-9)
             s["data_bound"] = s["ratio_to_ceiling"] < DATA_BOUND_BELOW
@@ -194,25 +215,24 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
             s["verdict"] = verdict(s, ceiling["samples_per_s"])
             s["against"] = None
             if folder is not None:
-                loader = timed_loader(folder, num_workers=w, batch_size=batch_size, batches=steps + 1,
-                                      seed=seed, pin=pin)
-                f = measure(loader, device=dev, steps=steps, batch_size=batch_size, model_ms=model_ms,
-                            tick=bar.update)
+                f = fresh.run({**base, "kind": "folder", "path": os.path.abspath(against), "num_workers": w})
+                bar.update(steps + 1)
                 s["against"] = {"samples_per_s": f["samples_per_s"],
-                                "ratio": s["samples_per_s"] / max(f["samples_per_s"], 1e-9)}
+                                "ratio": s["samples_per_s"] / max(f["samples_per_s"], 1e-9),
+                                "process": {**f["process"], "window": f["window"]}}
             settings.append(s)
-    result["settings"] = settings
+        result["settings"] = settings
+        try:
+            result["threads"] = thread_scaling(base, runner=fresh, batch_size=batch_size, batches=min(steps, 8))
+        except PackerError as e:  # e.g. images of different sizes with --decode tensor
+            log.warning("thread scaling not measured: %s", e)
+            result["threads"] = None
     if shape is not None:
         need, free = cache_bytes(len(dataset), shape), free_memory(dev)
         result["cache"] = {"sample_shape": list(shape), "bytes": need, "free_bytes": free,
                            "fits": free is not None and need <= CACHE_FITS_FRACTION * free, "device": str(dev)}
     else:
         result["cache"] = None
-    try:
-        result["threads"] = thread_scaling(dataset, batch_size=batch_size, batches=min(steps, 8))
-    except PackerError as e:  # e.g. images of different sizes with --decode tensor
-        log.warning("thread scaling not measured: %s", e)
-        result["threads"] = None
     result["mixing"] = order_mixing(dataset, batch_size=batch_size)
     result["recommended"] = recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])

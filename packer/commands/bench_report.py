@@ -72,12 +72,19 @@ def format_report(result: dict[str, Any]) -> str:
              f"device {r['device']}, {r['cpu_count']} CPUs, model step {r['model_ms']:g} ms",
              f"ceiling (same batches from memory, same consumer): {r['ceiling']['samples_per_s']:.0f} samples/s"]
     against = any(s["against"] for s in r["settings"])
+    lines.append("each setting in a fresh process with default settings; CPU and page faults per sample "
+                 "of its epoch, its workers included")
     head = f"{'workers':>7} {'samples/s':>10} {'MB/s':>7} {'vs ceiling':>10} {'first batch':>11}"
+    head += f" {'CPU ms':>6} {'sys':>4} {'faults':>6}"
     head += f" {'vs files':>8}" if against else ""
     lines += [head + "  verdict"]
+    per = (r["steps"] + 1) * r["batch_size"]
     for s in r["settings"]:
+        win = s["window"]
+        cpu = win["user_s"] + win["sys_s"]
         row = (f"{s['num_workers']:>7} {s['samples_per_s']:>10.0f} {s['mb_per_s']:>7.1f} "
-               f"{s['ratio_to_ceiling']:>9.2f}x {s['first_batch_s']:>9.2f} s")
+               f"{s['ratio_to_ceiling']:>9.2f}x {s['first_batch_s']:>9.2f} s"
+               f" {1000 * cpu / per:>6.1f} {100 * win['sys_s'] / max(cpu, 1e-9):>3.0f}% {win['minflt'] / per:>6.0f}")
         if against:
             row += f" {s['against']['ratio']:>7.2f}x"
         lines.append(row + "  " + s["verdict"])

@@ -1,6 +1,7 @@
 """``packer bench`` extras: does the pipeline scale with threads, and how well do orders mix classes.
 
-Thread scaling: the same samples loaded by ``packer.Loader`` with 1 thread and with N threads.
+Thread scaling: the same samples loaded by ``packer.Loader`` with 1 thread and with N threads,
+each in a fresh process (``packer.commands.bench_fresh``), as a training script would load them.
 JPEG decode, resize and copies release the GIL, so a packer pipeline scales with threads; a
 Python-heavy transform holds the GIL and does not (then worker processes, the DataLoader, are
 the right tool). Mixing: distinct classes per batch of the orders a training run would read
@@ -18,7 +19,7 @@ import numpy as np
 
 from packer.errors import UsageError
 
-__all__ = ["load_transform", "thread_scaling", "gil_verdict", "order_mixing", "format_extras", "GIL_BOUND_BELOW"]
+__all__ = ["load_transform", "loader_rate", "thread_scaling", "gil_verdict", "order_mixing", "format_extras", "GIL_BOUND_BELOW"]
 
 GIL_BOUND_BELOW = 1.3  # N threads must beat 1 thread by this much, or the pipeline holds the GIL
 MIXING_LABEL_LIMIT = 200_000  # read every label up to this many samples; beyond, a strided sample
@@ -40,7 +41,9 @@ def load_transform(spec: str | None) -> Callable[[Any], Any] | None:
     return fn
 
 
-def _rate(dataset: Any, *, threads: int, batch_size: int, batches: int) -> float:
+def loader_rate(dataset: Any, *, threads: int, batch_size: int, batches: int) -> float:
+    """samples/s of ``packer.Loader(num_threads=threads)`` over the first ``batches`` batches of
+    ``dataset``, after the first (which opens storage and allocates buffers)."""
     from packer.data.loader import Loader
 
     n = min(len(dataset), batches * batch_size)
@@ -80,17 +83,24 @@ def _gil_free_scaling(threads: int, seconds: float = 0.25) -> float:
     return rate(threads) / max(rate(1), 1e-9)
 
 
-def thread_scaling(dataset: Any, *, batch_size: int, batches: int = 8, threads: int | None = None) -> dict[str, Any]:
+def thread_scaling(spec: dict[str, Any], *, runner: Any, batch_size: int, batches: int = 8,
+                   threads: int | None = None) -> dict[str, Any]:
     """samples/s of ``packer.Loader`` with 1 and with ``threads`` threads over the same samples,
-    next to the scaling GIL-free work gets on this machine at the same time (``available``)."""
+    each in a fresh process of ``runner`` (a ``packer.commands.bench_fresh.FreshProcesses``;
+    ``spec``: the dataset's ``path``, ``decode``, ``resize``, ``crop``, ``transform``, as
+    ``bench_fresh.child`` takes them), next to the scaling GIL-free work gets on this machine at
+    the same time (``available``). ``process``: what each of the two processes cost, keyed by
+    thread count (``FreshProcesses.run``'s figures with the ``window``)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = threads or max(2, min(cpus, 4))
-    one = _rate(dataset, threads=1, batch_size=batch_size, batches=batches + 1)
-    many = _rate(dataset, threads=threads, batch_size=batch_size, batches=batches + 1)
+    runs = {n: runner.run({**spec, "kind": "threads", "threads": n, "batch_size": batch_size, "batches": batches + 1})
+            for n in (1, threads)}
+    one, many = runs[1]["samples_per_s"], runs[threads]["samples_per_s"]
     available = _gil_free_scaling(threads) if cpus >= 2 else 1.0
     scaling = many / max(one, 1e-9)
     return {"threads": threads, "one_thread_samples_per_s": one, "samples_per_s": many, "scaling": scaling,
             "available": available, "cpus": cpus,
+            "process": {str(n): {**r["process"], "window": r["window"]} for n, r in runs.items()},
             **gil_verdict(scaling, cpus=cpus, threads=threads, available=available)}
 
 
@@ -155,7 +165,7 @@ def format_extras(r: dict[str, Any]) -> list[str]:
     t, m = r.get("threads"), r.get("mixing")
     if t:
         lines.append(f"threads: packer.Loader {t['samples_per_s']:.0f} samples/s with {t['threads']}, "
-                     f"{t['one_thread_samples_per_s']:.0f} with 1: {t['advice']}")
+                     f"{t['one_thread_samples_per_s']:.0f} with 1 (each a fresh process): {t['advice']}")
     if m:
         lines.append(f"mixing: distinct classes per {m['batch_size']}-batch (median): stored order "
                      f"{m['stored']['median']:.0f} ({m['stored']['ratio']:.2f}x iid), StreamingDataset default "

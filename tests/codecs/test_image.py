@@ -54,22 +54,23 @@ def test_orientation_applied_on_every_path(orientation):
     assert imaging.decode(data).shape[:2] == expect
 
 
-@pytest.mark.parametrize("forced", ["pillow", "opencv", "jpeg4py"])
+@pytest.mark.parametrize("forced", ["pillow", "opencv", "simplejpeg"])
 def test_every_decoder_choice_gives_identical_pixels(forced, tmp_path):
     data = jpeg_bytes(natural_image(np.random.default_rng(3), 60, 80))
     (tmp_path / "x.jpg").write_bytes(data)
     code = ("import sys, numpy as np; from packer.codecs import image as imaging; "
             f"a = imaging.decode(open(r'{tmp_path / 'x.jpg'}','rb').read()); "
             f"np.save(r'{tmp_path / 'out.npy'}', a); print(imaging.DECODER)")
-    out = subprocess.run([sys.executable, "-c", code], env={"PACKER_DECODER": forced, "PATH": ""},
+    out = subprocess.run([sys.executable, "-c", code], env={"PACKER_DECODER": forced, "PATH": "",
+                                                        "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
                          capture_output=True, text=True, check=True).stdout.strip()
-    if forced == "jpeg4py" and out != "jpeg4py":
-        # CI installs libturbojpeg and the turbo extra (.ci/run) and sets PACKER_REQUIRE_TURBO,
-        # so there this test cannot skip.
+    if forced == "simplejpeg" and out != "simplejpeg":
+        # CI installs the turbo extra (.ci/run) and sets PACKER_REQUIRE_TURBO, so there this
+        # test cannot skip.
         if os.environ.get("PACKER_REQUIRE_TURBO"):
-            pytest.fail("PACKER_REQUIRE_TURBO is set but jpeg4py / libturbojpeg is not usable")
-        pytest.skip("jpeg4py / libturbojpeg not installed")
-    assert out == forced or (forced == "opencv" and out in ("opencv", "jpeg4py"))
+            pytest.fail("PACKER_REQUIRE_TURBO is set but simplejpeg is not usable")
+        pytest.skip("simplejpeg not installed (the turbo extra)")
+    assert out == forced
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), imaging.decode_pil(data))
 
 

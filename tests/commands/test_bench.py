@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
 
 from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
+from packer.commands.bench_fresh import USAGE_FIELDS
 from packer.cli import main
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
@@ -34,6 +36,11 @@ def check_result(r: dict, workers: list[int], count: int) -> None:
         assert s["data_bound"] == (s["ratio_to_ceiling"] < 0.95)
         assert s["slowdown"] >= 1.0 and s["verdict"]
         assert s["wait_ms_p95"] >= s["wait_ms_median"] >= 0
+        # each setting ran in its own fresh process: its whole life and the epoch it timed
+        assert set(s["process"]) == set(USAGE_FIELDS)
+        assert s["process"]["wall_s"] > 0 and s["process"]["user_s"] > 0 and s["process"]["maxrss_mb"] > 0
+        assert set(s["window"]) == {"user_s", "sys_s", "minflt"} and s["window"]["minflt"] >= 0
+        assert 0 < s["window"]["user_s"] + s["window"]["sys_s"] <= s["process"]["user_s"] + s["process"]["sys_s"]
     rec = r["recommended"]
     assert rec["num_workers"] in workers and rec["reasons"]
     assert isinstance(rec["persistent_workers"], bool)
@@ -55,7 +62,7 @@ def test_library_call_with_against_and_model_step(packed, image_folder):
     # each consumed batch sleeps 20 ms, so neither the ceiling nor a loader can beat 8 / 0.02 s
     assert r["ceiling"]["samples_per_s"] <= 8 / 0.020
     for s in r["settings"]:
-        assert s["against"]["samples_per_s"] > 0
+        assert s["against"]["samples_per_s"] > 0 and set(s["against"]["process"]) == {*USAGE_FIELDS, "window"}
         assert s["against"]["ratio"] == pytest.approx(s["samples_per_s"] / s["against"]["samples_per_s"])
     json.dumps(r)  # serialisable as it is
 
@@ -126,6 +133,8 @@ def test_threads_and_mixing_fields(packed):
     assert t["samples_per_s"] > 0 and t["one_thread_samples_per_s"] > 0 and t["threads"] >= 2
     assert t["scaling"] == pytest.approx(t["samples_per_s"] / t["one_thread_samples_per_s"])
     assert t["advice"] and t["holds_gil"] in (True, False, None) and t["available"] > 0
+    assert sorted(t["process"], key=int) == ["1", str(t["threads"])]
+    assert all(set(p) == {*USAGE_FIELDS, "window"} and p["user_s"] > 0 for p in t["process"].values())
     assert m["batch_size"] == 8 and 2.9 < m["iid"] < 3.0  # 3 classes x 8 images, 8-batches
     assert m["stored"]["median"] == 1  # a class-sorted pack read in stored order
     assert m["streaming"]["median"] >= 2 and m["streaming"]["ratio"] == pytest.approx(m["streaming"]["median"] / m["iid"])
@@ -145,3 +154,24 @@ def test_gil_verdict_rule():
     assert gil_verdict(1.8, cpus=2, threads=2, available=1.9)["holds_gil"] is False
     assert gil_verdict(1.8, cpus=1, threads=2)["holds_gil"] is None
     assert gil_verdict(1.05, cpus=2, threads=2, available=1.1)["holds_gil"] is None  # too busy to tell
+
+
+def record_pid(image):
+    """A transform that notes the process it runs in (``$BENCH_PID_LOG``)."""
+    with open(os.environ["BENCH_PID_LOG"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return image
+
+
+def test_every_configuration_runs_in_a_fresh_process(packed, tmp_path, monkeypatch):
+    """The DataLoader settings (num_workers=0: the transform runs in the loading process itself)
+    and both thread counts each load in their own process, never in the one running bench."""
+    log = tmp_path / "pids"
+    monkeypatch.setenv("BENCH_PID_LOG", str(log))
+    r = run_bench(packed, batch_size=8, workers=[0], resize=32, crop=32, steps=2, fidelity=0,
+                  transform="test_bench:record_pid", progress=False)
+    pids = {int(v) for v in log.read_text().split()}
+    assert r["settings"][0]["samples_per_s"] > 0
+    # the ceiling's held batches are read here (this process); every timed configuration elsewhere:
+    # one num_workers=0 process and two packer.Loader processes (1 and N threads)
+    assert len(pids - {os.getpid()}) == 3, pids

@@ -28,7 +28,7 @@ from packer.codecs import jpeg_meta as jpeg_meta_module
 from packer.codecs.jpeg_meta import jpeg_meta, orient
 from packer.data.decode import DecodeRandomResizedCrop, DecodeResizeCrop, decode_scaled
 
-DECODERS = ["pillow", "opencv"] + (["jpeg4py"] if imaging._jpeg4py is not None else [])
+DECODERS = ["pillow", "opencv"] + (["simplejpeg"] if imaging._simplejpeg is not None else [])
 
 # the issue's files: the APP1 after a fill byte (FF FF E1), the Exif APP1 after 64 KB of ICC
 # or of XMP, and the Adobe layouts OpenCV and Pillow decoded differently
@@ -209,13 +209,13 @@ def test_a_remembered_header_answers_for_the_same_bytes_only():
 def test_turbo_region_decode_is_told_the_orientation():
     """With the turbo extra, the region decode (stored orientation) serves upright files only:
     an oriented file behind a fill byte and 64 KB of ICC is still cropped upright."""
-    pytest.importorskip("jpeg4py")
+    pytest.importorskip("simplejpeg")
     if not jpeg_region.available():
         pytest.skip("no TurboJPEG 3 library")
     data = build(Layout(orientation=6, fills=(1, 2), icc=70_000, height=64, width=96))
     ref = imaging.decode_pil(data)
     assert ref.shape[:2] == (96, 64)
-    with decoder("jpeg4py"):
+    with decoder("simplejpeg"):
         got = DecodeResizeCrop(64, 16)(data)
     with decoder("pillow"):
         want = DecodeResizeCrop(64, 16)(data)

@@ -104,7 +104,7 @@ def shards_of(out: Path) -> tuple[list[str], list[str]]:
 
 def assert_same_image(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
     """Identical pixels: both sides decode JPEG with libjpeg-turbo and its defaults (packer
-    through jpeg4py, OpenCV or Pillow, whichever PACKER_DECODER picks: all three agree here;
+    through simplejpeg, OpenCV or Pillow, whichever PACKER_DECODER picks: all three agree here;
     DALI's CPU decoder through nvImageCodec), and PNG is lossless."""
     assert theirs.dtype == np.uint8 and theirs.shape == ours.shape, (what, theirs.shape, ours.shape)
     assert np.array_equal(ours, theirs), (what, int(np.abs(ours.astype(int) - theirs).max()))
