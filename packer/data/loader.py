@@ -45,7 +45,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from packer.data.streaming import resolve_rank, split_by_rank
+from packer.data.streaming import MAX_RESUMES, elastic_slots, resolve_rank, split_by_rank
 from packer.errors import PackerError, UsageError
 
 try:  # OpenCV is a core dependency; guarded only so that a broken install degrades to numpy
@@ -239,6 +239,7 @@ class Epoch:
                     raise LoaderError(index, self.loader._where(index), exc) from exc
                 out = b.result
                 b.result = None
+                self.loader._consumed += len(b.indices)  # handed out: what state_dict counts
                 b.arrays.clear()  # (numpy views count as references to the buffer)
                 for buf in b.images.values():
                     self.loader.pool.release(buf)
@@ -395,11 +396,20 @@ log = logging.getLogger(__name__)
 
 
 def epoch_indices(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int,
-                  drop_last: bool) -> np.ndarray:
-    """This rank's sample indices for ``epoch``: a seeded permutation (or ``0..n-1``), split by rank."""
+                  drop_last: bool, resumes: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """This rank's sample indices for ``epoch``: a seeded permutation (or ``0..n-1``), split by rank;
+    after elastic ``resumes`` (``[(world, consumed per rank), ...]``) what is left of it, split
+    over ``world_size`` ranks (``packer.data.streaming.elastic_slots``)."""
     order = (np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(n) if shuffle
              else np.arange(n, dtype=np.int64))
-    return split_by_rank(order, rank=rank, world_size=world_size, drop_last=drop_last)
+    if not resumes:
+        return split_by_rank(order, rank=rank, world_size=world_size, drop_last=drop_last)
+    slots = np.arange(n, dtype=np.int64)
+
+    def first(r: int, world: int) -> np.ndarray:
+        return split_by_rank(slots, rank=r, world_size=world, drop_last=drop_last)
+
+    return order[elastic_slots(first, n, resumes, rank=rank, world_size=world_size, drop_last=drop_last)]
 
 
 @dataclass(frozen=True)
@@ -493,10 +503,15 @@ class Loader:
         self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(opts.rank, opts.world_size)
         self._epoch: int | None = None
         self._next_epoch = 0
+        self._resume: tuple[int, int, list[tuple[int, int]]] | None = None  # (epoch, position, resumes)
+        self._pass = (0, 0, [])  # the current pass: epoch, its first position, its resumes
+        self._consumed = 0  # samples of the current pass's batches handed to the caller
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next pass (reaches the sampler and the dataset too)."""
         self._epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != int(epoch):
+            self._resume = None
         for obj in (self.sampler, self.dataset):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(int(epoch))
@@ -512,19 +527,72 @@ class Loader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's sample indices of ``epoch`` in order (default: the next pass's)."""
+        """This rank's sample indices of ``epoch`` in order (default: the next pass's; after
+        ``load_state_dict``, the rest of the resumed epoch)."""
         if self.sampler is not None:
             return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
         if epoch is None:
             epoch = self._epoch if self._epoch is not None else self._next_epoch
+        position, resumes = 0, []
+        if self._resume is not None and self._resume[0] == epoch:
+            _, position, resumes = self._resume
+        return self._indices(epoch, resumes)[position:]
+
+    def _indices(self, epoch: int, resumes: list[tuple[int, int]]) -> np.ndarray:
         return epoch_indices(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
+                             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
+                             resumes=resumes)
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch if self._epoch is not None else self._next_epoch
         indices = self.indices(epoch)
+        position, resumes = 0, []
+        if self._resume is not None and self._resume[0] == epoch:
+            _, position, resumes = self._resume
+        self._resume = None
+        self._pass, self._consumed = (epoch, position, resumes), 0
         self._next_epoch, self._epoch = epoch + 1, None
         return Epoch(self, indices).run()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: the current pass's epoch and the samples of it handed out so far
+        (a batch counts once yielded), with what it ran on (plain JSON). See ``load_state_dict``."""
+        if self.sampler is not None:
+            raise UsageError("cannot save a Loader with a sampler: the sampler decides the order "
+                             "(save the sampler's own state)")
+        epoch, start, resumes = self._pass
+        return {"epoch": epoch, "position": start + self._consumed, "seed": self.seed, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "world_size": self.world_size, "rank": self.rank,
+                "count": len(self.dataset), "resumes": [list(r) for r in resumes]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next pass yields the rest of ``state``'s epoch (``set_epoch`` with that epoch keeps it).
+
+        On the world size the state was taken on, this rank continues its own order; on another
+        (elastic resume) the samples no rank has read yet are split again evenly over the new
+        ranks, each read once (``epoch_indices``); later epochs are a fresh run's on this world
+        size. Refused with ``UsageError`` naming why when the seed, shuffle, drop_last or dataset
+        size differ, or the position does not fit.
+        """
+        if self.sampler is not None:
+            raise UsageError("cannot resume a Loader with a sampler: the sampler decides the order")
+        for k in ("seed", "shuffle", "drop_last", "count"):
+            mine = getattr(self, k) if k != "count" else len(self.dataset)
+            if k in state and state[k] != mine:
+                raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this loader {mine!r}")
+        epoch, position = int(state["epoch"]), int(state.get("position", 0))
+        resumes = [(int(w), int(p)) for w, p in state.get("resumes", [])]
+        world = int(state.get("world_size", self.world_size))
+        if world != self.world_size:
+            resumes.append((world, position))
+            position = 0
+        if len(resumes) > MAX_RESUMES:
+            raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
+        left = len(self._indices(epoch, resumes))
+        if not 0 <= position <= left:
+            raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+        self._resume = (epoch, position, resumes)
+        self._epoch = epoch
 
     def _where(self, index: int) -> str:
         keys = getattr(self.dataset, "keys", None)

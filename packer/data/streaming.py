@@ -42,13 +42,14 @@ from packer.errors import UsageError
 from packer.data.datasets import PackedDataset
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
-           "split_by_worker", "rank_order", "resolve_rank", "block_shuffle", "DEFAULT_BUFFER_SIZE",
-           "DEFAULT_BLOCK_SIZE"]
+           "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resolve_rank", "block_shuffle",
+           "DEFAULT_BUFFER_SIZE", "DEFAULT_BLOCK_SIZE", "MAX_RESUMES"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_SIZE = 4096
 DEFAULT_BLOCK_SIZE = 1 << 18  # samples per shuffle block (MosaicML Streaming's default too)
+MAX_RESUMES = 32  # world-size changes within one epoch (the state lives in a fixed shared tensor)
 T = TypeVar("T")
 
 
@@ -136,7 +137,17 @@ def rank_order_array(counts: Sequence[int], *, seed: int, epoch: int, shuffle: b
                      rank: int, world_size: int, drop_last: bool, block_size: int | None = None) -> np.ndarray:
     """``rank_order`` as an int64 array (8 bytes a sample)."""
     order = epoch_shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
-    mine = split_by_rank(epoch_stream(counts, order), rank=rank, world_size=world_size, drop_last=drop_last)
+    stream = epoch_stream(counts, order)
+    return stream[rank_slots(len(stream), seed=seed, epoch=epoch, shuffle=shuffle, buffer_size=buffer_size,
+                             rank=rank, world_size=world_size, drop_last=drop_last, block_size=block_size)]
+
+
+def rank_slots(n: int, *, seed: int, epoch: int, shuffle: bool, buffer_size: int, rank: int, world_size: int,
+               drop_last: bool, block_size: int | None = None) -> np.ndarray:
+    """The *slots* (positions in the epoch's stream of ``n``) rank ``rank`` reads, in order: its
+    ``split_by_rank`` slice, then a block shuffle or a shuffle buffer. Both shuffles move items
+    by position only, so ``stream[rank_slots(...)]`` is the rank's order of samples."""
+    mine = split_by_rank(np.arange(n, dtype=np.int64), rank=rank, world_size=world_size, drop_last=drop_last)
     if shuffle and block_size is not None and block_size > 1:
         sq = np.random.SeedSequence([seed, epoch, 2, rank])
         return block_shuffle(mine, block_size, np.random.default_rng(sq))
@@ -144,6 +155,38 @@ def rank_order_array(counts: Sequence[int], *, seed: int, epoch: int, shuffle: b
         return np.fromiter(shuffle_buffer(mine.tolist(), buffer_size, _rng(seed, epoch, 1, rank)),
                            dtype=np.int64, count=len(mine))
     return mine
+
+
+def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Sequence[Sequence[int]], *,
+                  rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s slots of an epoch that was resumed on other world sizes.
+
+    ``first(rank, world)`` gives the epoch's slots per rank as a fresh run would read them;
+    ``stages`` is ``[(world, consumed per rank), ...]``: the epoch ran on ``world`` ranks until
+    each had read ``consumed`` slots, then resumed on the next stage's world size (the last
+    resume on ``world_size``). The slots nobody read yet (a slot that padding repeated counts
+    once) are kept in the order the previous ranks would have read them, rank after rank, and
+    split again with ``split_by_rank``: equal counts per rank, padded by repeating the
+    remainder's start or cut with ``drop_last``. With no stages this is ``first(rank, world_size)``.
+    """
+    if not stages:
+        return first(rank, world_size)
+    seen = np.zeros(n, dtype=bool)
+    remaining = np.zeros(0, np.int64)
+    for k, (world, consumed) in enumerate(stages):
+        world, consumed = int(world), int(consumed)
+        orders = [first(r, world) if k == 0 else
+                  split_by_rank(remaining, rank=r, world_size=world, drop_last=drop_last) for r in range(world)]
+        if not 0 <= consumed <= len(orders[0]):
+            raise UsageError(f"cannot resume: stage {k} consumed {consumed} samples per rank of {world} "
+                             f"ranks, but each had {len(orders[0])}")
+        for o in orders:
+            seen[o[:consumed]] = True
+        rest = np.concatenate([o[consumed:] for o in orders])
+        _, first_at = np.unique(rest, return_index=True)
+        rest = rest[np.sort(first_at)]
+        remaining = rest[~seen[rest]]
+    return split_by_rank(remaining, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -221,9 +264,9 @@ class StreamingDataset(IterableDataset):
         self.shuffle, self.seed, self.buffer_size = o.shuffle, int(o.seed), o.buffer_size
         self.block_size, self.drop_last, self.batch_size = o.block_size, o.drop_last, o.batch_size
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        # [epoch, samples to skip]: in shared memory so that set_epoch/load_state_dict reach
-        # DataLoader workers that persist across epochs (fork or spawn).
-        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # [epoch, samples to skip, resumes, (world, consumed) x MAX_RESUMES]: in shared memory so
+        # that set_epoch/load_state_dict reach DataLoader workers that persist across epochs.
+        self._shared = torch.zeros(3 + 2 * MAX_RESUMES, dtype=torch.int64).share_memory_()
         self._position = 0  # samples of this epoch's order yielded in this process
 
     def __len__(self) -> int:
@@ -241,18 +284,35 @@ class StreamingDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on (a pending resume of that epoch stays)."""
         if int(epoch) != self.epoch:
-            self._shared[1] = 0
+            self._shared[1:3] = 0
         self._shared[0] = int(epoch)
 
     def order(self, epoch: int | None = None) -> list[int]:
-        """This rank's sample positions for ``epoch`` (default: the current one), in order."""
+        """This rank's sample positions for ``epoch`` (default: the current one), in order; for
+        the current epoch after an elastic resume, what is left of it on this world size."""
         return self._order(epoch).tolist()
 
-    def _order(self, epoch: int | None = None) -> np.ndarray:
-        return rank_order_array(self.counts, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                                shuffle=self.shuffle, buffer_size=self.buffer_size, rank=self.rank,
-                                world_size=self.world_size, drop_last=self.drop_last,
-                                block_size=self.block_size)
+    def _stages(self) -> list[tuple[int, int]]:
+        k = int(self._shared[2])
+        return [(int(self._shared[3 + 2 * i]), int(self._shared[4 + 2 * i])) for i in range(k)]
+
+    def _stream(self, epoch: int) -> np.ndarray:
+        return epoch_stream(self.counts, epoch_shard_order(len(self.counts), seed=self.seed, epoch=epoch,
+                                                           shuffle=self.shuffle))
+
+    def _order(self, epoch: int | None = None, stages: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+        epoch = self.epoch if epoch is None else epoch
+        if stages is None:
+            stages = self._stages() if epoch == self.epoch else []
+        stream = self._stream(epoch)
+
+        def first(rank: int, world: int) -> np.ndarray:
+            return rank_slots(len(stream), seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                              buffer_size=self.buffer_size, rank=rank, world_size=world,
+                              drop_last=self.drop_last, block_size=self.block_size)
+
+        return stream[elastic_slots(first, len(stream), stages, rank=self.rank, world_size=self.world_size,
+                                    drop_last=self.drop_last)]
 
     def __iter__(self) -> Iterator[Any]:
         epoch, skip = int(self._shared[0]), int(self._shared[1])
@@ -269,7 +329,12 @@ class StreamingDataset(IterableDataset):
             yield self.dataset[int(i)]
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
-        """Where this rank is in the epoch.
+        """Where this rank is in the epoch, and what it ran on (plain JSON).
+
+        ``position`` counts the samples this rank read of its order on ``world_size`` ranks;
+        ``resumes`` lists the earlier ``[world size, position]`` of this epoch when it was
+        resumed on other world sizes (``load_state_dict``). Every rank reads the same count, so
+        any rank's state describes them all.
 
         Args:
             num_samples: samples this rank consumed since the current iteration began (e.g.
@@ -279,20 +344,44 @@ class StreamingDataset(IterableDataset):
         position = self._position if num_samples is None else int(self._shared[1]) + int(num_samples)
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
-                "world_size": self.world_size, "count": sum(self.counts)}
+                "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
+                "resumes": [list(s) for s in self._stages()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields the rest of that epoch's order."""
+        """Continue from ``state``: the next iteration yields the rest of that epoch's order.
+
+        On the world size the state was taken on, this rank continues its own order. On another
+        world size (elastic resume) the samples no rank has read yet are split again evenly
+        over the new ranks (``elastic_slots``); later epochs are what a fresh run on this world
+        size reads. Refused with ``UsageError`` naming the difference when the state was taken
+        with another seed, shuffle, size or sample count, or cannot be placed exactly.
+        """
         if "block_size" not in state and self.shuffle and self.block_size is not None:
             raise UsageError("cannot resume: the state predates the block shuffle (it has no block_size); "
                              "build the dataset with block_size=None to continue its buffer-shuffled order")
-        for k in ("seed", "shuffle", "buffer_size", "block_size", "drop_last", "world_size", "count"):
+        for k in ("seed", "shuffle", "buffer_size", "block_size", "drop_last", "count"):
             mine = getattr(self, k) if k != "count" else sum(self.counts)
             if k in state and state[k] != mine:
                 raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this dataset {mine!r}")
-        position = int(state.get("position", 0))
-        if not 0 <= position <= len(self):
-            raise UsageError(f"cannot resume: position {position} is not in [0, {len(self)}]")
-        self._shared[0] = int(state["epoch"])
+        self._load_position(state)
+
+    def _load_position(self, state: dict[str, Any]) -> None:
+        epoch, position = int(state["epoch"]), int(state.get("position", 0))
+        stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
+        world = int(state.get("world_size", self.world_size))
+        if world < 1:
+            raise UsageError(f"cannot resume: state has world_size={world}")
+        if world != self.world_size:  # elastic: what every rank read so far becomes a finished stage
+            stages.append((world, position))
+            position = 0
+        if len(stages) > MAX_RESUMES:
+            raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
+        left = len(self._order(epoch, stages))
+        if not 0 <= position <= left:
+            raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+        self._shared[0] = epoch
         self._shared[1] = position
+        self._shared[2] = len(stages)
+        for i, (w, p) in enumerate(stages):
+            self._shared[3 + 2 * i], self._shared[4 + 2 * i] = w, p
         self._position = position
