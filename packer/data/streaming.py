@@ -32,7 +32,7 @@ import logging
 import math
 import os
 import random
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import UsageError
 from packer.data.datasets import PackedDataset
+from packer.data.sources import mix_counts, mix_stream, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
            "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resolve_rank", "block_shuffle",
@@ -231,8 +232,22 @@ class StreamingDataset(IterableDataset):
     reaches persistent workers too). For a mid-epoch resume save ``state_dict(num_samples)``
     and give it to ``load_state_dict`` of a fresh dataset built with the same arguments.
 
+    Several packs read as one stream (weighted mixing): give ``path`` as a mapping of path (or
+    URL) to weight, e.g. ``{"k400.records": 0.7, "mine.records": 0.3}``. Each epoch then holds
+    ``epoch_size`` samples (default: the sources' total) split by those proportions exactly
+    (a source smaller than its share is repeated, a larger one subsampled anew each epoch),
+    interleaved at random across sources before the rank split and shuffle, so resume and
+    elastic resume work as for one pack. Samples are ``(image, label, source)``: ``source``
+    indexes ``sources``; labels are each source's own unless ``label_map`` is given.
+
     Args:
-        path: the packed output (or a list of TFRecord files with ``.idx`` indexes).
+        path: the packed output (or a list of TFRecord files with ``.idx`` indexes), or a
+            mapping of such paths to weights (see above).
+        epoch_size: samples an epoch of a mix (``mix_by="proportion"``).
+        mix_by: ``"proportion"`` (weights normalized over ``epoch_size``) or ``"repeat"`` (each
+            source gives ``round(weight x its size)`` samples an epoch, like MDS's ``repeat``).
+        label_map: class name -> label for every class of every source of a mix: one label
+            space across sources (``classes`` then follows it).
         order: a ``StreamOrder`` (its fields may also be given as keywords, which win):
         shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
@@ -253,13 +268,24 @@ class StreamingDataset(IterableDataset):
     def __init__(self, path: Any, order: StreamOrder | None = None, *, decode: str = "pil",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
-                 rank: int | None = None, world_size: int | None = None, **options: Any):
+                 rank: int | None = None, world_size: int | None = None, epoch_size: int | None = None,
+                 mix_by: str = "proportion", label_map: Mapping[str, int] | None = None, **options: Any):
         order_fields = {k: options.pop(k) for k in list(options) if k in _ORDER_FIELDS}
         self.options = dataclasses.replace(order or StreamOrder(), **order_fields)
-        self.dataset = PackedDataset(path, decode=decode, transform=transform,
-                                     target_transform=target_transform, check_crc=check_crc, **options)
-        reader = self.dataset.reader
-        self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
+        self.target_transform = target_transform
+        if isinstance(path, Mapping):
+            self._open_mix(path, decode=decode, transform=transform, check_crc=check_crc, epoch_size=epoch_size,
+                           mix_by=mix_by, label_map=label_map, options=options)
+        else:
+            if epoch_size is not None or mix_by != "proportion" or label_map is not None:
+                raise UsageError("epoch_size, mix_by and label_map are for a mix: give path as {path: weight}")
+            self.dataset = PackedDataset(path, decode=decode, transform=transform,
+                                         target_transform=target_transform, check_crc=check_crc, **options)
+            self.sources = [self.dataset]
+            reader = self.dataset.reader
+            self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
+            self.mix: list[int] | None = None
+        self._n = sum(self.mix) if self.mix is not None else sum(self.counts)
         o = self.options
         self.shuffle, self.seed, self.buffer_size = o.shuffle, int(o.seed), o.buffer_size
         self.block_size, self.drop_last, self.batch_size = o.block_size, o.drop_last, o.batch_size
@@ -269,8 +295,30 @@ class StreamingDataset(IterableDataset):
         self._shared = torch.zeros(3 + 2 * MAX_RESUMES, dtype=torch.int64).share_memory_()
         self._position = 0  # samples of this epoch's order yielded in this process
 
+    def _open_mix(self, paths: Mapping[Any, float], *, decode: Any, transform: Any, check_crc: bool,
+                  epoch_size: int | None, mix_by: str, label_map: Mapping[str, int] | None,
+                  options: dict[str, Any]) -> None:
+        self.dataset = None  # several: ``sources``
+        self.sources = [PackedDataset(p, decode=decode, transform=transform, check_crc=check_crc, **options)
+                        for p in paths]
+        self.weights = [float(w) for w in paths.values()]
+        sizes = [len(d) for d in self.sources]
+        self.mix = mix_counts(sizes, self.weights, by=mix_by, epoch_size=epoch_size)
+        self.source_counts = [list(getattr(d.reader, "shard_counts", None) or [len(d)]) for d in self.sources]
+        self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        self.counts = [c for sc in self.source_counts for c in sc]
+        self.label_map = dict(label_map) if label_map is not None else None
+        self._luts: list[np.ndarray] | None = None
+        if self.label_map is not None:
+            self._luts = []
+            for d in self.sources:
+                missing = [c for c in d.classes if c not in self.label_map]
+                if missing:
+                    raise UsageError(f"label_map lacks classes {missing[:5]} of {d.path}")
+                self._luts.append(np.array([int(self.label_map[c]) for c in d.classes], dtype=np.int64))
+
     def __len__(self) -> int:
-        n = sum(self.counts)
+        n = self._n
         return n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
 
     @property
@@ -279,7 +327,15 @@ class StreamingDataset(IterableDataset):
 
     @property
     def classes(self) -> list[str]:
-        return self.dataset.classes
+        """Class names, index = label (a mix: those of ``label_map``; without one labels are per source)."""
+        if self.dataset is not None:
+            return self.dataset.classes
+        if self.label_map is None:
+            raise UsageError("a mix without label_map has labels per source: see sources[i].classes")
+        names: dict[int, str] = {}
+        for name, label in self.label_map.items():
+            names.setdefault(int(label), name)
+        return [names[k] for k in sorted(names)]
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on (a pending resume of that epoch stays)."""
@@ -297,8 +353,21 @@ class StreamingDataset(IterableDataset):
         return [(int(self._shared[3 + 2 * i]), int(self._shared[4 + 2 * i])) for i in range(k)]
 
     def _stream(self, epoch: int) -> np.ndarray:
+        if self.mix is not None:
+            return self._mix_stream(epoch)
         return epoch_stream(self.counts, epoch_shard_order(len(self.counts), seed=self.seed, epoch=epoch,
                                                            shuffle=self.shuffle))
+
+    def _mix_stream(self, epoch: int) -> np.ndarray:
+        picks = []
+        for i, counts in enumerate(self.source_counts):
+            shard_seed = int(np.random.SeedSequence([self.seed, 3, i]).generate_state(1)[0])
+            stream = epoch_stream(counts, epoch_shard_order(len(counts), seed=shard_seed, epoch=epoch,
+                                                            shuffle=self.shuffle))
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, 4, i])) if self.shuffle else None
+            picks.append(source_picks(stream, self.mix[i], rng))
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, 5])) if self.shuffle else None
+        return mix_stream(picks, self.offsets, rng)
 
     def _order(self, epoch: int | None = None, stages: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
         epoch = self.epoch if epoch is None else epoch
@@ -321,12 +390,30 @@ class StreamingDataset(IterableDataset):
         todo = self._order(epoch)[skip:]
         self._position = skip
         mine = list(split_by_worker(todo, worker, workers, self.batch_size))
+        if self.mix is not None:
+            yield from self._iter_mix(mine)
+            return
         plan = getattr(self.dataset.reader, "plan", None)  # remote shards: prefetch in this order
         if plan is not None:
             plan(mine)
         for i in mine:
             self._position += 1
             yield self.dataset[int(i)]
+
+    def _iter_mix(self, mine: list[int]) -> Iterator[Any]:
+        which = np.searchsorted(self.offsets, np.asarray(mine, dtype=np.int64), side="right") - 1
+        for s, d in enumerate(self.sources):
+            plan = getattr(d.reader, "plan", None)
+            if plan is not None:
+                plan([int(i) - int(self.offsets[s]) for i, w in zip(mine, which) if w == s])
+        for i, s in zip(mine, which.tolist()):
+            image, label = self.sources[s][int(i) - int(self.offsets[s])]
+            if self._luts is not None:
+                label = int(self._luts[s][label])
+            if self.target_transform is not None:
+                label = self.target_transform(label)
+            self._position += 1
+            yield image, label, s
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
         """Where this rank is in the epoch, and what it ran on (plain JSON).
@@ -345,7 +432,12 @@ class StreamingDataset(IterableDataset):
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
                 "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
-                "resumes": [list(s) for s in self._stages()]}
+                "resumes": [list(s) for s in self._stages()], **self._mix_state()}
+
+    def _mix_state(self) -> dict[str, Any]:
+        if self.mix is None:
+            return {}
+        return {"sources": [[d.path, len(d), w, n] for d, w, n in zip(self.sources, self.weights, self.mix)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch's order.
@@ -363,6 +455,10 @@ class StreamingDataset(IterableDataset):
             mine = getattr(self, k) if k != "count" else sum(self.counts)
             if k in state and state[k] != mine:
                 raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this dataset {mine!r}")
+        theirs, mine = state.get("sources"), self._mix_state().get("sources")
+        if (theirs is None) != (mine is None) or (mine is not None and [s[1:] for s in theirs] != [s[1:] for s in mine]):
+            raise UsageError(f"cannot resume: state has sources [path, size, weight, samples an epoch] "
+                             f"{theirs}, this dataset {mine}")
         self._load_position(state)
 
     def _load_position(self, state: dict[str, Any]) -> None:
