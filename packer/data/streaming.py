@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.errors import UsageError
+from packer.errors import CorruptData, CorruptSample, UsageError
 from packer.data.datasets import PackedDataset
 from packer.data.sources import mix_counts, mix_stream, source_picks
 
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUFFER_SIZE = 4096
 DEFAULT_BLOCK_SIZE = 1 << 18  # samples per shuffle block (MosaicML Streaming's default too)
 MAX_RESUMES = 32  # world-size changes within one epoch (the state lives in a fixed shared tensor)
+MAX_WORKERS = 64  # DataLoader workers a skip report has rows for
+ON_CORRUPT = ("raise", "skip")
 T = TypeVar("T")
 
 
@@ -190,6 +192,25 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
     return split_by_rank(remaining, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
+def skip_cap(on_corrupt: str, max_skipped: int | float, samples: int) -> int:
+    """Samples a rank may skip per epoch: ``max_skipped`` as a count, or a fraction of ``samples``."""
+    if on_corrupt not in ON_CORRUPT:
+        raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)):
+        raise UsageError(f"max_skipped must be a count (int) or a fraction (float), not {max_skipped!r}")
+    if on_corrupt == "raise":
+        if max_skipped:
+            raise UsageError("max_skipped needs on_corrupt='skip'")
+        return 0
+    if isinstance(max_skipped, float):
+        if not 0.0 <= max_skipped <= 1.0:
+            raise UsageError(f"max_skipped as a fraction must be in [0, 1], not {max_skipped}")
+        return int(max_skipped * samples)
+    if max_skipped < 0:
+        raise UsageError(f"max_skipped must be >= 0, not {max_skipped}")
+    return int(max_skipped)
+
+
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """(rank, world size): as given, else from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``."""
     if rank is None or world_size is None:
@@ -248,6 +269,14 @@ class StreamingDataset(IterableDataset):
             source gives ``round(weight x its size)`` samples an epoch, like MDS's ``repeat``).
         label_map: class name -> label for every class of every source of a mix: one label
             space across sources (``classes`` then follows it).
+        on_corrupt: ``"raise"`` (default): a damaged sample (``CorruptData``/``CorruptSample``
+            on read or decode) raises. ``"skip"``: it is replaced by the next valid sample of
+            this worker's order (the count per rank stays equal), logged once with its key and
+            reason, and listed in ``skipped`` (and ``state_dict``); each worker logs its skips
+            again when its epoch ends.
+        max_skipped: with ``on_corrupt="skip"``, the most samples skipped per rank and epoch:
+            a count (int) or a fraction of ``len(dataset)`` (float in [0, 1]); the next one
+            raises ``CorruptData`` naming it.
         order: a ``StreamOrder`` (its fields may also be given as keywords, which win):
         shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
@@ -269,7 +298,8 @@ class StreamingDataset(IterableDataset):
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
                  rank: int | None = None, world_size: int | None = None, epoch_size: int | None = None,
-                 mix_by: str = "proportion", label_map: Mapping[str, int] | None = None, **options: Any):
+                 mix_by: str = "proportion", label_map: Mapping[str, int] | None = None,
+                 on_corrupt: str = "raise", max_skipped: int | float = 0, **options: Any):
         order_fields = {k: options.pop(k) for k in list(options) if k in _ORDER_FIELDS}
         self.options = dataclasses.replace(order or StreamOrder(), **order_fields)
         self.target_transform = target_transform
@@ -294,6 +324,11 @@ class StreamingDataset(IterableDataset):
         # that set_epoch/load_state_dict reach DataLoader workers that persist across epochs.
         self._shared = torch.zeros(3 + 2 * MAX_RESUMES, dtype=torch.int64).share_memory_()
         self._position = 0  # samples of this epoch's order yielded in this process
+        self.on_corrupt, self.max_skipped = on_corrupt, max_skipped
+        self._skip_cap = skip_cap(on_corrupt, max_skipped, len(self))
+        # per DataLoader worker: [epoch, skipped, positions...] (a worker writes only its row)
+        self._skips = torch.zeros(MAX_WORKERS if on_corrupt == "skip" else 0, self._skip_cap + 2,
+                                  dtype=torch.int64).share_memory_()
 
     def _open_mix(self, paths: Mapping[Any, float], *, decode: Any, transform: Any, check_crc: bool,
                   epoch_size: int | None, mix_by: str, label_map: Mapping[str, int] | None,
@@ -391,29 +426,105 @@ class StreamingDataset(IterableDataset):
         self._position = skip
         mine = list(split_by_worker(todo, worker, workers, self.batch_size))
         if self.mix is not None:
-            yield from self._iter_mix(mine)
+            which = np.searchsorted(self.offsets, np.asarray(mine, dtype=np.int64), side="right") - 1
+            for src, d in enumerate(self.sources):  # remote shards: prefetch in this order
+                plan = getattr(d.reader, "plan", None)
+                if plan is not None:
+                    plan([int(i) - int(self.offsets[src]) for i, w in zip(mine, which) if w == src])
+        else:
+            plan = getattr(self.dataset.reader, "plan", None)
+            if plan is not None:
+                plan(mine)
+        if self.on_corrupt == "skip":
+            yield from self._iter_skipping(mine, epoch, worker)
             return
-        plan = getattr(self.dataset.reader, "plan", None)  # remote shards: prefetch in this order
-        if plan is not None:
-            plan(mine)
+        read = self._read
         for i in mine:
             self._position += 1
-            yield self.dataset[int(i)]
+            yield read(int(i))
 
-    def _iter_mix(self, mine: list[int]) -> Iterator[Any]:
-        which = np.searchsorted(self.offsets, np.asarray(mine, dtype=np.int64), side="right") - 1
-        for s, d in enumerate(self.sources):
-            plan = getattr(d.reader, "plan", None)
-            if plan is not None:
-                plan([int(i) - int(self.offsets[s]) for i, w in zip(mine, which) if w == s])
-        for i, s in zip(mine, which.tolist()):
-            image, label = self.sources[s][int(i) - int(self.offsets[s])]
-            if self._luts is not None:
-                label = int(self._luts[s][label])
-            if self.target_transform is not None:
-                label = self.target_transform(label)
+    def _read(self, i: int) -> Any:
+        if self.mix is None:
+            return self.dataset[i]
+        src = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        image, label = self.sources[src][i - int(self.offsets[src])]
+        if self._luts is not None:
+            label = int(self._luts[src][label])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label, src
+
+    def _key(self, i: int) -> str:
+        if self.mix is None:
+            return self.dataset.keys[i]
+        src = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return f"{self.sources[src].path}:{self.sources[src].keys[i - int(self.offsets[src])]}"
+
+    def _where(self) -> str:
+        return self.dataset.path if self.mix is None else ", ".join(d.path for d in self.sources)
+
+    def _iter_skipping(self, mine: list[int], epoch: int, worker: int) -> Iterator[Any]:
+        if worker >= MAX_WORKERS:
+            raise UsageError(f"on_corrupt='skip' reports for at most {MAX_WORKERS} DataLoader workers")
+        row = self._skips[worker]
+        if int(row[0]) != epoch:
+            row.zero_()
+            row[0] = epoch
+        bad: set[int] = set()  # positions found corrupt in this pass (recorded once)
+        last = None
+        for k, i in enumerate(mine):
+            for j in range(k, len(mine)):  # this sample, else the next valid one
+                cand = int(mine[j])
+                if cand in bad:
+                    continue
+                try:
+                    sample = self._read(cand)
+                    break
+                except (CorruptData, CorruptSample) as e:
+                    bad.add(cand)
+                    self._record_skip(row, epoch, cand, e)
+            else:
+                if last is None:
+                    raise CorruptData(self._where(), f"no valid sample left to replace position {i} "
+                                      f"in this worker's part of epoch {epoch}", key=self._key(int(i)))
+                sample = last
+            last = sample
             self._position += 1
-            yield image, label, s
+            yield sample
+        if int(row[1]):
+            log.warning("epoch %d: skipped %d corrupt samples in this worker: %s", epoch, int(row[1]),
+                        ", ".join(self._key(int(p)) for p in row[2:2 + int(row[1])].tolist()))
+
+    def _record_skip(self, row: torch.Tensor, epoch: int, i: int, e: Exception) -> None:
+        total = sum(int(r[1]) for r in self._skips if int(r[0]) == epoch)
+        key = self._key(i)
+        if total + 1 > self._skip_cap:
+            raise CorruptData(self._where(), f"corrupt sample {key!r} (position {i}) would be skipped sample "
+                              f"{total + 1} of epoch {epoch} on this rank, more than max_skipped="
+                              f"{self.max_skipped!r}: {e}", key=key, position=i) from e
+        n = int(row[1])
+        row[2 + n] = i
+        row[1] = n + 1
+        log.warning("skipping corrupt sample %r (position %d, epoch %d; %d skipped so far): %s",
+                    key, i, epoch, total + 1, e)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The current epoch's skipped samples on this rank (all workers): position, key and
+        reason (read again: damage is deterministic), in the order each worker met them."""
+        out = []
+        for p in self._skipped_positions():
+            try:
+                self._read(p)
+                reason = "read again without error"
+            except (CorruptData, CorruptSample) as e:
+                reason = str(e)
+            out.append({"position": p, "key": self._key(p), "reason": reason})
+        return out
+
+    def _skipped_positions(self) -> list[int]:
+        return [int(p) for row in self._skips if int(row[0]) == self.epoch
+                for p in row[2:2 + int(row[1])].tolist()]
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
         """Where this rank is in the epoch, and what it ran on (plain JSON).
@@ -432,7 +543,8 @@ class StreamingDataset(IterableDataset):
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
                 "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
-                "resumes": [list(s) for s in self._stages()], **self._mix_state()}
+                "resumes": [list(s) for s in self._stages()], **self._mix_state(),
+                **({"skipped": self._skipped_positions()} if self.on_corrupt == "skip" else {})}
 
     def _mix_state(self) -> dict[str, Any]:
         if self.mix is None:
@@ -475,6 +587,11 @@ class StreamingDataset(IterableDataset):
         left = len(self._order(epoch, stages))
         if not 0 <= position <= left:
             raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+        self._skips.zero_()
+        if self.on_corrupt == "skip" and state.get("skipped"):
+            skipped = [int(p) for p in state["skipped"]][:self._skip_cap]
+            self._skips[0, 0], self._skips[0, 1] = epoch, len(skipped)
+            self._skips[0, 2:2 + len(skipped)] = torch.tensor(skipped, dtype=torch.int64)
         self._shared[0] = epoch
         self._shared[1] = position
         self._shared[2] = len(stages)
