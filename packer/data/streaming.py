@@ -150,7 +150,10 @@ def rank_slots(n: int, *, seed: int, epoch: int, shuffle: bool, buffer_size: int
     """The *slots* (positions in the epoch's stream of ``n``) rank ``rank`` reads, in order: its
     ``split_by_rank`` slice, then a block shuffle or a shuffle buffer. Both shuffles move items
     by position only, so ``stream[rank_slots(...)]`` is the rank's order of samples."""
-    mine = split_by_rank(np.arange(n, dtype=np.int64), rank=rank, world_size=world_size, drop_last=drop_last)
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)  # split_by_rank of arange(n)
+    mine = np.arange(rank * per_rank, (rank + 1) * per_rank, dtype=np.int64)
+    if n and not drop_last and len(mine) and mine[-1] >= n:  # padding repeats the stream's start
+        mine %= n
     if shuffle and block_size is not None and block_size > 1:
         sq = np.random.SeedSequence([seed, epoch, 2, rank])
         return block_shuffle(mine, block_size, np.random.default_rng(sq))
@@ -438,7 +441,7 @@ class StreamingDataset(IterableDataset):
         if self.on_corrupt == "skip":
             yield from self._iter_skipping(mine, epoch, worker)
             return
-        read = self._read
+        read = self._read if self.mix is not None else self.dataset.__getitem__
         for i in mine:
             self._position += 1
             yield read(int(i))
