@@ -11,7 +11,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from conftest import write_image_folder
-from packer import StreamingDataset
+from packer import Loader, PackedDataset, StreamingDataset
+from packer.data import LoaderError
 from packer.commands.pack_images import pack_images
 from packer.errors import CorruptData, UsageError
 from packer.formats import open_reader
@@ -107,3 +108,22 @@ def test_a_mix_skips_with_source_keys(damaged, tmp_path):
                           on_corrupt="skip", max_skipped=6)
     assert len(list(ds)) == 60
     assert sorted(r["key"] for r in ds.skipped) == sorted(f"{p}:{k}" for p in (path, other) for k in bad)
+
+
+def test_loader_threads_skip_within_the_cap_and_raise_past_it(damaged):
+    path, bad = damaged
+    ds = PackedDataset(path, decode="bytes")
+    loader = Loader(ds, batch_size=4, shuffle=True, seed=2, num_threads=2, collate=no_collate,
+                    on_corrupt="skip", max_skipped=5)
+    got = [b for batch in loader for b, _ in batch]
+    assert len(got) == 30 and len(set(got)) == 27
+    assert sorted(r["key"] for r in loader.skipped) == sorted(bad)
+    assert all("CRC32C" in r["reason"] for r in loader.skipped)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert sorted(state["skipped"]) == sorted(int(r["index"]) for r in loader.skipped)
+    strict = Loader(ds, batch_size=4, num_threads=1, collate=no_collate, on_corrupt="skip", max_skipped=2)
+    with pytest.raises(LoaderError, match="more than max_skipped=2") as e:
+        list(strict)
+    assert bad[2] in str(e.value) and [r["key"] for r in strict.skipped] == bad[:2]
+    with pytest.raises(LoaderError, match="CRC32C"):
+        list(Loader(ds, batch_size=4, num_threads=2, collate=no_collate))  # raising stays the default
