@@ -48,7 +48,7 @@ def no_collate(batch):
     return batch
 
 
-def _stream_stage(path, ids, world, steps, state, kw):
+def stream_stage(path, ids, world, steps, state, kw):
     """Every rank of one stage: load ``state``, read ``steps`` batches (all: None); the samples
     read per rank and one rank's state afterwards."""
     per_rank, states = [], []
@@ -61,7 +61,7 @@ def _stream_stage(path, ids, world, steps, state, kw):
         for step, batch in enumerate(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=no_collate)):
             if steps is not None and step == steps:
                 break
-            got += [ids[b] for b, _ in batch]
+            got += [ids[sample[0]] for sample in batch]  # (image, label) or a mix's (image, label, source)
         per_rank.append(got)
         states.append(ds.state_dict(num_samples=len(got)))
     return per_rank, states
@@ -73,7 +73,7 @@ def test_streaming_resumes_8_3_5_1_within_an_epoch(packs, fmt):
     ids = ids_of(path)
     seen, state = [], None
     for world, steps in STAGES:
-        per_rank, states = _stream_stage(path, ids, world, steps, state, kw)
+        per_rank, states = stream_stage(path, ids, world, steps, state, kw)
         assert len({len(p) for p in per_rank}) == 1  # equal counts: DDP never waits on a rank
         seen += [x for p in per_rank for x in p]
         assert len({json.dumps({k: v for k, v in s.items() if k != "rank"}) for s in states}) == 1
@@ -91,7 +91,7 @@ def test_fixed_world_resume_is_todays(packs):
     """Same world size: the state has no resumes and each rank continues its own order."""
     path, kw = packs["records"], dict(decode="bytes", seed=3, block_size=10, batch_size=3)
     ids = ids_of(path)
-    per_rank, states = _stream_stage(path, ids, 4, 2, None, kw)
+    per_rank, states = stream_stage(path, ids, 4, 2, None, kw)
     for rank in range(4):
         ds = StreamingDataset(path, rank=rank, world_size=4, **kw)
         ds.set_epoch(1)
@@ -108,7 +108,7 @@ def test_uneven_resume_pads_equal_counts_and_covers_all(packs):
     ids = ids_of(path)
     seen, state = [], None
     for world, steps in [(7, 1), (4, 2), (2, None)]:
-        per_rank, states = _stream_stage(path, ids, world, steps, state, kw)
+        per_rank, states = stream_stage(path, ids, world, steps, state, kw)
         assert len({len(p) for p in per_rank}) == 1
         seen += [x for p in per_rank for x in p]
         state = states[0]

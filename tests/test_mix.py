@@ -3,15 +3,14 @@ repeat count, split by rank, resumable and elastic mid-epoch."""
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
 
 from conftest import write_image_folder
+from test_elastic import STAGES, stream_stage
 from packer import StreamingDataset
 from packer.commands.pack_images import pack_images
 from packer.data.sources import mix_counts, mix_stream, source_picks
@@ -39,10 +38,6 @@ def ids_of(paths) -> dict[bytes, tuple[int, int]]:
         reader = open_reader(p)
         table.update({reader.read(i).data: (s, i) for i in range(len(reader))})
     return table
-
-
-def no_collate(batch):
-    return batch
 
 
 def test_mix_counts_are_exact_and_checked():
@@ -108,23 +103,11 @@ def test_mix_resumes_8_3_5_1_with_workers(packs):
     fresh.set_epoch(1)
     expected = Counter(fresh.order())  # the epoch's stream: repeats of small sources included
     seen, state = [], None
-    for world, steps in [(8, 2), (3, 3), (5, 1), (1, None)]:
-        lens = []
-        for rank in range(world):
-            ds = StreamingDataset(paths, rank=rank, world_size=world, **kw)
-            if state is not None:
-                ds.load_state_dict(json.loads(json.dumps(state)))
-            ds.set_epoch(1)
-            got = []
-            for step, batch in enumerate(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=no_collate)):
-                if steps is not None and step == steps:
-                    break
-                got += [ids[b] for b, _, _ in batch]
-            lens.append(len(got))
-            seen += got
-            rank_state = ds.state_dict(num_samples=len(got))
-        assert len(set(lens)) == 1
-        state = rank_state
+    for world, steps in STAGES:
+        per_rank, states = stream_stage(paths, ids, world, steps, state, kw)
+        assert len({len(p) for p in per_rank}) == 1
+        seen += [x for p in per_rank for x in p]
+        state = states[-1]
     offsets = [0, 40, 65]
     assert Counter(offsets[s] + i for s, i in seen) == expected
     with pytest.raises(UsageError, match="sources"):

@@ -45,7 +45,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from packer.data.streaming import MAX_RESUMES, elastic_slots, resolve_rank, skip_cap, split_by_rank
+from packer.data.streaming import elastic_slots, resolve_rank, resume_point, skip_cap, split_by_rank
 from packer.errors import CorruptData, CorruptSample, PackerError, UsageError
 
 try:  # OpenCV is a core dependency; guarded only so that a broken install degrades to numpy
@@ -639,17 +639,8 @@ class Loader:
             mine = getattr(self, k) if k != "count" else len(self.dataset)
             if k in state and state[k] != mine:
                 raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this loader {mine!r}")
-        epoch, position = int(state["epoch"]), int(state.get("position", 0))
-        resumes = [(int(w), int(p)) for w, p in state.get("resumes", [])]
-        world = int(state.get("world_size", self.world_size))
-        if world != self.world_size:
-            resumes.append((world, position))
-            position = 0
-        if len(resumes) > MAX_RESUMES:
-            raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
-        left = len(self._indices(epoch, resumes))
-        if not 0 <= position <= left:
-            raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+        epoch, position, resumes = resume_point(state, self.world_size,
+                                                lambda e, r: len(self._indices(e, r)))
         self._resume = (epoch, position, resumes)
         self._epoch = epoch
         if self.on_corrupt == "skip":

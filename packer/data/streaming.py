@@ -43,7 +43,7 @@ from packer.data.datasets import PackedDataset
 from packer.data.sources import mix_counts, mix_stream, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
-           "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resolve_rank", "block_shuffle",
+           "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resume_point", "resolve_rank", "block_shuffle",
            "DEFAULT_BUFFER_SIZE", "DEFAULT_BLOCK_SIZE", "MAX_RESUMES"]
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,28 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
         rest = rest[np.sort(first_at)]
         remaining = rest[~seen[rest]]
     return split_by_rank(remaining, rank=rank, world_size=world_size, drop_last=drop_last)
+
+
+def resume_point(state: dict[str, Any], world_size: int,
+                 remaining: Callable[[int, list[tuple[int, int]]], int]) -> tuple[int, int, list[tuple[int, int]]]:
+    """(epoch, position, resumes) to continue ``state`` on ``world_size`` ranks: on the state's
+    own world size its position; on another (elastic) what every rank read becomes a finished
+    stage ``(world, position)`` and the new ranks start at 0. ``remaining(epoch, resumes)``: the
+    rank's samples left then, to check the position against."""
+    epoch, position = int(state["epoch"]), int(state.get("position", 0))
+    stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
+    world = int(state.get("world_size", world_size))
+    if world < 1:
+        raise UsageError(f"cannot resume: state has world_size={world}")
+    if world != world_size:
+        stages.append((world, position))
+        position = 0
+    if len(stages) > MAX_RESUMES:
+        raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
+    left = remaining(epoch, stages)
+    if not 0 <= position <= left:
+        raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+    return epoch, position, stages
 
 
 def skip_cap(on_corrupt: str, max_skipped: int | float, samples: int) -> int:
@@ -577,19 +599,8 @@ class StreamingDataset(IterableDataset):
         self._load_position(state)
 
     def _load_position(self, state: dict[str, Any]) -> None:
-        epoch, position = int(state["epoch"]), int(state.get("position", 0))
-        stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
-        world = int(state.get("world_size", self.world_size))
-        if world < 1:
-            raise UsageError(f"cannot resume: state has world_size={world}")
-        if world != self.world_size:  # elastic: what every rank read so far becomes a finished stage
-            stages.append((world, position))
-            position = 0
-        if len(stages) > MAX_RESUMES:
-            raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
-        left = len(self._order(epoch, stages))
-        if not 0 <= position <= left:
-            raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+        epoch, position, stages = resume_point(state, self.world_size,
+                                               lambda e, st: len(self._order(e, st)))
         self._skips.zero_()
         if self.on_corrupt == "skip" and state.get("skipped"):
             skipped = [int(p) for p in state["skipped"]][:self._skip_cap]
