@@ -173,3 +173,44 @@ def test_resumes_that_cannot_be_exact_are_refused(packs):
     loader = Loader(PackedDataset(path, decode="bytes"), batch_size=3, rank=0, world_size=2)
     with pytest.raises(PackerError, match="count"):
         loader.load_state_dict({**loader.state_dict(), "count": 7})
+
+
+def test_loader_over_video_clips_resumes_3_2_1(tmp_path):
+    """The video datasets are map-style: a ``Loader`` over them resumes across world sizes too."""
+    import hashlib
+
+    from conftest import write_video
+    from packer import PackedVideoDataset
+    from packer.commands.decode_frames import decode_frames
+
+    for i in range(9):
+        write_video(tmp_path / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
+    decode_frames(tmp_path / "src", tmp_path / "packed", to="lmdb", workers=0)
+    ds = PackedVideoDataset(tmp_path / "packed", test_mode=True, clip_len=2)
+
+    def digest(sample) -> str:
+        clip = sample[0]
+        return hashlib.sha256(np.ascontiguousarray(np.asarray(clip)).tobytes()).hexdigest()
+
+    ids = {digest(ds[i]): i for i in range(len(ds))}
+    assert len(ids) == 9
+    kw = dict(batch_size=1, shuffle=True, seed=1, num_threads=2, collate=no_collate)
+    seen, state = [], None
+    for world, steps in [(3, 1), (2, 1), (1, None)]:
+        per_rank = []
+        for rank in range(world):
+            loader = Loader(ds, rank=rank, world_size=world, **kw)
+            if state is not None:
+                loader.load_state_dict(state)
+            it, got = iter(loader), []
+            for step, batch in enumerate(it):
+                got += [ids[digest(s)] for s in batch]
+                if steps is not None and step + 1 == steps:
+                    break
+            it.close()
+            per_rank.append(got)
+            after = loader.state_dict()
+        assert len({len(p) for p in per_rank}) == 1
+        seen += [x for p in per_rank for x in p]
+        state = after
+    assert sorted(seen) == list(range(9))
