@@ -45,8 +45,8 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from packer.data.streaming import resolve_rank, split_by_rank
-from packer.errors import PackerError, UsageError
+from packer.data.streaming import elastic_slots, resolve_rank, resume_point, skip_cap, split_by_rank
+from packer.errors import CorruptData, CorruptSample, PackerError, UsageError
 
 try:  # OpenCV is a core dependency; guarded only so that a broken install degrades to numpy
     import cv2
@@ -195,6 +195,7 @@ class Epoch:
 
     def __init__(self, loader: "Loader", indices: np.ndarray):
         self.loader = loader
+        self.order = indices
         self.batches = [indices[i:i + loader.batch_size] for i in range(0, len(indices), loader.batch_size)]
         if loader.drop_last and self.batches and len(self.batches[-1]) < loader.batch_size:
             self.batches.pop()
@@ -239,12 +240,17 @@ class Epoch:
                     raise LoaderError(index, self.loader._where(index), exc) from exc
                 out = b.result
                 b.result = None
+                self.loader._consumed += len(b.indices)  # handed out: what state_dict counts
                 b.arrays.clear()  # (numpy views count as references to the buffer)
                 for buf in b.images.values():
                     self.loader.pool.release(buf)
                 b = None
                 yield out
                 del out
+            skipped = self.loader._skipped
+            if skipped:
+                log.warning("epoch %d: skipped %d corrupt samples: %s", self.loader._pass[0], len(skipped),
+                            ", ".join(str(r["key"] if r["key"] is not None else r["index"]) for r in skipped))
         finally:
             self.close()
 
@@ -333,10 +339,40 @@ class Epoch:
             e._packer_pos = done  # type: ignore[attr-defined]
             raise
 
+    def _fetch_skipping(self, indices: list[int], flat: int) -> Iterator[Any]:
+        """``_fetch``, a corrupt sample replaced by the next valid one of the pass (``on_corrupt="skip"``;
+        ``flat``: the pass position of ``indices[0]``)."""
+        pos = 0
+        while pos < len(indices):
+            try:
+                for sample in self._fetch(indices[pos:]):
+                    yield sample
+                    pos += 1
+                return
+            except (CorruptData, CorruptSample) as e:
+                self.loader._record_skip(indices[pos], e)
+                yield self._substitute(flat + pos)
+                pos += 1
+
+    def _substitute(self, at: int) -> Any:
+        """The first valid sample after pass position ``at`` (else before it)."""
+        ds, loader = self.loader.dataset, self.loader
+        for q in [*range(at + 1, len(self.order)), *range(at - 1, -1, -1)]:
+            idx = int(self.order[q])
+            if idx in loader._bad:
+                continue
+            try:
+                return ds[idx]
+            except (CorruptData, CorruptSample) as e:
+                loader._record_skip(idx, e)
+        raise CorruptData(str(getattr(ds, "path", "")), "no valid sample left in this pass to replace a corrupt one")
+
     def _fill(self, b: _Batch, start: int, end: int) -> None:
         indices = [int(i) for i in b.indices[start:end]]
+        fetch = (self._fetch(indices) if self.loader.on_corrupt == "raise"
+                 else self._fetch_skipping(indices, b.number * self.loader.batch_size + start))
         try:
-            for j, sample in enumerate(self._fetch(indices), start):
+            for j, sample in enumerate(fetch, start):
                 if b.samples is not None:
                     b.samples[j] = sample
                     with b.lock:
@@ -395,11 +431,20 @@ log = logging.getLogger(__name__)
 
 
 def epoch_indices(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int,
-                  drop_last: bool) -> np.ndarray:
-    """This rank's sample indices for ``epoch``: a seeded permutation (or ``0..n-1``), split by rank."""
+                  drop_last: bool, resumes: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """This rank's sample indices for ``epoch``: a seeded permutation (or ``0..n-1``), split by rank;
+    after elastic ``resumes`` (``[(world, consumed per rank), ...]``) what is left of it, split
+    over ``world_size`` ranks (``packer.data.streaming.elastic_slots``)."""
     order = (np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(n) if shuffle
              else np.arange(n, dtype=np.int64))
-    return split_by_rank(order, rank=rank, world_size=world_size, drop_last=drop_last)
+    if not resumes:
+        return split_by_rank(order, rank=rank, world_size=world_size, drop_last=drop_last)
+    slots = np.arange(n, dtype=np.int64)
+
+    def first(r: int, world: int) -> np.ndarray:
+        return split_by_rank(slots, rank=r, world_size=world, drop_last=drop_last)
+
+    return order[elastic_slots(first, n, resumes, rank=rank, world_size=world_size, drop_last=drop_last)]
 
 
 @dataclass(frozen=True)
@@ -416,6 +461,8 @@ class LoaderOptions:
         chunk: samples per thread task (None: batch / (2 x threads)).
         pin_memory: pinned buffers (None: when CUDA is available).
         rank, world_size: override ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+        on_corrupt, max_skipped: ``"raise"`` (default) or ``"skip"`` damaged samples within a cap
+            (see ``Loader``).
     """
 
     batch_size: int
@@ -428,6 +475,8 @@ class LoaderOptions:
     pin_memory: bool | None = None
     rank: int | None = None
     world_size: int | None = None
+    on_corrupt: str = "raise"
+    max_skipped: int | float = 0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -460,6 +509,12 @@ class Loader:
         chunk: samples per thread task (``__getitems__`` batch); default batch / (2 x threads).
         pin_memory: pinned buffers (default: when CUDA is available).
         rank, world_size: override ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``).
+        on_corrupt: ``"raise"`` (default): a damaged sample (``CorruptData``/``CorruptSample``)
+            raises ``LoaderError``. ``"skip"``: it is replaced by the next valid sample of the
+            pass (batch counts stay equal), logged once with its key and reason, listed in
+            ``skipped`` and kept by ``state_dict``; the pass logs its skips when it ends.
+        max_skipped: with ``"skip"``, the most samples skipped per pass: a count (int) or a
+            fraction (float in [0, 1]) of this rank's samples; the next one raises, naming it.
 
     Every rank gets ``len(loader)`` batches per epoch. Threads help only where the per-sample
     work releases the GIL (packer's decoders, OpenCV, numpy/torch copies); a Python-heavy
@@ -493,10 +548,21 @@ class Loader:
         self.rank, self.world_size = (0, 1) if sampler is not None else resolve_rank(opts.rank, opts.world_size)
         self._epoch: int | None = None
         self._next_epoch = 0
+        self._resume: tuple[int, int, list[tuple[int, int]]] | None = None  # (epoch, position, resumes)
+        self._pass = (0, 0, [])  # the current pass: epoch, its first position, its resumes
+        self._consumed = 0  # samples of the current pass's batches handed to the caller
+        self.on_corrupt, self.max_skipped = opts.on_corrupt, opts.max_skipped
+        self._skip_cap = skip_cap(opts.on_corrupt, opts.max_skipped, self._samples())
+        self._skip_lock = threading.Lock()
+        self._skipped: list[dict[str, Any]] = []  # this pass's skips: index, key, reason
+        self._restored_skips: tuple[int, list[int]] | None = None  # (epoch, indices) from load_state_dict
+        self._bad: set[int] = set()
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next pass (reaches the sampler and the dataset too)."""
         self._epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != int(epoch):
+            self._resume = None
         for obj in (self.sampler, self.dataset):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(int(epoch))
@@ -512,26 +578,105 @@ class Loader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's sample indices of ``epoch`` in order (default: the next pass's)."""
+        """This rank's sample indices of ``epoch`` in order (default: the next pass's; after
+        ``load_state_dict``, the rest of the resumed epoch)."""
         if self.sampler is not None:
             return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
         if epoch is None:
             epoch = self._epoch if self._epoch is not None else self._next_epoch
+        position, resumes = 0, []
+        if self._resume is not None and self._resume[0] == epoch:
+            _, position, resumes = self._resume
+        return self._indices(epoch, resumes)[position:]
+
+    def _indices(self, epoch: int, resumes: list[tuple[int, int]]) -> np.ndarray:
         return epoch_indices(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
+                             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
+                             resumes=resumes)
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch if self._epoch is not None else self._next_epoch
         indices = self.indices(epoch)
+        position, resumes = 0, []
+        if self._resume is not None and self._resume[0] == epoch:
+            _, position, resumes = self._resume
+        self._resume = None
+        self._pass, self._consumed = (epoch, position, resumes), 0
+        if self._restored_skips is None or self._restored_skips[0] != epoch:
+            self._skipped, self._bad = [], set()
+        else:
+            self._skipped = [{"index": i, "key": self._key(i), "reason": "skipped before the resume"}
+                             for i in self._restored_skips[1]]
+            self._bad = set(self._restored_skips[1])
+        self._restored_skips = None
         self._next_epoch, self._epoch = epoch + 1, None
         return Epoch(self, indices).run()
 
-    def _where(self, index: int) -> str:
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: the current pass's epoch and the samples of it handed out so far
+        (a batch counts once yielded), with what it ran on (plain JSON). See ``load_state_dict``."""
+        if self.sampler is not None:
+            raise UsageError("cannot save a Loader with a sampler: the sampler decides the order "
+                             "(save the sampler's own state)")
+        epoch, start, resumes = self._pass
+        return {"epoch": epoch, "position": start + self._consumed, "seed": self.seed, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "world_size": self.world_size, "rank": self.rank,
+                "count": len(self.dataset), "resumes": [list(r) for r in resumes],
+                **({"skipped": [r["index"] for r in self._skipped]} if self.on_corrupt == "skip" else {})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next pass yields the rest of ``state``'s epoch (``set_epoch`` with that epoch keeps it).
+
+        On the world size the state was taken on, this rank continues its own order; on another
+        (elastic resume) the samples no rank has read yet are split again evenly over the new
+        ranks, each read once (``epoch_indices``); later epochs are a fresh run's on this world
+        size. Refused with ``UsageError`` naming why when the seed, shuffle, drop_last or dataset
+        size differ, or the position does not fit.
+        """
+        if self.sampler is not None:
+            raise UsageError("cannot resume a Loader with a sampler: the sampler decides the order")
+        for k in ("seed", "shuffle", "drop_last", "count"):
+            mine = getattr(self, k) if k != "count" else len(self.dataset)
+            if k in state and state[k] != mine:
+                raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this loader {mine!r}")
+        epoch, position, resumes = resume_point(state, self.world_size,
+                                                lambda e, r: len(self._indices(e, r)))
+        self._resume = (epoch, position, resumes)
+        self._epoch = epoch
+        if self.on_corrupt == "skip":
+            self._restored_skips = (epoch, [int(i) for i in state.get("skipped", [])])
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The current pass's skipped samples: ``{"index", "key", "reason"}`` each, in the order met."""
+        with self._skip_lock:
+            return list(self._skipped)
+
+    def _key(self, index: int) -> Any:
         keys = getattr(self.dataset, "keys", None)
         try:
-            key = keys[index] if keys is not None else None
-        except Exception:  # noqa: BLE001 - the key is only a hint for the message
-            key = None
+            return keys[index] if keys is not None else None
+        except Exception:  # noqa: BLE001 - the key is only a hint
+            return None
+
+    def _record_skip(self, index: int, e: BaseException) -> None:
+        """Count a corrupt sample (once) against ``max_skipped``; raise past it, naming the sample."""
+        key = self._key(index)
+        with self._skip_lock:
+            if index in self._bad:
+                return
+            if len(self._skipped) + 1 > self._skip_cap:
+                raise CorruptData(str(getattr(self.dataset, "path", "")),
+                                  f"corrupt sample {index} ({key!r}) would be skipped sample {len(self._skipped) + 1} "
+                                  f"of this pass, more than max_skipped={self.max_skipped!r}: {e}",
+                                  key=key, position=index) from e
+            self._bad.add(index)
+            self._skipped.append({"index": index, "key": key, "reason": str(e)})
+            n = len(self._skipped)
+        log.warning("skipping corrupt sample %d (%r; %d skipped this pass): %s", index, key, n, e)
+
+    def _where(self, index: int) -> str:
+        key = self._key(index)
         where = f" ({key!r})" if key is not None else ""
         path = getattr(self.dataset, "path", None)
         return f"{where} of {path}" if path else where

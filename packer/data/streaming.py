@@ -32,23 +32,27 @@ import logging
 import math
 import os
 import random
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.errors import UsageError
+from packer.errors import CorruptData, CorruptSample, UsageError
 from packer.data.datasets import PackedDataset
+from packer.data.sources import mix_counts, mix_stream, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
-           "split_by_worker", "rank_order", "resolve_rank", "block_shuffle", "DEFAULT_BUFFER_SIZE",
-           "DEFAULT_BLOCK_SIZE"]
+           "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resume_point", "resolve_rank", "block_shuffle",
+           "DEFAULT_BUFFER_SIZE", "DEFAULT_BLOCK_SIZE", "MAX_RESUMES"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_SIZE = 4096
 DEFAULT_BLOCK_SIZE = 1 << 18  # samples per shuffle block (MosaicML Streaming's default too)
+MAX_RESUMES = 32  # world-size changes within one epoch (the state lives in a fixed shared tensor)
+MAX_WORKERS = 64  # DataLoader workers a skip report has rows for
+ON_CORRUPT = ("raise", "skip")
 T = TypeVar("T")
 
 
@@ -136,7 +140,20 @@ def rank_order_array(counts: Sequence[int], *, seed: int, epoch: int, shuffle: b
                      rank: int, world_size: int, drop_last: bool, block_size: int | None = None) -> np.ndarray:
     """``rank_order`` as an int64 array (8 bytes a sample)."""
     order = epoch_shard_order(len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
-    mine = split_by_rank(epoch_stream(counts, order), rank=rank, world_size=world_size, drop_last=drop_last)
+    stream = epoch_stream(counts, order)
+    return stream[rank_slots(len(stream), seed=seed, epoch=epoch, shuffle=shuffle, buffer_size=buffer_size,
+                             rank=rank, world_size=world_size, drop_last=drop_last, block_size=block_size)]
+
+
+def rank_slots(n: int, *, seed: int, epoch: int, shuffle: bool, buffer_size: int, rank: int, world_size: int,
+               drop_last: bool, block_size: int | None = None) -> np.ndarray:
+    """The *slots* (positions in the epoch's stream of ``n``) rank ``rank`` reads, in order: its
+    ``split_by_rank`` slice, then a block shuffle or a shuffle buffer. Both shuffles move items
+    by position only, so ``stream[rank_slots(...)]`` is the rank's order of samples."""
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)  # split_by_rank of arange(n)
+    mine = np.arange(rank * per_rank, (rank + 1) * per_rank, dtype=np.int64)
+    if n and not drop_last and len(mine) and mine[-1] >= n:  # padding repeats the stream's start
+        mine %= n
     if shuffle and block_size is not None and block_size > 1:
         sq = np.random.SeedSequence([seed, epoch, 2, rank])
         return block_shuffle(mine, block_size, np.random.default_rng(sq))
@@ -144,6 +161,79 @@ def rank_order_array(counts: Sequence[int], *, seed: int, epoch: int, shuffle: b
         return np.fromiter(shuffle_buffer(mine.tolist(), buffer_size, _rng(seed, epoch, 1, rank)),
                            dtype=np.int64, count=len(mine))
     return mine
+
+
+def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Sequence[Sequence[int]], *,
+                  rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s slots of an epoch that was resumed on other world sizes.
+
+    ``first(rank, world)`` gives the epoch's slots per rank as a fresh run would read them;
+    ``stages`` is ``[(world, consumed per rank), ...]``: the epoch ran on ``world`` ranks until
+    each had read ``consumed`` slots, then resumed on the next stage's world size (the last
+    resume on ``world_size``). The slots nobody read yet (a slot that padding repeated counts
+    once) are kept in the order the previous ranks would have read them, rank after rank, and
+    split again with ``split_by_rank``: equal counts per rank, padded by repeating the
+    remainder's start or cut with ``drop_last``. With no stages this is ``first(rank, world_size)``.
+    """
+    if not stages:
+        return first(rank, world_size)
+    seen = np.zeros(n, dtype=bool)
+    remaining = np.zeros(0, np.int64)
+    for k, (world, consumed) in enumerate(stages):
+        world, consumed = int(world), int(consumed)
+        orders = [first(r, world) if k == 0 else
+                  split_by_rank(remaining, rank=r, world_size=world, drop_last=drop_last) for r in range(world)]
+        if not 0 <= consumed <= len(orders[0]):
+            raise UsageError(f"cannot resume: stage {k} consumed {consumed} samples per rank of {world} "
+                             f"ranks, but each had {len(orders[0])}")
+        for o in orders:
+            seen[o[:consumed]] = True
+        rest = np.concatenate([o[consumed:] for o in orders])
+        _, first_at = np.unique(rest, return_index=True)
+        rest = rest[np.sort(first_at)]
+        remaining = rest[~seen[rest]]
+    return split_by_rank(remaining, rank=rank, world_size=world_size, drop_last=drop_last)
+
+
+def resume_point(state: dict[str, Any], world_size: int,
+                 remaining: Callable[[int, list[tuple[int, int]]], int]) -> tuple[int, int, list[tuple[int, int]]]:
+    """(epoch, position, resumes) to continue ``state`` on ``world_size`` ranks: on the state's
+    own world size its position; on another (elastic) what every rank read becomes a finished
+    stage ``(world, position)`` and the new ranks start at 0. ``remaining(epoch, resumes)``: the
+    rank's samples left then, to check the position against."""
+    epoch, position = int(state["epoch"]), int(state.get("position", 0))
+    stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
+    world = int(state.get("world_size", world_size))
+    if world < 1:
+        raise UsageError(f"cannot resume: state has world_size={world}")
+    if world != world_size:
+        stages.append((world, position))
+        position = 0
+    if len(stages) > MAX_RESUMES:
+        raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
+    left = remaining(epoch, stages)
+    if not 0 <= position <= left:
+        raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
+    return epoch, position, stages
+
+
+def skip_cap(on_corrupt: str, max_skipped: int | float, samples: int) -> int:
+    """Samples a rank may skip per epoch: ``max_skipped`` as a count, or a fraction of ``samples``."""
+    if on_corrupt not in ON_CORRUPT:
+        raise UsageError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, (int, float)):
+        raise UsageError(f"max_skipped must be a count (int) or a fraction (float), not {max_skipped!r}")
+    if on_corrupt == "raise":
+        if max_skipped:
+            raise UsageError("max_skipped needs on_corrupt='skip'")
+        return 0
+    if isinstance(max_skipped, float):
+        if not 0.0 <= max_skipped <= 1.0:
+            raise UsageError(f"max_skipped as a fraction must be in [0, 1], not {max_skipped}")
+        return int(max_skipped * samples)
+    if max_skipped < 0:
+        raise UsageError(f"max_skipped must be >= 0, not {max_skipped}")
+    return int(max_skipped)
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -188,8 +278,30 @@ class StreamingDataset(IterableDataset):
     reaches persistent workers too). For a mid-epoch resume save ``state_dict(num_samples)``
     and give it to ``load_state_dict`` of a fresh dataset built with the same arguments.
 
+    Several packs read as one stream (weighted mixing): give ``path`` as a mapping of path (or
+    URL) to weight, e.g. ``{"k400.records": 0.7, "mine.records": 0.3}``. Each epoch then holds
+    ``epoch_size`` samples (default: the sources' total) split by those proportions exactly
+    (a source smaller than its share is repeated, a larger one subsampled anew each epoch),
+    interleaved at random across sources before the rank split and shuffle, so resume and
+    elastic resume work as for one pack. Samples are ``(image, label, source)``: ``source``
+    indexes ``sources``; labels are each source's own unless ``label_map`` is given.
+
     Args:
-        path: the packed output (or a list of TFRecord files with ``.idx`` indexes).
+        path: the packed output (or a list of TFRecord files with ``.idx`` indexes), or a
+            mapping of such paths to weights (see above).
+        epoch_size: samples an epoch of a mix (``mix_by="proportion"``).
+        mix_by: ``"proportion"`` (weights normalized over ``epoch_size``) or ``"repeat"`` (each
+            source gives ``round(weight x its size)`` samples an epoch, like MDS's ``repeat``).
+        label_map: class name -> label for every class of every source of a mix: one label
+            space across sources (``classes`` then follows it).
+        on_corrupt: ``"raise"`` (default): a damaged sample (``CorruptData``/``CorruptSample``
+            on read or decode) raises. ``"skip"``: it is replaced by the next valid sample of
+            this worker's order (the count per rank stays equal), logged once with its key and
+            reason, and listed in ``skipped`` (and ``state_dict``); each worker logs its skips
+            again when its epoch ends.
+        max_skipped: with ``on_corrupt="skip"``, the most samples skipped per rank and epoch:
+            a count (int) or a fraction of ``len(dataset)`` (float in [0, 1]); the next one
+            raises ``CorruptData`` naming it.
         order: a ``StreamOrder`` (its fields may also be given as keywords, which win):
         shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
@@ -210,24 +322,63 @@ class StreamingDataset(IterableDataset):
     def __init__(self, path: Any, order: StreamOrder | None = None, *, decode: str = "pil",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
-                 rank: int | None = None, world_size: int | None = None, **options: Any):
+                 rank: int | None = None, world_size: int | None = None, epoch_size: int | None = None,
+                 mix_by: str = "proportion", label_map: Mapping[str, int] | None = None,
+                 on_corrupt: str = "raise", max_skipped: int | float = 0, **options: Any):
         order_fields = {k: options.pop(k) for k in list(options) if k in _ORDER_FIELDS}
         self.options = dataclasses.replace(order or StreamOrder(), **order_fields)
-        self.dataset = PackedDataset(path, decode=decode, transform=transform,
-                                     target_transform=target_transform, check_crc=check_crc, **options)
-        reader = self.dataset.reader
-        self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
+        self.target_transform = target_transform
+        if isinstance(path, Mapping):
+            self._open_mix(path, decode=decode, transform=transform, check_crc=check_crc, epoch_size=epoch_size,
+                           mix_by=mix_by, label_map=label_map, options=options)
+        else:
+            if epoch_size is not None or mix_by != "proportion" or label_map is not None:
+                raise UsageError("epoch_size, mix_by and label_map are for a mix: give path as {path: weight}")
+            self.dataset = PackedDataset(path, decode=decode, transform=transform,
+                                         target_transform=target_transform, check_crc=check_crc, **options)
+            self.sources = [self.dataset]
+            reader = self.dataset.reader
+            self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
+            self.mix: list[int] | None = None
+        self._n = sum(self.mix) if self.mix is not None else sum(self.counts)
         o = self.options
         self.shuffle, self.seed, self.buffer_size = o.shuffle, int(o.seed), o.buffer_size
         self.block_size, self.drop_last, self.batch_size = o.block_size, o.drop_last, o.batch_size
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        # [epoch, samples to skip]: in shared memory so that set_epoch/load_state_dict reach
-        # DataLoader workers that persist across epochs (fork or spawn).
-        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # [epoch, samples to skip, resumes, (world, consumed) x MAX_RESUMES]: in shared memory so
+        # that set_epoch/load_state_dict reach DataLoader workers that persist across epochs.
+        self._shared = torch.zeros(3 + 2 * MAX_RESUMES, dtype=torch.int64).share_memory_()
         self._position = 0  # samples of this epoch's order yielded in this process
+        self.on_corrupt, self.max_skipped = on_corrupt, max_skipped
+        self._skip_cap = skip_cap(on_corrupt, max_skipped, len(self))
+        # per DataLoader worker: [epoch, skipped, positions...] (a worker writes only its row)
+        self._skips = torch.zeros(MAX_WORKERS if on_corrupt == "skip" else 0, self._skip_cap + 2,
+                                  dtype=torch.int64).share_memory_()
+
+    def _open_mix(self, paths: Mapping[Any, float], *, decode: Any, transform: Any, check_crc: bool,
+                  epoch_size: int | None, mix_by: str, label_map: Mapping[str, int] | None,
+                  options: dict[str, Any]) -> None:
+        self.dataset = None  # several: ``sources``
+        self.sources = [PackedDataset(p, decode=decode, transform=transform, check_crc=check_crc, **options)
+                        for p in paths]
+        self.weights = [float(w) for w in paths.values()]
+        sizes = [len(d) for d in self.sources]
+        self.mix = mix_counts(sizes, self.weights, by=mix_by, epoch_size=epoch_size)
+        self.source_counts = [list(getattr(d.reader, "shard_counts", None) or [len(d)]) for d in self.sources]
+        self.offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        self.counts = [c for sc in self.source_counts for c in sc]
+        self.label_map = dict(label_map) if label_map is not None else None
+        self._luts: list[np.ndarray] | None = None
+        if self.label_map is not None:
+            self._luts = []
+            for d in self.sources:
+                missing = [c for c in d.classes if c not in self.label_map]
+                if missing:
+                    raise UsageError(f"label_map lacks classes {missing[:5]} of {d.path}")
+                self._luts.append(np.array([int(self.label_map[c]) for c in d.classes], dtype=np.int64))
 
     def __len__(self) -> int:
-        n = sum(self.counts)
+        n = self._n
         return n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
 
     @property
@@ -236,23 +387,61 @@ class StreamingDataset(IterableDataset):
 
     @property
     def classes(self) -> list[str]:
-        return self.dataset.classes
+        """Class names, index = label (a mix: those of ``label_map``; without one labels are per source)."""
+        if self.dataset is not None:
+            return self.dataset.classes
+        if self.label_map is None:
+            raise UsageError("a mix without label_map has labels per source: see sources[i].classes")
+        names: dict[int, str] = {}
+        for name, label in self.label_map.items():
+            names.setdefault(int(label), name)
+        return [names[k] for k in sorted(names)]
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order from the next iteration on (a pending resume of that epoch stays)."""
         if int(epoch) != self.epoch:
-            self._shared[1] = 0
+            self._shared[1:3] = 0
         self._shared[0] = int(epoch)
 
     def order(self, epoch: int | None = None) -> list[int]:
-        """This rank's sample positions for ``epoch`` (default: the current one), in order."""
+        """This rank's sample positions for ``epoch`` (default: the current one), in order; for
+        the current epoch after an elastic resume, what is left of it on this world size."""
         return self._order(epoch).tolist()
 
-    def _order(self, epoch: int | None = None) -> np.ndarray:
-        return rank_order_array(self.counts, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                                shuffle=self.shuffle, buffer_size=self.buffer_size, rank=self.rank,
-                                world_size=self.world_size, drop_last=self.drop_last,
-                                block_size=self.block_size)
+    def _stages(self) -> list[tuple[int, int]]:
+        k = int(self._shared[2])
+        return [(int(self._shared[3 + 2 * i]), int(self._shared[4 + 2 * i])) for i in range(k)]
+
+    def _stream(self, epoch: int) -> np.ndarray:
+        if self.mix is not None:
+            return self._mix_stream(epoch)
+        return epoch_stream(self.counts, epoch_shard_order(len(self.counts), seed=self.seed, epoch=epoch,
+                                                           shuffle=self.shuffle))
+
+    def _mix_stream(self, epoch: int) -> np.ndarray:
+        picks = []
+        for i, counts in enumerate(self.source_counts):
+            shard_seed = int(np.random.SeedSequence([self.seed, 3, i]).generate_state(1)[0])
+            stream = epoch_stream(counts, epoch_shard_order(len(counts), seed=shard_seed, epoch=epoch,
+                                                            shuffle=self.shuffle))
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, 4, i])) if self.shuffle else None
+            picks.append(source_picks(stream, self.mix[i], rng))
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, 5])) if self.shuffle else None
+        return mix_stream(picks, self.offsets, rng)
+
+    def _order(self, epoch: int | None = None, stages: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+        epoch = self.epoch if epoch is None else epoch
+        if stages is None:
+            stages = self._stages() if epoch == self.epoch else []
+        stream = self._stream(epoch)
+
+        def first(rank: int, world: int) -> np.ndarray:
+            return rank_slots(len(stream), seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                              buffer_size=self.buffer_size, rank=rank, world_size=world,
+                              drop_last=self.drop_last, block_size=self.block_size)
+
+        return stream[elastic_slots(first, len(stream), stages, rank=self.rank, world_size=self.world_size,
+                                    drop_last=self.drop_last)]
 
     def __iter__(self) -> Iterator[Any]:
         epoch, skip = int(self._shared[0]), int(self._shared[1])
@@ -261,15 +450,114 @@ class StreamingDataset(IterableDataset):
         todo = self._order(epoch)[skip:]
         self._position = skip
         mine = list(split_by_worker(todo, worker, workers, self.batch_size))
-        plan = getattr(self.dataset.reader, "plan", None)  # remote shards: prefetch in this order
-        if plan is not None:
-            plan(mine)
+        if self.mix is not None:
+            which = np.searchsorted(self.offsets, np.asarray(mine, dtype=np.int64), side="right") - 1
+            for src, d in enumerate(self.sources):  # remote shards: prefetch in this order
+                plan = getattr(d.reader, "plan", None)
+                if plan is not None:
+                    plan([int(i) - int(self.offsets[src]) for i, w in zip(mine, which) if w == src])
+        else:
+            plan = getattr(self.dataset.reader, "plan", None)
+            if plan is not None:
+                plan(mine)
+        if self.on_corrupt == "skip":
+            yield from self._iter_skipping(mine, epoch, worker)
+            return
+        read = self._read if self.mix is not None else self.dataset.__getitem__
         for i in mine:
             self._position += 1
-            yield self.dataset[int(i)]
+            yield read(int(i))
+
+    def _read(self, i: int) -> Any:
+        if self.mix is None:
+            return self.dataset[i]
+        src = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        image, label = self.sources[src][i - int(self.offsets[src])]
+        if self._luts is not None:
+            label = int(self._luts[src][label])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return image, label, src
+
+    def _key(self, i: int) -> str:
+        if self.mix is None:
+            return self.dataset.keys[i]
+        src = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return f"{self.sources[src].path}:{self.sources[src].keys[i - int(self.offsets[src])]}"
+
+    def _where(self) -> str:
+        return self.dataset.path if self.mix is None else ", ".join(d.path for d in self.sources)
+
+    def _iter_skipping(self, mine: list[int], epoch: int, worker: int) -> Iterator[Any]:
+        if worker >= MAX_WORKERS:
+            raise UsageError(f"on_corrupt='skip' reports for at most {MAX_WORKERS} DataLoader workers")
+        row = self._skips[worker]
+        if int(row[0]) != epoch:
+            row.zero_()
+            row[0] = epoch
+        bad: set[int] = set()  # positions found corrupt in this pass (recorded once)
+        last = None
+        for k, i in enumerate(mine):
+            for j in range(k, len(mine)):  # this sample, else the next valid one
+                cand = int(mine[j])
+                if cand in bad:
+                    continue
+                try:
+                    sample = self._read(cand)
+                    break
+                except (CorruptData, CorruptSample) as e:
+                    bad.add(cand)
+                    self._record_skip(row, epoch, cand, e)
+            else:
+                if last is None:
+                    raise CorruptData(self._where(), f"no valid sample left to replace position {i} "
+                                      f"in this worker's part of epoch {epoch}", key=self._key(int(i)))
+                sample = last
+            last = sample
+            self._position += 1
+            yield sample
+        if int(row[1]):
+            log.warning("epoch %d: skipped %d corrupt samples in this worker: %s", epoch, int(row[1]),
+                        ", ".join(self._key(int(p)) for p in row[2:2 + int(row[1])].tolist()))
+
+    def _record_skip(self, row: torch.Tensor, epoch: int, i: int, e: Exception) -> None:
+        total = sum(int(r[1]) for r in self._skips if int(r[0]) == epoch)
+        key = self._key(i)
+        if total + 1 > self._skip_cap:
+            raise CorruptData(self._where(), f"corrupt sample {key!r} (position {i}) would be skipped sample "
+                              f"{total + 1} of epoch {epoch} on this rank, more than max_skipped="
+                              f"{self.max_skipped!r}: {e}", key=key, position=i) from e
+        n = int(row[1])
+        row[2 + n] = i
+        row[1] = n + 1
+        log.warning("skipping corrupt sample %r (position %d, epoch %d; %d skipped so far): %s",
+                    key, i, epoch, total + 1, e)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The current epoch's skipped samples on this rank (all workers): position, key and
+        reason (read again: damage is deterministic), in the order each worker met them."""
+        out = []
+        for p in self._skipped_positions():
+            try:
+                self._read(p)
+                reason = "read again without error"
+            except (CorruptData, CorruptSample) as e:
+                reason = str(e)
+            out.append({"position": p, "key": self._key(p), "reason": reason})
+        return out
+
+    def _skipped_positions(self) -> list[int]:
+        return [int(p) for row in self._skips if int(row[0]) == self.epoch
+                for p in row[2:2 + int(row[1])].tolist()]
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
-        """Where this rank is in the epoch.
+        """Where this rank is in the epoch, and what it ran on (plain JSON).
+
+        ``position`` counts the samples this rank read of its order on ``world_size`` ranks;
+        ``resumes`` lists the earlier ``[world size, position]`` of this epoch when it was
+        resumed on other world sizes (``load_state_dict``). Every rank reads the same count, so
+        any rank's state describes them all.
 
         Args:
             num_samples: samples this rank consumed since the current iteration began (e.g.
@@ -279,20 +567,48 @@ class StreamingDataset(IterableDataset):
         position = self._position if num_samples is None else int(self._shared[1]) + int(num_samples)
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
-                "world_size": self.world_size, "count": sum(self.counts)}
+                "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
+                "resumes": [list(s) for s in self._stages()], **self._mix_state(),
+                **({"skipped": self._skipped_positions()} if self.on_corrupt == "skip" else {})}
+
+    def _mix_state(self) -> dict[str, Any]:
+        if self.mix is None:
+            return {}
+        return {"sources": [[d.path, len(d), w, n] for d, w, n in zip(self.sources, self.weights, self.mix)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields the rest of that epoch's order."""
+        """Continue from ``state``: the next iteration yields the rest of that epoch's order.
+
+        On the world size the state was taken on, this rank continues its own order. On another
+        world size (elastic resume) the samples no rank has read yet are split again evenly
+        over the new ranks (``elastic_slots``); later epochs are what a fresh run on this world
+        size reads. Refused with ``UsageError`` naming the difference when the state was taken
+        with another seed, shuffle, size or sample count, or cannot be placed exactly.
+        """
         if "block_size" not in state and self.shuffle and self.block_size is not None:
             raise UsageError("cannot resume: the state predates the block shuffle (it has no block_size); "
                              "build the dataset with block_size=None to continue its buffer-shuffled order")
-        for k in ("seed", "shuffle", "buffer_size", "block_size", "drop_last", "world_size", "count"):
+        for k in ("seed", "shuffle", "buffer_size", "block_size", "drop_last", "count"):
             mine = getattr(self, k) if k != "count" else sum(self.counts)
             if k in state and state[k] != mine:
                 raise UsageError(f"cannot resume: state has {k}={state[k]!r}, this dataset {mine!r}")
-        position = int(state.get("position", 0))
-        if not 0 <= position <= len(self):
-            raise UsageError(f"cannot resume: position {position} is not in [0, {len(self)}]")
-        self._shared[0] = int(state["epoch"])
+        theirs, mine = state.get("sources"), self._mix_state().get("sources")
+        if (theirs is None) != (mine is None) or (mine is not None and [s[1:] for s in theirs] != [s[1:] for s in mine]):
+            raise UsageError(f"cannot resume: state has sources [path, size, weight, samples an epoch] "
+                             f"{theirs}, this dataset {mine}")
+        self._load_position(state)
+
+    def _load_position(self, state: dict[str, Any]) -> None:
+        epoch, position, stages = resume_point(state, self.world_size,
+                                               lambda e, st: len(self._order(e, st)))
+        self._skips.zero_()
+        if self.on_corrupt == "skip" and state.get("skipped"):
+            skipped = [int(p) for p in state["skipped"]][:self._skip_cap]
+            self._skips[0, 0], self._skips[0, 1] = epoch, len(skipped)
+            self._skips[0, 2:2 + len(skipped)] = torch.tensor(skipped, dtype=torch.int64)
+        self._shared[0] = epoch
         self._shared[1] = position
+        self._shared[2] = len(stages)
+        for i, (w, p) in enumerate(stages):
+            self._shared[3 + 2 * i], self._shared[4 + 2 * i] = w, p
         self._position = position
