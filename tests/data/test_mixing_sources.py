@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_image_folder
-from test_elastic import STAGES, stream_stage
+from tests.support.inputs import write_image_folder
+from tests.support.elastic import STAGES, stream_stage
 from packer import StreamingDataset
 from packer.commands.pack_images import pack_images
 from packer.data.sources import mix_counts, mix_stream, source_picks

@@ -12,20 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
 
-from conftest import write_image_folder
 from packer import Loader, PackedDataset, StreamingDataset
 from packer.commands.pack_images import pack_images
 from packer.data.streaming import elastic_slots, split_by_rank
 from packer.errors import PackerError
 from packer.formats import open_reader
+from tests.support.elastic import STAGES, no_collate, stream_stage
+from tests.support.inputs import write_image_folder
 
 FORMATS = {"records": "rec", "lmdb": "l.lmdb", "hdf5": "h.h5"}
-# (world size, DataLoader steps of 3 samples each rank reads before the next resume; None: to the end)
-STAGES = [(8, 2), (3, 3), (5, 1), (1, None)]
-
-
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory) -> dict[str, Path]:
     """120 samples (divisible by 8, 3, 5: no padding anywhere) in every format; records in 7-sample shards."""
@@ -42,29 +38,6 @@ def packs(tmp_path_factory) -> dict[str, Path]:
 def ids_of(path) -> dict[bytes, int]:
     reader = open_reader(path)
     return {reader.read(i).data: i for i in range(len(reader))}
-
-
-def no_collate(batch):
-    return batch
-
-
-def stream_stage(path, ids, world, steps, state, kw):
-    """Every rank of one stage: load ``state``, read ``steps`` batches (all: None); the samples
-    read per rank and one rank's state afterwards."""
-    per_rank, states = [], []
-    for rank in range(world):
-        ds = StreamingDataset(path, rank=rank, world_size=world, **kw)
-        if state is not None:
-            ds.load_state_dict(json.loads(json.dumps(state)))
-        ds.set_epoch(1)  # the loop's usual call keeps the pending resume
-        got = []
-        for step, batch in enumerate(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=no_collate)):
-            if steps is not None and step == steps:
-                break
-            got += [ids[sample[0]] for sample in batch]  # (image, label) or a mix's (image, label, source)
-        per_rank.append(got)
-        states.append(ds.state_dict(num_samples=len(got)))
-    return per_rank, states
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -179,7 +152,7 @@ def test_loader_over_video_clips_resumes_3_2_1(tmp_path):
     """The video datasets are map-style: a ``Loader`` over them resumes across world sizes too."""
     import hashlib
 
-    from conftest import write_video
+    from tests.support.inputs import write_video
     from packer import PackedVideoDataset
     from packer.commands.decode_frames import decode_frames
 

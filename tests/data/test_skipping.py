@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from conftest import write_image_folder
+from tests.support.inputs import write_image_folder
 from packer import Loader, PackedDataset, StreamingDataset
 from packer.data import LoaderError
 from packer.commands.pack_images import pack_images
