@@ -25,7 +25,7 @@ import numpy as np
 __all__ = ["VIDEO_FMT", "CODECS", "EncodeOptions", "StreamIndex", "VideoEncoder", "pack_stream",
            "unpack_stream", "decode_frames_at", "decode_all", "count_frames"]
 
-VIDEO_FMT = "mp4"  # the Sample.fmt of a packed video
+VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 CODECS = {"h264": ("libx264", "h264")}  # --codec -> (encoder, decoder)
 MAGIC = b"PKVID1\0\0"
 _HEAD = struct.Struct("<8sIIII")  # magic, frames, extradata bytes, codec name bytes, fps x 1000
