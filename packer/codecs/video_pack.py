@@ -41,6 +41,8 @@ class EncodeOptions:
         crf: constant rate factor (0..51, lower is better quality and bigger).
         preset: the x264 speed/size preset (``ultrafast`` .. ``veryslow``).
         threads: encoder threads per video (1: one worker per core does the parallelism).
+        fastdecode: x264's ``tune=fastdecode`` (no CABAC, no deblocking filter): measured ~30%
+            less decode time per frame for ~11% more bytes (docs/video.md); clips are decode-bound.
     """
 
     codec: str = "h264"
@@ -48,6 +50,7 @@ class EncodeOptions:
     crf: int = 20
     preset: str = "veryfast"
     threads: int = 1
+    fastdecode: bool = True
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -105,6 +108,8 @@ class VideoEncoder:
         stream.codec_context.options = {"crf": str(o.crf), "preset": o.preset, "bf": "0", "g": str(o.gop),
                                         "keyint_min": str(o.gop), "sc_threshold": "0",
                                         "x264-params": "scenecut=0:open-gop=0"}
+        if o.fastdecode:
+            stream.codec_context.options = {**stream.codec_context.options, "tune": "fastdecode"}
         self._stream = stream
 
     def add(self, frame: np.ndarray) -> None:
