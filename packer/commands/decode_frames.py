@@ -35,11 +35,13 @@ from packer.conversion.diskspace import (Estimate, check_space, disk_used, encod
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
 from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.resize import parse_size
-from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video, sample_frame
+from packer.codecs.video import (BACKENDS, FrameSelection, Resize, VideoFrames, probe_video, read_video,
+                                 sample_frame)
 from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
-__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
+__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
+           "list_videos", "source_entry", "partial_note"]
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +152,12 @@ class FrameJob:
         info = v.info
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(self.selection.output_fps(info.fps), 6), "height": v.height,
-                 "width": v.width, "decoded_frames": v.decoded_frames,
-                 "container_frames": info.container_frames, "source_fps": round(info.fps, 6),
-                 "source_height": info.height, "source_width": info.width,
-                 "rotation": info.rotation, "backend": v.backend}
+                 "width": v.width, **source_entry(v)}
         if getattr(item, "labels", None):  # a multi-label list line
             entry["labels"] = list(item.labels)
         if self.flow is not None:
             entry.update(rgb_frames=len(rgb_data), flow_frames=len(flows) // 2)
-        note = None
-        if v.partial:
-            note = {"stage": "partial",
-                    "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
-                              f"the container claims ({v.backend})",
-                    "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
+        note = partial_note(v)
         if v.tried:
             log.debug("%s: %s", item.path, "; ".join(v.tried))
         if self.write_into is not None and samples:
@@ -208,11 +202,47 @@ class DecodeReport(Report):
         if self.status == "complete":
             return super().summary()
         el = max(self.elapsed, 1e-9)
-        failed = sum(1 for f in self.failures if f.get("stage") != "partial")
         return (f"{self.out}: {self.videos} of {self.items} videos -> {self.count} frames "
-                f"({self.partial} partial decodes, {failed} failed); {human_bytes(self.disk_bytes)} "
+                f"({self.partial} partial decodes, {self.failed_videos} failed); {human_bytes(self.disk_bytes)} "
                 f"on disk; {self.elapsed:.1f}s ({self.videos / el:.2f} videos/s, "
                 f"{self.count / el:.0f} frames/s)")
+
+    @property
+    def failed_videos(self) -> int:
+        """Videos that failed (partial decodes, which were kept, not counted)."""
+        return sum(1 for f in self.failures if f.get("stage") != "partial")
+
+
+def list_videos(src: str | os.PathLike, inputs: InputOptions) -> tuple[list[VideoItem], list[str],
+                                                                        list[InputFailure]]:
+    """(this shard's video items, class names, unusable list/CSV lines) of ``src``; UsageError
+    when no video is left."""
+    bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
+    items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
+                                 class_index=inputs.class_index, exts=inputs.exts, failures=bad)
+    items = partition(items, inputs.num_shards, inputs.shard_index)
+    if not items:
+        raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+    return items, classes, bad
+
+
+def source_entry(v: VideoFrames) -> dict[str, Any]:
+    """What a manifest video entry records of the decoded source."""
+    info = v.info
+    return {"decoded_frames": v.decoded_frames, "container_frames": info.container_frames,
+            "source_fps": round(info.fps, 6), "source_height": info.height, "source_width": info.width,
+            "rotation": info.rotation, "backend": v.backend}
+
+
+def partial_note(v: VideoFrames) -> Optional[dict[str, Any]]:
+    """The ``stage: "partial"`` failure record of a source that decoded short, else None."""
+    if not v.partial:
+        return None
+    info = v.info
+    return {"stage": "partial",
+            "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
+                      f"the container claims ({v.backend})",
+            "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
 
 
 def _writer_for(to: str):
@@ -315,12 +345,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             raise UsageError("--list-out applies to frame folders (--to frames) only")
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
-        items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
-                                     class_index=inputs.class_index, exts=inputs.exts, failures=bad)
-        items = partition(items, inputs.num_shards, inputs.shard_index)
-        if not items:
-            raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+        items, classes, bad = list_videos(src, inputs)
         job = dataclasses.replace(frames.job(), flow=flow)
         out = Path(out)
         recorded = {"to": to, "src": str(Path(src).resolve()),

@@ -23,10 +23,11 @@ from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, r
 from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, parse_exts, partition
+from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, parse_exts
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
-from packer.conversion.video_inputs import VideoItem, video_items
+from packer.conversion.video_inputs import VideoItem
+from packer.commands.decode_frames import DecodeReport, list_videos, partial_note, source_entry
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
 from packer.formats import FORMATS, open_reader
@@ -92,22 +93,14 @@ class VideoPackJob:
             raise CorruptSample(item.key, item.path, f"the re-encoded stream decodes to {decodable} frames, "
                                 f"its index holds {index.frames}", stage="verify")
         th, tw = size[0]
-        info = v.info
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,
                  "video_frames": index.frames, "keyframes": len(index.keyframes), "gop": self.encode.gop,
                  "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
-                 "decoded_frames": v.decoded_frames, "container_frames": info.container_frames,
-                 "source_fps": round(info.fps, 6), "source_height": info.height, "source_width": info.width,
-                 "rotation": info.rotation, "backend": v.backend, "source": str(item.path)}
+                 **source_entry(v), "source": str(item.path)}
         if getattr(item, "labels", None):
             entry["labels"] = list(item.labels)
-        note = None
-        if v.partial:
-            note = {"stage": "partial",
-                    "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
-                              f"the container claims ({v.backend})",
-                    "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
+        note = partial_note(v)
         sample = Sample(item.key, blob, VIDEO_FMT, item.label, th, tw, 3,
                         {"frame_dir": item.frame_dir, "frames": index.frames})
         return WorkResult([sample], entry, note)
@@ -167,21 +160,15 @@ class VideoPackOptions:
 
 
 @dataclass
-class VideoPackReport(Report):
-    """A conversion Report with the video figures of the end summary."""
-
-    videos: int = 0
-    partial: int = 0
-    disk_bytes: int = 0
+class VideoPackReport(DecodeReport):
+    """A conversion Report with the video figures of the end summary (``count``: videos stored)."""
 
     def summary(self) -> str:
         if self.status == "complete":
             return super().summary()
-        el = max(self.elapsed, 1e-9)
-        failed = sum(1 for f in self.failures if f.get("stage") != "partial")
         return (f"{self.out}: {self.videos} of {self.items} videos re-encoded ({self.partial} partial decodes, "
-                f"{failed} failed); {human_bytes(self.disk_bytes)} on disk; {self.elapsed:.1f}s "
-                f"({self.videos / el:.2f} videos/s)")
+                f"{self.failed_videos} failed); {human_bytes(self.disk_bytes)} on disk; {self.elapsed:.1f}s "
+                f"({self.videos / max(self.elapsed, 1e-9):.2f} videos/s)")
 
 
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
@@ -204,12 +191,7 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         writer_cls = FORMATS[to][0]
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        bad: list[InputFailure] = []
-        items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
-                                     class_index=inputs.class_index, exts=inputs.exts, failures=bad)
-        items = partition(items, inputs.num_shards, inputs.shard_index)
-        if not items:
-            raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+        items, classes, bad = list_videos(src, inputs)
         out = Path(out)
         recorded = {"to": to, "src": str(Path(src).resolve()),
                     "list": str(inputs.list_path) if inputs.list_path else None,
