@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Optional, Sequence
 
+import cv2
 import numpy as np
 
 __all__ = ["VIDEO_FMT", "CODECS", "EncodeOptions", "StreamIndex", "VideoEncoder", "pack_stream",
@@ -200,6 +201,15 @@ def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
     return mp4, StreamIndex(packets, np.flatnonzero(flags), extradata, decoder, fps / 1000.0)
 
 
+def _rgb(frame) -> np.ndarray:
+    """A decoded frame as HxWx3 RGB uint8: 4:2:0 through OpenCV's I420 (BT.601) conversion, at
+    about a third of the cost of PyAV's ``to_ndarray(format="rgb24")`` (0.05-0.1 against 0.23 ms
+    a 340x256 frame, where decoding it costs about 0.3 ms)."""
+    if frame.format.name == "yuv420p":
+        return cv2.cvtColor(frame.to_ndarray(), cv2.COLOR_YUV2RGB_I420)
+    return frame.to_ndarray(format="rgb24")
+
+
 def _decoder(index: StreamIndex):
     import av
 
@@ -222,7 +232,7 @@ def _run(mp4: memoryview, index: StreamIndex, first: int, last: int, want: set[i
         nonlocal n
         for frame in frames:
             if n in want:
-                out[n] = frame.to_ndarray(format="rgb24")
+                out[n] = _rgb(frame)
             n += 1
 
     for i in range(first, last + 1):
@@ -269,8 +279,8 @@ def decode_all(blob: bytes | memoryview, *, limit: Optional[int] = None) -> list
     end = index.frames if limit is None else min(limit, index.frames)
     for i in range(end):
         off, size = int(index.packets[i, 0]), int(index.packets[i, 1])
-        out.extend(f.to_ndarray(format="rgb24") for f in ctx.decode(av.Packet(bytes(mp4[off:off + size]))))
-    out.extend(f.to_ndarray(format="rgb24") for f in ctx.decode(None))
+        out.extend(_rgb(f) for f in ctx.decode(av.Packet(bytes(mp4[off:off + size]))))
+    out.extend(_rgb(f) for f in ctx.decode(None))
     return out[:end]
 
 
