@@ -190,7 +190,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
                 exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
                 stride: Optional[int] = None, max_frames: Optional[int] = None, codec: str = "h264",
-                gop: int = 16, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
+                gop: int = 8, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
                 commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,

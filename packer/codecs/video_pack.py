@@ -47,7 +47,7 @@ class EncodeOptions:
     """
 
     codec: str = "h264"
-    gop: int = 16
+    gop: int = 8  # scripts/bench/video.py packs: the longest GOP meeting every clip target
     crf: int = 20
     preset: str = "veryfast"
     threads: int = 1
