@@ -198,7 +198,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
 
     The library form of ``packer pack-videos``. Each video becomes one sample: H.264 in MP4
-    with a keyframe every ``gop`` frames and no B-frames, plus a frame index; the manifest's
+    with a keyframe every ``gop`` frames and non-reference B-frames, plus a frame index; the manifest's
     ``videos`` entries describe it (frames, fps, size, rotation, source). ``PackedVideoDataset``
     reads the output with the same sampling options as a frame pack, decoding only the
     keyframe intervals that hold a clip's frames. A video whose re-encoded stream does not

@@ -1,14 +1,20 @@
 """Videos kept as video: re-encode to H.264 in MP4 with a stored frame index; decode frames by it.
 
 ``VideoEncoder`` turns frames (BGR uint8, one size) into an in-memory MP4 with a fixed keyframe
-interval (``gop``) and no B-frames, so decode order is presentation order and every packet is
-one frame. ``finish`` demuxes the result once to build the ``StreamIndex``: each frame's packet
-(offset and size in the MP4), the keyframes, the codec's extradata. A packed sample is
-``pack_stream(mp4, index)``: a small binary header (the index) followed by the MP4 bytes.
+interval (``gop``, closed GOPs) and a fixed pattern of ``bframes`` non-reference B-frames
+between reference frames (``I B B P B B P ...``). ``finish`` demuxes the result once to build the
+``StreamIndex``: per frame in presentation order, its packet (offset and size in the MP4), its
+decode position and whether it is a keyframe or a non-reference frame (from its NAL header);
+the codec's extradata. Presentation order is the rank of the packets' timestamps, which are
+this encoder's own frame counter (a source's timestamps are never used); ``finish`` checks that a
+sequential decode returns the frames in that order. A packed sample is ``pack_stream(mp4,
+index)``: a small binary header (the index) followed by the MP4 bytes.
 
 ``decode_frames_at(blob, frames)`` decodes only what ``frames`` needs: for each run of wanted
-frames it starts a fresh decoder at the keyframe at or before the first of them and counts
-frames out of it (the j-th frame out is frame ``keyframe + j``); timestamps are never read.
+frames it starts a fresh decoder at the keyframe at or before the first of them, feeds (in
+decode order) every reference frame up to the last wanted one plus the wanted non-reference
+frames, skipping the others (nothing refers to them, so the rest decode unchanged), flushes, and
+takes the frames out in order: the j-th is the j-th fed frame in presentation order.
 ``decode_all`` is the sequential reference decode (one decoder, frame 0 to the end): frame i
 of ``decode_frames_at`` equals frame i of ``decode_all``, bit for bit (tests/data/test_video_packs.py).
 """
@@ -28,7 +34,8 @@ __all__ = ["VIDEO_FMT", "CODECS", "EncodeOptions", "StreamIndex", "VideoEncoder"
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 CODECS = {"h264": ("libx264", "h264")}  # --codec -> (encoder, decoder)
-MAGIC = b"PKVID1\0\0"
+MAGIC = b"PKVID2\0\0"
+KEY, NONREF = 1, 2  # per-frame flag bits
 _HEAD = struct.Struct("<8sIIII")  # magic, frames, extradata bytes, codec name bytes, fps x 1000
 
 
@@ -39,6 +46,8 @@ class EncodeOptions:
     Args:
         codec: ``h264`` (libx264 through PyAV's FFmpeg).
         gop: frames from one keyframe to the next (>= 1; 1 is all-intra).
+        bframes: non-reference B-frames between reference frames (0..3): a clip skips decoding
+            those it does not take.
         crf: constant rate factor (0..51, lower is better quality and bigger).
         preset: the x264 speed/size preset (``ultrafast`` .. ``veryslow``).
         threads: encoder threads per video (1: one worker per core does the parallelism).
@@ -48,6 +57,7 @@ class EncodeOptions:
 
     codec: str = "h264"
     gop: int = 8  # scripts/bench/video.py packs: the longest GOP meeting every clip target
+    bframes: int = 2
     crf: int = 20
     preset: str = "veryfast"
     threads: int = 1
@@ -58,6 +68,8 @@ class EncodeOptions:
             raise ValueError(f"codec must be one of {', '.join(CODECS)}, not {self.codec!r}")
         if self.gop < 1:
             raise ValueError(f"gop must be >= 1, not {self.gop}")
+        if not 0 <= self.bframes <= 3:
+            raise ValueError(f"bframes must be in 0..3, not {self.bframes}")
         if not 0 <= self.crf <= 51:
             raise ValueError(f"crf must be in 0..51, not {self.crf}")
         presets = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
@@ -70,11 +82,12 @@ class EncodeOptions:
 
 @dataclass(frozen=True)
 class StreamIndex:
-    """Where each frame of a packed stream is: packet (offset, size) rows in presentation order
-    (= decode order: no B-frames), the keyframes, the decoder's extradata, the frame rate."""
+    """Where each frame of a packed stream is: per frame in presentation order its packet
+    (offset, size), decode position and flags (``KEY``, ``NONREF``); the decoder's extradata,
+    the frame rate."""
 
-    packets: np.ndarray  # (frames, 2) uint32: offset, size in the MP4
-    keyframes: np.ndarray  # sorted frame numbers of the keyframes (0 first)
+    packets: np.ndarray  # (frames, 3) uint32: offset, size in the MP4, decode position
+    flags: np.ndarray  # (frames,) uint8: KEY | NONREF bits
     extradata: bytes
     decoder: str
     fps: float
@@ -82,6 +95,16 @@ class StreamIndex:
     @property
     def frames(self) -> int:
         return len(self.packets)
+
+    @property
+    def keyframes(self) -> np.ndarray:
+        """Frame numbers of the keyframes (0 first)."""
+        return np.flatnonzero(self.flags & KEY)
+
+    @property
+    def decode_order(self) -> np.ndarray:
+        """Frame numbers in decode order."""
+        return np.argsort(self.packets[:, 2], kind="stable")
 
 
 class VideoEncoder:
@@ -105,10 +128,11 @@ class VideoEncoder:
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = 1 / rate
         stream.codec_context.thread_count = o.threads
-        # a fixed GOP: keyframes every gop frames only (no scene-cut keyframes), closed, no B-frames
-        stream.codec_context.options = {"crf": str(o.crf), "preset": o.preset, "bf": "0", "g": str(o.gop),
-                                        "keyint_min": str(o.gop), "sc_threshold": "0",
-                                        "x264-params": "scenecut=0:open-gop=0"}
+        # a fixed GOP: keyframes every gop frames only (no scene-cut keyframes), closed; a fixed
+        # number of B-frames (no adaptive placement), none of them a reference (no pyramid)
+        stream.codec_context.options = {"crf": str(o.crf), "preset": o.preset, "bf": str(o.bframes),
+                                        "g": str(o.gop), "keyint_min": str(o.gop), "sc_threshold": "0",
+                                        "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none"}
         if o.fastdecode:
             stream.codec_context.options = {**stream.codec_context.options, "tune": "fastdecode"}
         self._stream = stream
@@ -145,6 +169,20 @@ class VideoEncoder:
         return mp4, index
 
 
+def _nonref(packet: bytes, length_size: int) -> bool:
+    """Whether an AVCC (length-prefixed) H.264 packet's pictures are all non-reference
+    (``nal_ref_idc`` 0 on every slice NAL unit)."""
+    at, slices, ref = 0, 0, False
+    while at + length_size < len(packet):
+        n = int.from_bytes(packet[at:at + length_size], "big")
+        header = packet[at + length_size]
+        if header & 0x1F in (1, 5):  # a coded slice (non-IDR, IDR)
+            slices += 1
+            ref = ref or (header >> 5) & 3 != 0
+        at += length_size + n
+    return slices > 0 and not ref
+
+
 def index_mp4(mp4: bytes, decoder: str, fps: float) -> StreamIndex:
     """The packets of the MP4's video stream in file order (decode order), checked to be its bytes."""
     import av
@@ -152,30 +190,34 @@ def index_mp4(mp4: bytes, decoder: str, fps: float) -> StreamIndex:
     with av.open(io.BytesIO(mp4)) as container:
         stream = container.streams.video[0]
         extradata = bytes(stream.codec_context.extradata or b"")
-        rows, keys = [], []
+        length_size = (extradata[4] & 3) + 1 if len(extradata) > 4 and extradata[0] == 1 else 4
+        rows, pts, flags = [], [], []
         for packet in container.demux(stream):
             if packet.size == 0:
                 continue
-            pos = int(packet.pos)
-            if pos < 0 or mp4[pos:pos + packet.size] != bytes(packet):
-                raise ValueError(f"packet {len(rows)} is not stored contiguously in the MP4")
-            if packet.is_keyframe:
-                keys.append(len(rows))
-            rows.append((pos, packet.size))
-    if not keys or keys[0] != 0:
+            pos, data = int(packet.pos), bytes(packet)
+            if pos < 0 or mp4[pos:pos + packet.size] != data or packet.pts is None:
+                raise ValueError(f"packet {len(rows)} is not stored contiguously in the MP4, or has no pts")
+            flags.append((KEY if packet.is_keyframe else 0) | (NONREF if _nonref(data, length_size) else 0))
+            rows.append((pos, packet.size, len(rows)))
+            pts.append(int(packet.pts))
+    order = np.argsort(np.asarray(pts), kind="stable")  # decode positions in presentation order
+    if len(set(pts)) != len(pts):
+        raise ValueError("two packets share a presentation time")
+    packets = np.asarray(rows, dtype=np.uint32).reshape(-1, 3)[order]
+    flag_arr = np.asarray(flags, dtype=np.uint8)[order]
+    if not len(packets) or not flag_arr[0] & KEY or packets[0, 2] != 0:
         raise ValueError("the stream does not start with a keyframe")
-    return StreamIndex(np.asarray(rows, dtype=np.uint32).reshape(-1, 2), np.asarray(keys, dtype=np.int64),
-                       extradata, decoder, float(fps))
+    return StreamIndex(packets, flag_arr, extradata, decoder, float(fps))
 
 
 def pack_stream(mp4: bytes, index: StreamIndex) -> bytes:
-    """One packed sample: the index (header, extradata, decoder name, packet rows, a keyframe
-    flag per frame) followed by the MP4 bytes."""
+    """One packed sample: the index (header, extradata, decoder name, packet rows, flags per
+    frame) followed by the MP4 bytes."""
     name = index.decoder.encode("ascii")
-    flags = np.zeros(index.frames, dtype=np.uint8)
-    flags[index.keyframes] = 1
     head = _HEAD.pack(MAGIC, index.frames, len(index.extradata), len(name), int(round(index.fps * 1000)))
-    return b"".join([head, index.extradata, name, index.packets.astype("<u4").tobytes(), flags.tobytes(), mp4])
+    return b"".join([head, index.extradata, name, index.packets.astype("<u4").tobytes(),
+                     index.flags.astype(np.uint8).tobytes(), mp4])
 
 
 def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
@@ -191,14 +233,16 @@ def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
     at += n_extra
     decoder = bytes(view[at:at + n_name]).decode("ascii")
     at += n_name
-    packets = np.frombuffer(view, dtype="<u4", count=2 * frames, offset=at).reshape(frames, 2)
-    at += 8 * frames
+    packets = np.frombuffer(view, dtype="<u4", count=3 * frames, offset=at).reshape(frames, 3)
+    at += 12 * frames
     flags = np.frombuffer(view, dtype=np.uint8, count=frames, offset=at)
     at += frames
     mp4 = view[at:]
     if frames and int((packets[:, 0].astype(np.int64) + packets[:, 1]).max()) > len(mp4):
         raise ValueError("a packet lies past the end of the stored video")
-    return mp4, StreamIndex(packets, np.flatnonzero(flags), extradata, decoder, fps / 1000.0)
+    if frames and (sorted(packets[:, 2].tolist()) != list(range(frames)) or not flags[0] & KEY):
+        raise ValueError("the frame index is not a permutation of the packets starting at a keyframe")
+    return mp4, StreamIndex(packets, flags, extradata, decoder, fps / 1000.0)
 
 
 def _rgb(frame) -> np.ndarray:
@@ -220,28 +264,40 @@ def _decoder(index: StreamIndex):
     return ctx
 
 
-def _run(mp4: memoryview, index: StreamIndex, first: int, last: int, want: set[int],
-         out: dict[int, np.ndarray]) -> None:
-    """Decode frames ``first`` (a keyframe) to ``last`` with a fresh decoder, keeping ``want``."""
+def _packet(mp4: memoryview, index: StreamIndex, frame: int):
     import av
 
+    off, size = int(index.packets[frame, 0]), int(index.packets[frame, 1])
+    packet = av.Packet(bytes(mp4[off:off + size]))
+    packet.pts = frame  # the index's frame number: checked on the way out (``_check``)
+    return packet
+
+
+def _check(frame, number: int) -> None:
+    """ValueError unless the decoder returned frame ``number`` (the pts ``_packet`` gave it)."""
+    if frame.pts is not None and frame.pts != number:
+        raise ValueError(f"the decoder returned frame {frame.pts} where the index expects {number}")
+
+
+def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, last: int, want: set[int],
+         out: dict[int, np.ndarray]) -> None:
+    """Decode what frames ``first`` (a keyframe) to ``last`` need with a fresh decoder, keeping
+    ``want``: in decode order every reference frame up to the last decode position of the range,
+    and the wanted non-reference frames; then the frames out are the fed ones in presentation order."""
     ctx = _decoder(index)
-    n = first
-
-    def take(frames: Iterable) -> None:
-        nonlocal n
-        for frame in frames:
-            if n in want:
-                out[n] = _rgb(frame)
-            n += 1
-
-    for i in range(first, last + 1):
-        off, size = int(index.packets[i, 0]), int(index.packets[i, 1])
-        take(ctx.decode(av.Packet(bytes(mp4[off:off + size]))))
-    if n <= last:  # frames the decoder still holds
-        take(ctx.decode(None))
-    if n <= last:
-        raise ValueError(f"decoding frames {first}..{last} gave only {n - first} frames")
+    d0 = int(index.packets[first, 2])
+    d1 = int(index.packets[first:last + 1, 2].max())
+    fed = [int(f) for f in order[d0:d1 + 1] if not index.flags[f] & NONREF or int(f) in want]
+    frames = []
+    for f in fed:
+        frames.extend(ctx.decode(_packet(mp4, index, f)))
+    frames.extend(ctx.decode(None))
+    if len(frames) != len(fed):
+        raise ValueError(f"decoding {len(fed)} packets of frames {first}..{last} gave {len(frames)} frames")
+    for f, frame in zip(sorted(fed), frames):
+        _check(frame, f)
+        if f in want:
+            out[f] = _rgb(frame)
 
 
 def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np.ndarray]:
@@ -252,7 +308,7 @@ def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np
     if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
         raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")
     out: dict[int, np.ndarray] = {}
-    keys = index.keyframes
+    keys, order = index.keyframes, index.decode_order
     i = 0
     while i < len(wanted):
         start = int(keys[np.searchsorted(keys, wanted[i], side="right") - 1])
@@ -263,35 +319,35 @@ def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np
             if nxt > wanted[j]:  # a keyframe after the last wanted: start afresh there
                 break
             j += 1
-        _run(mp4, index, start, wanted[j], set(wanted[i:j + 1]), out)
+        _run(mp4, index, order, start, wanted[j], set(wanted[i:j + 1]), out)
         i = j + 1
     return [out[int(f)] for f in frames]
 
 
-def decode_all(blob: bytes | memoryview, *, limit: Optional[int] = None) -> list[np.ndarray]:
-    """Every frame of a packed video, decoded sequentially by one decoder from frame 0 (the
-    reference ``decode_frames_at`` is held to); ``limit``: stop after that many."""
-    import av
-
+def _sequential(blob: bytes | memoryview):
+    """Every frame of the stored stream, decoded by one decoder from the first packet in decode order."""
     mp4, index = unpack_stream(blob)
     ctx = _decoder(index)
-    out: list[np.ndarray] = []
-    end = index.frames if limit is None else min(limit, index.frames)
-    for i in range(end):
-        off, size = int(index.packets[i, 0]), int(index.packets[i, 1])
-        out.extend(_rgb(f) for f in ctx.decode(av.Packet(bytes(mp4[off:off + size]))))
-    out.extend(_rgb(f) for f in ctx.decode(None))
-    return out[:end]
+    for f in index.decode_order:
+        yield from ctx.decode(_packet(mp4, index, int(f)))
+    yield from ctx.decode(None)
+
+
+def decode_all(blob: bytes | memoryview) -> list[np.ndarray]:
+    """Every frame of a packed video, decoded sequentially by one decoder (the reference
+    ``decode_frames_at`` is held to)."""
+    out = []
+    for n, frame in enumerate(_sequential(blob)):
+        _check(frame, n)
+        out.append(_rgb(frame))
+    return out
 
 
 def count_frames(blob: bytes | memoryview) -> int:
-    """Frames a sequential decode of the whole stored stream yields (no colour conversion)."""
-    import av
-
-    mp4, index = unpack_stream(blob)
-    ctx = _decoder(index)
+    """Frames a sequential decode of the whole stored stream yields (no colour conversion);
+    ValueError when one comes out where the index does not put it."""
     n = 0
-    for i in range(index.frames):
-        off, size = int(index.packets[i, 0]), int(index.packets[i, 1])
-        n += len(ctx.decode(av.Packet(bytes(mp4[off:off + size]))))
-    return n + len(ctx.decode(None))
+    for frame in _sequential(blob):
+        _check(frame, n)
+        n += 1
+    return n

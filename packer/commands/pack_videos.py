@@ -3,7 +3,7 @@
 ``VideoPackJob`` is the per-video work (picklable; runs in an isolated worker with a timeout, as
 ``decode-frames``' ``FrameJob``): decode with ``packer.codecs.video`` (the same backends, frame
 selection and partial-decode detection), resize to even sides, re-encode to H.264 with a fixed
-keyframe interval and no B-frames (``packer.codecs.video_pack``), index the result, and decode
+keyframe interval and non-reference B-frames (``packer.codecs.video_pack``), index it, and decode
 it back once: a video whose stored stream does not decode to exactly its indexed frame count is
 a recorded failure here, never a wrong clip at training time. ``pack_videos`` is the library call
 behind the command: the inputs, runner (resume, failures, claims, manifest, fingerprint) and
@@ -96,7 +96,7 @@ class VideoPackJob:
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,
                  "video_frames": index.frames, "keyframes": len(index.keyframes), "gop": self.encode.gop,
-                 "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
+                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
                  **source_entry(v), "source": str(item.path)}
         if getattr(item, "labels", None):
             entry["labels"] = list(item.labels)

@@ -270,7 +270,8 @@ def packs_main(argv: list[str]) -> dict:
                  "frame_pack": {"bytes": disk_used(frames_out), "seconds": frames_s}, "video_packs": {}}
 
     opts = EncodeOptions()
-    x264 = {"crf": str(opts.crf), "preset": opts.preset, "bf": "0", "sc_threshold": "0",
+    x264 = {"crf": str(opts.crf), "preset": opts.preset, "bf": str(opts.bframes), "sc_threshold": "0",
+            "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none",
             **({"tune": "fastdecode"} if opts.fastdecode else {})}
     paths = [str(it.path) for it in video_items(src)[0]]
     bare = {}
