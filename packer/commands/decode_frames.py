@@ -41,7 +41,7 @@ from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
-           "list_videos", "source_entry", "partial_note"]
+           "list_videos", "run_record", "source_entry", "partial_note"]
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,18 @@ def list_videos(src: str | os.PathLike, inputs: InputOptions) -> tuple[list[Vide
     return items, classes, bad
 
 
+def run_record(to: str, src: str | os.PathLike, inputs: InputOptions, run_opts: RunOptions,
+               options: dict[str, Any], *, commit_every: int) -> dict[str, Any]:
+    """The options a video conversion's manifest records (``created_by``): the inputs, the
+    command's own ``options``, the run's; ``commit_every`` is the command's default."""
+    return {"to": to, "src": str(Path(src).resolve()),
+            "list": str(inputs.list_path) if inputs.list_path else None,
+            "csv": str(inputs.csv_path) if inputs.csv_path else None, **options,
+            "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
+            "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
+            "commit_every": run_opts.commit_every or commit_every}
+
+
 def source_entry(v: VideoFrames) -> dict[str, Any]:
     """What a manifest video entry records of the decoded source."""
     info = v.info
@@ -348,12 +360,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
         items, classes, bad = list_videos(src, inputs)
         job = dataclasses.replace(frames.job(), flow=flow)
         out = Path(out)
-        recorded = {"to": to, "src": str(Path(src).resolve()),
-                    "list": str(inputs.list_path) if inputs.list_path else None,
-                    "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
-                    "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                    "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
-                    "commit_every": run_opts.commit_every or 1000}
+        recorded = run_record(to, src, inputs, run_opts, frames.recorded(), commit_every=1000)
         if flow is not None:
             recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
         frame_folders = to in VIDEO_FORMATS

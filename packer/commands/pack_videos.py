@@ -23,11 +23,10 @@ from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, r
 from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
-from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, parse_exts
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.conversion.video_inputs import VideoItem
-from packer.commands.decode_frames import DecodeReport, list_videos, partial_note, source_entry
+from packer.commands.decode_frames import DecodeReport, list_videos, partial_note, run_record, source_entry
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
 from packer.formats import FORMATS, open_reader
@@ -193,12 +192,7 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         items, classes, bad = list_videos(src, inputs)
         out = Path(out)
-        recorded = {"to": to, "src": str(Path(src).resolve()),
-                    "list": str(inputs.list_path) if inputs.list_path else None,
-                    "csv": str(inputs.csv_path) if inputs.csv_path else None, **pack.recorded(),
-                    "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                    "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
-                    "commit_every": run_opts.commit_every or 100}
+        recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100)
         writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                             commit_every=run_opts.commit_every or 100)
         ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
