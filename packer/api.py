@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from packer.commands.decode_frames import DecodeReport
     from packer.commands.inspection import VerifyResult
     from packer.commands.merge import MergeReport
+    from packer.commands.pack_videos import VideoPackReport
     from packer.commands.resize_tree import MirrorReport
     from packer.conversion.runner import Report
 
-__all__ = ["pack", "decode_frames", "resize", "merge", "verify", "inspect", "index", "bench", "demo"]
+__all__ = ["pack", "decode_frames", "pack_videos", "resize", "merge", "verify", "inspect", "index", "bench", "demo"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -187,6 +188,54 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, force=force, break_lock=break_lock)
+
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+
+
+def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path: Optional[PathLike] = None,
+                csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
+                exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
+                stride: Optional[int] = None, max_frames: Optional[int] = None, codec: str = "h264",
+                gop: int = 8, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
+                commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
+                max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
+                shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
+                break_lock: bool = False) -> VideoPackReport:
+    """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
+
+    The library form of ``packer pack-videos``. Each video becomes one sample: H.264 in MP4
+    with a keyframe every ``gop`` frames and non-reference B-frames, plus a frame index; the manifest's
+    ``videos`` entries describe it (frames, fps, size, rotation, source). ``PackedVideoDataset``
+    reads the output with the same sampling options as a frame pack, decoding only the
+    keyframe intervals that hold a clip's frames. A video whose re-encoded stream does not
+    decode to its indexed frame count is recorded in ``failures.jsonl``.
+
+    Args:
+        src, list_path, csv_path, class_index, exts: the inputs, as for ``decode_frames``.
+        out: the packed output, or a URL.
+        to: a packed format: ``records``, ``lmdb`` or ``hdf5``.
+        short_side: resize so the short side is N (None: keep the size); sides are rounded
+            down to even numbers.
+        fps, stride, max_frames: which frames, as for ``decode_frames``.
+        codec, gop, crf, preset: the re-encode (``h264``; keyframe interval; x264 quality and
+            speed preset).
+        backend: the source decoder, as for ``decode_frames``.
+        commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
+            strict, break_lock: as for ``pack``.
+        timeout: seconds one video may take before its worker is killed (0: no limit).
+
+    Returns:
+        The run's ``VideoPackReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
+    """
+    from packer.commands.pack_videos import pack_videos as pack_v
+
+    def build(path: str) -> Any:
+        return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
+                      exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
+                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, commit_every=commit_every,
+                      workers=workers, executor=executor, max_failures=max_failures, resume=resume,
+                      overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
+                      strict=strict, break_lock=break_lock)
 
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
 

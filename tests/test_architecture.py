@@ -37,8 +37,8 @@ def test_every_command_has_a_library_function():
     from packer.cli import main
 
     commands_to_api = {"to-lmdb": "pack", "to-hdf5": "pack", "to-records": "pack", "resize": "resize",
-                       "decode-frames": "decode_frames", "merge": "merge", "verify": "verify",
-                       "inspect": "inspect", "index": "index", "bench": "bench", "demo": "demo"}
+                       "decode-frames": "decode_frames", "pack-videos": "pack_videos", "merge": "merge",
+                       "verify": "verify", "inspect": "inspect", "index": "index", "bench": "bench", "demo": "demo"}
     assert set(main.commands) == set(commands_to_api)
     import packer
 

@@ -1,4 +1,5 @@
-"""``decode-frames``: videos to mmaction2 frame folders or packed shards."""
+"""``decode-frames``: videos to mmaction2 frame folders or packed shards; ``pack-videos``: videos
+re-encoded and packed as video."""
 from __future__ import annotations
 
 import click
@@ -69,3 +70,47 @@ def decode_frames_cmd(src, out, to, list_out, **options):
     from packer.api import decode_frames
 
     conversion_call(lambda: decode_frames(src, out, to=to, list_out=list_out, **options))
+
+
+@main.command("pack-videos")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out")
+@click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
+              help="mmaction2 video list, relative to SRC (as decode-frames).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Kinetics CSV (label,youtube_id,time_start,time_end,split) over the videos in SRC.")
+@click.option("--class-index", type=click.Path(dir_okay=False), default=None,
+              help="Class names by label (as decode-frames).")
+@click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
+              help="Comma-separated video file extensions to take.")
+@click.option("--to", "to", default="records", show_default=True, metavar="FORMAT",
+              help="A packed format: records, lmdb or hdf5.")
+@click.option("--short-side", type=int, default=256, show_default=True,
+              help="Rescale so the short side is N (sides rounded down to even).")
+@click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")
+@click.option("--stride", type=int, default=None, help="Keep every K-th frame.")
+@click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
+@click.option("--codec", type=click.Choice(["h264"]), default="h264", show_default=True,
+              help="Codec of the re-encoded videos (libx264 through PyAV).")
+@click.option("--gop", type=int, default=8, show_default=True,
+              help="Frames from one keyframe to the next: a clip decodes from the keyframe before its first "
+                   "frame (chosen by measurement, see docs/video.md).")
+@click.option("--crf", type=int, default=20, show_default=True, help="x264 constant rate factor (lower: better, bigger).")
+@click.option("--preset", default="veryfast", show_default=True, help="x264 speed preset.")
+@click.option("--strict", is_flag=True, help="Partial decodes count toward --max-failures.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds one video may take before its worker is killed (0: no limit).")
+@click.option("--backend", type=click.Choice(["auto", "decord", "opencv"]), default="auto", show_default=True,
+              help="Source video decoder (as decode-frames).")
+@click.option("--commit-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Videos per durable commit (what a --resume after a kill redoes at most).")
+@conversion_options
+@library_call
+def pack_videos_cmd(src, out, to, **options):
+    """Re-encode videos for training and pack them as video (H.264, fixed GOP, frame index).
+
+    PackedVideoDataset reads the output with the same sampling options as a frame pack,
+    decoding only the keyframe intervals that hold each clip's frames."""
+    from packer.api import pack_videos
+
+    conversion_call(lambda: pack_videos(src, out, to=to, **options))

@@ -32,6 +32,7 @@ from PIL import Image, ImageOps
 
 from packer.codecs.jpeg_header import jpeg_header
 from packer.codecs.jpeg_meta import jpeg_meta, orient
+from packer.codecs.video_pack import MAGIC as VIDEO_MAGIC, VIDEO_FMT
 from packer.errors import CorruptSample
 
 try:  # OpenCV is a dependency, but keep the Pillow path working without it.
@@ -101,6 +102,8 @@ def sniff_format(data: bytes | memoryview) -> str:
         return "bmp"
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return "gif"
+    if head[:8] == VIDEO_MAGIC:
+        return VIDEO_FMT
     return "unknown"
 
 

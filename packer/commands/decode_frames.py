@@ -35,11 +35,13 @@ from packer.conversion.diskspace import (Estimate, check_space, disk_used, encod
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, listing, parse_exts, partition, run_failures
 from packer.conversion.video_inputs import VideoItem, video_items
 from packer.codecs.resize import parse_size
-from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video, sample_frame
+from packer.codecs.video import (BACKENDS, FrameSelection, Resize, VideoFrames, probe_video, read_video,
+                                 sample_frame)
 from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
-__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used"]
+__all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
+           "list_videos", "run_record", "source_entry", "partial_note"]
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +152,12 @@ class FrameJob:
         info = v.info
         entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(self.selection.output_fps(info.fps), 6), "height": v.height,
-                 "width": v.width, "decoded_frames": v.decoded_frames,
-                 "container_frames": info.container_frames, "source_fps": round(info.fps, 6),
-                 "source_height": info.height, "source_width": info.width,
-                 "rotation": info.rotation, "backend": v.backend}
+                 "width": v.width, **source_entry(v)}
         if getattr(item, "labels", None):  # a multi-label list line
             entry["labels"] = list(item.labels)
         if self.flow is not None:
             entry.update(rgb_frames=len(rgb_data), flow_frames=len(flows) // 2)
-        note = None
-        if v.partial:
-            note = {"stage": "partial",
-                    "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
-                              f"the container claims ({v.backend})",
-                    "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
+        note = partial_note(v)
         if v.tried:
             log.debug("%s: %s", item.path, "; ".join(v.tried))
         if self.write_into is not None and samples:
@@ -208,11 +202,72 @@ class DecodeReport(Report):
         if self.status == "complete":
             return super().summary()
         el = max(self.elapsed, 1e-9)
-        failed = sum(1 for f in self.failures if f.get("stage") != "partial")
         return (f"{self.out}: {self.videos} of {self.items} videos -> {self.count} frames "
-                f"({self.partial} partial decodes, {failed} failed); {human_bytes(self.disk_bytes)} "
+                f"({self.partial} partial decodes, {self.failed_videos} failed); {human_bytes(self.disk_bytes)} "
                 f"on disk; {self.elapsed:.1f}s ({self.videos / el:.2f} videos/s, "
                 f"{self.count / el:.0f} frames/s)")
+
+    @property
+    def failed_videos(self) -> int:
+        """Videos that failed (partial decodes, which were kept, not counted)."""
+        return sum(1 for f in self.failures if f.get("stage") != "partial")
+
+
+def list_videos(src: str | os.PathLike, inputs: InputOptions) -> tuple[list[VideoItem], list[str],
+                                                                        list[InputFailure], Optional[dict[str, Any]]]:
+    """(this shard's video items, class names, unusable list/CSV lines, the whole listing a part
+    of a split run was cut from (None for one run: merge compares them)) of ``src``; UsageError
+    when no video is left. Says where the labels came from."""
+    bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
+    items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
+                                 class_index=inputs.class_index, exts=inputs.exts, failures=bad)
+    if getattr(classes, "note", ""):
+        log.info("%s: labels: %s", src, classes.note)
+    whole = (listing(items, bad, {"list": inputs.list_path, "csv": inputs.csv_path,
+                                  "class_index": inputs.class_index}) if inputs.num_shards > 1 else None)
+    items = partition(items, inputs.num_shards, inputs.shard_index)
+    if not items:
+        raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+    return items, classes, bad, whole
+
+
+def run_record(to: str, src: str | os.PathLike, inputs: InputOptions, run_opts: RunOptions,
+               options: dict[str, Any], *, commit_every: int, classes: Any = None,
+               whole: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The options a video conversion's manifest records (``created_by``): the inputs, the
+    command's own ``options``, the run's; ``commit_every`` is the command's default; the label
+    map that numbered ``classes`` (a dataset's, ``--class-index``; sorted and list orders by
+    omission) and a split run's ``whole`` listing."""
+    recorded = {"to": to, "src": str(Path(src).resolve()),
+                "list": str(inputs.list_path) if inputs.list_path else None,
+                "csv": str(inputs.csv_path) if inputs.csv_path else None, **options,
+                "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
+                "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
+                "commit_every": run_opts.commit_every or commit_every}
+    if getattr(classes, "label_map", None) not in (None, "sorted", "list"):
+        recorded["label_map"] = classes.label_map
+    if whole is not None:
+        recorded["listing"] = whole
+    return recorded
+
+
+def source_entry(v: VideoFrames) -> dict[str, Any]:
+    """What a manifest video entry records of the decoded source."""
+    info = v.info
+    return {"decoded_frames": v.decoded_frames, "container_frames": info.container_frames,
+            "source_fps": round(info.fps, 6), "source_height": info.height, "source_width": info.width,
+            "rotation": info.rotation, "backend": v.backend}
+
+
+def partial_note(v: VideoFrames) -> Optional[dict[str, Any]]:
+    """The ``stage: "partial"`` failure record of a source that decoded short, else None."""
+    if not v.partial:
+        return None
+    info = v.info
+    return {"stage": "partial",
+            "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
+                      f"the container claims ({v.backend})",
+            "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
 
 
 def _writer_for(to: str):
@@ -315,29 +370,11 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             raise UsageError("--list-out applies to frame folders (--to frames) only")
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
-        items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
-                                     class_index=inputs.class_index, exts=inputs.exts, failures=bad)
-        if getattr(classes, "note", ""):
-            log.info("%s: labels: %s", src, classes.note)
-        # a part of a split run records the whole listing it was cut from (merge compares them)
-        whole = (listing(items, bad, {"list": inputs.list_path, "csv": inputs.csv_path,
-                                      "class_index": inputs.class_index}) if inputs.num_shards > 1 else None)
-        items = partition(items, inputs.num_shards, inputs.shard_index)
-        if not items:
-            raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+        items, classes, bad, whole = list_videos(src, inputs)
         job = dataclasses.replace(frames.job(), flow=flow)
         out = Path(out)
-        recorded = {"to": to, "src": str(Path(src).resolve()),
-                    "list": str(inputs.list_path) if inputs.list_path else None,
-                    "csv": str(inputs.csv_path) if inputs.csv_path else None, **frames.recorded(),
-                    "strict": run_opts.strict, "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                    "video_exts": list(parse_exts(inputs.exts, DEFAULT_VIDEO_EXTS)),
-                    "commit_every": run_opts.commit_every or 1000}
-        if getattr(classes, "label_map", None) not in (None, "sorted", "list"):  # a dataset's map, --class-index
-            recorded["label_map"] = classes.label_map  # (sorted and list orders: recorded as always, by omission)
-        if whole is not None:
-            recorded["listing"] = whole
+        recorded = run_record(to, src, inputs, run_opts, frames.recorded(), commit_every=1000, classes=classes,
+                              whole=whole)
         if flow is not None:
             recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
         frame_folders = to in VIDEO_FORMATS

@@ -14,6 +14,7 @@ from packer.errors import CorruptData, PackerError
 from packer.formats import Record
 from packer.remote import open_reader
 from packer.codecs.image import decode
+from packer.codecs.video_pack import VIDEO_FMT, count_frames, unpack_stream
 
 __all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
 
@@ -123,7 +124,14 @@ def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> Ve
             result.problems.append(text)
 
     def decodes(i: int, rec: Record) -> None:
-        if decode_images and rec.fmt != "raw":
+        if decode_images and rec.fmt == VIDEO_FMT:  # a pack-videos sample: its stream decodes whole
+            try:
+                n, indexed = count_frames(rec.data), unpack_stream(rec.data)[1].frames
+                if n != indexed:
+                    raise ValueError(f"decodes to {n} frames, its index holds {indexed}")
+            except Exception as e:  # av.error.FFmpegError too
+                raise CorruptData(str(path), f"undecodable video ({e})", position=f"sample {i}") from None
+        elif decode_images and rec.fmt != "raw":
             try:
                 decode(rec.data)
             except ValueError as e:

@@ -57,6 +57,7 @@ import torch
 
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
+from packer.codecs.video_pack import decode_frames_at
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
@@ -633,8 +634,10 @@ class FrameDataset(_ClipDataset):
 
 # -- packed outputs ---------------------------------------------------------------------------
 class PackedVideoDataset(_ClipDataset):
-    """Clips from any packed video output (``decode-frames --to lmdb|hdf5|records|frames``),
-    located through the manifest's ``videos`` entries; storage opens lazily per process.
+    """Clips from any packed video output (``decode-frames --to lmdb|hdf5|records|frames``, or
+    ``pack-videos``: videos kept as H.264, each clip decoding only the keyframe intervals that hold
+    its frames, by the stored frame index), located through the manifest's ``videos`` entries;
+    storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
     ``check_crc`` (verify each frame's CRC32C as it is read). ``num_classes`` defaults to the
@@ -656,9 +659,13 @@ class PackedVideoDataset(_ClipDataset):
         if self.reader.manifest.kind != "videos" or not videos:
             raise UsageError(f"{path}: not a packed video output (no videos in its manifest)")
         flow = modality == "Flow"
+        # a pack-videos output: one sample per video, its frames decoded by the stored index
+        self.encoded = all("video_frames" in v for v in videos) if videos else False
+        if self.encoded and flow:
+            raise UsageError(f"{path}: a pack-videos output holds RGB video only, not Flow")
         self._videos = []  # (first sample of the stream, frames, label(s), fps)
         for v in videos:
-            rgb, flows = video_streams(v)
+            rgb, flows = (int(v["video_frames"]), 0) if self.encoded else video_streams(v)
             labels = tuple(int(x) for x in v["labels"]) if v.get("labels") else int(v["label"])
             start = int(v["start"]) + (rgb if flow else 0)
             self._videos.append((start, flows if flow else rgb, labels, v.get("fps")))
@@ -698,6 +705,12 @@ class PackedVideoDataset(_ClipDataset):
 
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         start = self._videos[index][0]
+        if self.encoded:  # decode only the GOPs holding the frames, from the stored index
+            rec = self.reader.read(start)
+            try:
+                return decode_frames_at(rec.data, [int(i) for i in frame_inds])
+            except (ValueError, IndexError) as e:
+                raise CorruptData(self._where(index), f"sample {start}: {e}") from None
         if self.modality == "Flow":  # flow frame i is the samples x, y at start + 2i, 2i + 1
             return [np.stack([self._decode(index, start + 2 * int(i) + d, True) for d in (0, 1)], axis=-1)
                     for i in frame_inds]

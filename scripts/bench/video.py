@@ -38,7 +38,7 @@ import numpy as np
 
 from packer.data.video import FrameDataset, PackedVideoDataset, sample_frames
 from packer.commands.decode_frames import FrameJob, decode_frames
-from packer.formats import FORMATS
+from packer.formats import FORMATS, open_reader
 from packer.conversion.video_inputs import video_items
 from packer.synth import natural_image
 from packer.codecs.flow import FlowEstimator, encode_grey, quantize, tvl1_available
@@ -173,6 +173,169 @@ def clips_main(argv: list[str]) -> dict:
     return {"input": what, "load_average": load, "conversion": conv, "loading": loading}
 
 
+# == packs =========================================================================================
+PACK_FIXTURES = ("mmaction2_test.mp4", "decord_flipping_a_pancake.mkv", "mmaction2_test.avi")
+
+
+def make_pack_input(src: Path, videos: int) -> str:
+    """``src/class_k/v_i.EXT``: the real fixtures round-robin (H.264 340x256 300 frames, H.264
+    426x240 310 frames in Matroska, XviD 320x240 164 frames)."""
+    if src.exists():
+        shutil.rmtree(src)
+    fixtures = REPO / "tests" / "fixtures" / "videos"
+    for i in range(videos):
+        name = PACK_FIXTURES[i % len(PACK_FIXTURES)]
+        d = src / f"class_{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(fixtures / name, d / f"v_{i:03d}{Path(name).suffix}")
+    return f"{videos} videos, the fixtures {', '.join(PACK_FIXTURES)} round-robin"
+
+
+def _bare_encode(args: tuple[str, int, dict]) -> int:
+    """The bare loop for one video: PyAV decode -> resize (short side, even) -> libx264 encode
+    into an in-memory MP4 with pack-videos' encoder options; frames encoded."""
+    import io
+
+    import av
+
+    from packer.commands.pack_videos import even_size
+
+    path, short_side, opts = args
+    n = 0
+    buf = io.BytesIO()
+    with av.open(path) as inp, av.open(buf, "w", format="mp4") as out:
+        vs = inp.streams.video[0]
+        vs.thread_count = 1
+        stream = None
+        for frame in inp.decode(vs):
+            if stream is None:
+                th, tw = even_size(frame.height, frame.width, Resize(short_side=short_side))
+                stream = out.add_stream("libx264", rate=vs.average_rate or 30)
+                stream.width, stream.height, stream.pix_fmt = tw, th, "yuv420p"
+                stream.codec_context.thread_count = 1
+                stream.codec_context.options = opts
+            img = cv2.resize(frame.to_ndarray(format="bgr24"), (stream.width, stream.height),
+                             interpolation=cv2.INTER_AREA)
+            for p in stream.encode(av.VideoFrame.from_ndarray(img, format="bgr24")):
+                out.mux(p)
+            n += 1
+        if stream is not None:
+            for p in stream.encode(None):
+                out.mux(p)
+    return n
+
+
+def _rate(ds, clips: int) -> tuple[float, float]:
+    """(clips/s wall, clips per CPU-second) of ``clips`` loads, after one warm-up load."""
+    ds[0]
+    t, c = time.perf_counter(), cpu_seconds()
+    for k in range(clips):
+        ds[k % len(ds)]
+    return clips / (time.perf_counter() - t), clips / (cpu_seconds() - c)
+
+
+def packs_main(argv: list[str]) -> dict:
+    """pack-videos against decode-frames' JPEG frame pack: bytes, dense and TSN clips/s, pack throughput."""
+    import multiprocessing
+
+    import torch
+
+    from packer.commands.pack_videos import pack_videos
+    from packer.conversion.diskspace import disk_used
+    from packer.codecs.video_pack import EncodeOptions
+
+    ap = argparse.ArgumentParser(prog="video.py packs")
+    ap.add_argument("--videos", type=int, default=12, help="input videos")
+    ap.add_argument("--clips", type=int, default=120, help="clips loaded per source and sampler")
+    ap.add_argument("--gops", default="4,8,16,32", help="keyframe intervals to pack and compare")
+    ap.add_argument("--short-side", type=int, default=256)
+    ap.add_argument("--workdir", default=str(REPO / "bench-out" / "video-packs"))
+    args = ap.parse_args(argv)
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    what = make_pack_input(work / "src", args.videos)
+    src = work / "src"
+    load = os.getloadavg()[0]
+    gops = [int(g) for g in args.gops.split(",")]
+    workers = os.cpu_count() or 1
+
+    frames_out = work / "frames.rec"
+    shutil.rmtree(frames_out, ignore_errors=True)
+    t = time.perf_counter()
+    fr = decode_frames(src, frames_out, to="records", short_side=args.short_side, workers=workers)
+    frames_s = time.perf_counter() - t
+    res: dict = {"input": what, "load_average": load, "frames": fr.count,
+                 "frame_pack": {"bytes": disk_used(frames_out), "seconds": frames_s}, "video_packs": {}}
+
+    opts = EncodeOptions()
+    x264 = {"crf": str(opts.crf), "preset": opts.preset, "bf": str(opts.bframes), "sc_threshold": "0",
+            "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none",
+            **({"tune": "fastdecode"} if opts.fastdecode else {})}
+    paths = [str(it.path) for it in video_items(src)[0]]
+    bare = {}
+    for gop in gops:
+        o = {**x264, "g": str(gop), "keyint_min": str(gop)}
+        t, c = time.perf_counter(), cpu_seconds()
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+        n = sum(pool.map(_bare_encode, [(p, args.short_side, o) for p in paths], chunksize=1))
+        pool.close()
+        pool.join()  # reaped: their CPU time counts in RUSAGE_CHILDREN
+        bare[gop] = (n / (time.perf_counter() - t), n / (cpu_seconds() - c))
+
+    samplers = {"dense": dict(clip_len=32, frame_interval=2, num_clips=1, test_mode=True),
+                "tsn": dict(clip_len=1, num_clips=8)}
+    frame_rates = {name: _rate(PackedVideoDataset(frames_out, seed=0, **kw), args.clips)
+                   for name, kw in samplers.items()}
+    res["frame_pack"]["clips"] = frame_rates
+    for gop in gops:
+        out = work / f"video_g{gop}.rec"
+        shutil.rmtree(out, ignore_errors=True)
+        t, c = time.perf_counter(), cpu_seconds()
+        r = pack_videos(src, out, to="records", gop=gop, short_side=args.short_side, workers=workers)
+        sec, cpu = time.perf_counter() - t, cpu_seconds() - c
+        frames = sum(v["video_frames"] for v in open_reader(out).manifest.videos)
+        entry = {"bytes": disk_used(out), "seconds": sec, "frames": frames, "failures": len(r.failures),
+                 "pack_fps": frames / sec, "pack_fps_cpu": frames / cpu, "bare_fps": bare[gop][0],
+                 "bare_fps_cpu": bare[gop][1], "clips": {}}
+        entry["bytes_vs_frames"] = entry["bytes"] / res["frame_pack"]["bytes"]
+        entry["pack_vs_bare"] = entry["pack_fps"] / entry["bare_fps"]
+        entry["pack_vs_bare_cpu"] = entry["pack_fps_cpu"] / entry["bare_fps_cpu"]
+        for name, kw in samplers.items():
+            entry["clips"][name] = _rate(PackedVideoDataset(out, seed=0, **kw), args.clips)
+        res["video_packs"][gop] = entry
+
+    import decord
+
+    rng = np.random.RandomState(0)
+    t, c = time.perf_counter(), cpu_seconds()
+    for k in range(args.clips):  # mmaction2: DecordInit + SampleFrames + DecordDecode per sample
+        vr = decord.VideoReader(paths[k % len(paths)], num_threads=1)
+        vr.get_batch(sample_frames(len(vr), clip_len=1, num_clips=8, rng=rng)).asnumpy()
+    res["decord_tsn"] = (args.clips / (time.perf_counter() - t), args.clips / (cpu_seconds() - c))
+
+    fp = res["frame_pack"]
+    print(f"input: {what}; {os.cpu_count()} cores, load average {load:.2f} at start; short side "
+          f"{args.short_side}; {fr.count} frames")
+    print(f"frame pack (decode-frames --to records, JPEG q95): {fp['bytes'] / 1e6:.1f} MB, "
+          f"dense {fp['clips']['dense'][0]:.1f} clips/s, TSN {fp['clips']['tsn'][0]:.1f} clips/s")
+    print(f"decord from the source videos (TSN, mmaction2 style): {res['decord_tsn'][0]:.1f} clips/s")
+    print("\n| gop | MB | vs frames (<= 0.25) | dense clips/s | vs frames (>= 0.8) | TSN clips/s "
+          "| vs frames (>= 0.4) | vs decord (>= 2) | pack frames/s | bare loop | vs bare (>= 0.8) "
+          "| vs bare per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for gop, e in res["video_packs"].items():
+        d, tsn = e["clips"]["dense"][0], e["clips"]["tsn"][0]
+        print(f"| {gop} | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | {d:.1f} | "
+              f"{d / fp['clips']['dense'][0]:.2f} | {tsn:.1f} | {tsn / fp['clips']['tsn'][0]:.2f} | "
+              f"{tsn / res['decord_tsn'][0]:.2f} | {e['pack_fps']:.0f} | {e['bare_fps']:.0f} | "
+              f"{e['pack_vs_bare']:.2f} | {e['pack_vs_bare_cpu']:.2f} |")
+    print("(clips/s: one process, one thread, CPU-second figures in the JSON; pack and bare loop: all "
+          "cores, wall clock, then frames per CPU-second of every process)")
+    return res
+
+
 # == flow ===========================================================================================
 def grey_frames(n: int) -> tuple[list[np.ndarray], str]:
     """``n`` consecutive grey 340x256 frames and where they came from."""
@@ -234,14 +397,16 @@ def flow_main(argv: list[str]) -> None:
         print("TV-L1 skipped: this OpenCV has no contrib optflow module")
 
 
-SECTIONS = {"clips": clips_main, "flow": flow_main}
+SECTIONS = {"clips": clips_main, "flow": flow_main, "packs": packs_main}
 QUICK = {"clips": ["--videos", "2", "--clips", "10", "--workdir", str(REPO / "bench-out" / "video-quick")],
-         "flow": ["--pairs", "4", "--tvl1-pairs", "1"]}
+         "flow": ["--pairs", "4", "--tvl1-pairs", "1"],
+         "packs": ["--videos", "3", "--clips", "10", "--gops", "16",
+                   "--workdir", str(REPO / "bench-out" / "video-packs-quick")]}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the section(s) named on the command line and write the JSON."""
-    return run_sections("video", __doc__, SECTIONS, all_sections=("clips", "flow"), quick=QUICK, argv=argv,
+    return run_sections("video", __doc__, SECTIONS, all_sections=("clips", "flow", "packs"), quick=QUICK, argv=argv,
                         notes=["One process (or decode-frames' pool) per section; ratios within one run stand."])
 
 

@@ -1,0 +1,215 @@
+"""``packer pack-videos``: videos re-encoded for training and packed as video, one sample each.
+
+``VideoPackJob`` is the per-video work (picklable; runs in an isolated worker with a timeout, as
+``decode-frames``' ``FrameJob``): decode with ``packer.codecs.video`` (the same backends, frame
+selection and partial-decode detection), resize to even sides, re-encode to H.264 with a fixed
+keyframe interval and non-reference B-frames (``packer.codecs.video_pack``), index it, and decode
+it back once: a video whose stored stream does not decode to exactly its indexed frame count is
+a recorded failure here, never a wrong clip at training time. ``pack_videos`` is the library call
+behind the command: the inputs, runner (resume, failures, claims, manifest, fingerprint) and
+executors are ``decode-frames``' own.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import cv2
+
+from packer.claim import ensure_claim
+from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video
+from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
+from packer.conversion.executors import make_executor
+from packer.conversion.executors.base import BackgroundClose
+from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.runner import Report, WorkResult, check_output_arg, run
+from packer.conversion.video_inputs import VideoItem
+from packer.commands.decode_frames import DecodeReport, list_videos, partial_note, run_record, source_entry
+from packer.conversion.inputs import run_failures
+from packer.conversion.diskspace import disk_used, human_bytes
+from packer.errors import CorruptSample, UsageError
+from packer.formats import FORMATS, open_reader
+from packer.formats.sample import Sample
+from packer.manifest import created_by
+
+__all__ = ["VideoPackJob", "VideoPackOptions", "VideoPackReport", "pack_videos", "DEFAULT_GOP", "even_size"]
+
+# Chosen by scripts/bench/video.py --section packs (docs/video.md): see EncodeOptions' default.
+DEFAULT_GOP = EncodeOptions().gop
+
+
+def even_size(height: int, width: int, resize: Optional[Resize]) -> tuple[int, int]:
+    """The encoded size: the resize's target (or the source size) rounded down to even sides
+    (4:2:0 video needs them), at least 2x2."""
+    th, tw = resize.target(height, width) if resize is not None else (height, width)
+    return max(2, th - th % 2), max(2, tw - tw % 2)
+
+
+@dataclass(frozen=True)
+class VideoPackJob:
+    """Re-encode one video into one packed sample plus its manifest entry (a ``WorkResult``)."""
+
+    selection: FrameSelection = FrameSelection()
+    resize: Optional[Resize] = None
+    encode: EncodeOptions = EncodeOptions()
+    backend: str = "auto"
+    prefer: str = "opencv"
+
+    def __call__(self, item: VideoItem) -> WorkResult:
+        try:
+            src_fps = probe_video(item.path).fps
+        except (ValueError, OSError):
+            src_fps = 0.0  # read_video reports what it can; the MP4 then says 30 fps
+        fps = self.selection.output_fps(src_fps) if src_fps else 0.0
+        encoder = VideoEncoder(self.encode, fps)
+        size: list[tuple[int, int]] = []
+
+        def process(frame):
+            if not size:
+                size.append(even_size(frame.shape[0], frame.shape[1], self.resize))
+            th, tw = size[0]
+            h, w = frame.shape[:2]
+            if (h, w) != (th, tw):
+                interp = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
+                frame = cv2.resize(frame, (tw, th), interpolation=interp)
+            encoder.add(frame)
+            return None
+
+        v = read_video(item.path, backend=self.backend, selection=self.selection, process=process,
+                       key=item.key, prefer=self.prefer)
+        try:
+            mp4, index = encoder.finish()
+        except ValueError as e:
+            raise CorruptSample(item.key, item.path, f"re-encode failed: {e}", stage="encode") from None
+        blob = pack_stream(mp4, index)
+        try:
+            decodable = count_frames(blob)
+        except Exception as e:  # av.error.FFmpegError and kin: the stored stream does not decode
+            raise CorruptSample(item.key, item.path, f"the re-encoded stream does not decode ({e})",
+                                stage="verify") from None
+        if decodable != index.frames:
+            raise CorruptSample(item.key, item.path, f"the re-encoded stream decodes to {decodable} frames, "
+                                f"its index holds {index.frames}", stage="verify")
+        th, tw = size[0]
+        entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
+                 "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,
+                 "video_frames": index.frames, "keyframes": len(index.keyframes), "gop": self.encode.gop,
+                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
+                 **source_entry(v), "source": str(item.path)}
+        if getattr(item, "labels", None):
+            entry["labels"] = list(item.labels)
+        note = partial_note(v)
+        sample = Sample(item.key, blob, VIDEO_FMT, item.label, th, tw, 3,
+                        {"frame_dir": item.frame_dir, "frames": index.frames})
+        return WorkResult([sample], entry, note)
+
+
+@dataclass(frozen=True)
+class VideoPackOptions:
+    """What each video becomes: which frames, at what size, encoded how.
+
+    Args:
+        short_side: resize so the short side is this (None: keep the size); sides are then
+            rounded down to even numbers.
+        fps, stride, max_frames: the frame selection (as ``decode-frames``).
+        codec, gop, crf, preset: the re-encode (``EncodeOptions``).
+        backend: the source decoder: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
+    """
+
+    short_side: Optional[int] = 256
+    fps: Optional[float] = None
+    stride: Optional[int] = None
+    max_frames: Optional[int] = None
+    codec: str = "h264"
+    gop: int = DEFAULT_GOP
+    crf: int = EncodeOptions().crf
+    preset: str = EncodeOptions().preset
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.short_side is not None and self.short_side < 2:
+            raise UsageError(f"--short-side must be >= 2, not {self.short_side}")
+        try:
+            _ = (self.selection, self.encode_options)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    @property
+    def selection(self) -> FrameSelection:
+        return FrameSelection(fps=self.fps, stride=self.stride, max_frames=self.max_frames)
+
+    @property
+    def encode_options(self) -> EncodeOptions:
+        return EncodeOptions(codec=self.codec, gop=self.gop, crf=self.crf, preset=self.preset)
+
+    def job(self) -> VideoPackJob:
+        """The per-video work these options describe."""
+        resize = Resize(short_side=self.short_side) if self.short_side else None
+        return VideoPackJob(selection=self.selection, resize=resize, encode=self.encode_options,
+                            backend=self.backend)
+
+    def recorded(self) -> dict[str, Any]:
+        """The options as the manifest's ``created_by`` records them."""
+        return {"short_side": self.short_side, "fps": self.fps, "stride": self.stride,
+                "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop, "crf": self.crf,
+                "preset": self.preset, "backend": self.backend, "video_format": VIDEO_FMT}
+
+
+@dataclass
+class VideoPackReport(DecodeReport):
+    """A conversion Report with the video figures of the end summary (``count``: videos stored)."""
+
+    def summary(self) -> str:
+        if self.status == "complete":
+            return super().summary()
+        return (f"{self.out}: {self.videos} of {self.items} videos re-encoded ({self.partial} partial decodes, "
+                f"{self.failed_videos} failed); {human_bytes(self.disk_bytes)} on disk; {self.elapsed:.1f}s "
+                f"({self.videos / max(self.elapsed, 1e-9):.2f} videos/s)")
+
+
+def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
+                **options: Any) -> VideoPackReport:
+    """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
+    format: ``records``, ``lmdb`` or ``hdf5``).
+
+    ``options``: ``VideoPackOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
+    fields as keywords (``short_side=``, ``gop=``, ``csv_path=``, ``workers=``, ``timeout=``, ...);
+    the per-video ``timeout`` defaults to 600 s. Bad videos, and videos whose re-encoded stream
+    does not decode to its indexed frame count, are recorded in ``failures.jsonl``; partial
+    decodes of the source are kept and recorded with ``stage: "partial"``. The run holds an
+    exclusive claim on ``out`` throughout (``packer.claim``).
+    """
+    options.setdefault("timeout", 600.0)
+    pack, inputs, run_opts = split_options(options, VideoPackOptions, InputOptions, RunOptions)
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+        if to not in FORMATS:
+            raise UsageError(f"--to must be one of {', '.join(sorted(FORMATS))}, not {to!r}")
+        writer_cls = FORMATS[to][0]
+        timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+        items, classes, bad, whole = list_videos(src, inputs)
+        out = Path(out)
+        recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100, classes=classes,
+                              whole=whole)
+        writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
+                            commit_every=run_opts.commit_every or 100)
+        ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
+        closing = BackgroundClose(ex)
+        try:
+            report = run(items, pack.job(), writer, executor=ex, options=run_opts, unit="video",
+                         desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
+                         all_in=closing.start)
+            report.labels = getattr(classes, "note", "")
+            videos = open_reader(out, check_crc=False).manifest.videos
+            disk = disk_used(out)
+        finally:
+            closing.wait()
+        return VideoPackReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
+                               videos=len(videos),
+                               partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
+                               disk_bytes=disk)
+

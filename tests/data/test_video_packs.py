@@ -1,0 +1,196 @@
+"""Video packs (``pack-videos``): frame-exact clips by the stored index, for every sampler.
+
+Frame ``i`` of a clip must be, bit for bit, frame ``i`` of a sequential decode of the stored
+stream (``decode_all``) with the same decoder. Checked on a synthetic video that draws each
+frame's number into its pixels (so a wrong frame is visible, not only different) and on the
+real fixtures (H.264 with B-frames, XviD, Matroska, HEVC, a rotated mov; AV1 is a recorded failure).
+"""
+from __future__ import annotations
+
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+
+from packer.api import pack_videos, verify  # noqa: E402
+from packer.codecs.video_pack import (EncodeOptions, VideoEncoder, decode_all, decode_frames_at,  # noqa: E402
+                                      pack_stream, unpack_stream)
+from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames  # noqa: E402
+from packer.data.video import ClipSampling, PackedVideoDataset  # noqa: E402
+from packer.formats import open_reader  # noqa: E402
+
+VIDEOS = Path(__file__).resolve().parents[1] / "fixtures" / "videos"
+BITS, BLOCK = 9, 24  # frame numbers up to 511, one 24x24 black/white block per bit
+SYNTH_FRAMES, SYNTH_H, SYNTH_W = 150, 256, 320
+
+SAMPLERS = {
+    "dense-test": ClipSampling(clip_len=32, frame_interval=2, num_clips=1, test_mode=True),
+    "tsn-train": ClipSampling(clip_len=1, num_clips=8),
+    "tsn-test": ClipSampling(clip_len=1, num_clips=8, test_mode=True, twice_sample=True),
+    "slowfast-train-jitter": ClipSampling(clip_len=8, frame_interval=4, num_clips=2, temporal_jitter=True),
+    "repeat-last": ClipSampling(clip_len=16, frame_interval=8, out_of_bound_opt="repeat_last"),
+    "target-fps": SampleFrames(clip_len=8, frame_interval=2, target_fps=10.0),
+    "dense-sample": DenseSampleFrames(clip_len=8, frame_interval=2, num_clips=2),
+    "untrimmed": UntrimmedSampleFrames(clip_len=2, clip_interval=2),
+}
+
+
+def numbered(i: int) -> np.ndarray:
+    """A BGR frame whose top row of blocks spells ``i`` in binary (white = 1), over a gradient."""
+    img = np.zeros((SYNTH_H, SYNTH_W, 3), np.uint8)
+    img[:, :, 1] = np.linspace(0, 120, SYNTH_W, dtype=np.uint8)[None, :]
+    for b in range(BITS):
+        img[:BLOCK, b * BLOCK:(b + 1) * BLOCK] = 255 if (i >> b) & 1 else 0
+    return img
+
+
+def read_number(rgb: np.ndarray) -> int:
+    """The number ``numbered`` drew (from the block means: robust to lossy coding)."""
+    return sum(1 << b for b in range(BITS)
+               if rgb[4:BLOCK - 4, b * BLOCK + 4:(b + 1) * BLOCK - 4].mean() > 128)
+
+
+@pytest.fixture(scope="module")
+def synth_src(tmp_path_factory) -> Path:
+    """``src/numbers/count.mp4``: H.264 with B-frames (the source side), each frame's number drawn in."""
+    src = tmp_path_factory.mktemp("synth") / "src"
+    (src / "numbers").mkdir(parents=True)
+    with av.open(str(src / "numbers" / "count.mp4"), "w") as out:
+        s = out.add_stream("libx264", rate=Fraction(25))
+        s.width, s.height, s.pix_fmt = SYNTH_W, SYNTH_H, "yuv420p"
+        s.codec_context.options = {"crf": "12", "bf": "3", "g": "60"}
+        for i in range(SYNTH_FRAMES):
+            for p in s.encode(av.VideoFrame.from_ndarray(numbered(i), format="bgr24")):
+                out.mux(p)
+        for p in s.encode(None):
+            out.mux(p)
+    return src
+
+
+@pytest.fixture(scope="module")
+def synth_pack(synth_src, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synthpack") / "numbers.lmdb"
+    report = pack_videos(synth_src, out, to="lmdb", gop=8, workers=0)
+    assert report.videos == 1 and not report.failures
+    return out
+
+
+@pytest.fixture(scope="module")
+def fixture_pack(tmp_path_factory) -> tuple[Path, object]:
+    """Every fixture video except the broken one, packed as records (AV1 must fail, recorded)."""
+    src = tmp_path_factory.mktemp("fixtures") / "src"
+    names = ["mmaction2_test.mp4", "mmaction2_test.avi", "decord_flipping_a_pancake.mkv", "decord_video_90.mov",
+             "decord_unordered.mov", "torchcodec_h265_video.mp4", "torchcodec_av1_video.mkv",
+             "mmaction2_part_0.mp4"]
+    for k, name in enumerate(names):
+        (src / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        shutil.copy(VIDEOS / name, src / f"c{k % 2}" / name)
+    out = tmp_path_factory.mktemp("fixturepack") / "fixtures.rec"
+    report = pack_videos(src, out, to="records", gop=16, workers=2, max_failures=1)
+    return out, report
+
+
+def check_clips(ds: PackedVideoDataset, refs: list[list[np.ndarray]], *, numbers: bool) -> int:
+    """Every clip of every video over three epochs equals the reference decode, frame by frame."""
+    checked = 0
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            inds = ds.clip_indices(i)
+            clip, _ = ds[i]
+            assert clip.shape[0] == len(inds)
+            for k, j in enumerate(inds.tolist()):
+                frame = clip[k].permute(1, 2, 0).numpy()
+                assert np.array_equal(frame, refs[i][j]), f"video {i} clip frame {k}: not frame {j}"
+                if numbers:
+                    assert read_number(frame) == j
+                checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_synthetic_clips_are_the_frames_they_claim(synth_pack, name):
+    ds = PackedVideoDataset(synth_pack, sampling=SAMPLERS[name], seed=3)
+    blob = ds.reader.read(0).data
+    ref = decode_all(blob)
+    assert len(ref) == SYNTH_FRAMES == ds._video(0)[0]
+    assert [read_number(f) for f in ref] == list(range(SYNTH_FRAMES))  # the reference itself is right
+    assert check_clips(ds, [ref], numbers=True) > 0
+
+
+def test_manifest_describes_the_stream(synth_pack):
+    reader = open_reader(synth_pack)
+    (v,) = reader.manifest.videos
+    _, index = unpack_stream(reader.read(0).data)
+    assert v["video_frames"] == index.frames == SYNTH_FRAMES
+    assert v["keyframes"] == len(index.keyframes) == -(-SYNTH_FRAMES // 8)
+    assert index.keyframes.tolist() == list(range(0, SYNTH_FRAMES, 8))
+    assert (v["height"], v["width"], v["fps"], v["rotation"]) == (256, 320, 25.0, 0)
+    assert v["source"].endswith("count.mp4")
+    assert verify(synth_pack).ok
+
+
+def test_fixture_pack_records_av1_and_keeps_the_rest(fixture_pack):
+    out, report = fixture_pack
+    failed = [Path(f["source"]).name for f in report.failures if f.get("stage") != "partial"]
+    assert failed == ["torchcodec_av1_video.mkv"]
+    videos = {Path(v["key"]).name: v for v in open_reader(out).manifest.videos}
+    assert videos["mmaction2_test.mp4"]["video_frames"] == 300
+    assert videos["mmaction2_test.avi"]["video_frames"] == 164
+    assert videos["decord_flipping_a_pancake.mkv"]["video_frames"] == 310
+    assert videos["torchcodec_h265_video.mp4"]["video_frames"] == 10
+    rotated = videos["decord_video_90.mov"]
+    assert rotated["rotation"] in (90, -90, 270) and rotated["height"] > rotated["width"]  # upright
+    for v in videos.values():
+        assert v["height"] % 2 == 0 and v["width"] % 2 == 0 and min(v["height"], v["width"]) in (254, 256)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_fixture_clips_are_frame_exact(fixture_pack, name):
+    out, _ = fixture_pack
+    ds = PackedVideoDataset(out, sampling=SAMPLERS[name], seed=11)
+    refs = [decode_all(ds.reader.read(ds._videos[i][0]).data) for i in range(len(ds))]
+    assert [len(r) for r in refs] == [ds._video(i)[0] for i in range(len(ds))]
+    assert check_clips(ds, refs, numbers=False) > 0
+
+
+def test_random_frame_sets_match_the_sequential_decode():
+    enc = VideoEncoder(EncodeOptions(gop=5), 30)
+    for i in range(61):
+        enc.add(numbered(i))
+    blob = pack_stream(*enc.finish())
+    ref = decode_all(blob)
+    rng = np.random.RandomState(0)
+    for _ in range(40):
+        want = rng.randint(0, 61, size=rng.randint(1, 12))
+        got = decode_frames_at(blob, want)
+        assert all(np.array_equal(g, ref[w]) and read_number(g) == w for g, w in zip(got, want))
+    with pytest.raises(IndexError):
+        decode_frames_at(blob, [61])
+
+
+def test_a_damaged_index_is_refused():
+    enc = VideoEncoder(EncodeOptions(gop=4), 30)
+    for i in range(8):
+        enc.add(numbered(i))
+    blob = bytearray(pack_stream(*enc.finish()))
+    with pytest.raises(ValueError, match="magic"):
+        unpack_stream(b"X" + bytes(blob[1:]))
+    mp4, index = unpack_stream(bytes(blob))
+    cut = len(blob) - len(mp4) + int(index.packets[:, 0].max()) + 1  # inside the last packet
+    with pytest.raises(ValueError, match="past the end"):
+        unpack_stream(bytes(blob[:cut]))
+
+
+def test_resume_of_a_finished_pack_keeps_it(synth_src, tmp_path):
+    out = tmp_path / "again.rec"
+    first = pack_videos(synth_src, out, to="records", max_frames=40, workers=0)
+    assert first.videos == 1
+    again = pack_videos(synth_src, out, to="records", max_frames=40, workers=0, resume=True)
+    assert again.status == "complete"
+    ds = PackedVideoDataset(out, clip_len=4, frame_interval=10, test_mode=True)
+    assert ds._video(0)[0] == 40
