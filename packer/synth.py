@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-__all__ = ["natural_image", "jpeg_bytes", "make_image_folder"]
+__all__ = ["natural_image", "jpeg_bytes", "make_image_folder", "write_video", "write_video_folder"]
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -62,4 +62,38 @@ def make_image_folder(root: str | os.PathLike, *, count: int = 200, classes: int
         jitter_w = int(rng.integers(-w // 8, w // 8 + 1))
         arr = natural_image(rng, h + jitter_h, w + jitter_w)
         (d / f"img_{i:05d}.jpg").write_bytes(jpeg_bytes(arr, quality))
+    return root
+
+
+def write_video(path: str | os.PathLike, *, frames: int = 24, size=(48, 64), fps: float = 25.0, seed: int = 0,
+                fourcc: str | None = None) -> Path:
+    """A small synthetic video (OpenCV's mp4v for .mp4, MJPG for .avi): a moving gradient
+    whose frame i carries i in its mean brightness, so tests can tell frames apart."""
+    import cv2
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fourcc = fourcc or ("MJPG" if path.suffix.lower() == ".avi" else "mp4v")
+    h, w = size
+    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
+    if not out.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {path} with {fourcc}")
+    rng = np.random.default_rng(seed)
+    base = natural_image(rng, h, w)
+    for i in range(frames):
+        frame = np.roll(base, 2 * i, axis=1).astype(np.int16) + (i * 97) % 120 - 60
+        out.write(np.clip(frame, 0, 255).astype(np.uint8)[:, :, ::-1])
+    out.release()
+    return path
+
+
+def write_video_folder(root: str | os.PathLike, *, per_class: int = 2, classes: int = 2, frames: int = 24,
+                       size=(48, 64)) -> Path:
+    """``root/<class>/<video>`` with mp4 and avi videos of ``frames`` frames each."""
+    root = Path(root)
+    for c in range(classes):
+        for k in range(per_class):
+            ext = "mp4" if k % 2 == 0 else "avi"
+            write_video(root / f"class_{c}" / f"clip_{c}_{k}.{ext}", frames=frames + k, size=size,
+                        seed=10 * c + k)
     return root

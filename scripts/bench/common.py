@@ -24,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
+
 __all__ = ["REPO", "RESULTS", "machine_info", "write_result", "image_folder", "run_fresh", "proc_usage",
            "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
 
@@ -150,39 +152,6 @@ def image_folder(root: Path | str, *, count: int, classes: int = 10, size: tuple
     shutil.rmtree(parts)
     marker.write_text(json.dumps(spec))
     print(f"generated {count} JPEGs in {time.perf_counter() - t:.0f} s -> {root}", file=sys.stderr)
-    return root
-
-
-def write_video(path: Path, *, frames: int = 24, size: tuple[int, int] = (48, 64), fps: float = 25.0,
-                seed: int = 0, fourcc: str | None = None) -> Path:
-    """A small synthetic video (OpenCV's mp4v for .mp4, MJPG for .avi): a moving photo-like image
-    whose frame i carries i in its mean brightness (the same bytes as the tests' generator)."""
-    import cv2
-    import numpy as np
-
-    from packer.synth import natural_image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fourcc = fourcc or ("MJPG" if path.suffix.lower() == ".avi" else "mp4v")
-    h, w = size
-    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
-    if not out.isOpened():
-        raise RuntimeError(f"OpenCV cannot write {path} with {fourcc}")
-    base = natural_image(np.random.default_rng(seed), h, w)
-    for i in range(frames):
-        frame = np.roll(base, 2 * i, axis=1).astype(np.int16) + (i * 97) % 120 - 60
-        out.write(np.clip(frame, 0, 255).astype(np.uint8)[:, :, ::-1])
-    out.release()
-    return path
-
-
-def write_video_folder(root: Path, *, per_class: int = 2, classes: int = 2, frames: int = 24,
-                       size: tuple[int, int] = (48, 64)) -> Path:
-    """``root/<class>/<video>``: mp4 and avi videos of ``frames`` (+k) frames each."""
-    for c in range(classes):
-        for k in range(per_class):
-            ext = "mp4" if k % 2 == 0 else "avi"
-            write_video(root / f"class_{c}" / f"clip_{c}_{k}.{ext}", frames=frames + k, size=size, seed=10 * c + k)
     return root
 
 

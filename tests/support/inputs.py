@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from packer.synth import write_video, write_video_folder  # noqa: F401 (the tests' generators)
 from packer.synth import jpeg_bytes, natural_image
 
 __all__ = ["write_image_folder", "write_video", "write_video_folder", "folder_past_path_max", "bomb_png"]
@@ -21,38 +22,6 @@ def write_image_folder(root: Path, *, count: int = 24, classes: int = 3, size=(4
         h = size[0] + int(rng.integers(0, 8))
         w = size[1] + int(rng.integers(0, 8))
         (d / f"img_{i:04d}.jpg").write_bytes(jpeg_bytes(natural_image(rng, h, w)))
-    return root
-
-
-def write_video(path: Path, *, frames: int = 24, size=(48, 64), fps: float = 25.0, seed: int = 0,
-                fourcc: str | None = None) -> Path:
-    """A small synthetic video (OpenCV's mp4v for .mp4, MJPG for .avi): a moving gradient
-    whose frame i carries i in its mean brightness, so tests can tell frames apart."""
-    import cv2
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fourcc = fourcc or ("MJPG" if path.suffix.lower() == ".avi" else "mp4v")
-    h, w = size
-    out = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
-    if not out.isOpened():
-        raise RuntimeError(f"OpenCV cannot write {path} with {fourcc}")
-    rng = np.random.default_rng(seed)
-    base = natural_image(rng, h, w)
-    for i in range(frames):
-        frame = np.roll(base, 2 * i, axis=1).astype(np.int16) + (i * 97) % 120 - 60
-        out.write(np.clip(frame, 0, 255).astype(np.uint8)[:, :, ::-1])
-    out.release()
-    return path
-
-
-def write_video_folder(root: Path, *, per_class: int = 2, classes: int = 2, frames: int = 24,
-                       size=(48, 64)) -> Path:
-    """``root/<class>/<video>`` with mp4 and avi videos of ``frames`` frames each."""
-    for c in range(classes):
-        for k in range(per_class):
-            ext = "mp4" if k % 2 == 0 else "avi"
-            write_video(root / f"class_{c}" / f"clip_{c}_{k}.{ext}", frames=frames + k, size=size,
-                        seed=10 * c + k)
     return root
 
 
