@@ -139,9 +139,14 @@ def available_peers(peers: list[str], skipped: dict[str, str]) -> list[str]:
 
 # == one configuration (child) =========================================================================
 class InMemory:
-    """The ceiling: the encoded bytes already in a list, decoded like every other row."""
+    """The ceiling: the encoded bytes already in a list, decoded like every other row, in a
+    process whose heap is tuned as a packer reader tunes it (``packer.heap``): otherwise the
+    "ceiling" pays the page-fault tax packer's default no longer does."""
 
     def __init__(self, files: list[str], labels: list[int], decode: Callable[[Any], Any]):
+        from packer.heap import tune_heap
+
+        tune_heap()
         self.blobs = [Path(f).read_bytes() for f in files]
         self.labels, self.decode = labels, decode
 
