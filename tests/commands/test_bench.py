@@ -169,7 +169,7 @@ def test_every_configuration_runs_in_a_fresh_process(packed, tmp_path, monkeypat
     log = tmp_path / "pids"
     monkeypatch.setenv("BENCH_PID_LOG", str(log))
     r = run_bench(packed, batch_size=8, workers=[0], resize=32, crop=32, steps=2, fidelity=0,
-                  transform="test_bench:record_pid", progress=False)
+                  transform=f"{__name__}:record_pid", progress=False)
     pids = {int(v) for v in log.read_text().split()}
     assert r["settings"][0]["samples_per_s"] > 0
     # the ceiling's held batches are read here (this process); every timed configuration elsewhere:
