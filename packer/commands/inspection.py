@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ from PIL import Image, ImageDraw
 from packer.errors import CorruptData, PackerError
 from packer.formats import Record
 from packer.remote import open_reader
+from packer.remote.source import RemoteOptions
+from packer.remote.url import is_url
 from packer.codecs.image import decode
 from packer.codecs.video_pack import VIDEO_FMT, count_frames, unpack_stream
 
@@ -110,11 +114,37 @@ class VerifyResult:
 
 def verify_dataset(path: str | os.PathLike, *, decode_images: bool = True) -> VerifyResult:
     """Check structure against the manifest, every checksum, and (by default) decode every image."""
+    scratch = None
     try:
         reader = open_reader(path)
+        if is_url(path) and not hasattr(reader, "verify_note"):
+            # LMDB / HDF5 at a URL: the node cache's copy says nothing about the server's bytes, so
+            # everything is downloaded again into a scratch cache (each file checked against the
+            # uploaded sha256 list as it lands), verified, then dropped
+            scratch = tempfile.mkdtemp(prefix="packer-verify-")
+            reader = open_reader(path, remote=RemoteOptions(cache_dir=scratch))
     except PackerError as e:
+        _drop(scratch)
         return VerifyResult(str(path), problems=[str(e)])
+    try:
+        return _verify(path, reader, decode_images,
+                       "server: every file downloaded again into a scratch cache and checked against the "
+                       "uploaded sha256 list" if scratch else None)
+    finally:
+        if hasattr(reader, "close"):
+            reader.close()
+        _drop(scratch)
+
+
+def _drop(folder: str | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _verify(path: str | os.PathLike, reader: Any, decode_images: bool, note: str | None) -> VerifyResult:
     result = VerifyResult(str(path), count=len(reader))
+    if note:
+        result.notes.append(note)
     seen: set[str] = set()
 
     def report(problem: Exception) -> None:

@@ -209,3 +209,36 @@ def test_a_cached_file_listed_in_the_hash_list_is_checked_at_every_open(nginx, t
     assert [again[i] for i in range(12)] == want
     path = "/d/" + (f"{out.name}/data.mdb" if fmt == "lmdb" else out.name)
     assert nginx.downloads(suffix="")[path] == 2  # fetched again, not read from the damaged copy
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_verify_url_checks_the_servers_lmdb_and_hdf5_bytes_with_a_warm_cache(nginx, tmp_path, fmt):
+    """A damaged file on the server (size and modification time kept) under a warm cache:
+    ``verify URL`` downloads again and names the problem, never OK from the cached copy."""
+    src = write_image_folder(tmp_path / "src", count=12)
+    if fmt == "lmdb":
+        out = pack("lmdb", src, nginx.root / f"ver-{tmp_path.name}.lmdb")
+        files = sorted(p for p in out.iterdir() if p.is_file())
+        (out / "packer.sha256").write_text("".join(f"{file_sha256(p)}  {p.name}\n" for p in files))
+        url, served = nginx.url(out.name), out / "data.mdb"
+    else:
+        out = pack("hdf5", src, nginx.root / f"ver-{tmp_path.name}.h5")
+        (out.parent / f"{out.name}.sha256").write_text(f"{file_sha256(out)}  {out.name}\n")
+        url, served = nginx.url(out.name), out
+    env = dict(os.environ, PACKER_CACHE_DIR=str(tmp_path / "c"))
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "packer", "verify", url], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    cold = verify()
+    assert cold.returncode == 0 and "OK (12 samples checked)" in cold.stdout, cold.stdout + cold.stderr
+    assert "downloaded again into a scratch cache" in cold.stdout
+    st = served.stat()
+    data = bytearray(served.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit on the server; size and modification time kept
+    served.write_bytes(bytes(data))
+    os.utime(served, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = verify()  # the node cache still holds the good copy
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "sha256" in r.stderr, r.stderr
