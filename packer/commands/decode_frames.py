@@ -41,7 +41,7 @@ from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
-           "list_videos", "run_record", "source_entry", "partial_note"]
+           "list_videos", "run_record", "source_entry", "partial_note", "video_report"]
 
 log = logging.getLogger(__name__)
 
@@ -409,10 +409,14 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             disk = disk_used(out)
         finally:
             closing.wait()
-        return DecodeReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
-                            videos=len(videos),
-                            partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
-                            disk_bytes=disk, estimate=estimate)
+        return video_report(DecodeReport, report, videos, disk, estimate=estimate)
+
+
+def video_report(cls: type, report: Report, videos: list[dict[str, Any]], disk: int, **extra: Any) -> Any:
+    """A video conversion's report (``cls``, a ``DecodeReport``) from the run's ``Report``: the
+    videos packed, the partial decodes among the failures, the bytes on disk."""
+    return cls(**{k: getattr(report, k) for k in Report.__dataclass_fields__}, videos=len(videos),
+               partial=sum(1 for f in report.failures if f.get("stage") == "partial"), disk_bytes=disk, **extra)
 
 
 def _write_lists(path: Path, videos: list[dict[str, Any]], flow: FlowOptions | None) -> None:

@@ -24,9 +24,10 @@ from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, cou
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import InputOptions, RunOptions, split_options
-from packer.conversion.runner import Report, WorkResult, check_output_arg, run
+from packer.conversion.runner import WorkResult, check_output_arg, run
 from packer.conversion.video_inputs import VideoItem
-from packer.commands.decode_frames import DecodeReport, list_videos, partial_note, run_record, source_entry
+from packer.commands.decode_frames import (DecodeReport, list_videos, partial_note, run_record, source_entry,
+                                           video_report)
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
@@ -208,8 +209,5 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
             disk = disk_used(out)
         finally:
             closing.wait()
-        return VideoPackReport(**{k: getattr(report, k) for k in Report.__dataclass_fields__},
-                               videos=len(videos),
-                               partial=sum(1 for f in report.failures if f.get("stage") == "partial"),
-                               disk_bytes=disk)
+        return video_report(VideoPackReport, report, videos, disk)
 

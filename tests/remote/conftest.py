@@ -2,6 +2,8 @@
 session. Where one cannot start, its tests skip with a warning that says why."""
 from __future__ import annotations
 
+import itertools
+import os
 import warnings
 
 import pytest
@@ -31,3 +33,21 @@ def s3(tmp_path_factory):
         pytest.skip(f"moto S3 server cannot start: {e}")
     yield server
     server.stop()
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture
+def bucket(s3, monkeypatch, tmp_path):
+    """A fresh bucket on the moto server; credentials and endpoint in the environment (how the
+    CLI and packer.api get them), the node cache and staging under ``tmp_path``."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.storage_options["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.storage_options["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PACKER_STAGING_DIR", str(tmp_path / "staging"))
+    name = f"packer-test-{os.getpid()}-{next(_buckets)}"
+    s3.make_bucket(name)
+    return f"s3://{name}"

@@ -3,8 +3,6 @@
 one error line before any work, and never a local folder named after the scheme."""
 from __future__ import annotations
 
-import itertools
-import os
 import socket
 
 import pytest
@@ -18,7 +16,7 @@ from packer.remote.upload import remote_exists
 
 from tests.support.inputs import write_image_folder
 
-_buckets = itertools.count()
+pytestmark = pytest.mark.xdist_group("s3")  # one moto server for the S3 tests
 
 
 @pytest.fixture
@@ -27,20 +25,9 @@ def env(monkeypatch, tmp_path):
     monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PACKER_STAGING_DIR", str(tmp_path / "staging"))
     work = tmp_path / "cwd"
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     monkeypatch.chdir(work)
     return work
-
-
-@pytest.fixture
-def bucket(s3, monkeypatch, env):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.storage_options["key"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.storage_options["secret"])
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    name = f"packer-api-{os.getpid()}-{next(_buckets)}"
-    s3.make_bucket(name)
-    return f"s3://{name}"
 
 
 def _closed_port() -> int:
@@ -54,7 +41,7 @@ def _all(ds):
 
 
 @pytest.mark.parametrize("fmt", ["records", "lmdb"])
-def test_library_pack_to_s3_uploads_like_the_cli(bucket, tmp_path, s3, env, fmt):
+def test_library_pack_to_s3_uploads_like_the_cli(env, bucket, tmp_path, s3, fmt):
     src = write_image_folder(tmp_path / "src", count=20)
     report = packer.pack(src, f"{bucket}/lib", format=fmt, workers=0)
     assert report.upload is not None and report.upload.uploaded, report.summary()

@@ -2,7 +2,6 @@
 URL, an upload interrupted and resumed, and ``packer merge`` of remote parts."""
 from __future__ import annotations
 
-import itertools
 
 import pytest
 from click.testing import CliRunner
@@ -18,23 +17,6 @@ from tests.support.inputs import write_image_folder
 
 # xdist: these tests share one worker, so the moto S3 server (a session fixture) starts once
 pytestmark = pytest.mark.xdist_group("s3")
-
-
-_buckets = itertools.count()
-
-
-@pytest.fixture
-def bucket(s3, monkeypatch, tmp_path):
-    """A fresh bucket; credentials and endpoint in the environment (how the CLI gets them)."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.storage_options["key"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.storage_options["secret"])
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PACKER_STAGING_DIR", str(tmp_path / "staging"))
-    name = f"packer-test-{next(_buckets)}"
-    s3.make_bucket(name)
-    return f"s3://{name}"
 
 
 def _all(ds):
