@@ -155,9 +155,13 @@ class DistributedSampler(Sampler[int]):
             theirs = state.get("sampler", "a Loader's or StreamingDataset's") if isinstance(state, dict) \
                 else type(state).__name__
             raise ValueError(f"cannot resume: the state is {theirs}, not a {SAMPLER_KIND} state")
+        missing = [k for k in ("epoch", "position", "world_size", "seed", "shuffle", "drop_last", "count")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"cannot resume: the state lacks {missing}")
         for k in ("seed", "shuffle", "drop_last", "count"):
-            if k not in state or state[k] != getattr(self, k):
-                raise ValueError(f"cannot resume: state has {k}={state.get(k)!r}, this sampler {getattr(self, k)!r}")
+            if state[k] != getattr(self, k):
+                raise ValueError(f"cannot resume: state has {k}={state[k]!r}, this sampler {getattr(self, k)!r}")
         try:
             epoch, position, stages = resume_point(state, self.num_replicas, lambda e, st: len(self._order(e, st)),
                                                    kind=SAMPLER_KIND)

@@ -232,6 +232,8 @@ def test_foreign_and_mismatched_states_are_refused(tmp_path):
         fresh().load_state_dict({**state, "position": 11})
     with pytest.raises(ValueError, match="position 11 is not in"):
         DistributedSampler(40, num_replicas=4, rank=0, seed=3).load_state_dict({**state, "position": 11})
+    with pytest.raises(ValueError, match=r"the state lacks \['position'\]"):
+        fresh().load_state_dict({k: v for k, v in state.items() if k != "position"})
     with pytest.raises(ValueError, match="num_samples must be an integer >= 0"):
         s.state_dict(num_samples=-1)
     # another order's state: a Loader's has the same fields and would resume in the wrong order
