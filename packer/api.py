@@ -213,7 +213,9 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     Args:
         src, list_path, csv_path, class_index, exts: the inputs, as for ``decode_frames``.
         out: the packed output, or a URL.
-        to: a packed format: ``records``, ``lmdb`` or ``hdf5``.
+        to: a packed format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: the re-encoded
+            videos as plain MP4 files in a tree mirroring the inputs, plus the mmaction2 video list
+            ``videos.txt`` (its ``VideoDataset`` reads them unchanged; ``PackedVideoDataset`` too).
         short_side: resize so the short side is N (None: keep the size); sides are rounded
             down to even numbers.
         fps, stride, max_frames: which frames, as for ``decode_frames``.

@@ -84,7 +84,8 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="records", show_default=True, metavar="FORMAT",
-              help="A packed format: records, lmdb or hdf5.")
+              help="A packed format: records, lmdb or hdf5; or files: plain MP4 files in a tree mirroring "
+                   "the inputs plus the mmaction2 video list OUT/videos.txt (its VideoDataset reads them).")
 @click.option("--short-side", type=int, default=256, show_default=True,
               help="Rescale so the short side is N (sides rounded down to even).")
 @click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")

@@ -30,7 +30,7 @@ import cv2
 import numpy as np
 
 __all__ = ["VIDEO_FMT", "CODECS", "EncodeOptions", "StreamIndex", "VideoEncoder", "pack_stream",
-           "unpack_stream", "decode_frames_at", "decode_all", "count_frames"]
+           "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed", "decode_all", "count_frames"]
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 CODECS = {"h264": ("libx264", "h264")}  # --codec -> (encoder, decoder)
@@ -183,12 +183,17 @@ def _nonref(packet: bytes, length_size: int) -> bool:
     return slices > 0 and not ref
 
 
-def index_mp4(mp4: bytes, decoder: str, fps: float) -> StreamIndex:
-    """The packets of the MP4's video stream in file order (decode order), checked to be its bytes."""
+def index_mp4(mp4: bytes | memoryview, decoder: Optional[str] = None, fps: Optional[float] = None) -> StreamIndex:
+    """The packets of the MP4's video stream in file order (decode order), checked to be its bytes
+    (``decoder`` and ``fps`` default to the stream's codec and average frame rate)."""
     import av
 
     with av.open(io.BytesIO(mp4)) as container:
         stream = container.streams.video[0]
+        if decoder is None:
+            decoder = stream.codec_context.name
+        if fps is None:
+            fps = float(stream.average_rate or 0)
         extradata = bytes(stream.codec_context.extradata or b"")
         length_size = (extradata[4] & 3) + 1 if len(extradata) > 4 and extradata[0] == 1 else 4
         rows, pts, flags = [], [], []
@@ -303,7 +308,13 @@ def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, las
 def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np.ndarray]:
     """RGB frames (HxWx3 uint8) number ``frames`` (0-based, any order, repeats allowed) of a
     packed video, decoding from the keyframe at or before each run of wanted frames."""
-    mp4, index = unpack_stream(blob)
+    return decode_indexed(*unpack_stream(blob), frames)
+
+
+def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence[int]) -> list[np.ndarray]:
+    """``decode_frames_at`` over MP4 bytes and their index held apart (a plain ``--to files``
+    video, indexed by ``index_mp4`` when it is read)."""
+    mp4 = memoryview(mp4)
     wanted = sorted(set(int(f) for f in frames))
     if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
         raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")

@@ -11,6 +11,7 @@ executors are ``decode-frames``' own.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,21 @@ from packer.commands.decode_frames import (DecodeReport, list_videos, partial_no
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
-from packer.formats import FORMATS, open_reader
+from packer.formats import FORMATS, VIDEO_FILE_FORMATS, open_reader
+from packer.formats.videofiles import MP4_FMT
 from packer.formats.sample import Sample
 from packer.manifest import created_by
 
-__all__ = ["VideoPackJob", "VideoPackOptions", "VideoPackReport", "pack_videos", "DEFAULT_GOP", "even_size"]
+__all__ = ["VideoPackJob", "VideoPackOptions", "VideoPackReport", "pack_videos", "output_formats", "DEFAULT_GOP",
+           "even_size"]
 
 # Chosen by scripts/bench/video.py --section packs (docs/video.md): see EncodeOptions' default.
 DEFAULT_GOP = EncodeOptions().gop
+
+
+def output_formats() -> list[str]:
+    """What ``--to`` accepts: the packed formats, then ``files`` (plain MP4 files)."""
+    return [*sorted(FORMATS), *VIDEO_FILE_FORMATS]
 
 
 def even_size(height: int, width: int, resize: Optional[Resize]) -> tuple[int, int]:
@@ -57,6 +65,7 @@ class VideoPackJob:
     encode: EncodeOptions = EncodeOptions()
     backend: str = "auto"
     prefer: str = "opencv"
+    plain: bool = False  # ``--to files``: the sample is the MP4 itself, written as ``{frame_dir}.mp4``
 
     def __call__(self, item: VideoItem) -> WorkResult:
         try:
@@ -102,6 +111,10 @@ class VideoPackJob:
         if getattr(item, "labels", None):
             entry["labels"] = list(item.labels)
         note = partial_note(v)
+        if self.plain:
+            entry["file"] = f"{item.frame_dir}.mp4"
+            sample = Sample(item.key, mp4, MP4_FMT, item.label, th, tw, 3, {"file": entry["file"]})
+            return WorkResult([sample], entry, note)
         sample = Sample(item.key, blob, VIDEO_FMT, item.label, th, tw, 3,
                         {"frame_dir": item.frame_dir, "frames": index.frames})
         return WorkResult([sample], entry, note)
@@ -175,7 +188,8 @@ class VideoPackReport(DecodeReport):
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
                 **options: Any) -> VideoPackReport:
     """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
-    format: ``records``, ``lmdb`` or ``hdf5``).
+    format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: plain MP4 files in a tree mirroring the
+    inputs plus the mmaction2 video list ``videos.txt``, ``packer.formats.videofiles``).
 
     ``options``: ``VideoPackOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
     fields as keywords (``short_side=``, ``gop=``, ``csv_path=``, ``workers=``, ``timeout=``, ...);
@@ -187,9 +201,9 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     options.setdefault("timeout", 600.0)
     pack, inputs, run_opts = split_options(options, VideoPackOptions, InputOptions, RunOptions)
     with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        if to not in FORMATS:
-            raise UsageError(f"--to must be one of {', '.join(sorted(FORMATS))}, not {to!r}")
-        writer_cls = FORMATS[to][0]
+        if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
+            raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
+        writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         items, classes, bad, whole = list_videos(src, inputs)
@@ -201,7 +215,8 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
         closing = BackgroundClose(ex)
         try:
-            report = run(items, pack.job(), writer, executor=ex, options=run_opts, unit="video",
+            job = dataclasses.replace(pack.job(), plain=to in VIDEO_FILE_FORMATS)
+            report = run(items, job, writer, executor=ex, options=run_opts, unit="video",
                          desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
                          all_in=closing.start)
             report.labels = getattr(classes, "note", "")

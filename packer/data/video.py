@@ -57,7 +57,7 @@ import torch
 
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
-from packer.codecs.video_pack import decode_frames_at
+from packer.codecs.video_pack import CODECS, decode_frames_at, decode_indexed, index_mp4
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
@@ -663,6 +663,9 @@ class PackedVideoDataset(_ClipDataset):
         self.encoded = all("video_frames" in v for v in videos) if videos else False
         if self.encoded and flow:
             raise UsageError(f"{path}: a pack-videos output holds RGB video only, not Flow")
+        # ``--to files``: plain MP4 files, indexed from their packets when first read in a process
+        self.plain = self.reader.manifest.format == "files"
+        self._indexes: dict[int, Any] = {}
         self._videos = []  # (first sample of the stream, frames, label(s), fps)
         for v in videos:
             rgb, flows = (int(v["video_frames"]), 0) if self.encoded else video_streams(v)
@@ -703,11 +706,27 @@ class PackedVideoDataset(_ClipDataset):
         except ValueError as e:
             raise CorruptData(self._where(index), f"sample {position}: {e}") from e
 
+    def _plain_index(self, index: int, mp4: bytes) -> Any:
+        """The frame index of plain video file ``index`` (built from its packets once per
+        process), checked against the frame count the manifest recorded when it was verified."""
+        got = self._indexes.get(index)
+        if got is None:
+            v = self.reader.manifest.videos[index]
+            got = index_mp4(mp4, CODECS[v.get("codec", "h264")][1], float(v.get("fps") or 0) or None)
+            if got.frames != self._videos[index][1]:
+                raise ValueError(f"the file holds {got.frames} frames, its manifest entry {self._videos[index][1]}")
+            if len(self._indexes) >= 4096:  # a bounded cache: a few KB each
+                self._indexes.clear()
+            self._indexes[index] = got
+        return got
+
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         start = self._videos[index][0]
         if self.encoded:  # decode only the GOPs holding the frames, from the stored index
             rec = self.reader.read(start)
             try:
+                if self.plain:
+                    return decode_indexed(rec.data, self._plain_index(index, rec.data), [int(i) for i in frame_inds])
                 return decode_frames_at(rec.data, [int(i) for i in frame_inds])
             except (ValueError, IndexError) as e:
                 raise CorruptData(self._where(index), f"sample {start}: {e}") from None
