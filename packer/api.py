@@ -197,7 +197,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
                 stride: Optional[int] = None, max_frames: Optional[int] = None, codec: str = "h264",
                 gop: int = 8, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
-                commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
+                copy: bool = False, commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
                 break_lock: bool = False) -> VideoPackReport:
@@ -222,6 +222,11 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
         codec, gop, crf, preset: the re-encode (``h264``; keyframe interval; x264 quality and
             speed preset).
         backend: the source decoder, as for ``decode_frames``.
+        copy: keep each source's video stream as it is (no decode, resize or re-encode; ``fps``,
+            ``stride``, ``max_frames`` and the encode options do not apply), with a frame index
+            built from its packets and checked by decoding every keyframe interval afresh
+            against a sequential decode; a stream that cannot be indexed safely is a recorded
+            failure naming why.
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
@@ -234,7 +239,8 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     def build(path: str) -> Any:
         return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
                       exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
-                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, commit_every=commit_every,
+                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, copy=copy,
+                      commit_every=commit_every,
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, break_lock=break_lock)

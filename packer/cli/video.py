@@ -93,6 +93,9 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 @click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
 @click.option("--codec", type=click.Choice(["h264"]), default="h264", show_default=True,
               help="Codec of the re-encoded videos (libx264 through PyAV).")
+@click.option("--copy", is_flag=True,
+              help="Keep each source's video stream as it is (no decode, resize or re-encode), indexed for "
+                   "frame-exact reads; a stream that cannot be indexed safely is a recorded failure.")
 @click.option("--gop", type=int, default=8, show_default=True,
               help="Frames from one keyframe to the next: a clip decodes from the keyframe before its first "
                    "frame (chosen by measurement, see docs/video.md).")

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import cv2
+import numpy as np
 
 from packer.claim import ensure_claim
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video
-from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
+from packer.codecs.video_copy import copy_stream
+from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import InputOptions, RunOptions, split_options
@@ -66,8 +68,11 @@ class VideoPackJob:
     backend: str = "auto"
     prefer: str = "opencv"
     plain: bool = False  # ``--to files``: the sample is the MP4 itself, written as ``{frame_dir}.mp4``
+    copy: bool = False  # ``--copy``: the source's stream, untouched (``packer.codecs.video_copy``)
 
     def __call__(self, item: VideoItem) -> WorkResult:
+        if self.copy:
+            return self._copy(item)
         try:
             src_fps = probe_video(item.path).fps
         except (ValueError, OSError):
@@ -120,6 +125,27 @@ class VideoPackJob:
         return WorkResult([sample], entry, note)
 
 
+    def _copy(self, item: VideoItem) -> WorkResult:
+        """The source's video stream kept as it is, indexed and checked for random access."""
+        try:
+            got = copy_stream(str(item.path))
+        except Exception as e:  # ValueError (cannot be indexed safely), av.error.FFmpegError, OSError
+            raise CorruptSample(item.key, item.path, f"--copy: {e}", stage="copy") from None
+        index = got.index
+        upright = (got.width, got.height) if got.rotation in (90, 270) else (got.height, got.width)
+        entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir, "fps": round(index.fps, 6),
+                 "height": upright[0], "width": upright[1], "frames": index.frames, "video_frames": index.frames,
+                 "keyframes": len(index.keyframes), "demoted_keyframes": got.demoted,
+                 "nonref_frames": int(np.count_nonzero(index.flags & NONREF)), "copy": True,
+                 "codec": index.decoder, "video_bytes": len(got.blob), "rotation": got.rotation,
+                 "decoded_frames": index.frames, "source": str(item.path)}
+        if getattr(item, "labels", None):
+            entry["labels"] = list(item.labels)
+        sample = Sample(item.key, got.blob, VIDEO_FMT, item.label, upright[0], upright[1], 3,
+                        {"frame_dir": item.frame_dir, "frames": index.frames})
+        return WorkResult([sample], entry, None)
+
+
 @dataclass(frozen=True)
 class VideoPackOptions:
     """What each video becomes: which frames, at what size, encoded how.
@@ -130,6 +156,9 @@ class VideoPackOptions:
         fps, stride, max_frames: the frame selection (as ``decode-frames``).
         codec, gop, crf, preset: the re-encode (``EncodeOptions``).
         backend: the source decoder: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
+        copy: keep each source's video stream as it is (no decode, resize or re-encode; the
+            frame selection and the encode options do not apply); a stream that cannot be indexed
+            for frame-exact reads is a recorded failure.
     """
 
     short_side: Optional[int] = 256
@@ -141,8 +170,11 @@ class VideoPackOptions:
     crf: int = EncodeOptions().crf
     preset: str = EncodeOptions().preset
     backend: str = "auto"
+    copy: bool = False
 
     def __post_init__(self) -> None:
+        if self.copy and (self.fps or self.stride or self.max_frames):
+            raise UsageError("--copy keeps every frame of the source: --fps, --stride and --max-frames do not apply")
         if self.backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.short_side is not None and self.short_side < 2:
@@ -164,10 +196,12 @@ class VideoPackOptions:
         """The per-video work these options describe."""
         resize = Resize(short_side=self.short_side) if self.short_side else None
         return VideoPackJob(selection=self.selection, resize=resize, encode=self.encode_options,
-                            backend=self.backend)
+                            backend=self.backend, copy=self.copy)
 
     def recorded(self) -> dict[str, Any]:
         """The options as the manifest's ``created_by`` records them."""
+        if self.copy:
+            return {"copy": True, "video_format": VIDEO_FMT}
         return {"short_side": self.short_side, "fps": self.fps, "stride": self.stride,
                 "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop, "crf": self.crf,
                 "preset": self.preset, "backend": self.backend, "video_format": VIDEO_FMT}
@@ -204,6 +238,8 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
             raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
         writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)
+        if pack.copy and to in VIDEO_FILE_FORMATS:
+            raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         items, classes, bad, whole = list_videos(src, inputs)

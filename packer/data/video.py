@@ -57,6 +57,7 @@ import torch
 
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
+from packer.codecs.video_copy import rotate_upright
 from packer.codecs.video_pack import CODECS, decode_frames_at, decode_indexed, index_mp4
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
@@ -666,6 +667,8 @@ class PackedVideoDataset(_ClipDataset):
         # ``--to files``: plain MP4 files, indexed from their packets when first read in a process
         self.plain = self.reader.manifest.format == "files"
         self._indexes: dict[int, Any] = {}
+        # ``--copy``: a source stream kept as coded; its frames are turned upright when read
+        self._rotation = [int(v.get("rotation") or 0) if v.get("copy") else 0 for v in videos]
         self._videos = []  # (first sample of the stream, frames, label(s), fps)
         for v in videos:
             rgb, flows = (int(v["video_frames"]), 0) if self.encoded else video_streams(v)
@@ -727,7 +730,7 @@ class PackedVideoDataset(_ClipDataset):
             try:
                 if self.plain:
                     return decode_indexed(rec.data, self._plain_index(index, rec.data), [int(i) for i in frame_inds])
-                return decode_frames_at(rec.data, [int(i) for i in frame_inds])
+                return rotate_upright(decode_frames_at(rec.data, [int(i) for i in frame_inds]), self._rotation[index])
             except (ValueError, IndexError) as e:
                 raise CorruptData(self._where(index), f"sample {start}: {e}") from None
         if self.modality == "Flow":  # flow frame i is the samples x, y at start + 2i, 2i + 1
