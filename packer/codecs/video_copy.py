@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs.video_pack import KEY, NONREF, StreamIndex, _nonref, _rgb, _run, _sequential, _check, pack_stream
+from packer.codecs.video_pack import KEY, NONREF, StreamIndex, _check, _rgb, _run, _sequential, nonref_test, pack_stream
 
 __all__ = ["copy_stream", "check_random_access", "CopyResult", "rotate_upright"]
 
@@ -44,34 +44,6 @@ class CopyResult(NamedTuple):
     width: int
 
 
-def _hevc_nonref(packet: bytes, length_size: int) -> bool:
-    """Whether a length-prefixed HEVC packet's slices are all sub-layer non-reference pictures
-    (NAL types 0..14 even: TRAIL_N, TSA_N, STSA_N, RADL_N, RASL_N, reserved _N); only meaningful
-    when the stream has one temporal sub-layer (then nothing refers to them)."""
-    at, slices, ref = 0, 0, False
-    while at + length_size + 1 < len(packet):
-        n = int.from_bytes(packet[at:at + length_size], "big")
-        nal_type = (packet[at + length_size] >> 1) & 0x3F
-        if nal_type < 32:  # a VCL NAL unit (a slice)
-            slices += 1
-            ref = ref or nal_type >= 16 or nal_type % 2 == 1
-        at += length_size + n
-    return slices > 0 and not ref
-
-
-def _nonref_test(decoder: str, extradata: bytes):
-    """The per-packet non-reference test for this stream, or None (every frame is fed)."""
-    if decoder == "h264" and len(extradata) > 4 and extradata[0] == 1:  # avcC: AVCC packets
-        size = (extradata[4] & 3) + 1
-        return lambda data: _nonref(data, size)
-    if decoder == "hevc" and len(extradata) > 22 and extradata[0] == 1:  # hvcC
-        layers = (extradata[21] >> 3) & 7
-        size = (extradata[21] & 3) + 1
-        if layers == 1:  # one temporal sub-layer: a sub-layer non-reference picture is one
-            return lambda data: _hevc_nonref(data, size)
-    return None
-
-
 def copy_stream(path: str, *, check: bool = True) -> CopyResult:
     """The source's video packets, untouched, with a frame index built from them and checked
     (``check_random_access``); ValueError naming why the stream cannot be indexed safely."""
@@ -85,7 +57,7 @@ def copy_stream(path: str, *, check: bool = True) -> CopyResult:
         decoder = ctx.name
         extradata = bytes(ctx.extradata or b"")
         fps = float(stream.average_rate or stream.guessed_rate or 0) or 30.0
-        nonref = _nonref_test(decoder, extradata)
+        nonref = nonref_test(decoder, extradata)
         chunks, rows, pts, flags = [], [], [], []
         at = 0
         for packet in container.demux(stream):
@@ -139,12 +111,15 @@ def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex,
     """(the index keeping only the keyframes a fresh decode from which gives the sequential
     decode's frames, bit for bit; how many it dropped). ValueError when the sequential decode
     itself does not match the index (frame count, order)."""
-    blob = pack_stream(stored, index)
-    reference: list[bytes] = []
     import av
 
+    blob = pack_stream(stored, index)
+    reference: list[bytes] = []
     try:
         for n, frame in enumerate(_sequential(blob)):
+            if frame.pts is None:
+                raise ValueError("the decoder returns frames without the packets' timestamps: their order "
+                                 "cannot be checked")
             _check(frame, n)
             reference.append(_digest(frame))
     except av.error.FFmpegError as e:

@@ -22,7 +22,7 @@ import numpy as np
 
 from packer.claim import ensure_claim
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video
-from packer.codecs.video_copy import copy_stream
+from packer.codecs.video_copy import check_random_access, copy_stream
 from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
@@ -98,6 +98,13 @@ class VideoPackJob:
             mp4, index = encoder.finish()
         except ValueError as e:
             raise CorruptSample(item.key, item.path, f"re-encode failed: {e}", stage="encode") from None
+        demoted = 0
+        if self.encode.codec != "h264":  # x265, SVT-AV1: every keyframe checked as a seek point too
+            try:
+                index, demoted = check_random_access(mp4, index)
+            except Exception as e:  # ValueError (count, order), av.error.FFmpegError
+                raise CorruptSample(item.key, item.path, f"the re-encoded stream fails its check ({e})",
+                                    stage="verify") from None
         blob = pack_stream(mp4, index)
         try:
             decodable = count_frames(blob)
@@ -108,10 +115,12 @@ class VideoPackJob:
             raise CorruptSample(item.key, item.path, f"the re-encoded stream decodes to {decodable} frames, "
                                 f"its index holds {index.frames}", stage="verify")
         th, tw = size[0]
-        entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
+        entry = {"demoted_keyframes": demoted} if demoted else {}
+        entry = {**entry, "key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,
                  "video_frames": index.frames, "keyframes": len(index.keyframes), "gop": self.encode.gop,
-                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
+                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf,
+                 "preset": self.encode.preset, "video_bytes": len(mp4),
                  **source_entry(v), "source": str(item.path)}
         if getattr(item, "labels", None):
             entry["labels"] = list(item.labels)
@@ -167,8 +176,8 @@ class VideoPackOptions:
     max_frames: Optional[int] = None
     codec: str = "h264"
     gop: int = DEFAULT_GOP
-    crf: int = EncodeOptions().crf
-    preset: str = EncodeOptions().preset
+    crf: Optional[int] = None  # the codec's default (``CODEC_DEFAULTS``)
+    preset: Optional[str] = None
     backend: str = "auto"
     copy: bool = False
 
@@ -203,8 +212,8 @@ class VideoPackOptions:
         if self.copy:
             return {"copy": True, "video_format": VIDEO_FMT}
         return {"short_side": self.short_side, "fps": self.fps, "stride": self.stride,
-                "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop, "crf": self.crf,
-                "preset": self.preset, "backend": self.backend, "video_format": VIDEO_FMT}
+                "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop,
+                "crf": self.encode_options.crf, "preset": self.encode_options.preset, "backend": self.backend, "video_format": VIDEO_FMT}
 
 
 @dataclass

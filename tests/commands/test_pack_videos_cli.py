@@ -50,7 +50,9 @@ def test_flags_reach_the_encoder_and_the_dataset_reads_it(src, tmp_path):
 
 
 def test_bad_options_are_usage_errors(src, tmp_path):
-    for flags in (["--gop", "0"], ["--crf", "60"], ["--to", "frames"], ["--preset", "warp"]):
+    for flags in (["--gop", "0"], ["--crf", "60"], ["--to", "frames"], ["--preset", "warp"],
+                  ["--codec", "av1", "--preset", "veryfast"], ["--codec", "av1", "--crf", "64"],
+                  ["--copy", "--stride", "2"], ["--copy", "--to", "files"]):
         r = CliRunner().invoke(main, ["pack-videos", str(src), str(tmp_path / "x.rec"), *flags])
         assert r.exit_code == 1 and r.output.startswith("Error: "), (flags, r.output)  # as decode-frames
         assert not (tmp_path / "x.rec").exists()
