@@ -220,7 +220,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
             down to even numbers.
         fps, stride, max_frames: which frames, as for ``decode_frames``.
         codec, gop, crf, preset: the re-encode: ``h264`` (libx264), ``hevc`` (libx265) or ``av1``
-            (SVT-AV1); keyframe interval; quality (None: 20, 24 or 35 by codec) and speed preset
+            (SVT-AV1); keyframe interval; quality (None: 20, 21 or 30 by codec: the same PSNR) and speed preset
             (None: ``veryfast``, or ``10`` for SVT-AV1).
         backend: the source decoder, as for ``decode_frames``.
         copy: keep each source's video stream as it is (no decode, resize or re-encode; ``fps``,

@@ -38,8 +38,9 @@ VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it f
 CODECS = {"h264": ("libx264", "h264"), "hevc": ("libx265", "hevc"), "av1": ("libsvtav1", "libdav1d")}
 # per codec: the default crf, the default preset and the presets the encoder takes
 X26X_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
-CODEC_DEFAULTS = {"h264": (20, "veryfast", X26X_PRESETS), "hevc": (24, "veryfast", X26X_PRESETS),
-                  "av1": (35, "10", tuple(str(p) for p in range(14)))}
+# (the hevc and av1 crf give h264's PSNR within 0.3 dB: scripts/bench/video.py packs --codecs, docs/video.md)
+CODEC_DEFAULTS = {"h264": (20, "veryfast", X26X_PRESETS), "hevc": (21, "veryfast", X26X_PRESETS),
+                  "av1": (30, "10", tuple(str(p) for p in range(14)))}
 CRF_MAX = {"h264": 51, "hevc": 51, "av1": 63}
 MAGIC = b"PKVID2\0\0"
 KEY, NONREF = 1, 2  # per-frame flag bits
@@ -58,7 +59,7 @@ class EncodeOptions:
             those it does not take. H.264 and HEVC; AV1 has no such frames here (SVT-AV1's own
             hierarchical structure, in temporal units that each show one frame, every one fed).
         crf: constant rate factor (lower is better quality and bigger; 0..51, AV1 0..63); None:
-            the codec's default (``CODEC_DEFAULTS``: 20 for h264, 24 hevc, 35 av1).
+            the codec's default (``CODEC_DEFAULTS``: 20 for h264, 21 hevc, 30 av1: the same PSNR).
         preset: the encoder's speed/size preset: x264/x265 names (``ultrafast`` .. ``veryslow``),
             SVT-AV1 numbers (``0`` .. ``13``); None: ``veryfast``, or ``10`` for av1.
         threads: encoder threads per video (1: one worker per core does the parallelism).
