@@ -33,12 +33,12 @@ __all__ = ["copy_stream", "check_random_access", "CopyResult", "rotate_upright"]
 
 
 class CopyResult(NamedTuple):
-    """A copied stream: the packed sample, its index, and how many of the keyframes the demuxer
-    flagged failed the random-access check (no longer seek points)."""
+    """A copied stream: the packed sample, its index, and the keyframes the demuxer flagged that
+    failed the random-access check (frame numbers: no longer seek points)."""
 
     blob: bytes
     index: StreamIndex
-    demoted: int
+    demoted: list[int]
     rotation: int  # degrees clockwise to turn a frame upright (OpenCV's CAP_PROP_ORIENTATION_META)
     height: int  # as coded (before rotation)
     width: int
@@ -94,7 +94,7 @@ def copy_stream(path: str, *, check: bool = True) -> CopyResult:
     index = StreamIndex(packets, flag_arr, extradata, decoder, fps)
     stored = b"".join(chunks)
     if not check:
-        return CopyResult(pack_stream(stored, index), index, 0, rotation, height, width)
+        return CopyResult(pack_stream(stored, index), index, [], rotation, height, width)
     index, demoted = check_random_access(stored, index)
     return CopyResult(pack_stream(stored, index), index, demoted, rotation, height, width)
 
@@ -107,9 +107,9 @@ def _digest(frame) -> bytes:
     return _digest_rgb(_rgb(frame))
 
 
-def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex, int]:
+def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex, list[int]]:
     """(the index keeping only the keyframes a fresh decode from which gives the sequential
-    decode's frames, bit for bit; how many it dropped). ValueError when the sequential decode
+    decode's frames, bit for bit; the frame numbers of those it dropped). ValueError when the sequential decode
     itself does not match the index (frame count, order)."""
     import av
 
@@ -129,7 +129,7 @@ def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex,
     flags = index.flags.copy()
     mp4 = memoryview(stored)
     keys = [int(k) for k in np.flatnonzero(flags & KEY)]
-    dropped = 0
+    dropped: list[int] = []
     j = 0
     while j < len(keys):
         start, end = keys[j], keys[j + 1] if j + 1 < len(keys) else index.frames
@@ -147,9 +147,9 @@ def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex,
         else:
             flags[start] &= ~KEY & 0xFF
             del keys[j]
-            dropped += 1
+            dropped.append(start)
             j -= 1  # the previous interval now runs on: check it again
-    return StreamIndex(index.packets, flags, index.extradata, index.decoder, index.fps), dropped
+    return StreamIndex(index.packets, flags, index.extradata, index.decoder, index.fps), sorted(dropped)
 
 
 ROT90_TURNS = {0: 0, 90: 3, 180: 2, 270: 1}  # rotation -> np.rot90 k (90: as OpenCV shows the fixture)

@@ -98,7 +98,7 @@ class VideoPackJob:
             mp4, index = encoder.finish()
         except ValueError as e:
             raise CorruptSample(item.key, item.path, f"re-encode failed: {e}", stage="encode") from None
-        demoted = 0
+        demoted: list[int] = []
         if self.encode.codec != "h264":  # x265, SVT-AV1: every keyframe checked as a seek point too
             try:
                 index, demoted = check_random_access(mp4, index)
@@ -115,6 +115,8 @@ class VideoPackJob:
             raise CorruptSample(item.key, item.path, f"the re-encoded stream decodes to {decodable} frames, "
                                 f"its index holds {index.frames}", stage="verify")
         th, tw = size[0]
+        # keyframes that are no seek points: a plain file's reader rebuilds its index from the
+        # packets' flags, so it takes them from here
         entry = {"demoted_keyframes": demoted} if demoted else {}
         entry = {**entry, "key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,

@@ -58,7 +58,7 @@ import torch
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
 from packer.codecs.video_copy import rotate_upright
-from packer.codecs.video_pack import CODECS, decode_frames_at, decode_indexed, index_mp4
+from packer.codecs.video_pack import CODECS, KEY, StreamIndex, decode_frames_at, decode_indexed, index_mp4
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
@@ -636,9 +636,10 @@ class FrameDataset(_ClipDataset):
 # -- packed outputs ---------------------------------------------------------------------------
 class PackedVideoDataset(_ClipDataset):
     """Clips from any packed video output (``decode-frames --to lmdb|hdf5|records|frames``, or
-    ``pack-videos``: videos kept as H.264, each clip decoding only the keyframe intervals that hold
-    its frames, by the stored frame index), located through the manifest's ``videos`` entries;
-    storage opens lazily per process.
+    ``pack-videos``: videos kept as H.264/HEVC/AV1 or, with ``--copy``, as the source coded them,
+    each clip decoding only the keyframe intervals that hold its frames, by the stored frame index;
+    ``pack-videos --to files``: plain MP4 files, indexed from their packets when first read),
+    located through the manifest's ``videos`` entries; storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
     ``check_crc`` (verify each frame's CRC32C as it is read). ``num_classes`` defaults to the
@@ -716,6 +717,10 @@ class PackedVideoDataset(_ClipDataset):
         if got is None:
             v = self.reader.manifest.videos[index]
             got = index_mp4(mp4, CODECS[v.get("codec", "h264")][1], float(v.get("fps") or 0) or None)
+            if v.get("demoted_keyframes"):  # flagged keyframes the pack-time check found no seek points
+                flags = got.flags.copy()
+                flags[np.asarray(v["demoted_keyframes"], dtype=np.int64)] &= ~KEY & 0xFF
+                got = StreamIndex(got.packets, flags, got.extradata, got.decoder, got.fps)
             if got.frames != self._videos[index][1]:
                 raise ValueError(f"the file holds {got.frames} frames, its manifest entry {self._videos[index][1]}")
             if len(self._indexes) >= 4096:  # a bounded cache: a few KB each

@@ -33,9 +33,11 @@ mmaction2 pulls mmengine/mmcv, so this runs in a separate environment, not packe
     python -m venv .venv-bench
     .venv-bench/bin/pip install --no-deps mmaction2==1.2.0 mmengine==0.10.7 mmcv-lite==2.1.0 \
         addict yapf termcolor rich platformdirs        # plus numpy, torch, opencv
+    .venv-bench/bin/pip install scipy packaging pyyaml av decord \
+        click pillow lmdb h5py crc32c tqdm pebble      # mmaction2's other imports, step 5, packer's own
     PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --mmaction2-repo DIR
+    PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --only-video-list
     PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --record-samplers
-    # step 5 needs av and decord in that environment too
 """
 from __future__ import annotations
 

@@ -137,3 +137,19 @@ def test_a_bad_to_is_a_usage_error(src, tmp_path):
 
     with pytest.raises(UsageError, match="files"):
         pack_videos(src, tmp_path / "x", to="frames", workers=0)
+
+
+def test_keyframes_found_no_seek_points_at_pack_time_stay_none(files_out):
+    """A plain file's index is rebuilt from its packets' flags: the keyframes the pack-time check
+    demoted (HEVC/AV1 re-encodes) come from the manifest entry and must not be sought to."""
+    out, _ = files_out
+    ds = PackedVideoDataset(out, clip_len=4, frame_interval=1, test_mode=True)
+    i = max(range(len(ds)), key=lambda k: ds._video(k)[0])
+    ds.reader.manifest.videos[i]["demoted_keyframes"] = [8, 16]  # as the job records them
+    mp4 = ds.reader.read(i).data
+    index = ds._plain_index(i, mp4)
+    assert 8 not in index.keyframes.tolist() and 16 not in index.keyframes.tolist() and 24 in index.keyframes.tolist()
+    ref = sequential(out / ds.reader.manifest.videos[i]["file"])
+    for want in ([9, 10], [17], [15, 23, 30]):
+        got = ds._load(i, np.asarray(want))
+        assert all(np.array_equal(g, ref[w]) for g, w in zip(got, want))

@@ -43,7 +43,7 @@ def test_open_gops_read_frame_exact(tmp_path):
     assert [read_number(f) for f in ref] == list(range(90))
     # whatever the demuxer flagged, every seek point left gives the sequential frames
     assert set(got.index.keyframes.tolist()) <= set(flagged.keyframes.tolist())
-    assert got.demoted >= 1 and len(flagged.keyframes) == 9  # some open-GOP keyframes are no seek points
+    assert len(got.demoted) >= 1 and len(flagged.keyframes) == 9  # some open-GOP keyframes are no seek points
     rng = np.random.RandomState(1)
     for _ in range(60):
         want = rng.randint(0, 90, size=rng.randint(1, 10))
@@ -69,4 +69,4 @@ def test_a_false_keyframe_is_demoted_not_used(tmp_path):
     flags[[13, 20]] |= KEY  # P-frames claimed as keyframes
     lied = type(index)(index.packets, flags, index.extradata, index.decoder, index.fps)
     fixed, dropped = check_random_access(bytes(stored), lied)
-    assert dropped == 2 and fixed.keyframes.tolist() == index.keyframes.tolist() == [0, 30]
+    assert dropped == [13, 20] and fixed.keyframes.tolist() == index.keyframes.tolist() == [0, 30]
