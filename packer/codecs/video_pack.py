@@ -1,10 +1,12 @@
-"""Videos kept as video: re-encode to H.264 in MP4 with a stored frame index; decode frames by it.
+"""Videos kept as video: re-encode to H.264 (or HEVC, AV1) in MP4 with a stored frame index;
+decode frames by it.
 
 ``VideoEncoder`` turns frames (BGR uint8, one size) into an in-memory MP4 with a fixed keyframe
 interval (``gop``, closed GOPs) and a fixed pattern of ``bframes`` non-reference B-frames
 between reference frames (``I B B P B B P ...``). ``finish`` demuxes the result once to build the
 ``StreamIndex``: per frame in presentation order, its packet (offset and size in the MP4), its
-decode position and whether it is a keyframe or a non-reference frame (from its NAL header);
+decode position and whether it is a keyframe or a non-reference frame (from its NAL headers,
+``nonref_test``; AV1: none marked);
 the codec's extradata. Presentation order is the rank of the packets' timestamps, which are
 this encoder's own frame counter (a source's timestamps are never used); ``finish`` checks that a
 sequential decode returns the frames in that order. A packed sample is ``pack_stream(mp4,
@@ -30,8 +32,9 @@ from typing import Iterable, Optional, Sequence
 import cv2
 import numpy as np
 
-__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "nonref_test", "StreamIndex", "VideoEncoder", "pack_stream",
-           "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed", "decode_all", "count_frames"]
+__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "nonref_test", "StreamIndex",
+           "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
+           "decode_all", "count_frames"]
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 # --codec -> (encoder, decoder), all in PyAV's bundled FFmpeg

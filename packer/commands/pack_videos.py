@@ -135,7 +135,6 @@ class VideoPackJob:
                         {"frame_dir": item.frame_dir, "frames": index.frames})
         return WorkResult([sample], entry, note)
 
-
     def _copy(self, item: VideoItem) -> WorkResult:
         """The source's video stream kept as it is, indexed and checked for random access."""
         try:
