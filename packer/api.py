@@ -196,14 +196,14 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
                 exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
                 stride: Optional[int] = None, max_frames: Optional[int] = None, codec: str = "h264",
-                gop: int = 8, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
-                commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
+                gop: int = 8, crf: Optional[int] = None, preset: Optional[str] = None, backend: str = "auto",
+                copy: bool = False, commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
                 break_lock: bool = False) -> VideoPackReport:
     """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
 
-    The library form of ``packer pack-videos``. Each video becomes one sample: H.264 in MP4
+    The library form of ``packer pack-videos``. Each video becomes one sample: H.264 (or HEVC, AV1) in MP4
     with a keyframe every ``gop`` frames and non-reference B-frames, plus a frame index; the manifest's
     ``videos`` entries describe it (frames, fps, size, rotation, source). ``PackedVideoDataset``
     reads the output with the same sampling options as a frame pack, decoding only the
@@ -213,13 +213,21 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     Args:
         src, list_path, csv_path, class_index, exts: the inputs, as for ``decode_frames``.
         out: the packed output, or a URL.
-        to: a packed format: ``records``, ``lmdb`` or ``hdf5``.
+        to: a packed format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: the re-encoded
+            videos as plain MP4 files in a tree mirroring the inputs, plus the mmaction2 video list
+            ``videos.txt`` (its ``VideoDataset`` reads them unchanged; ``PackedVideoDataset`` too).
         short_side: resize so the short side is N (None: keep the size); sides are rounded
             down to even numbers.
         fps, stride, max_frames: which frames, as for ``decode_frames``.
-        codec, gop, crf, preset: the re-encode (``h264``; keyframe interval; x264 quality and
-            speed preset).
+        codec, gop, crf, preset: the re-encode: ``h264`` (libx264), ``hevc`` (libx265) or ``av1``
+            (SVT-AV1); keyframe interval; quality (None: 20, 21 or 30 by codec: the same PSNR) and speed preset
+            (None: ``veryfast``, or ``10`` for SVT-AV1).
         backend: the source decoder, as for ``decode_frames``.
+        copy: keep each source's video stream as it is (no decode, resize or re-encode; ``fps``,
+            ``stride``, ``max_frames`` and the encode options do not apply), with a frame index
+            built from its packets and checked by decoding every keyframe interval afresh
+            against a sequential decode; a stream that cannot be indexed safely is a recorded
+            failure naming why.
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
@@ -232,7 +240,8 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     def build(path: str) -> Any:
         return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
                       exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
-                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, commit_every=commit_every,
+                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, copy=copy,
+                      commit_every=commit_every,
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, break_lock=break_lock)
