@@ -108,10 +108,13 @@ def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
                process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
-               prefer: str = "opencv") -> VideoFrames:
+               prefer: str = "opencv", on_attempt: Optional[Callable[[str], None]] = None) -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
-    Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``.
+    Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``. A fallback
+    decodes the video again with another backend, through ``process`` again: ``on_attempt(name)``
+    is called before each backend's frames, so a ``process`` with side effects (an encoder) can
+    start afresh; the result's ``backend`` names the attempt whose frames it holds.
     Raises ``CorruptSample`` (stage ``read`` or ``decode``) when the file is missing or no
     frame decodes with any backend tried; a decode that stops early is returned with
     ``error`` set (see ``VideoFrames.partial``).
@@ -157,6 +160,8 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         except Exception as e:
             notes.append(f"{name}: cannot open ({_short(e)})")
             continue
+        if on_attempt is not None:
+            on_attempt(name)
         try:
             result = _run(src, selection, resize, process)
         finally:
