@@ -6,8 +6,8 @@ For each: ``pack-videos`` stores the frames ``decode-frames`` takes from the sam
 count, in the same order: the numbers they show; the edit list made pack-videos store a fallback
 decoder's frames after the first decoder's, a video played twice, until each decode attempt got its
 own encoder), every clip ``PackedVideoDataset`` returns is the sequential decode of the stored
-stream frame for frame, and the rotated video is stored upright. With decord installed, an edit list
-that hides leading frames is not honoured (by decode-frames either): see the xfail below.
+stream frame for frame, and the rotated video is stored upright. The edit list's hidden frames are
+left out (by decode-frames too): see ``test_an_edit_list_gives_the_presented_frames``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import pytest
 av = pytest.importorskip("av")
 
 import packer  # noqa: E402
-from packer.codecs.video import decord_available  # noqa: E402
+from packer.codecs.video import decord_available, read_video  # noqa: E402
+from packer.codecs.video_sources import presented_frames  # noqa: E402
 from packer.codecs.video_pack import decode_all  # noqa: E402
 from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.formats import open_reader  # noqa: E402
@@ -49,7 +50,7 @@ def packs(src, tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("edgepacks")
     video = base / "videos.rec"
     report = packer.pack_videos(src, video, to="records", gop=8, workers=0)
-    assert report.videos == 3 and not [f for f in report.failures if f.get("stage") != "partial"], report.failures
+    assert report.videos == 3 and not report.failures, report.failures  # none partial either
     frames = base / "frames.rec"
     packer.decode_frames(src, frames, to="records", short_side=256, workers=0)
     return video, frames
@@ -105,13 +106,19 @@ def test_packed_frames_are_the_frames_decode_frames_takes(packs):
     assert v["rotation"] in (90, -90, 270) and (v["height"], v["width"]) == (320, 256)
 
 
-@pytest.mark.xfail(decord_available(), strict=True, reason=(
-    "OpenCV honours the edit list (30 frames) but the container holds 40, which read_video takes "
-    "for a partial decode; decord then decodes again, ignores the edit list's start and pads the "
-    "end with the last frame repeated (10..39, then 39 ten more times), and wins with more frames"))
-def test_an_edit_list_gives_the_presented_frames(packs):
-    stored, decoded, _ = stored_and_decoded(packs)["editlist"]
+def test_an_edit_list_gives_the_presented_frames(packs, src):
+    """OpenCV honours the edit list (frames 10..39) where the container counts 40: that clean,
+    short decode is not taken for a partial one, so no fallback to decord runs (which ignores the
+    edit list and repeats frame 39 in place of the hidden ones: 10..39, then 39 ten times)."""
+    stored, decoded, v = stored_and_decoded(packs)["editlist"]
     assert stored == decoded == EXPECTED["editlist"]
+    assert v["backend"] == "opencv" and v["container_frames"] == FRAMES - HIDE
+    path = src / "editlist" / "editlist.mp4"
+    assert presented_frames(path) == FRAMES - HIDE
+    assert presented_frames(src / "vfr" / "vfr.mp4") is None  # no frame hidden: no edit-list count
+    if decord_available():  # what the fallback would have stored
+        with_decord = read_video(path, backend="decord", process=lambda f: read_number(f))
+        assert with_decord.frames == EXPECTED["editlist"] + [FRAMES - 1] * HIDE
 
 
 @pytest.mark.parametrize("sampler", ["dense-test", "tsn-train", "repeat-last", "target-fps"])
