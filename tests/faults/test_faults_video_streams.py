@@ -13,7 +13,6 @@ frames or a ``CorruptData``: never a wrong clip.
 """
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,8 @@ from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.errors import CorruptData, VerifyFailed  # noqa: E402
 from packer.formats import FORMATS, open_reader  # noqa: E402
 from packer.formats.sample import Sample  # noqa: E402
-from tests.data.test_video_packs import SAMPLERS, numbered  # noqa: E402
+from tests.data.test_video_packs import SAMPLERS  # noqa: E402
+from tests.support.edge_videos import write_numbered  # noqa: E402
 
 FRAMES = 48
 
@@ -38,16 +38,7 @@ FRAMES = 48
 def good(tmp_path_factory) -> Path:
     """A pack-videos output (records, --gop 8) of one numbered H.264 source."""
     src = tmp_path_factory.mktemp("vstream") / "src"
-    (src / "n").mkdir(parents=True)
-    with av.open(str(src / "n" / "count.mp4"), "w") as out:
-        s = out.add_stream("libx264", rate=Fraction(25))
-        s.width, s.height, s.pix_fmt = 320, 256, "yuv420p"
-        s.codec_context.options = {"crf": "14", "g": "30"}
-        for i in range(FRAMES):
-            for p in s.encode(av.VideoFrame.from_ndarray(numbered(i), format="bgr24")):
-                out.mux(p)
-        for p in s.encode(None):
-            out.mux(p)
+    write_numbered(src / "n" / "count.mp4", FRAMES)
     pack = src.parent / "good.rec"
     assert packer.pack_videos(src, pack, to="records", gop=8, workers=0).videos == 1
     return pack
