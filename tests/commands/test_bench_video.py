@@ -55,7 +55,8 @@ def check_rows(r: dict, names: list[str]) -> None:
             assert set(m["process"]) == set(USAGE_FIELDS) and m["process"]["user_s"] > 0
         assert row["speed"] == pytest.approx(row["video"]["clips_per_s"] / row["frames"]["clips_per_s"])
         assert row["cpu"] == pytest.approx(row["video"]["cpu_ms_per_clip"] / row["frames"]["cpu_ms_per_clip"])
-        assert (row["use"], row["reason"]) == advise(row["speed"], b["ratio"])
+        assert row["speed_cpu"] == pytest.approx(1 / row["cpu"])
+        assert (row["use"], row["reason"]) == advise(row["speed_cpu"], b["ratio"])  # per CPU-second, not wall
     uses = {row["use"] for row in r["rows"]}
     assert r["use"] == (uses.pop() if len(uses) == 1 else "mixed")
     assert r["verdict"].startswith(r["use"])
