@@ -374,12 +374,17 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
           resize: int = 256, crop: int = 224, steps: int = 30, model_ms: float = 0.0,
           device: Optional[str] = None, seed: int = 0, transform: Optional[str] = None, fidelity: int = 16,
           against: Optional[PathLike] = None, write: Optional[str] = None, check: str = "header",
-          progress: bool = True) -> dict[str, Any]:
+          progress: bool = True, frames: Optional[PathLike] = None, clips: int = 60,
+          clip_len: Optional[int] = None, frame_interval: Optional[int] = None, num_clips: Optional[int] = None,
+          test_mode: Optional[bool] = None) -> dict[str, Any]:
     """Is data loading the bottleneck? Time the loaders over ``path``; or, with ``write``, the writer.
 
     The library form of ``packer bench``: the real DataLoader over ``path`` per ``workers``
     value beside the in-memory ceiling, a recommended ``num_workers``, ``packer.Loader``'s
-    thread scaling and the fidelity of the fast decodes.
+    thread scaling and the fidelity of the fast decodes. On a ``pack-videos`` output it answers
+    another question instead: for these sampling settings, read the videos or a frame pack of them?
+    (clips/s, CPU ms per clip and bytes per video of both, and which to use:
+    ``packer.commands.bench_video``).
 
     Args:
         path: a packed output (or, with ``write``, an image folder).
@@ -396,10 +401,25 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
         write: bench the write path instead: pack ``path`` into this format (``records``, ``lmdb``, ``hdf5``).
         check: with ``write``: the ``check`` of the packing runs.
         progress: show progress bars.
+        frames: on a video pack: the frame pack of the same videos to compare with (None: one is
+            made from the video pack's streams in a temporary folder, JPEG q95 at the same size).
+        clips: on a video pack: clips timed per pack and sampling.
+        clip_len, frame_interval, num_clips, test_mode: on a video pack: the sampling to time
+            (``SampleFrames`` options; none given: TSN, 8 segments, and dense, 32 frames 2 apart in
+            test mode).
 
     Returns:
         A dict (the fields ``packer bench --json`` prints).
     """
+    from packer.commands.bench_video import is_video_pack
+
+    if write is None and is_video_pack(path):
+        from packer.commands.bench_video import run_video_bench
+
+        return run_video_bench(path, frames=frames, clips=clips, seed=seed, clip_len=clip_len,
+                               frame_interval=frame_interval, num_clips=num_clips, test_mode=test_mode)
+    if frames is not None:
+        raise UsageError(f"{path}: --frames is for a pack-videos output")
     if write is not None:
         from packer.commands.bench_write import run_write_bench
 

@@ -78,22 +78,34 @@ class VideoPackJob:
         except (ValueError, OSError):
             src_fps = 0.0  # read_video reports what it can; the MP4 then says 30 fps
         fps = self.selection.output_fps(src_fps) if src_fps else 0.0
-        encoder = VideoEncoder(self.encode, fps)
-        size: list[tuple[int, int]] = []
+        # one encoder per decode attempt: a fallback backend decodes the video again, and its
+        # frames must not follow the first attempt's into one stream (a video played twice)
+        encoders: dict[str, VideoEncoder] = {}
+        sizes: dict[str, tuple[int, int]] = {}
+        attempt: list[str] = []
+
+        def start(name: str) -> None:
+            attempt[:] = [name]
+            encoders[name] = VideoEncoder(self.encode, fps)
 
         def process(frame):
-            if not size:
-                size.append(even_size(frame.shape[0], frame.shape[1], self.resize))
-            th, tw = size[0]
+            name = attempt[0]
+            if name not in sizes:
+                sizes[name] = even_size(frame.shape[0], frame.shape[1], self.resize)
+            th, tw = sizes[name]
             h, w = frame.shape[:2]
             if (h, w) != (th, tw):
                 interp = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
                 frame = cv2.resize(frame, (tw, th), interpolation=interp)
-            encoder.add(frame)
+            encoders[name].add(frame)
             return None
 
         v = read_video(item.path, backend=self.backend, selection=self.selection, process=process,
-                       key=item.key, prefer=self.prefer)
+                       key=item.key, prefer=self.prefer, on_attempt=start)
+        encoder, size = encoders[v.backend], [sizes.get(v.backend)]
+        if encoder.count != len(v.frames):
+            raise CorruptSample(item.key, item.path, f"{encoder.count} frames encoded for the {len(v.frames)} "
+                                f"decoded by {v.backend}", stage="encode")
         try:
             mp4, index = encoder.finish()
         except ValueError as e:

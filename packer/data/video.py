@@ -642,16 +642,18 @@ class PackedVideoDataset(_ClipDataset):
     located through the manifest's ``videos`` entries; storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
-    ``check_crc`` (verify each frame's CRC32C as it is read). ``num_classes`` defaults to the
-    manifest's class count; ``SampleFrames(target_fps=...)`` uses each video's stored fps.
+    ``check_crc`` (verify each frame's CRC32C as it is read) and, for a URL ``path``, ``remote``
+    (a ``packer.remote.RemoteOptions``: cache folder, access mode, retries; docs/remote.md).
+    ``num_classes`` defaults to the manifest's class count; ``SampleFrames(target_fps=...)`` uses
+    each video's stored fps.
     """
 
     def __init__(self, path: str | os.PathLike, *, sampling: Any = None, options: Optional[ClipOptions] = None,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, check_crc: bool = True,
-                 **fields: Any):
+                 remote: Any = None, **fields: Any):
         clip_fields, sampling_fields = _split_fields(fields)
         self.path = str(path)
-        self.reader = open_reader(path, check_crc=check_crc)
+        self.reader = open_reader(path, check_crc=check_crc, remote=remote)
         given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}
         if given.get("multi_class") and given.get("num_classes") is None:
             clip_fields["num_classes"] = len(self.reader.classes)

@@ -136,3 +136,30 @@ def test_render_shows_each_sections_newest_full_run(tmp_path):
     assert "| old |" in page and "| quick |" not in page
     assert "```text\nplain text\n```" in page
     assert page.index("### Writing: write") < page.index("### Writing: breakdown")
+
+
+def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
+    """docs/video.md's GOP table is rendered from a `video packs` JSON, between its markers, and
+    --check says when it is stale."""
+    from scripts.bench.render import VIDEO_BEGIN, VIDEO_END
+
+    committed = sorted((REPO / "docs" / "bench-results").glob("video-*.json"))
+    doc = next(json.loads(p.read_text()) for p in reversed(committed)
+               if "packs" in json.loads(p.read_text())["figures"]["sections"])
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "video.json").write_text(json.dumps(doc))
+    page = tmp_path / "video.md"
+    page.write_text(f"# Video\n\nbefore\n\n{VIDEO_BEGIN}\nhand-typed, stale\n{VIDEO_END}\n\nafter\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
+            "--video-page", str(page)]
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    text = page.read_text()
+    assert "hand-typed" not in text and text.startswith("# Video\n\nbefore\n") and text.endswith("after\n")
+    fig = doc["figures"]["sections"]["packs"]["figures"]
+    for gop, e in fig["video_packs"].items():
+        assert f" | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | " in text, gop
+    assert doc["command"] in text and "**8 (default)**" in text
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
