@@ -157,6 +157,9 @@ def test_reliability_table_is_the_suites_own_count(request):
     assert printed.startswith("| suite |")
     assert printed in (REPO / "docs" / "faults.md").read_text(), \
         "docs/faults.md's table is stale: rerun python -m scripts.check.fault_counts"
+    total = re.search(r"^\| \*\*all\*\* \| \| \*\*(\d+)\*\* \|", printed, re.M).group(1)
+    assert f"concurrent runs) | {total} |" in (REPO / "README.md").read_text(), \
+        f"README's fault-injection figure is not the suite's {total} cases"
 
 
 def test_cli_reference_is_current():
