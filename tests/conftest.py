@@ -31,6 +31,16 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
     return cores + 1
 
 
+def pytest_configure(config) -> None:
+    """In an xdist worker, torch computes on one thread: the workers already outnumber the
+    cores, and torch's intra-op threads on top of them spin for CPU the other workers need
+    (about a fifth of the CPU time of the model-training tests). Serial runs keep torch's default."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 #: every test pytest collected in this run, before -k/-m deselection: (node id, marked slow).
 COLLECTED = pytest.StashKey[list]()
 
