@@ -26,24 +26,11 @@ from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, fsync_append, ke
                                      write_failures)
 from packer.manifest import FAILURES_NAME, Manifest
 
-__all__ = ["Writer", "Framing", "Segments"]
+__all__ = ["Writer", "Segments"]
 
 log = logging.getLogger(__name__)
 
 _json_str = json.encoder.encode_basestring_ascii  # json.dumps(str), without its dispatch
-
-
-@dataclasses.dataclass(frozen=True)
-class Framing:
-    """How a format builds its stored value around a sample's bytes (LMDB's Caffe ``Datum``),
-    so that in-process work can read each file straight into a buffer with room around it
-    (``packer.fileio.read_framed``) and the value is made without copying the data: ``head``
-    and ``tail`` free bytes are needed before and after the data, and ``prepare(buf, start,
-    size, sample)`` returns what the writer's ``prepare`` returns, built in ``buf``."""
-
-    head: int
-    tail: int
-    prepare: Callable[[memoryview, int, int, Sample], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +77,6 @@ class Writer(abc.ABC):
     # returns (a batch held until the commit). A writer that copies them during ``add`` says
     # False and may be handed views into shared memory (``packer.conversion.executors.shm``).
     keeps_samples: ClassVar[bool] = True
-    # Set by a format whose stored value wraps the sample's bytes (see ``Framing``).
-    framing: ClassVar[Framing | None] = None
     # Set by a format whose samples worker processes may store into part files (see ``Segments``).
     segments: ClassVar[Segments | None] = None
 
