@@ -529,18 +529,24 @@ class _NoFingerprint:
         return self
 
 
+def _image_section(section: str, argv: list[str], *, images: int, reps: int
+                   ) -> tuple[argparse.Namespace, Path, Path]:
+    """A section's ``--workdir``/``--images``/``--reps`` arguments, its work folder and image set."""
+    ap = argparse.ArgumentParser(prog=f"write.py {section}")
+    ap.add_argument("--workdir", default="bench-out/write")
+    ap.add_argument("--images", type=int, default=images)
+    ap.add_argument("--reps", type=int, default=reps)
+    args = ap.parse_args(argv)
+    work = Path(args.workdir)
+    return args, work, image_set(work, args.images)
+
+
 def breakdown_main(argv: list[str]) -> None:
     """Where ``to-lmdb --check header`` spends its CPU beside the bare read + CRC32C + put loop:
     the whole run (with one piece of the framework off at a time), the per-sample work, the writer;
     each the least CPU per sample over ``--reps`` interleaved rounds, in this process."""
     _breakdown_imports()
-    ap = argparse.ArgumentParser(prog="write.py breakdown")
-    ap.add_argument("--workdir", default="bench-out/write")
-    ap.add_argument("--images", type=int, default=3000)
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args(argv)
-    work = Path(args.workdir)
-    src = image_set(work, args.images)
+    args, work, src = _image_section("breakdown", argv, images=3000, reps=7)
     files = files_of(src)
     warm(files)
     n = len(files)
@@ -1156,13 +1162,7 @@ def hooks_main(argv: list[str]) -> None:
     heap or imports), rows interleaved over ``--reps`` rounds in a new seeded order each round:
     the writer process's CPU per sample (the single writer's ceiling), all processes' CPU, and
     the median over rounds of each round's off/on ratio (a shared machine's drift hits both)."""
-    ap = argparse.ArgumentParser(prog="write.py hooks")
-    ap.add_argument("--workdir", default="bench-out/write")
-    ap.add_argument("--images", type=int, default=2000)
-    ap.add_argument("--reps", type=int, default=8)
-    args = ap.parse_args(argv)
-    work = Path(args.workdir)
-    src = image_set(work, args.images)
+    args, work, src = _image_section("hooks", argv, images=2000, reps=8)
     n = len(files_of(src))
     print(f"{n} JPEGs; cores: {os.cpu_count()}, load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
