@@ -196,14 +196,14 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
                 exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
                 stride: Optional[int] = None, max_frames: Optional[int] = None, codec: str = "h264",
-                gop: int = 8, crf: int = 20, preset: str = "veryfast", backend: str = "auto",
-                commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
+                gop: int = 8, crf: Optional[int] = None, preset: Optional[str] = None, backend: str = "auto",
+                copy: bool = False, commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
                 break_lock: bool = False) -> VideoPackReport:
     """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
 
-    The library form of ``packer pack-videos``. Each video becomes one sample: H.264 in MP4
+    The library form of ``packer pack-videos``. Each video becomes one sample: H.264 (or HEVC, AV1) in MP4
     with a keyframe every ``gop`` frames and non-reference B-frames, plus a frame index; the manifest's
     ``videos`` entries describe it (frames, fps, size, rotation, source). ``PackedVideoDataset``
     reads the output with the same sampling options as a frame pack, decoding only the
@@ -213,13 +213,21 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     Args:
         src, list_path, csv_path, class_index, exts: the inputs, as for ``decode_frames``.
         out: the packed output, or a URL.
-        to: a packed format: ``records``, ``lmdb`` or ``hdf5``.
+        to: a packed format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: the re-encoded
+            videos as plain MP4 files in a tree mirroring the inputs, plus the mmaction2 video list
+            ``videos.txt`` (its ``VideoDataset`` reads them unchanged; ``PackedVideoDataset`` too).
         short_side: resize so the short side is N (None: keep the size); sides are rounded
             down to even numbers.
         fps, stride, max_frames: which frames, as for ``decode_frames``.
-        codec, gop, crf, preset: the re-encode (``h264``; keyframe interval; x264 quality and
-            speed preset).
+        codec, gop, crf, preset: the re-encode: ``h264`` (libx264), ``hevc`` (libx265) or ``av1``
+            (SVT-AV1); keyframe interval; quality (None: 20, 21 or 30 by codec: the same PSNR) and speed preset
+            (None: ``veryfast``, or ``10`` for SVT-AV1).
         backend: the source decoder, as for ``decode_frames``.
+        copy: keep each source's video stream as it is (no decode, resize or re-encode; ``fps``,
+            ``stride``, ``max_frames`` and the encode options do not apply), with a frame index
+            built from its packets and checked by decoding every keyframe interval afresh
+            against a sequential decode; a stream that cannot be indexed safely is a recorded
+            failure naming why.
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
@@ -232,7 +240,8 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     def build(path: str) -> Any:
         return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
                       exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
-                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, commit_every=commit_every,
+                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, copy=copy,
+                      commit_every=commit_every,
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, break_lock=break_lock)
@@ -365,12 +374,17 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
           resize: int = 256, crop: int = 224, steps: int = 30, model_ms: float = 0.0,
           device: Optional[str] = None, seed: int = 0, transform: Optional[str] = None, fidelity: int = 16,
           against: Optional[PathLike] = None, write: Optional[str] = None, check: str = "header",
-          progress: bool = True) -> dict[str, Any]:
+          progress: bool = True, frames: Optional[PathLike] = None, clips: int = 60,
+          clip_len: Optional[int] = None, frame_interval: Optional[int] = None, num_clips: Optional[int] = None,
+          test_mode: Optional[bool] = None) -> dict[str, Any]:
     """Is data loading the bottleneck? Time the loaders over ``path``; or, with ``write``, the writer.
 
     The library form of ``packer bench``: the real DataLoader over ``path`` per ``workers``
     value beside the in-memory ceiling, a recommended ``num_workers``, ``packer.Loader``'s
-    thread scaling and the fidelity of the fast decodes.
+    thread scaling and the fidelity of the fast decodes. On a ``pack-videos`` output it answers
+    another question instead: for these sampling settings, read the videos or a frame pack of them?
+    (clips/s, CPU ms per clip and bytes per video of both, and which to use:
+    ``packer.commands.bench_video``).
 
     Args:
         path: a packed output (or, with ``write``, an image folder).
@@ -387,10 +401,25 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
         write: bench the write path instead: pack ``path`` into this format (``records``, ``lmdb``, ``hdf5``).
         check: with ``write``: the ``check`` of the packing runs.
         progress: show progress bars.
+        frames: on a video pack: the frame pack of the same videos to compare with (None: one is
+            made from the video pack's streams in a temporary folder, JPEG q95 at the same size).
+        clips: on a video pack: clips timed per pack and sampling.
+        clip_len, frame_interval, num_clips, test_mode: on a video pack: the sampling to time
+            (``SampleFrames`` options; none given: TSN, 8 segments, and dense, 32 frames 2 apart in
+            test mode).
 
     Returns:
         A dict (the fields ``packer bench --json`` prints).
     """
+    from packer.commands.bench_video import is_video_pack
+
+    if write is None and is_video_pack(path):
+        from packer.commands.bench_video import run_video_bench
+
+        return run_video_bench(path, frames=frames, clips=clips, seed=seed, clip_len=clip_len,
+                               frame_interval=frame_interval, num_clips=num_clips, test_mode=test_mode)
+    if frames is not None:
+        raise UsageError(f"{path}: --frames is for a pack-videos output")
     if write is not None:
         from packer.commands.bench_write import run_write_bench
 

@@ -7,7 +7,8 @@
 #    -> OUTDIR/report.json (with the tests' summary), log -> OUTDIR/bench.log.
 # Without CUDA the same steps run on the CPU fallback (report: "device": "cpu", "cuda": false).
 # A few minutes on one GPU, seconds on a CPU. Hard limits, seconds: DEVICE_CHECK_TEST_LIMIT
-# (default 180) and DEVICE_CHECK_BENCH_LIMIT (default 150).
+# (default 180) and DEVICE_CHECK_BENCH_LIMIT (default 150). DEVICE_CHECK_K narrows the tests
+# (a pytest -k expression; default "cuda or cpu", all of them).
 # Installs nothing that is present. A missing Python package is installed from a wheel in
 # DEVICE_CHECK_WHEELS (default: .whl in the repository) into a temporary folder, with no
 # network; one with no wheel there is reported (report.json "missing") and the check stops.
@@ -64,10 +65,11 @@ fi
 
 # 1. tests: the CUDA test file whole (its CPU halves too), the CUDA tests of the other files
 FILES=$(grep -rl --include='test_*.py' 'torch.cuda.is_available' tests | grep -v test_device_check | sort)
-echo "device_check: tests in" $FILES "(-k 'cuda or cpu'), at most ${DEVICE_CHECK_TEST_LIMIT:-180} s"
+K=${DEVICE_CHECK_K:-cuda or cpu}
+echo "device_check: tests in" $FILES "(-k '$K'), at most ${DEVICE_CHECK_TEST_LIMIT:-180} s"
 # shellcheck disable=SC2086
 timeout -k 10 "${DEVICE_CHECK_TEST_LIMIT:-180}" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-    -k "cuda or cpu" --junitxml="$OUT/tests.xml" $FILES >"$OUT/tests.log" 2>&1
+    -k "$K" --junitxml="$OUT/tests.xml" $FILES >"$OUT/tests.log" 2>&1
 TESTS=$?
 tail -n 15 "$OUT/tests.log"
 [ $TESTS -eq 124 ] && echo "device_check: the tests ran past their limit" >&2

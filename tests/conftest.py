@@ -31,6 +31,17 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
     return cores + 1
 
 
+#: every test pytest collected in this run, before -k/-m deselection: (node id, marked slow).
+COLLECTED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep the run's whole collection: tests/test_docs.py counts the fault suites from it
+    instead of collecting them again in a subprocess."""
+    config.stash[COLLECTED] = [(i.nodeid, i.get_closest_marker("slow") is not None) for i in items]
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """24 JPEGs in 3 classes; read-only for tests (copy before changing)."""

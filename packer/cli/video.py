@@ -84,19 +84,26 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="records", show_default=True, metavar="FORMAT",
-              help="A packed format: records, lmdb or hdf5.")
+              help="A packed format: records, lmdb or hdf5; or files: plain MP4 files in a tree mirroring "
+                   "the inputs plus the mmaction2 video list OUT/videos.txt (its VideoDataset reads them).")
 @click.option("--short-side", type=int, default=256, show_default=True,
               help="Rescale so the short side is N (sides rounded down to even).")
 @click.option("--fps", type=float, default=None, help="Resample to F frames per second (by timestamps).")
 @click.option("--stride", type=int, default=None, help="Keep every K-th frame.")
 @click.option("--max-frames", type=int, default=None, help="Keep at most N frames per video.")
-@click.option("--codec", type=click.Choice(["h264"]), default="h264", show_default=True,
-              help="Codec of the re-encoded videos (libx264 through PyAV).")
+@click.option("--codec", type=click.Choice(["h264", "hevc", "av1"]), default="h264", show_default=True,
+              help="Codec of the re-encoded videos, through PyAV's FFmpeg: libx264, libx265 or SVT-AV1 (decoded "
+                   "by dav1d); see docs/video.md for what each costs and saves.")
+@click.option("--copy", is_flag=True,
+              help="Keep each source's video stream as it is (no decode, resize or re-encode), indexed for "
+                   "frame-exact reads; a stream that cannot be indexed safely is a recorded failure.")
 @click.option("--gop", type=int, default=8, show_default=True,
               help="Frames from one keyframe to the next: a clip decodes from the keyframe before its first "
                    "frame (chosen by measurement, see docs/video.md).")
-@click.option("--crf", type=int, default=20, show_default=True, help="x264 constant rate factor (lower: better, bigger).")
-@click.option("--preset", default="veryfast", show_default=True, help="x264 speed preset.")
+@click.option("--crf", type=int, default=None,
+              help="Constant rate factor (lower: better, bigger); default 20 (h264), 21 (hevc), 30 (av1): about the same PSNR.")
+@click.option("--preset", default=None,
+              help="Encoder speed preset: x264/x265 names (default veryfast), SVT-AV1 0..13 (default 10).")
 @click.option("--strict", is_flag=True, help="Partial decodes count toward --max-failures.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Seconds one video may take before its worker is killed (0: no limit).")

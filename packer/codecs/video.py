@@ -6,7 +6,10 @@ are not colour-converted. Backends: ``decord`` (when importable) and ``opencv``;
 tries ``prefer`` first (OpenCV unless told: less CPU per frame, see docs/writing.md) and falls
 back to the other when it cannot open the file or decodes fewer frames than the container
 claims, keeping whichever decoded more frames. A video is held to the largest frame count
-any reader reported, so a fallback that counts less never turns a partial decode whole.
+any reader reported, so a fallback that counts less never turns a partial decode whole. The
+exception is an edit list that hides frames (an MP4 cut with stream copy): a clean decode of
+exactly the frames it presents (``presented_frames``, PyAV's demuxer) is whole, and no fallback
+runs (decord ignores edit lists and repeats the last frame in place of the hidden ones).
 
 Rotation: decord 0.6 and OpenCV 5 both return videos with a rotation matrix upright, so
 frames are never rotated here (rotating again would turn them sideways); the rotation is
@@ -29,7 +32,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from packer.codecs.frame_selection import FrameSelection, Resize
-from packer.codecs.video_sources import VideoInfo, VideoSource, decord_available, open_source, probe_video, sample_frame
+from packer.codecs.video_sources import (VideoInfo, VideoSource, decord_available, open_source, presented_frames,
+                                         probe_video, sample_frame)
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import not_regular
 
@@ -108,10 +112,13 @@ def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
                process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
-               prefer: str = "opencv") -> VideoFrames:
+               prefer: str = "opencv", on_attempt: Optional[Callable[[str], None]] = None) -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
-    Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``.
+    Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``. A fallback
+    decodes the video again with another backend, through ``process`` again: ``on_attempt(name)``
+    is called before each backend's frames, so a ``process`` with side effects (an encoder) can
+    start afresh; the result's ``backend`` names the attempt whose frames it holds.
     Raises ``CorruptSample`` (stage ``read`` or ``decode``) when the file is missing or no
     frame decodes with any backend tried; a decode that stops early is returned with
     ``error`` set (see ``VideoFrames.partial``).
@@ -144,6 +151,7 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
     best: Optional[VideoFrames] = None
     notes = []
     claims = []  # every frame count a container reader reported (see below)
+    presented = None  # the frames an edit list presents, once a clean decode came out short
     for name in order:
         if name == "decord" and probe is None:  # decord does not report rotation or the container's own size
             try:
@@ -157,11 +165,20 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         except Exception as e:
             notes.append(f"{name}: cannot open ({_short(e)})")
             continue
+        if on_attempt is not None:
+            on_attempt(name)
         try:
             result = _run(src, selection, resize, process)
         finally:
             src.close()
         claims.append(result.info.container_frames)
+        if result.partial and not result.error and presented is None:
+            # A clean decode short of the container's count: an edit list that hides frames (which
+            # OpenCV honours) is not a partial decode. decord ignores edit lists and pads the end
+            # with the last frame repeated: falling back to it would store wrong frames.
+            presented = presented_frames(path) or 0
+        if presented and result.decoded_frames >= presented - PARTIAL_SLACK and not result.error:
+            result.info = dataclasses.replace(result.info, container_frames=presented)
         if result.error:
             notes.append(f"{name}: stopped after {result.decoded_frames} frames ({result.error})")
         elif not result.frames:
@@ -181,6 +198,8 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
     # of an AVI cut short (its index gone) it claims only what is left (15 where the header
     # OpenCV reads says 30): taking its count alone would keep a truncated video as whole.
     claimed = max((n for n in claims if n), default=None)
+    if presented and best.info.container_frames == presented:
+        claimed = presented  # the edit list's count: the container's own is of frames it hides
     if claimed is not None and claimed != best.info.container_frames:
         best.info = dataclasses.replace(best.info, container_frames=claimed)
     best.tried = notes

@@ -1,10 +1,12 @@
-"""Videos kept as video: re-encode to H.264 in MP4 with a stored frame index; decode frames by it.
+"""Videos kept as video: re-encode to H.264 (or HEVC, AV1) in MP4 with a stored frame index;
+decode frames by it.
 
 ``VideoEncoder`` turns frames (BGR uint8, one size) into an in-memory MP4 with a fixed keyframe
 interval (``gop``, closed GOPs) and a fixed pattern of ``bframes`` non-reference B-frames
 between reference frames (``I B B P B B P ...``). ``finish`` demuxes the result once to build the
 ``StreamIndex``: per frame in presentation order, its packet (offset and size in the MP4), its
-decode position and whether it is a keyframe or a non-reference frame (from its NAL header);
+decode position and whether it is a keyframe or a non-reference frame (from its NAL headers,
+``nonref_test``; AV1: none marked);
 the codec's extradata. Presentation order is the rank of the packets' timestamps, which are
 this encoder's own frame counter (a source's timestamps are never used); ``finish`` checks that a
 sequential decode returns the frames in that order. A packed sample is ``pack_stream(mp4,
@@ -21,6 +23,7 @@ of ``decode_frames_at`` equals frame i of ``decode_all``, bit for bit (tests/dat
 from __future__ import annotations
 
 import io
+import os
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,11 +32,19 @@ from typing import Iterable, Optional, Sequence
 import cv2
 import numpy as np
 
-__all__ = ["VIDEO_FMT", "CODECS", "EncodeOptions", "StreamIndex", "VideoEncoder", "pack_stream",
-           "unpack_stream", "decode_frames_at", "decode_all", "count_frames"]
+__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "nonref_test", "StreamIndex",
+           "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
+           "decode_all", "count_frames"]
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
-CODECS = {"h264": ("libx264", "h264")}  # --codec -> (encoder, decoder)
+# --codec -> (encoder, decoder), all in PyAV's bundled FFmpeg
+CODECS = {"h264": ("libx264", "h264"), "hevc": ("libx265", "hevc"), "av1": ("libsvtav1", "libdav1d")}
+# per codec: the default crf, the default preset and the presets the encoder takes
+X26X_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+# (the hevc and av1 crf give h264's PSNR within 0.3 dB: scripts/bench/video.py packs --codecs, docs/video.md)
+CODEC_DEFAULTS = {"h264": (20, "veryfast", X26X_PRESETS), "hevc": (21, "veryfast", X26X_PRESETS),
+                  "av1": (30, "10", tuple(str(p) for p in range(14)))}
+CRF_MAX = {"h264": 51, "hevc": 51, "av1": 63}
 MAGIC = b"PKVID2\0\0"
 KEY, NONREF = 1, 2  # per-frame flag bits
 _HEAD = struct.Struct("<8sIIII")  # magic, frames, extradata bytes, codec name bytes, fps x 1000
@@ -44,12 +55,16 @@ class EncodeOptions:
     """How ``pack-videos`` re-encodes: codec, keyframe interval, quality, encoder speed.
 
     Args:
-        codec: ``h264`` (libx264 through PyAV's FFmpeg).
+        codec: ``h264`` (libx264), ``hevc`` (libx265) or ``av1`` (SVT-AV1, decoded by dav1d), all
+            through PyAV's FFmpeg.
         gop: frames from one keyframe to the next (>= 1; 1 is all-intra).
         bframes: non-reference B-frames between reference frames (0..3): a clip skips decoding
-            those it does not take.
-        crf: constant rate factor (0..51, lower is better quality and bigger).
-        preset: the x264 speed/size preset (``ultrafast`` .. ``veryslow``).
+            those it does not take. H.264 and HEVC; AV1 has no such frames here (SVT-AV1's own
+            hierarchical structure, in temporal units that each show one frame, every one fed).
+        crf: constant rate factor (lower is better quality and bigger; 0..51, AV1 0..63); None:
+            the codec's default (``CODEC_DEFAULTS``: 20 for h264, 21 hevc, 30 av1: the same PSNR).
+        preset: the encoder's speed/size preset: x264/x265 names (``ultrafast`` .. ``veryslow``),
+            SVT-AV1 numbers (``0`` .. ``13``); None: ``veryfast``, or ``10`` for av1.
         threads: encoder threads per video (1: one worker per core does the parallelism).
         fastdecode: x264's ``tune=fastdecode`` (no CABAC, no deblocking filter): measured ~30%
             less decode time per frame for ~11% more bytes (docs/video.md); clips are decode-bound.
@@ -58,22 +73,23 @@ class EncodeOptions:
     codec: str = "h264"
     gop: int = 8  # scripts/bench/video.py packs: the longest GOP meeting every clip target
     bframes: int = 2
-    crf: int = 20
-    preset: str = "veryfast"
+    crf: Optional[int] = None
+    preset: Optional[str] = None
     threads: int = 1
     fastdecode: bool = True
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ValueError(f"codec must be one of {', '.join(CODECS)}, not {self.codec!r}")
+        crf, preset, presets = CODEC_DEFAULTS[self.codec]
+        object.__setattr__(self, "crf", crf if self.crf is None else self.crf)
+        object.__setattr__(self, "preset", preset if self.preset is None else str(self.preset))
         if self.gop < 1:
             raise ValueError(f"gop must be >= 1, not {self.gop}")
         if not 0 <= self.bframes <= 3:
             raise ValueError(f"bframes must be in 0..3, not {self.bframes}")
-        if not 0 <= self.crf <= 51:
-            raise ValueError(f"crf must be in 0..51, not {self.crf}")
-        presets = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
-                   "veryslow")
+        if not 0 <= self.crf <= CRF_MAX[self.codec]:
+            raise ValueError(f"crf must be in 0..{CRF_MAX[self.codec]} for {self.codec}, not {self.crf}")
         if self.preset not in presets:
             raise ValueError(f"preset must be one of {', '.join(presets)}, not {self.preset!r}")
         if self.threads < 1:
@@ -107,6 +123,26 @@ class StreamIndex:
         return np.argsort(self.packets[:, 2], kind="stable")
 
 
+def encoder_options(o: EncodeOptions) -> dict[str, str]:
+    """The encoder's options for ``o``: in every codec a fixed GOP (keyframes every ``gop`` frames
+    only, no scene-cut keyframes, closed), one encoder thread; x264/x265 a fixed number of
+    B-frames (no adaptive placement), none of them a reference (no pyramid)."""
+    g = str(o.gop)
+    if o.codec == "h264":
+        opts = {"crf": str(o.crf), "preset": o.preset, "bf": str(o.bframes), "g": g, "keyint_min": g,
+                "sc_threshold": "0", "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none"}
+        return {**opts, "tune": "fastdecode"} if o.fastdecode else opts
+    if o.codec == "hevc":
+        opts = {"crf": str(o.crf), "preset": o.preset,
+                "x265-params": f"keyint={g}:min-keyint={g}:scenecut=0:open-gop=0:bframes={o.bframes}:b-adapt=0:"
+                               f"b-pyramid=0:pools={o.threads}:frame-threads={o.threads}:log-level=error"}
+        return {**opts, "tune": "fastdecode"} if o.fastdecode else opts
+    # SVT-AV1: key frames (irefresh-type=2: closed) every gop frames, no scene-change detection
+    return {"crf": str(o.crf), "preset": o.preset, "g": g,
+            "svtav1-params": f"keyint={g}:irefresh-type=2:scd=0:lp={o.threads}"
+                             + (":fast-decode=1" if o.fastdecode else "")}
+
+
 class VideoEncoder:
     """Frames in (``add``: BGR uint8, all one even size), MP4 bytes and their index out (``finish``)."""
 
@@ -122,19 +158,14 @@ class VideoEncoder:
         import av
 
         o = self.options
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1: errors only, not its banner on every video
         self._out = av.open(self._buf, "w", format="mp4")
         rate = Fraction(self.fps).limit_denominator(1001)
         stream = self._out.add_stream(CODECS[o.codec][0], rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = 1 / rate
         stream.codec_context.thread_count = o.threads
-        # a fixed GOP: keyframes every gop frames only (no scene-cut keyframes), closed; a fixed
-        # number of B-frames (no adaptive placement), none of them a reference (no pyramid)
-        stream.codec_context.options = {"crf": str(o.crf), "preset": o.preset, "bf": str(o.bframes),
-                                        "g": str(o.gop), "keyint_min": str(o.gop), "sc_threshold": "0",
-                                        "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none"}
-        if o.fastdecode:
-            stream.codec_context.options = {**stream.codec_context.options, "tune": "fastdecode"}
+        stream.codec_context.options = encoder_options(o)
         self._stream = stream
 
     def add(self, frame: np.ndarray) -> None:
@@ -169,6 +200,35 @@ class VideoEncoder:
         return mp4, index
 
 
+def _hevc_nonref(packet: bytes, length_size: int) -> bool:
+    """Whether a length-prefixed HEVC packet's slices are all sub-layer non-reference pictures
+    (NAL types 0..14 even: TRAIL_N, TSA_N, STSA_N, RADL_N, RASL_N, reserved _N); only meaningful
+    when the stream has one temporal sub-layer (then nothing refers to them)."""
+    at, slices, ref = 0, 0, False
+    while at + length_size + 1 < len(packet):
+        n = int.from_bytes(packet[at:at + length_size], "big")
+        nal_type = (packet[at + length_size] >> 1) & 0x3F
+        if nal_type < 32:  # a VCL NAL unit (a slice)
+            slices += 1
+            ref = ref or nal_type >= 16 or nal_type % 2 == 1
+        at += length_size + n
+    return slices > 0 and not ref
+
+
+def nonref_test(decoder: str, extradata: bytes):
+    """The per-packet non-reference test for a stream, or None where the bitstream cannot say
+    for certain (then every frame of a clip's span is fed): H.264 in AVCC form (``avcC``
+    extradata: ``nal_ref_idc`` 0 on every slice), HEVC in ``hvcC`` form with one temporal sub-layer."""
+    if decoder == "h264" and len(extradata) > 4 and extradata[0] == 1:
+        size = (extradata[4] & 3) + 1
+        return lambda data: _nonref(data, size)
+    if decoder == "hevc" and len(extradata) > 22 and extradata[0] == 1:
+        if (extradata[21] >> 3) & 7 == 1:  # numTemporalLayers
+            size = (extradata[21] & 3) + 1
+            return lambda data: _hevc_nonref(data, size)
+    return None
+
+
 def _nonref(packet: bytes, length_size: int) -> bool:
     """Whether an AVCC (length-prefixed) H.264 packet's pictures are all non-reference
     (``nal_ref_idc`` 0 on every slice NAL unit)."""
@@ -183,14 +243,19 @@ def _nonref(packet: bytes, length_size: int) -> bool:
     return slices > 0 and not ref
 
 
-def index_mp4(mp4: bytes, decoder: str, fps: float) -> StreamIndex:
-    """The packets of the MP4's video stream in file order (decode order), checked to be its bytes."""
+def index_mp4(mp4: bytes | memoryview, decoder: Optional[str] = None, fps: Optional[float] = None) -> StreamIndex:
+    """The packets of the MP4's video stream in file order (decode order), checked to be its bytes
+    (``decoder`` and ``fps`` default to the stream's codec and average frame rate)."""
     import av
 
     with av.open(io.BytesIO(mp4)) as container:
         stream = container.streams.video[0]
+        if decoder is None:
+            decoder = stream.codec_context.name
+        if fps is None:
+            fps = float(stream.average_rate or 0)
         extradata = bytes(stream.codec_context.extradata or b"")
-        length_size = (extradata[4] & 3) + 1 if len(extradata) > 4 and extradata[0] == 1 else 4
+        nonref = nonref_test(decoder, extradata)
         rows, pts, flags = [], [], []
         for packet in container.demux(stream):
             if packet.size == 0:
@@ -198,7 +263,7 @@ def index_mp4(mp4: bytes, decoder: str, fps: float) -> StreamIndex:
             pos, data = int(packet.pos), bytes(packet)
             if pos < 0 or mp4[pos:pos + packet.size] != data or packet.pts is None:
                 raise ValueError(f"packet {len(rows)} is not stored contiguously in the MP4, or has no pts")
-            flags.append((KEY if packet.is_keyframe else 0) | (NONREF if _nonref(data, length_size) else 0))
+            flags.append((KEY if packet.is_keyframe else 0) | (NONREF if nonref is not None and nonref(data) else 0))
             rows.append((pos, packet.size, len(rows)))
             pts.append(int(packet.pts))
     order = np.argsort(np.asarray(pts), kind="stable")  # decode positions in presentation order
@@ -303,7 +368,13 @@ def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, las
 def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np.ndarray]:
     """RGB frames (HxWx3 uint8) number ``frames`` (0-based, any order, repeats allowed) of a
     packed video, decoding from the keyframe at or before each run of wanted frames."""
-    mp4, index = unpack_stream(blob)
+    return decode_indexed(*unpack_stream(blob), frames)
+
+
+def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence[int]) -> list[np.ndarray]:
+    """``decode_frames_at`` over MP4 bytes and their index held apart (a plain ``--to files``
+    video, indexed by ``index_mp4`` when it is read)."""
+    mp4 = memoryview(mp4)
     wanted = sorted(set(int(f) for f in frames))
     if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
         raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")

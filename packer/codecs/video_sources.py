@@ -14,7 +14,8 @@ import numpy as np
 
 from packer.fileio import not_regular
 
-__all__ = ["VideoInfo", "VideoSource", "decord_available", "probe_video", "sample_frame", "open_source"]
+__all__ = ["VideoInfo", "VideoSource", "decord_available", "probe_video", "presented_frames", "sample_frame",
+           "open_source"]
 
 
 def decord_available() -> bool:
@@ -75,6 +76,30 @@ def probe_video(path: str | os.PathLike) -> VideoInfo:
         return _cv2_info(cap)
     finally:
         cap.release()
+
+
+def presented_frames(path: str | os.PathLike) -> Optional[int]:
+    """Frames the container presents when its edit list hides some (None when it hides none, or
+    PyAV is not importable to tell): its video packets less those FFmpeg's demuxer marks discarded.
+
+    An MP4 cut with stream copy (``ffmpeg -ss``) keeps the GOP before the cut and hides its first
+    frames with an edit list: the container's frame count (what OpenCV reports) includes them, but
+    a decode that honours the edit list (OpenCV's) presents fewer. Demuxing only, no decoding."""
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            packets = discarded = 0
+            for packet in container.demux(stream):
+                if packet.size:
+                    packets += 1
+                    discarded += bool(packet.is_discard)
+    except (av.error.FFmpegError, IndexError, OSError):
+        return None
+    return packets - discarded if discarded else None
 
 
 def sample_frame(path: str | os.PathLike, seconds: float = 2.0) -> Optional[np.ndarray]:

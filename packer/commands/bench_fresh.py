@@ -142,8 +142,16 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     ``kind``: ``loader`` (the packed dataset through the DataLoader with ``num_workers``),
     ``folder`` (the same over the image folder ``path``) or ``threads`` (``packer.Loader`` with
-    ``threads`` threads). Returns the measured figures and ``window``.
+    ``threads`` threads) or ``clips`` (clips of a video or frame pack, ``bench_measure.clip_rate``).
+    Returns the measured figures and ``window``.
     """
+    if spec["kind"] == "clips":
+        from packer.commands.bench_measure import clip_rate
+
+        before = _usage()
+        out = clip_rate(spec)
+        after = _usage()
+        return {**out, "window": {k: after[k] - before[k] for k in before}}
     from packer.commands.bench_measure import FolderDataset, make_decode, measure, timed_loader
     from packer.commands.bench_threads import load_transform, loader_rate
     from packer.data.datasets import PackedDataset

@@ -18,7 +18,8 @@ from packer.remote import open_reader
 from packer.remote.source import RemoteOptions
 from packer.remote.url import is_url
 from packer.codecs.image import decode
-from packer.codecs.video_pack import VIDEO_FMT, count_frames, unpack_stream
+from packer.codecs.video_pack import VIDEO_FMT, count_frames, index_mp4, pack_stream, unpack_stream
+from packer.formats.videofiles import MP4_FMT
 
 __all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
 
@@ -154,9 +155,10 @@ def _verify(path: str | os.PathLike, reader: Any, decode_images: bool, note: str
             result.problems.append(text)
 
     def decodes(i: int, rec: Record) -> None:
-        if decode_images and rec.fmt == VIDEO_FMT:  # a pack-videos sample: its stream decodes whole
+        if decode_images and rec.fmt in (VIDEO_FMT, MP4_FMT):  # pack-videos: its stream decodes whole
             try:
-                n, indexed = count_frames(rec.data), unpack_stream(rec.data)[1].frames
+                blob = pack_stream(rec.data, index_mp4(rec.data)) if rec.fmt == MP4_FMT else rec.data
+                n, indexed = count_frames(blob), unpack_stream(blob)[1].frames
                 if n != indexed:
                     raise ValueError(f"decodes to {n} frames, its index holds {indexed}")
             except Exception as e:  # av.error.FFmpegError too

@@ -78,7 +78,7 @@ def part_of(reader: Reader) -> tuple[int, int] | None:
 def writer_of(reader: Reader) -> type[Writer]:
     """The Writer class of a packed output's format (from the registry, video-only formats too)."""
     name = reader.manifest.format
-    for table in (formats.FORMATS, getattr(formats, "VIDEO_FORMATS", {})):
+    for table in (formats.FORMATS, formats.VIDEO_FORMATS, formats.VIDEO_FILE_FORMATS):
         if name in table:
             return table[name][0]
     raise UsageError(f"{reader.path}: no writer for format {name!r}")

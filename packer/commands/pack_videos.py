@@ -11,16 +11,19 @@ executors are ``decode-frames``' own.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import cv2
+import numpy as np
 
 from packer.claim import ensure_claim
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video
-from packer.codecs.video_pack import VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
+from packer.codecs.video_copy import check_random_access, copy_stream
+from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import InputOptions, RunOptions, split_options
@@ -31,14 +34,21 @@ from packer.commands.decode_frames import (DecodeReport, list_videos, partial_no
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
-from packer.formats import FORMATS, open_reader
+from packer.formats import FORMATS, VIDEO_FILE_FORMATS, open_reader
+from packer.formats.videofiles import MP4_FMT
 from packer.formats.sample import Sample
 from packer.manifest import created_by
 
-__all__ = ["VideoPackJob", "VideoPackOptions", "VideoPackReport", "pack_videos", "DEFAULT_GOP", "even_size"]
+__all__ = ["VideoPackJob", "VideoPackOptions", "VideoPackReport", "pack_videos", "output_formats", "DEFAULT_GOP",
+           "even_size"]
 
 # Chosen by scripts/bench/video.py --section packs (docs/video.md): see EncodeOptions' default.
 DEFAULT_GOP = EncodeOptions().gop
+
+
+def output_formats() -> list[str]:
+    """What ``--to`` accepts: the packed formats, then ``files`` (plain MP4 files)."""
+    return [*sorted(FORMATS), *VIDEO_FILE_FORMATS]
 
 
 def even_size(height: int, width: int, resize: Optional[Resize]) -> tuple[int, int]:
@@ -57,33 +67,56 @@ class VideoPackJob:
     encode: EncodeOptions = EncodeOptions()
     backend: str = "auto"
     prefer: str = "opencv"
+    plain: bool = False  # ``--to files``: the sample is the MP4 itself, written as ``{frame_dir}.mp4``
+    copy: bool = False  # ``--copy``: the source's stream, untouched (``packer.codecs.video_copy``)
 
     def __call__(self, item: VideoItem) -> WorkResult:
+        if self.copy:
+            return self._copy(item)
         try:
             src_fps = probe_video(item.path).fps
         except (ValueError, OSError):
             src_fps = 0.0  # read_video reports what it can; the MP4 then says 30 fps
         fps = self.selection.output_fps(src_fps) if src_fps else 0.0
-        encoder = VideoEncoder(self.encode, fps)
-        size: list[tuple[int, int]] = []
+        # one encoder per decode attempt: a fallback backend decodes the video again, and its
+        # frames must not follow the first attempt's into one stream (a video played twice)
+        encoders: dict[str, VideoEncoder] = {}
+        sizes: dict[str, tuple[int, int]] = {}
+        attempt: list[str] = []
+
+        def start(name: str) -> None:
+            attempt[:] = [name]
+            encoders[name] = VideoEncoder(self.encode, fps)
 
         def process(frame):
-            if not size:
-                size.append(even_size(frame.shape[0], frame.shape[1], self.resize))
-            th, tw = size[0]
+            name = attempt[0]
+            if name not in sizes:
+                sizes[name] = even_size(frame.shape[0], frame.shape[1], self.resize)
+            th, tw = sizes[name]
             h, w = frame.shape[:2]
             if (h, w) != (th, tw):
                 interp = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
                 frame = cv2.resize(frame, (tw, th), interpolation=interp)
-            encoder.add(frame)
+            encoders[name].add(frame)
             return None
 
         v = read_video(item.path, backend=self.backend, selection=self.selection, process=process,
-                       key=item.key, prefer=self.prefer)
+                       key=item.key, prefer=self.prefer, on_attempt=start)
+        encoder, size = encoders[v.backend], [sizes.get(v.backend)]
+        if encoder.count != len(v.frames):
+            raise CorruptSample(item.key, item.path, f"{encoder.count} frames encoded for the {len(v.frames)} "
+                                f"decoded by {v.backend}", stage="encode")
         try:
             mp4, index = encoder.finish()
         except ValueError as e:
             raise CorruptSample(item.key, item.path, f"re-encode failed: {e}", stage="encode") from None
+        demoted: list[int] = []
+        if self.encode.codec != "h264":  # x265, SVT-AV1: every keyframe checked as a seek point too
+            try:
+                index, demoted = check_random_access(mp4, index)
+            except Exception as e:  # ValueError (count, order), av.error.FFmpegError
+                raise CorruptSample(item.key, item.path, f"the re-encoded stream fails its check ({e})",
+                                    stage="verify") from None
         blob = pack_stream(mp4, index)
         try:
             decodable = count_frames(blob)
@@ -94,17 +127,45 @@ class VideoPackJob:
             raise CorruptSample(item.key, item.path, f"the re-encoded stream decodes to {decodable} frames, "
                                 f"its index holds {index.frames}", stage="verify")
         th, tw = size[0]
-        entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir,
+        # keyframes that are no seek points: a plain file's reader rebuilds its index from the
+        # packets' flags, so it takes them from here
+        entry = {"demoted_keyframes": demoted} if demoted else {}
+        entry = {**entry, "key": item.key, "label": item.label, "frame_dir": item.frame_dir,
                  "fps": round(index.fps, 6), "height": th, "width": tw, "frames": index.frames,
                  "video_frames": index.frames, "keyframes": len(index.keyframes), "gop": self.encode.gop,
-                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf, "video_bytes": len(mp4),
+                 "bframes": self.encode.bframes, "codec": self.encode.codec, "crf": self.encode.crf,
+                 "preset": self.encode.preset, "video_bytes": len(mp4),
                  **source_entry(v), "source": str(item.path)}
         if getattr(item, "labels", None):
             entry["labels"] = list(item.labels)
         note = partial_note(v)
+        if self.plain:
+            entry["file"] = f"{item.frame_dir}.mp4"
+            sample = Sample(item.key, mp4, MP4_FMT, item.label, th, tw, 3, {"file": entry["file"]})
+            return WorkResult([sample], entry, note)
         sample = Sample(item.key, blob, VIDEO_FMT, item.label, th, tw, 3,
                         {"frame_dir": item.frame_dir, "frames": index.frames})
         return WorkResult([sample], entry, note)
+
+    def _copy(self, item: VideoItem) -> WorkResult:
+        """The source's video stream kept as it is, indexed and checked for random access."""
+        try:
+            got = copy_stream(str(item.path))
+        except Exception as e:  # ValueError (cannot be indexed safely), av.error.FFmpegError, OSError
+            raise CorruptSample(item.key, item.path, f"--copy: {e}", stage="copy") from None
+        index = got.index
+        upright = (got.width, got.height) if got.rotation in (90, 270) else (got.height, got.width)
+        entry = {"key": item.key, "label": item.label, "frame_dir": item.frame_dir, "fps": round(index.fps, 6),
+                 "height": upright[0], "width": upright[1], "frames": index.frames, "video_frames": index.frames,
+                 "keyframes": len(index.keyframes), "demoted_keyframes": got.demoted,
+                 "nonref_frames": int(np.count_nonzero(index.flags & NONREF)), "copy": True,
+                 "codec": index.decoder, "video_bytes": len(got.blob), "rotation": got.rotation,
+                 "decoded_frames": index.frames, "source": str(item.path)}
+        if getattr(item, "labels", None):
+            entry["labels"] = list(item.labels)
+        sample = Sample(item.key, got.blob, VIDEO_FMT, item.label, upright[0], upright[1], 3,
+                        {"frame_dir": item.frame_dir, "frames": index.frames})
+        return WorkResult([sample], entry, None)
 
 
 @dataclass(frozen=True)
@@ -117,6 +178,9 @@ class VideoPackOptions:
         fps, stride, max_frames: the frame selection (as ``decode-frames``).
         codec, gop, crf, preset: the re-encode (``EncodeOptions``).
         backend: the source decoder: ``auto`` (OpenCV, falling back to decord), ``decord`` or ``opencv``.
+        copy: keep each source's video stream as it is (no decode, resize or re-encode; the
+            frame selection and the encode options do not apply); a stream that cannot be indexed
+            for frame-exact reads is a recorded failure.
     """
 
     short_side: Optional[int] = 256
@@ -125,11 +189,14 @@ class VideoPackOptions:
     max_frames: Optional[int] = None
     codec: str = "h264"
     gop: int = DEFAULT_GOP
-    crf: int = EncodeOptions().crf
-    preset: str = EncodeOptions().preset
+    crf: Optional[int] = None  # the codec's default (``CODEC_DEFAULTS``)
+    preset: Optional[str] = None
     backend: str = "auto"
+    copy: bool = False
 
     def __post_init__(self) -> None:
+        if self.copy and (self.fps or self.stride or self.max_frames):
+            raise UsageError("--copy keeps every frame of the source: --fps, --stride and --max-frames do not apply")
         if self.backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.short_side is not None and self.short_side < 2:
@@ -151,13 +218,15 @@ class VideoPackOptions:
         """The per-video work these options describe."""
         resize = Resize(short_side=self.short_side) if self.short_side else None
         return VideoPackJob(selection=self.selection, resize=resize, encode=self.encode_options,
-                            backend=self.backend)
+                            backend=self.backend, copy=self.copy)
 
     def recorded(self) -> dict[str, Any]:
         """The options as the manifest's ``created_by`` records them."""
+        if self.copy:
+            return {"copy": True, "video_format": VIDEO_FMT}
         return {"short_side": self.short_side, "fps": self.fps, "stride": self.stride,
-                "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop, "crf": self.crf,
-                "preset": self.preset, "backend": self.backend, "video_format": VIDEO_FMT}
+                "max_frames": self.max_frames, "codec": self.codec, "gop": self.gop,
+                "crf": self.encode_options.crf, "preset": self.encode_options.preset, "backend": self.backend, "video_format": VIDEO_FMT}
 
 
 @dataclass
@@ -175,7 +244,8 @@ class VideoPackReport(DecodeReport):
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
                 **options: Any) -> VideoPackReport:
     """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
-    format: ``records``, ``lmdb`` or ``hdf5``).
+    format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: plain MP4 files in a tree mirroring the
+    inputs plus the mmaction2 video list ``videos.txt``, ``packer.formats.videofiles``).
 
     ``options``: ``VideoPackOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
     fields as keywords (``short_side=``, ``gop=``, ``csv_path=``, ``workers=``, ``timeout=``, ...);
@@ -187,9 +257,11 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     options.setdefault("timeout", 600.0)
     pack, inputs, run_opts = split_options(options, VideoPackOptions, InputOptions, RunOptions)
     with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        if to not in FORMATS:
-            raise UsageError(f"--to must be one of {', '.join(sorted(FORMATS))}, not {to!r}")
-        writer_cls = FORMATS[to][0]
+        if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
+            raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
+        writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)
+        if pack.copy and to in VIDEO_FILE_FORMATS:
+            raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
         timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
         items, classes, bad, whole = list_videos(src, inputs)
@@ -201,7 +273,8 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
         closing = BackgroundClose(ex)
         try:
-            report = run(items, pack.job(), writer, executor=ex, options=run_opts, unit="video",
+            job = dataclasses.replace(pack.job(), plain=to in VIDEO_FILE_FORMATS)
+            report = run(items, job, writer, executor=ex, options=run_opts, unit="video",
                          desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
                          all_in=closing.start)
             report.labels = getattr(classes, "note", "")

@@ -4,14 +4,15 @@
 holds the multigrid schedule and sampler. Never imports the conversion side (import-linter
 checks it). Modules by concept: ``datasets`` (PackedDataset), ``streaming``
 (StreamingDataset), ``loader`` (Loader), ``decode`` (decode-time resize and crops),
-``device`` (DevicePrefetcher, DeviceCache, normalization), ``video`` (clip sampling and the
-video datasets), ``samplers`` (mmaction2's frame samplers), ``mixing`` (batch class-mixing
-measures).
+``device`` (DevicePrefetcher, DeviceCache, normalization), ``elastic`` (a resumable
+DistributedSampler), ``video`` (clip sampling and the video datasets), ``samplers``
+(mmaction2's frame samplers), ``mixing`` (batch class-mixing measures).
 """
 from packer.data.datasets import PackedDataset
 from packer.data.decode import DecodeRandomResizedCrop, DecodeResizeCrop, PilRandomResizedCrop, PilResizeCrop
 from packer.data.device import (IMAGENET_MEAN, IMAGENET_STD, CacheBatches, DeviceCache, DevicePrefetcher, Normalize,
                                 uint8_collate)
+from packer.data.elastic import DistributedSampler
 from packer.data.loader import Loader, LoaderError, LoaderOptions
 from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
 from packer.data.streaming import StreamingDataset
@@ -21,7 +22,7 @@ __all__ = [
     # datasets
     "PackedDataset", "StreamingDataset", "FrameDataset", "PackedVideoDataset",
     # loading and the device
-    "Loader", "LoaderOptions", "LoaderError", "DevicePrefetcher", "DeviceCache", "CacheBatches", "Normalize",
+    "Loader", "LoaderOptions", "LoaderError", "DistributedSampler", "DevicePrefetcher", "DeviceCache", "CacheBatches", "Normalize",
     "uint8_collate", "IMAGENET_MEAN", "IMAGENET_STD",
     # decoding
     "DecodeResizeCrop", "DecodeRandomResizedCrop", "PilResizeCrop", "PilRandomResizedCrop",

@@ -196,11 +196,19 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
 
 
 def resume_point(state: dict[str, Any], world_size: int,
-                 remaining: Callable[[int, list[tuple[int, int]]], int]) -> tuple[int, int, list[tuple[int, int]]]:
+                 remaining: Callable[[int, list[tuple[int, int]]], int],
+                 kind: str | None = None) -> tuple[int, int, list[tuple[int, int]]]:
     """(epoch, position, resumes) to continue ``state`` on ``world_size`` ranks: on the state's
     own world size its position; on another (elastic) what every rank read becomes a finished
     stage ``(world, position)`` and the new ranks start at 0. ``remaining(epoch, resumes)``: the
-    rank's samples left then, to check the position against."""
+    rank's samples left then, to check the position against. ``kind``: the state's ``sampler``
+    entry this order needs (``None``: a ``Loader``'s or ``StreamingDataset``'s, which have none),
+    so that a state of another order is refused instead of read in the wrong order."""
+    if state.get("sampler") != kind:
+        def name(k: str | None) -> str:
+            return k or "a Loader's or StreamingDataset's"
+
+        raise UsageError(f"cannot resume: the state is {name(state.get('sampler'))}, this order {name(kind)}")
     epoch, position = int(state["epoch"]), int(state.get("position", 0))
     stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
     world = int(state.get("world_size", world_size))

@@ -57,7 +57,8 @@ import torch
 
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
-from packer.codecs.video_pack import decode_frames_at
+from packer.codecs.video_copy import rotate_upright
+from packer.codecs.video_pack import CODECS, KEY, StreamIndex, decode_frames_at, decode_indexed, index_mp4
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
@@ -635,21 +636,24 @@ class FrameDataset(_ClipDataset):
 # -- packed outputs ---------------------------------------------------------------------------
 class PackedVideoDataset(_ClipDataset):
     """Clips from any packed video output (``decode-frames --to lmdb|hdf5|records|frames``, or
-    ``pack-videos``: videos kept as H.264, each clip decoding only the keyframe intervals that hold
-    its frames, by the stored frame index), located through the manifest's ``videos`` entries;
-    storage opens lazily per process.
+    ``pack-videos``: videos kept as H.264/HEVC/AV1 or, with ``--copy``, as the source coded them,
+    each clip decoding only the keyframe intervals that hold its frames, by the stored frame index;
+    ``pack-videos --to files``: plain MP4 files, indexed from their packets when first read),
+    located through the manifest's ``videos`` entries; storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
-    ``check_crc`` (verify each frame's CRC32C as it is read). ``num_classes`` defaults to the
-    manifest's class count; ``SampleFrames(target_fps=...)`` uses each video's stored fps.
+    ``check_crc`` (verify each frame's CRC32C as it is read) and, for a URL ``path``, ``remote``
+    (a ``packer.remote.RemoteOptions``: cache folder, access mode, retries; docs/remote.md).
+    ``num_classes`` defaults to the manifest's class count; ``SampleFrames(target_fps=...)`` uses
+    each video's stored fps.
     """
 
     def __init__(self, path: str | os.PathLike, *, sampling: Any = None, options: Optional[ClipOptions] = None,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, check_crc: bool = True,
-                 **fields: Any):
+                 remote: Any = None, **fields: Any):
         clip_fields, sampling_fields = _split_fields(fields)
         self.path = str(path)
-        self.reader = open_reader(path, check_crc=check_crc)
+        self.reader = open_reader(path, check_crc=check_crc, remote=remote)
         given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}
         if given.get("multi_class") and given.get("num_classes") is None:
             clip_fields["num_classes"] = len(self.reader.classes)
@@ -663,6 +667,11 @@ class PackedVideoDataset(_ClipDataset):
         self.encoded = all("video_frames" in v for v in videos) if videos else False
         if self.encoded and flow:
             raise UsageError(f"{path}: a pack-videos output holds RGB video only, not Flow")
+        # ``--to files``: plain MP4 files, indexed from their packets when first read in a process
+        self.plain = self.reader.manifest.format == "files"
+        self._indexes: dict[int, Any] = {}
+        # ``--copy``: a source stream kept as coded; its frames are turned upright when read
+        self._rotation = [int(v.get("rotation") or 0) if v.get("copy") else 0 for v in videos]
         self._videos = []  # (first sample of the stream, frames, label(s), fps)
         for v in videos:
             rgb, flows = (int(v["video_frames"]), 0) if self.encoded else video_streams(v)
@@ -703,12 +712,32 @@ class PackedVideoDataset(_ClipDataset):
         except ValueError as e:
             raise CorruptData(self._where(index), f"sample {position}: {e}") from e
 
+    def _plain_index(self, index: int, mp4: bytes) -> Any:
+        """The frame index of plain video file ``index`` (built from its packets once per
+        process), checked against the frame count the manifest recorded when it was verified."""
+        got = self._indexes.get(index)
+        if got is None:
+            v = self.reader.manifest.videos[index]
+            got = index_mp4(mp4, CODECS[v.get("codec", "h264")][1], float(v.get("fps") or 0) or None)
+            if v.get("demoted_keyframes"):  # flagged keyframes the pack-time check found no seek points
+                flags = got.flags.copy()
+                flags[np.asarray(v["demoted_keyframes"], dtype=np.int64)] &= ~KEY & 0xFF
+                got = StreamIndex(got.packets, flags, got.extradata, got.decoder, got.fps)
+            if got.frames != self._videos[index][1]:
+                raise ValueError(f"the file holds {got.frames} frames, its manifest entry {self._videos[index][1]}")
+            if len(self._indexes) >= 4096:  # a bounded cache: a few KB each
+                self._indexes.clear()
+            self._indexes[index] = got
+        return got
+
     def _load(self, index: int, frame_inds: np.ndarray) -> list[np.ndarray]:
         start = self._videos[index][0]
         if self.encoded:  # decode only the GOPs holding the frames, from the stored index
             rec = self.reader.read(start)
             try:
-                return decode_frames_at(rec.data, [int(i) for i in frame_inds])
+                if self.plain:
+                    return decode_indexed(rec.data, self._plain_index(index, rec.data), [int(i) for i in frame_inds])
+                return rotate_upright(decode_frames_at(rec.data, [int(i) for i in frame_inds]), self._rotation[index])
             except (ValueError, IndexError) as e:
                 raise CorruptData(self._where(index), f"sample {start}: {e}") from None
         if self.modality == "Flow":  # flow frame i is the samples x, y at start + 2i, 2i + 1

@@ -17,7 +17,7 @@ from packer.formats.lazy import lazy_exports, resolve
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample
 
-__all__ = ["FORMATS", "VIDEO_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
+__all__ = ["FORMATS", "VIDEO_FORMATS", "VIDEO_FILE_FORMATS", "Sample", "Record", "Writer", "Reader", "writer_class",
            "open_reader", "detect_format"]
 
 
@@ -67,9 +67,16 @@ VIDEO_FORMATS = FormatTable({
     "frames": ("packer.formats.frames.writer:FramesWriter", "packer.formats.frames.reader:FramesReader"),
 })
 
+# Outputs of whole plain video files (``pack-videos --to files``): opened by path like any format,
+# but neither a target for images nor one for decode-frames' frames.
+VIDEO_FILE_FORMATS = FormatTable({
+    "files": ("packer.formats.videofiles.writer:VideoFilesWriter",
+              "packer.formats.videofiles.reader:VideoFilesReader"),
+})
+
 
 def _reader_class(name: str) -> type[Reader]:
-    table = FORMATS if name in FORMATS else VIDEO_FORMATS
+    table = FORMATS if name in FORMATS else VIDEO_FORMATS if name in VIDEO_FORMATS else VIDEO_FILE_FORMATS
     return table.reader(name)
 
 
@@ -88,7 +95,7 @@ def detect_format(path: str | os.PathLike) -> str:
         raise FormatError(f"{path}: does not exist")
     if path.is_dir() and (path / MANIFEST_NAME).exists():
         name = Manifest.load(path).format
-        if name not in FORMATS and name not in VIDEO_FORMATS:
+        if name not in FORMATS and name not in VIDEO_FORMATS and name not in VIDEO_FILE_FORMATS:
             raise FormatError(f"{path}: manifest names unknown format {name!r}")
         return name
     for name in FORMATS:

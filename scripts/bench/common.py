@@ -181,19 +181,21 @@ def usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {k: after[k] - before[k] for k in before}
 
 
-def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
+              cwd: str | Path | None = None) -> dict[str, Any]:
     """Run ``python -m module --child SPEC.json`` in a fresh interpreter (default settings, as a user's
     training script starts) and return the JSON it prints last, with the child's whole-life
     wall time, user and system CPU, minor and major faults and peak RSS (``os.wait4``: the child
     and every worker process it reaped) under ``process``. A child that fails or times out
-    gives ``{"error": ...}``."""
+    gives ``{"error": ...}``. ``cwd``: another checkout to run in (default this one); ``-m``
+    puts it first on ``sys.path``, so the child imports that checkout's packer and module."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-spec-", delete=False) as f:
         json.dump(spec, f)  # a file, not argv: a spec may list thousands of paths
     cmd = [sys.executable, "-m", module, "--child", f.name]
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:

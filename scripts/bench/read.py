@@ -28,6 +28,13 @@ Sections (``--section``, comma-separated, or ``all``):
 * ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
   CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
 
+Opt-in sections (not in ``all``):
+
+* ``stream-baseline``: one single-source ``StreamingDataset(decode="bytes")`` epoch over the
+  shuffle section's records pack and an LMDB of the same images, this checkout against another
+  one (``--base-tree``, e.g. ``git worktree add ../base <commit>``): the other checkout's rows
+  run in it, its packer and its copy of this module's ``stream`` child.
+
 Run from the repository root with packer importable::
 
     python -m scripts.bench.read                       # loaders, ~8 min on 2 cores
@@ -44,6 +51,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -53,10 +61,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from scripts.bench.common import image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
+from scripts.bench.common import REPO, image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
 
 MODULE = "scripts.bench.read"
 SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
+OPT_IN = ("stream-baseline",)  # sections ``all`` leaves out: they need an argument
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
@@ -448,7 +457,7 @@ def run_rows(rows: list[dict[str, Any]], repeats: int, label: Callable[[dict], s
         shift = rnd % len(rows) if rows else 0
         for i in [*range(shift, len(rows)), *range(shift)]:  # rotating: no row always runs first
             spec = rows[i]
-            r = run_fresh(MODULE, spec)
+            r = run_fresh(MODULE, spec, cwd=spec.get("tree"))
             entry = out.setdefault(i, {"row": {k: v for k, v in spec.items() if k not in ("files", "labels")},
                                        "rounds": []})
             entry["rounds"].append(r)
@@ -819,12 +828,11 @@ def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     return {"params": {"samples": n}, "results": r, "markdown": md}
 
 
-def section_shuffle(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+def sorted_pack(args: argparse.Namespace, work: Path, fmt: str) -> Path:
+    """The shuffle section's class-sorted images (``--shuffle-classes`` x ``--shuffle-per-class``
+    32x32 JPEGs) packed as ``fmt`` (records in ``--shuffle-shard``-sample shards); made once."""
     from packer.commands.pack_images import pack_images
-    from packer.data.mixing import mixing_report
-    from packer.formats import open_reader
     from packer.synth import jpeg_bytes, natural_image
-    from packer import StreamingDataset
 
     classes, per, shard = args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard
     src = work / f"sorted-{classes}x{per}"
@@ -837,10 +845,20 @@ def section_shuffle(args: argparse.Namespace, work: Path, skipped: dict[str, str
             d.mkdir(parents=True, exist_ok=True)
             (d / f"img_{i:06d}.jpg").write_bytes(blobs[i % len(blobs)])
         (src / ".complete").write_text("ok")
-    out = work / f"sorted-{classes}x{per}-{shard}.records"
+    out = work / (f"sorted-{classes}x{per}-{shard}.records" if fmt == "records" else f"sorted-{classes}x{per}.{fmt}")
     if not (out / "manifest.json").exists():
-        pack_images(src, out, format="records", workers=2, overwrite=True, check="header",
-                    writer_options={"samples_per_shard": shard})
+        pack_images(src, out, format=fmt, workers=2, overwrite=True, check="header",
+                    writer_options={"samples_per_shard": shard} if fmt == "records" else {})
+    return out
+
+
+def section_shuffle(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    from packer.data.mixing import mixing_report
+    from packer.formats import open_reader
+    from packer import StreamingDataset
+
+    classes, per, shard = args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard
+    out = sorted_pack(args, work, "records")
     reader = open_reader(out)
     labels = np.array([reader.read(i).label for i in range(len(reader))])
     variants = {"previous (shard order + 4096 buffer)": {"block_size": None}, "default (block shuffle)": {}}
@@ -863,6 +881,57 @@ def section_shuffle(args: argparse.Namespace, work: Path, skipped: dict[str, str
         md_table(["order", "median classes", "p10", "vs iid", "read samples/s"], table), targets_md(t)])
     return {"params": {"classes": classes, "per_class": per, "shard": shard}, "results": results,
             "mixing": rep, "targets": t, "markdown": md}
+
+
+def section_stream_baseline(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """A single-source stream's throughput, this checkout against ``--base-tree``: the rows of
+    each checkout run in it (``run_fresh(cwd=...)``), rounds interleaved."""
+    if args.base_tree is None:
+        skipped["stream-baseline"] = "needs --base-tree PATH (a checkout to compare with)"
+        return {"params": {}, "results": [], "markdown": "Not run: no --base-tree."}
+    trees = {"base": args.base_tree.resolve(), "this": REPO}
+    packers = {}
+    for name, tree in trees.items():  # which packer each checkout's children import
+        out = subprocess.run([sys.executable, "-c", "import packer; print(packer.__file__)"], cwd=tree,
+                             capture_output=True, text=True, check=True)
+        packers[name] = out.stdout.strip()
+        if not packers[name].startswith(str(tree)):
+            raise SystemExit(f"a child in {tree} imports {packers[name]}: not that checkout's packer")
+    commits = {name: subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tree, capture_output=True,
+                                    text=True).stdout.strip() for name, tree in trees.items()}
+    packs = {fmt: sorted_pack(args, work, fmt) for fmt in ("records", "lmdb")}
+    rows = [{"kind": "stream", "source": f"{fmt}/{name}", "format": fmt, "tree_name": name, "tree": str(tree),
+             "path": str(packs[fmt]), "dataset_options": {"seed": 0}}
+            for fmt in packs for name, tree in trees.items()]
+    results = run_rows(rows, args.repeats, lambda s: f"stream {s['source']}")
+
+    def rounds(e: dict[str, Any], per_cpu: bool) -> list[float]:
+        ok = [r for r in e.get("rounds", []) if "samples_per_s" in r]
+        if not per_cpu:
+            return [r["samples_per_s"] for r in ok]
+        return [r["samples"] / (r["window"]["user_s"] + r["window"]["sys_s"]) for r in ok
+                if r["window"]["user_s"] + r["window"]["sys_s"] > 0]
+
+    table, t = [], []
+    for fmt in packs:
+        base, this = (find(results, format=fmt, tree_name=n) for n in ("base", "this"))
+        cells = [fmt]
+        for per_cpu in (False, True):
+            b = statistics.median(rounds(base, per_cpu)) if base and rounds(base, per_cpu) else None
+            n = statistics.median(rounds(this, per_cpu)) if this and rounds(this, per_cpu) else None
+            ratio = n / b if n and b else None
+            cells += [_f(b), _f(n), _f(ratio, ".3f") + ("x" if ratio else "")]
+            t.append(target(f"{fmt}: this vs base, median samples/{'CPU-s' if per_cpu else 's'}", ratio, 0.95))
+        table.append(cells)
+    md = "\n\n".join([
+        f"One StreamingDataset(decode='bytes', seed=0) epoch of {args.shuffle_classes * args.shuffle_per_class} "
+        f"32x32 JPEGs in a fresh process per row (records: {args.shuffle_shard}-sample shards; the default "
+        f"block shuffle), {args.repeats} interleaved rounds, medians over rounds. base: `{commits['base']}` "
+        f"({args.base_tree}), this: `{commits['this']}`.",
+        md_table(["format", "base samples/s", "this samples/s", "ratio", "base samples/CPU-s",
+                  "this samples/CPU-s", "ratio"], table), targets_md(t)])
+    return {"params": {"base_tree": str(args.base_tree), "commits": commits, "packers": packers},
+            "results": results, "targets": t, "markdown": md}
 
 
 # -- crops: transforms per core, one process --------------------------------------------------------
@@ -1050,7 +1119,7 @@ def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, st
 
 SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
                  "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
-                 "prefetch": section_prefetch}
+                 "prefetch": section_prefetch, "stream-baseline": section_stream_baseline}
 
 
 # == main ===============================================================================================
@@ -1061,7 +1130,10 @@ def _ints(text: str) -> list[int]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--section", default="loaders", help=f"comma list of {', '.join(SECTIONS)}, or all")
+    ap.add_argument("--section", default="loaders",
+                    help=f"comma list of {', '.join(SECTIONS + OPT_IN)}, or all (all but {', '.join(OPT_IN)})")
+    ap.add_argument("--base-tree", type=Path, default=None,
+                    help="stream-baseline: the checkout to compare this one with (e.g. a git worktree)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run that proves the script works")
     ap.add_argument("--workdir", type=Path, default=Path("bench-out/read"), help="generated data and packs (kept)")
     ap.add_argument("--results", type=Path, default=None, help="folder for the JSON (default bench-out/results)")
@@ -1091,9 +1163,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if args.workdir == Path("bench-out/read"):
             args.workdir = Path("bench-out/read-quick")
     args.sections = list(SECTIONS) if args.section == "all" else [s for s in args.section.split(",") if s]
-    bad = [s for s in args.sections if s not in SECTIONS]
+    bad = [s for s in args.sections if s not in SECTIONS + OPT_IN]
     if bad:
-        ap.error(f"unknown section(s) {bad}; choose from {SECTIONS}")
+        ap.error(f"unknown section(s) {bad}; choose from {SECTIONS + OPT_IN}")
     return args
 
 

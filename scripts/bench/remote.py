@@ -60,8 +60,10 @@ def make_dataset(work: Path, count: int, side: int, per_shard: int) -> Path:
     import io
 
     out = work / "www" / "ds"
-    if (out / "packer.json").is_file():
+    params = work / "www" / "ds.params"  # the workdir is kept: rebuild when the sizes asked differ
+    if (out / "packer.json").is_file() and params.is_file() and params.read_text() == f"{count} {side} {per_shard}":
         return out
+    shutil.rmtree(out, ignore_errors=True)
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
     rng = np.random.default_rng(0)
@@ -74,6 +76,7 @@ def make_dataset(work: Path, count: int, side: int, per_shard: int) -> Path:
     from packer.commands.pack_images import pack_images
 
     pack_images(src, out, format="records", workers=2, writer_options={"samples_per_shard": per_shard})
+    params.write_text(f"{count} {side} {per_shard}")
     return out
 
 
@@ -281,7 +284,7 @@ def streaming_main(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the section named on the command line and write the JSON."""
     return run_sections("remote", __doc__, {"streaming": streaming_main}, all_sections=("streaming",), argv=argv,
-                        quick={"streaming": ["--count", "120", "--per-shard", "20", "--reps", "1",
+                        quick={"streaming": ["--count", "40", "--per-shard", "10", "--side", "64", "--reps", "1",
                                              "--workdir", "bench-out/remote-quick"]},
                         notes=["A local nginx on 127.0.0.1; rows interleaved, best of the rounds kept."])
 

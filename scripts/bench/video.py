@@ -21,6 +21,10 @@ Target: DIS >= 100 flow frames/s per core. Frames: the fixture, else a generated
     python -m scripts.bench.video clips --videos 12 --clips 300    # ~3 min on 2 cores
     python -m scripts.bench.video flow --pairs 40 --tvl1-pairs 4
     python -m scripts.bench.video --quick all
+
+Section ``packs``: ``pack-videos`` against ``decode-frames``' JPEG frame pack per ``--gops``
+value; with ``--codecs h264,hevc,av1`` instead each codec at the first ``--gops`` value (bytes,
+PSNR, clips and packing per CPU-second side by side).
 """
 from __future__ import annotations
 
@@ -191,16 +195,17 @@ def make_pack_input(src: Path, videos: int) -> str:
     return f"{videos} videos, the fixtures {', '.join(PACK_FIXTURES)} round-robin"
 
 
-def _bare_encode(args: tuple[str, int, dict]) -> int:
-    """The bare loop for one video: PyAV decode -> resize (short side, even) -> libx264 encode
-    into an in-memory MP4 with pack-videos' encoder options; frames encoded."""
+def _bare_encode(args: tuple) -> int:
+    """The bare loop for one video: PyAV decode -> resize (short side, even) -> encode (libx264,
+    or the encoder named last) into an in-memory MP4 with pack-videos' encoder options; frames encoded."""
     import io
 
     import av
 
     from packer.commands.pack_videos import even_size
 
-    path, short_side, opts = args
+    path, short_side, opts, *encoder = args
+    encoder = encoder[0] if encoder else "libx264"
     n = 0
     buf = io.BytesIO()
     with av.open(path) as inp, av.open(buf, "w", format="mp4") as out:
@@ -210,7 +215,7 @@ def _bare_encode(args: tuple[str, int, dict]) -> int:
         for frame in inp.decode(vs):
             if stream is None:
                 th, tw = even_size(frame.height, frame.width, Resize(short_side=short_side))
-                stream = out.add_stream("libx264", rate=vs.average_rate or 30)
+                stream = out.add_stream(encoder, rate=vs.average_rate or 30)
                 stream.width, stream.height, stream.pix_fmt = tw, th, "yuv420p"
                 stream.codec_context.thread_count = 1
                 stream.codec_context.options = opts
@@ -249,6 +254,9 @@ def packs_main(argv: list[str]) -> dict:
     ap.add_argument("--clips", type=int, default=120, help="clips loaded per source and sampler")
     ap.add_argument("--gops", default="4,8,16,32", help="keyframe intervals to pack and compare")
     ap.add_argument("--short-side", type=int, default=256)
+    ap.add_argument("--codecs", default=None,
+                    help="instead of --gops: codecs to pack at the first --gops value and compare (e.g. "
+                         "h264,hevc,av1; CODEC:CRF for another crf), with bytes, clips and PSNR side by side")
     ap.add_argument("--workdir", default=str(REPO / "bench-out" / "video-packs"))
     args = ap.parse_args(argv)
     cv2.setNumThreads(1)
@@ -260,6 +268,8 @@ def packs_main(argv: list[str]) -> dict:
     load = os.getloadavg()[0]
     gops = [int(g) for g in args.gops.split(",")]
     workers = os.cpu_count() or 1
+    if args.codecs:
+        return codecs_run(args, src, what, load, workers)
 
     frames_out = work / "frames.rec"
     shutil.rmtree(frames_out, ignore_errors=True)
@@ -333,6 +343,87 @@ def packs_main(argv: list[str]) -> dict:
               f"{e['pack_vs_bare']:.2f} | {e['pack_vs_bare_cpu']:.2f} |")
     print("(clips/s: one process, one thread, CPU-second figures in the JSON; pack and bare loop: all "
           "cores, wall clock, then frames per CPU-second of every process)")
+    return res
+
+
+def _psnr(out: Path, videos: int = 3) -> float:
+    """PSNR (dB, RGB, all frames) of the first ``videos`` of a pack-videos output against the source
+    frames as the pack job resizes them (OpenCV decode, INTER_AREA to the stored size)."""
+    from packer.codecs.video_pack import decode_all
+
+    reader = open_reader(out)
+    se, n = 0.0, 0
+    for v in reader.manifest.videos[:videos]:
+        ours = decode_all(reader.read(v["start"]).data)
+        src = read_video(v["source"], backend="opencv").frames
+        for a, b in zip(ours, src):
+            b = cv2.resize(b, (a.shape[1], a.shape[0]), interpolation=cv2.INTER_AREA)[:, :, ::-1]
+            se += float(np.mean((a.astype(np.float64) - b) ** 2))
+            n += 1
+    return 10 * np.log10(255.0 ** 2 / (se / n))
+
+
+def codecs_run(args, src: Path, what: str, load: float, workers: int) -> dict:
+    """``packs --codecs``: each codec at one GOP, side by side: bytes, dense/TSN clips per CPU-second,
+    pack frames per CPU-second against the same codec's bare loop, PSNR against the source."""
+    import multiprocessing
+
+    from packer.commands.pack_videos import pack_videos
+    from packer.conversion.diskspace import disk_used
+    from packer.codecs.video_pack import CODECS, EncodeOptions, encoder_options
+
+    work = src.parent
+    gop = int(args.gops.split(",")[0])
+    paths = [str(it.path) for it in video_items(src)[0]]
+    samplers = {"dense": dict(clip_len=32, frame_interval=2, num_clips=1, test_mode=True),
+                "tsn": dict(clip_len=1, num_clips=8)}
+    frames_out = work / "frames.rec"
+    shutil.rmtree(frames_out, ignore_errors=True)
+    decode_frames(src, frames_out, to="records", short_side=args.short_side, workers=workers)
+    res: dict = {"input": what, "load_average_start": load, "gop": gop,
+                 "frame_pack": {"bytes": disk_used(frames_out),
+                                "clips": {k: _rate(PackedVideoDataset(frames_out, seed=0, **kw), args.clips)
+                                          for k, kw in samplers.items()}}, "codecs": {}}
+    for spec in args.codecs.split(","):
+        codec, _, crf = spec.partition(":")
+        opts = EncodeOptions(codec=codec, gop=gop, crf=int(crf) if crf else None)
+        t, c = time.perf_counter(), cpu_seconds()
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+        n = sum(pool.map(_bare_encode, [(p, args.short_side, encoder_options(opts), CODECS[codec][0]) for p in paths],
+                         chunksize=1))
+        pool.close()
+        pool.join()
+        bare_cpu = n / (cpu_seconds() - c)
+        out = work / f"video_{codec}_{opts.crf}.rec"
+        shutil.rmtree(out, ignore_errors=True)
+        t, c = time.perf_counter(), cpu_seconds()
+        r = pack_videos(src, out, to="records", gop=gop, codec=codec, crf=opts.crf, short_side=args.short_side,
+                        workers=workers)
+        sec, cpu = time.perf_counter() - t, cpu_seconds() - c
+        frames = sum(v["video_frames"] for v in open_reader(out).manifest.videos)
+        res["codecs"][spec] = {"crf": opts.crf, "preset": opts.preset, "bytes": disk_used(out), "frames": frames,
+                               "failures": len(r.failures), "pack_fps": frames / sec, "pack_fps_cpu": frames / cpu,
+                               "bare_fps_cpu": bare_cpu, "psnr": _psnr(out),
+                               "clips": {k: _rate(PackedVideoDataset(out, seed=0, **kw), args.clips)
+                                         for k, kw in samplers.items()}}
+    res["load_average_end"] = os.getloadavg()[0]
+    fp = res["frame_pack"]
+    base = res["codecs"][next(iter(res["codecs"]))]
+    print(f"input: {what}; {os.cpu_count()} cores, load average {load:.2f} at start, "
+          f"{res['load_average_end']:.2f} at the end; short side {args.short_side}; --gop {gop}")
+    print(f"frame pack (decode-frames --to records, JPEG q95): {fp['bytes'] / 1e6:.1f} MB, dense "
+          f"{fp['clips']['dense'][1]:.1f}, TSN {fp['clips']['tsn'][1]:.1f} clips per CPU-second")
+    print("\n| codec (crf, preset) | MB | bytes vs frames | PSNR dB | dense clips/CPU-s | vs first | "
+          "TSN clips/CPU-s | vs first | pack frames/CPU-s | vs first | vs its bare loop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for spec, e in res["codecs"].items():
+        d, tsn = e["clips"]["dense"][1], e["clips"]["tsn"][1]
+        print(f"| {spec.split(':')[0]} ({e['crf']}, {e['preset']}) | {e['bytes'] / 1e6:.1f} | "
+              f"{e['bytes'] / fp['bytes']:.3f} | {e['psnr']:.2f} | {d:.1f} | {d / base['clips']['dense'][1]:.2f}x | "
+              f"{tsn:.1f} | {tsn / base['clips']['tsn'][1]:.2f}x | {e['pack_fps_cpu']:.0f} | "
+              f"{e['pack_fps_cpu'] / base['pack_fps_cpu']:.2f}x | {e['pack_fps_cpu'] / e['bare_fps_cpu']:.2f}x |")
+    print("(clips: one process, one thread; packing and bare loops on all cores; per CPU-second of every "
+          "process involved; PSNR over the first 3 videos against the source resized as the pack job does)")
     return res
 
 

@@ -20,18 +20,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def collect(*marks: str) -> list[str]:
-    """Node ids pytest collects from the fault suites (with ``-m`` marks when given)."""
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-           *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_faults_*.py"))]
-    if marks:
-        cmd += ["-m", " and ".join(marks)]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return [line.strip() for line in out.splitlines() if "::" in line]
+def collect() -> list[tuple[str, bool]]:
+    """(node id, marked slow) for every case pytest collects from the fault suites."""
+    code = ("import sys, pytest\n"
+            "class P:\n"
+            "    def pytest_collection_finish(self, session):\n"
+            "        for i in session.items:\n"
+            "            print('CASE', int(i.get_closest_marker('slow') is not None), i.nodeid)\n"
+            "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', '-o', 'addopts=', "
+            "*sys.argv[1:]], plugins=[P()]))\n")
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_faults_*.py"))
+    out = subprocess.run([sys.executable, "-c", code, *files], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    return [(line.split(" ", 2)[2], line.split(" ", 2)[1] == "1") for line in out.splitlines()
+            if line.startswith("CASE ")]
 
 
-def by_test(ids: list[str]) -> collections.Counter:
-    return collections.Counter(i.split("[", 1)[0] for i in ids)
+def table(cases: list[tuple[str, bool]]) -> str:
+    """The markdown table of fault cases per test function: (node id, marked slow) pairs in."""
+    everything = collections.Counter(i.split("[", 1)[0] for i, _ in cases)
+    quick = collections.Counter(i.split("[", 1)[0] for i, slow in cases if not slow)
+    lines = ["| suite | test | cases | in the quick run |", "|---|---|---|---|"]
+    for name in sorted(everything):
+        path, test = name.split("::", 1)
+        lines.append(f"| `{Path(path).name}` | `{test}` | {everything[name]} | {quick.get(name, 0)} |")
+    lines.append(f"| **all** | | **{sum(everything.values())}** | **{sum(quick.values())}** |")
+    return "\n".join(lines)
 
 
 def corruption(path: str) -> None:
@@ -58,14 +72,7 @@ def main() -> None:
     if args.corruption:
         corruption(args.corruption)
         return
-    everything, quick = by_test(collect()), by_test(collect("not slow"))
-    print("| suite | test | cases | in the quick run |")
-    print("|---|---|---|---|")
-    for name in sorted(everything):
-        path, test = name.split("::", 1)
-        print(f"| `{Path(path).name}` | `{test}` | {everything[name]} | {quick.get(name, 0)} |")
-    print(f"| **all** | | **{sum(everything.values())}** | **{sum(quick.values())}** |")
-
+    print(table(collect()))
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,15 @@ On generated videos (two classes, one multi-label list), this script:
    ``PackedVideoDataset`` (an LMDB copy) drawing from the same numpy seed;
 4. with ``--mmaction2-repo DIR`` (a checkout of open-mmlab/mmaction2), runs that checkout's
    ``tools/misc/flow_extraction.py`` (``extract_dense_flow``, same method) on one video and checks
-   that its x/y JPEG files are byte-identical to packer's.
+   that its x/y JPEG files are byte-identical to packer's;
+5. runs ``packer pack-videos --to files`` (plain MP4s plus ``videos.txt``) and builds mmaction2's
+   real ``VideoDataset`` over that list, with ``DecordInit``/``DecordDecode`` and
+   ``PyAVInit``/``PyAVDecode`` after ``SampleFrames`` (train and test mode): each item's frame
+   count, frame indices and label must equal packer's ``PackedVideoDataset`` over the same output
+   (same numpy seed), and its pixels must equal, bit for bit, those frames of a sequential decode
+   of the file by the same library (decord's ``next()``, PyAV's ``decode``); packer's own pixels
+   are compared with PyAV's and the largest difference printed (different YUV->RGB conversions).
+   ``--only-video-list`` runs this step alone.
 
 Prints one line per check and exits 1 on the first mismatch. With ``--record-samplers`` it
 instead runs mmaction2 1.2's real samplers (``SampleFrames`` with and without ``target_fps``,
@@ -25,7 +33,10 @@ mmaction2 pulls mmengine/mmcv, so this runs in a separate environment, not packe
     python -m venv .venv-bench
     .venv-bench/bin/pip install --no-deps mmaction2==1.2.0 mmengine==0.10.7 mmcv-lite==2.1.0 \
         addict yapf termcolor rich platformdirs        # plus numpy, torch, opencv
+    .venv-bench/bin/pip install scipy packaging pyyaml av decord \
+        click pillow lmdb h5py crc32c tqdm pebble      # mmaction2's other imports, step 5, packer's own
     PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --mmaction2-repo DIR
+    PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --only-video-list
     PYTHONPATH=$PWD .venv-bench/bin/python -m scripts.check.mmaction2 --record-samplers
 """
 from __future__ import annotations
@@ -79,6 +90,84 @@ def compare(name: str, mm, ours, seeds=range(3), flow: bool = False) -> None:
                 check(f"{name}: video {i} seed {s} (indices {same_inds}, pixels {same_pixels}, "
                       f"label {same_label})", False)
     check(f"{name}: {len(ours)} videos x {len(list(seeds))} seeds: same indices, pixels and labels", True)
+
+
+# == pack-videos --to files under mmaction2's VideoDataset ===========================================
+def sequential_decode(path: Path, library: str) -> list[np.ndarray]:
+    """Every frame of a video file in order, RGB, by one library's sequential decode."""
+    if library == "decord":
+        import decord
+
+        vr = decord.VideoReader(str(path), num_threads=1)
+        return [vr.next().asnumpy() for _ in range(len(vr))]
+    import av
+
+    with av.open(str(path)) as c:
+        return [f.to_rgb().to_ndarray() for f in c.decode(video=0)]
+
+
+def check_video_list() -> None:
+    """mmaction2's VideoDataset over ``pack-videos --to files``: counts, indices, labels, pixels."""
+    from mmaction.datasets import VideoDataset
+    from mmaction.datasets.transforms.loading import (DecordDecode, DecordInit, PyAVDecode, PyAVInit,
+                                                      SampleFrames)
+
+    from packer.commands.pack_videos import pack_videos
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        src = tmp / "src"
+        for c in range(2):
+            for k in range(2):
+                ext = "avi" if k else "mp4"
+                write_video(src / f"class {c}" / f"v_{c}_{k}.{ext}", frames=37 + 11 * k + 5 * c,
+                            size=(72, 96), seed=c * 2 + k)
+        out = tmp / "videos"
+        report = pack_videos(src, out, to="files", short_side=64, gop=8, workers=1, backend="opencv")
+        check(f"pack-videos --to files: {report.videos} videos, {len(report.failures)} failures",
+              report.videos == 4 and not report.failures)
+        ann = out / "videos.txt"
+        check(f"videos.txt: {ann.read_text().splitlines()[0]!r} ...", ann.exists())
+        settings = {"train": dict(clip_len=4, frame_interval=3, num_clips=2),
+                    "test": dict(clip_len=8, frame_interval=2, num_clips=3, test_mode=True)}
+        libraries = {"decord": (DecordInit, DecordDecode), "pyav": (PyAVInit, PyAVDecode)}  # sequential_decode's names
+        refs = {lib: [sequential_decode(out / v["file"], lib) for v in PackedVideoDataset(out).reader.manifest.videos]
+                for lib in libraries}
+        worst = 0
+        for lib, (init, decode) in libraries.items():
+            for name, kw in settings.items():
+                mm = VideoDataset(str(ann), pipeline=[init(), SampleFrames(**kw), decode()],
+                                  data_prefix=dict(video=str(out)), test_mode=kw.get("test_mode", False))
+                ours = PackedVideoDataset(out, **kw)
+                compared = 0
+                for i in range(len(ours)):
+                    total = ours._video(i)[0]
+                    for seed in range(3):
+                        np.random.seed(seed)
+                        got = mm[i]
+                        np.random.seed(seed)
+                        inds = ours.clip_indices(i)
+                        np.random.seed(seed)
+                        clip, label = ours[i]
+                        mm_inds = np.asarray(got["frame_inds"]).reshape(-1)
+                        imgs = np.stack(got["imgs"])
+                        same_count = got["total_frames"] == total == len(refs[lib][i])
+                        same_inds = mm_inds.tolist() == inds.tolist()
+                        same_pixels = np.array_equal(imgs, np.stack([refs[lib][i][j] for j in mm_inds]))
+                        same_label = int(got["label"]) == int(label)
+                        if not (same_count and same_inds and same_pixels and same_label):
+                            check(f"VideoDataset + {lib} {name}: video {i} seed {seed} (frame count "
+                                  f"{got['total_frames']} vs {total}: {same_count}, indices {same_inds}, "
+                                  f"pixels {same_pixels}, label {same_label})", False)
+                        if lib == "pyav":
+                            diff = np.abs(imgs.astype(int) - clip.permute(0, 2, 3, 1).numpy().astype(int))
+                            worst = max(worst, int(diff.max()))
+                        compared += len(mm_inds)
+                check(f"VideoDataset + {init.__name__}/{decode.__name__} + SampleFrames ({name}): "
+                      f"{len(ours)} videos x 3 seeds, {compared} frames: same frame counts, indices and labels "
+                      f"as packer; pixels equal to a sequential {lib} decode of the file", True)
+        print(f"info packer's frames vs PyAV's to_rgb() of the same frames: max |difference| {worst} "
+              "(OpenCV's and swscale's YUV->RGB)")
 
 
 # == the samplers' reference data ====================================================================
@@ -149,11 +238,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mmaction2-repo", type=Path, default=None,
                     help="a checkout of open-mmlab/mmaction2, for tools/misc/flow_extraction.py")
+    ap.add_argument("--only-video-list", action="store_true",
+                    help="run only the pack-videos --to files check (mmaction2's VideoDataset)")
     ap.add_argument("--record-samplers", action="store_true",
                     help=f"instead: write mmaction2's sampler draws to {SAMPLERS_OUT.relative_to(REPO)}")
     args = ap.parse_args()
     if args.record_samplers:
         record_samplers()
+        return
+    if args.only_video_list:
+        check_video_list()
         return
     from mmaction.datasets.transforms.loading import DenseSampleFrames, RawFrameDecode, SampleFrames
 
@@ -207,6 +301,7 @@ def main() -> None:
             check(f"mmaction2 flow_extraction.py ({method}) wrote {len(names)} files, byte-identical to "
                   f"packer's: {same}",
                   same and names == sorted(p.name for p in ours.iterdir()))
+    check_video_list()
 
 
 if __name__ == "__main__":

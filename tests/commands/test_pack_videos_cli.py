@@ -50,7 +50,20 @@ def test_flags_reach_the_encoder_and_the_dataset_reads_it(src, tmp_path):
 
 
 def test_bad_options_are_usage_errors(src, tmp_path):
-    for flags in (["--gop", "0"], ["--crf", "60"], ["--to", "frames"], ["--preset", "warp"]):
+    for flags in (["--gop", "0"], ["--crf", "60"], ["--to", "frames"], ["--preset", "warp"],
+                  ["--codec", "av1", "--preset", "veryfast"], ["--codec", "av1", "--crf", "64"],
+                  ["--copy", "--stride", "2"], ["--copy", "--to", "files"]):
         r = CliRunner().invoke(main, ["pack-videos", str(src), str(tmp_path / "x.rec"), *flags])
         assert r.exit_code == 1 and r.output.startswith("Error: "), (flags, r.output)  # as decode-frames
         assert not (tmp_path / "x.rec").exists()
+
+
+def test_to_files_writes_mp4_files_and_the_video_list(src, tmp_path):
+    out = tmp_path / "videos"
+    r = CliRunner().invoke(main, ["pack-videos", str(src), str(out), "--to", "files", "--short-side", "64",
+                                  "--max-frames", "12", "--max-failures", "1", "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    assert (out / "videos.txt").read_text() == "a/mmaction2_part_0.mp4 0\n"
+    assert (out / "a" / "mmaction2_part_0.mp4").read_bytes()[4:8] == b"ftyp"
+    clip, _ = PackedVideoDataset(out, clip_len=4, test_mode=True)[0]
+    assert tuple(clip.shape)[:2] == (4, 3)

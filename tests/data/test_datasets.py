@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader
 
 from packer import PackedDataset
 from packer.errors import UsageError
 from packer.formats import FORMATS
+from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import pack_images
 from tests.support import FIXTURE_IMAGES
 
@@ -51,15 +52,35 @@ def _collate(batch):
     return [(t.shape, l) for t, l in batch]
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
-def test_dataloader_workers(packed, ctx):
+def test_dataloader_workers(packed):
     ds = PackedDataset(packed, decode="tensor")
     _ = ds[0]  # the parent has opened its handle before the workers start
-    dl = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context=ctx, collate_fn=_collate)
+    dl = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork", collate_fn=_collate)
     got = [x for b in dl for x in b]
     want = [(ds[i][0].shape, ds[i][1]) for i in range(len(ds))]
     assert got == want
     _ = ds[1]  # and the parent still reads after its children used the same path
+
+
+@pytest.mark.slow
+def test_spawn_workers_reopen_every_format(image_folder, tmp_path):
+    """Spawned workers unpickle every reader (each format, HDF5's raw layout too) and read what
+    the parent reads; one loader, so spawn's interpreter start-ups are paid once."""
+    parts = []
+    for fmt in sorted(FORMATS):
+        out = tmp_path / ("ds.h5" if FORMATS[fmt][0].single_file else f"ds-{fmt}")
+        pack_images(image_folder, out, format=fmt, workers=0)
+        parts.append(PackedDataset(out, decode="tensor"))
+    pack_images(image_folder, tmp_path / "raw.h5", format="hdf5", workers=0, raw=True,
+                resize=ResizeSpec(size=(40, 32)))
+    parts.append(PackedDataset(tmp_path / "raw.h5", decode="tensor"))
+    first = [d[0] for d in parts]  # the parent opens every file before the workers start
+    ds = ConcatDataset(parts)
+    dl = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn", collate_fn=_collate)
+    got = [x for b in dl for x in b]
+    assert got == [(ds[i][0].shape, ds[i][1]) for i in range(len(ds))]
+    assert len(got) == 24 * len(parts) and got[-1][0] == (3, 32, 40)
+    assert [d[0][1] for d in parts] == [f[1] for f in first]
 
 
 def test_every_fixture_image(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 av = pytest.importorskip("av")
 
 from packer.api import pack_videos, verify  # noqa: E402
-from packer.codecs.video_pack import (EncodeOptions, VideoEncoder, decode_all, decode_frames_at,  # noqa: E402
+from packer.codecs.video_pack import (NONREF, EncodeOptions, VideoEncoder, decode_all, decode_frames_at,  # noqa: E402
                                       pack_stream, unpack_stream)
 from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames  # noqa: E402
 from packer.data.video import ClipSampling, PackedVideoDataset  # noqa: E402
@@ -194,3 +194,22 @@ def test_resume_of_a_finished_pack_keeps_it(synth_src, tmp_path):
     assert again.status == "complete"
     ds = PackedVideoDataset(out, clip_len=4, frame_interval=10, test_mode=True)
     assert ds._video(0)[0] == 40
+
+
+@pytest.mark.parametrize("codec", ["hevc", "av1"])
+def test_other_codecs_keep_the_frame_exact_contract(synth_src, tmp_path, codec):
+    """HEVC (x265, non-reference B-frames skipped as in H.264) and AV1 (SVT-AV1, keyframe
+    seeking only): the same fixed GOP and the same frame-exact reads, checked by frame number."""
+    out = tmp_path / f"{codec}.rec"
+    report = pack_videos(synth_src, out, to="records", codec=codec, gop=8, max_frames=72, workers=0)
+    assert report.videos == 1 and not report.failures
+    (v,) = open_reader(out).manifest.videos
+    ds = PackedVideoDataset(out, sampling=SAMPLERS["dense-sample"], seed=2)
+    blob = ds.reader.read(0).data
+    _, index = unpack_stream(blob)
+    assert index.keyframes.tolist() == list(range(0, 72, 8)) and v["codec"] == codec and "demoted_keyframes" not in v
+    assert (index.flags & NONREF).any() == (codec == "hevc")  # AV1: nothing skipped, every frame fed
+    ref = decode_all(blob)
+    assert [read_number(f) for f in ref] == list(range(72))
+    for name in ("tsn-train", "dense-sample", "slowfast-train-jitter"):
+        assert check_clips(PackedVideoDataset(out, sampling=SAMPLERS[name], seed=4), [ref], numbers=True) > 0

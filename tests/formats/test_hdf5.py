@@ -221,14 +221,13 @@ def _collect(ds, ctx: str) -> list:
     return [item for batch in loader for item in batch]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
-def test_dataloader_workers(packed, ctx):
+def test_dataloader_workers(packed):
+    """Forked workers (spawned ones: tests/data/test_datasets.py, every format at once)."""
     _, enc, raw = packed
     parts = [PackedDataset(enc, decode="bytes"), PackedDataset(raw, decode="tensor")]
     first = [d[0] for d in parts]  # the parent opens both files before the workers start
-    ds = torch.utils.data.ConcatDataset(parts)  # one loader: spawn pays for its workers once
-    got = _collect(ds, ctx)
+    ds = torch.utils.data.ConcatDataset(parts)
+    got = _collect(ds, "fork")
     assert len(got) == len(ds) == 48
     direct = [ds[i] for i in range(len(ds))]
     for (x, y), (dx, dy) in zip(got, direct):

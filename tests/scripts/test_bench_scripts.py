@@ -2,6 +2,7 @@
 the committed docs/benchmarks.md is what render.py makes of the committed results."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -38,13 +39,18 @@ def rows_by(section: dict) -> dict[tuple, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_read_quick_every_section_in_fresh_processes(tmp_path):
+    """Every section at --quick size over one format (the per-format rows run the same code), each
+    row a fresh process; a peer whose package is absent is named in ``skipped``, never faked."""
+    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
+               if importlib.util.find_spec(mod) is None]
     doc = run_bench("scripts.bench.read", ["--quick", "--section", "all", "--workers", "0", "--threads", "2",
-                                           "--workdir", str(tmp_path / "work"), "--peers", "none",
-                                           "--train-peers", "none"], tmp_path / "results")
+                                           "--formats", "lmdb", "--workdir", str(tmp_path / "work"),
+                                           "--peers", ",".join(missing) or "none", "--train-peers", "none"],
+                    tmp_path / "results")
     sections = doc["figures"]["sections"]
     assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
     loaders = rows_by(sections["loaders"])
-    for source in ("ceiling", "folder", "packer/lmdb", "packer/records", "packer/hdf5"):
+    for source in ("ceiling", "folder", "packer/lmdb"):
         for pipe in ("packer", "pillow"):
             e = loaders[(source, pipe, "DataLoader", 0)]
             assert e["samples_per_s"] > 0 and e["best"]["samples"] == 2 * 8
@@ -56,41 +62,24 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     names = [t["name"] for t in sections["loaders"]["targets"]]
     assert "packer/lmdb vs in-memory ceiling, DataLoader 0 workers" in names
     assert any("heap tuned by hand" in n for n in names)
+    for peer in missing:
+        assert "not installed" in sections["loaders"]["skipped"][peer]
+        assert f"skipped {peer}: not installed" in sections["loaders"]["markdown"]
     training = rows_by(sections["training"])
-    for source in ("packer/lmdb", "packer/hdf5", "packer/hdf5-raw"):
-        for loader in ("Loader", "DataLoader"):
-            assert training[(source, "train", loader, 2)]["samples_per_s"] > 0
+    for loader in ("Loader", "DataLoader"):
+        assert training[("packer/lmdb", "train", loader, 2)]["samples_per_s"] > 0
     formats = {e["row"]["source"] for e in sections["formats"]["results"] if "samples_per_s" in e}
-    assert formats == {"ceiling", "packer/lmdb", "packer/records", "packer/hdf5", "packer/records-nocrc",
-                       "stream/records"}
+    assert formats == {"ceiling", "packer/lmdb"}
     assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
         "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
     costs = sections["costs"]["results"]
-    assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"} and costs["crc_us"] > 0
-    assert {"ceiling", "folder", "packer/lmdb", "packer/records-nocrc"} <= set(costs["fetch_us"])
+    assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"}  # crc_us: records only
+    assert {"ceiling", "folder", "packer/lmdb"} <= set(costs["fetch_us"])
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_read_skips_a_peer_that_is_not_installed_with_a_line(tmp_path):
-    """A peer whose package is absent is named in ``skipped``, never faked; with none installed
-    the peer target says so."""
-    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
-               if __import__("importlib").util.find_spec(mod) is None]
-    if not missing:
-        pytest.skip("every loaders peer is installed here")
-    doc = run_bench("scripts.bench.read", ["--quick", "--workers", "0", "--threads", "1", "--formats", "lmdb",
-                                           "--workdir", str(tmp_path / "work"), "--peers", ",".join(missing)],
-                    tmp_path / "results")
-    section = doc["figures"]["sections"]["loaders"]
-    for peer in missing:
-        assert "not installed" in section["skipped"][peer]
-        assert f"skipped {peer}: not installed" in section["markdown"]
 
 
 @pytest.mark.slow
@@ -148,3 +137,30 @@ def test_render_shows_each_sections_newest_full_run(tmp_path):
     assert "| old |" in page and "| quick |" not in page
     assert "```text\nplain text\n```" in page
     assert page.index("### Writing: write") < page.index("### Writing: breakdown")
+
+
+def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
+    """docs/video.md's GOP table is rendered from a `video packs` JSON, between its markers, and
+    --check says when it is stale."""
+    from scripts.bench.render import VIDEO_BEGIN, VIDEO_END
+
+    committed = sorted((REPO / "docs" / "bench-results").glob("video-*.json"))
+    doc = next(json.loads(p.read_text()) for p in reversed(committed)
+               if "packs" in json.loads(p.read_text())["figures"]["sections"])
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "video.json").write_text(json.dumps(doc))
+    page = tmp_path / "video.md"
+    page.write_text(f"# Video\n\nbefore\n\n{VIDEO_BEGIN}\nhand-typed, stale\n{VIDEO_END}\n\nafter\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
+            "--video-page", str(page)]
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    text = page.read_text()
+    assert "hand-typed" not in text and text.startswith("# Video\n\nbefore\n") and text.endswith("after\n")
+    fig = doc["figures"]["sections"]["packs"]["figures"]
+    for gop, e in fig["video_packs"].items():
+        assert f" | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | " in text, gop
+    assert doc["command"] in text and "**8 (default)**" in text
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0

@@ -21,10 +21,15 @@ def run_check(out: Path, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=280)
 
 
+# The suite runs the CUDA test files' CPU halves itself; here a few of them (a CPU/CUDA pair and a
+# test that checks the default device) prove the script runs, parses and reports its tests.
+SOME_TESTS = "bad_batches or default_device"
+
+
 @pytest.mark.slow
 def test_device_check_runs_on_the_cpu_and_says_so(tmp_path):
     out = tmp_path / "check"
-    proc = run_check(out)
+    proc = run_check(out, DEVICE_CHECK_K=SOME_TESTS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["bench.log", "report.json", "tests.log", "tests.xml"]
     r = json.loads((out / "report.json").read_text())
@@ -32,7 +37,8 @@ def test_device_check_runs_on_the_cpu_and_says_so(tmp_path):
     assert SECTIONS | {"tests", "targets", "sizes", "torch", "elapsed_s"} <= set(r)
     t = r["tests"]
     assert t["failed"] == t["errors"] == 0 and t["failures"] == []
-    assert t["passed"] >= 20 and t["skipped"] >= 20 and t["cuda_passed"] == 0  # CPU halves ran, CUDA ones skipped
+    assert t["passed"] >= 1 and t["skipped"] >= 1 and t["cuda_passed"] == 0  # CPU halves ran, CUDA ones skipped
+    assert t["skip_reasons"] == {"needs CUDA": t["skipped"]}
     for name in SECTIONS:
         assert "error" not in r[name], r[name]
     assert r["host_cost"]["cpu_normalize_ms"] > 0 and r["host_cost"]["prefetcher_pageable_ms"] > 0

@@ -1,17 +1,21 @@
 """``MultigridBatchSampler``: batches of ``ClipRequest`` shaped by a ``MultigridSchedule``."""
 from __future__ import annotations
 
-import math
+import json
 import random
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from packer.data.elastic import DistributedSampler
 from packer.data.multigrid.schedule import MultigridSchedule, count_batches
 from packer.data.video import ClipRequest
 
-__all__ = ["MultigridBatchSampler"]
+__all__ = ["MultigridBatchSampler", "MULTIGRID_KIND"]
+
+MULTIGRID_KIND = "packer.data.multigrid.MultigridBatchSampler"  # the "sampler" entry of its state
+STATE_SHAPES = ("num_frames", "sampling_rate", "short_cycle")  # the stage's shapes a state records
 
 
 def _dist_default(value: Optional[int], what: str) -> int:
@@ -53,7 +57,10 @@ class MultigridBatchSampler(Sampler):
     (``torch.randperm`` seeded with ``seed + epoch``) is padded by repeating its start to a
     multiple of ``num_replicas`` and process ``rank`` takes every ``num_replicas``-th index
     from ``rank``, so every process yields the same number of batches of the same shapes.
-    Batch sizes are per process.
+    Batch sizes are per process. With a length, the indices come from a
+    ``packer.data.DistributedSampler`` (``index_sampler``), which makes ``state_dict`` /
+    ``load_state_dict`` resume mid-epoch on any world size with the short cycle where it was;
+    a wrapped sampler resumes only if it is one.
     """
 
     def __init__(self, source: Union[int, Iterable[int]], schedule: MultigridSchedule, *,
@@ -76,6 +83,8 @@ class MultigridBatchSampler(Sampler):
             if self.num_replicas < 1 or not 0 <= self.rank < self.num_replicas:
                 raise ValueError(f"rank must be in [0, num_replicas), not rank={self.rank}, "
                                  f"num_replicas={self.num_replicas}")
+            self.index_sampler: Optional[DistributedSampler] = DistributedSampler(
+                source, num_replicas=self.num_replicas, rank=self.rank, shuffle=self.shuffle, seed=seed)
         else:
             if not hasattr(source, "__iter__") or not hasattr(source, "__len__"):
                 raise ValueError(f"source must be an int or a sampler with __iter__ and __len__, "
@@ -84,6 +93,7 @@ class MultigridBatchSampler(Sampler):
                 raise ValueError("shuffle, num_replicas and rank belong to the wrapped sampler "
                                  "(e.g. DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=...))")
             self.sampler = source
+            self.index_sampler = source if isinstance(source, DistributedSampler) else None
             self.num_samples_total = len(source)
             self.shuffle = bool(getattr(source, "shuffle", False))
             self.num_replicas = int(getattr(source, "num_replicas", 1))
@@ -95,15 +105,19 @@ class MultigridBatchSampler(Sampler):
         self.drop_last = bool(drop_last)
         self.jitter_interval = bool(jitter_interval)
         self.epoch = 0
+        self._batches = 0  # batches of the current epoch read before this pass (a resume)
         self.set_epoch(epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch: its stage (shapes) and its shuffle."""
+        """Select the epoch: its stage (shapes) and its shuffle (a pending resume of it stays)."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, not {epoch}")
+        if int(epoch) != self.epoch:
+            self._batches = 0
         self.epoch = int(epoch)
-        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(self.epoch)
+        source = self.sampler if self.sampler is not None else self.index_sampler
+        if hasattr(source, "set_epoch"):
+            source.set_epoch(self.epoch)
 
     @property
     def stage(self) -> dict[str, Any]:
@@ -111,32 +125,23 @@ class MultigridBatchSampler(Sampler):
         return self.schedule.at(self.epoch)
 
     def _indices(self) -> list[int]:
-        """This process's indices for the current epoch, in order."""
+        """This process's indices for the current epoch (after a resume: the rest), in order."""
         if self.sampler is not None:
             return [int(i) for i in self.sampler]
-        n = self.num_samples_total
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
-        per_rank = math.ceil(n / self.num_replicas)
-        padding = per_rank * self.num_replicas - n
-        if padding and order:
-            order += (order * math.ceil(padding / n))[:padding]
-        return order[self.rank::self.num_replicas]
+        return self.index_sampler.indices()
 
-    def _per_rank(self) -> int:
-        return self.num_samples_total if self.sampler is not None \
-            else math.ceil(self.num_samples_total / self.num_replicas)
+    def _phases(self) -> list[tuple[int, int]]:
+        """The short cycle's ``(batch size, crop)`` from this pass's first batch on."""
+        phases = [tuple(p) for p in self.stage["short_cycle"]]
+        k = self._batches % len(phases)
+        return phases[k:] + phases[:k]
 
     def __iter__(self) -> Iterator[list[ClipRequest]]:
         stage = self.stage
-        phases = stage["short_cycle"]
+        phases = self._phases()
         frames, interval = stage["num_frames"], stage["sampling_rate"]
         low = self.schedule.sampling_rate
-        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}") if self.jitter_interval else None
+        rng = self._jitter_rng() if self.jitter_interval else None
         indices = self._indices()
         pos, k = 0, 0
         while pos < len(indices):
@@ -149,5 +154,73 @@ class MultigridBatchSampler(Sampler):
             pos += size
             k += 1
 
+    def _jitter_rng(self) -> random.Random:
+        """The frame-interval draws of this rank from this pass on: a fresh epoch's stream (one
+        per elastic stage), advanced past the clips read before the resume."""
+        source = self.index_sampler
+        stages = len(source.resumes) if source is not None else 0
+        rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}" + (f":{stages}" if stages else ""))
+        low, high = self.schedule.sampling_rate, self.stage["sampling_rate"]
+        for _ in range(source.position if source is not None else 0):
+            rng.randint(low, high)
+        return rng
+
     def __len__(self) -> int:
-        return count_batches(self._per_rank(), [b for b, _ in self.stage["short_cycle"]], self.drop_last)
+        return count_batches(len(self.sampler if self.sampler is not None else self.index_sampler),
+                             [b for b, _ in self._phases()], self.drop_last)
+
+    def state_dict(self, num_batches: int) -> dict[str, Any]:
+        """Where this rank is in the epoch (plain JSON): batches read (the short-cycle phase to
+        resume at), the index sampler's state (``packer.data.DistributedSampler.state_dict``)
+        and the stage's shapes. Every rank reads the same batches, so one rank's state
+        describes them all: save any one (they differ only in ``rank``).
+
+        Args:
+            num_batches: batches the training loop consumed since this iteration began (or
+                since ``load_state_dict``); the DataLoader fetches ahead, so count them there.
+        """
+        if self.index_sampler is None:
+            raise ValueError(f"cannot save: the wrapped {type(self.sampler).__name__} has no resumable "
+                             "order; wrap a packer.data.DistributedSampler, or give the dataset length")
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or not 0 <= num_batches <= len(self):
+            raise ValueError(f"num_batches must be an integer in [0, {len(self)}] (this pass's batches), "
+                             f"not {num_batches!r}")
+        samples = sum(size for size, _ in (self._phases() * (num_batches // len(self._phases()) + 1))[:num_batches])
+        return {"sampler": MULTIGRID_KIND, "epoch": self.epoch, "batches": self._batches + num_batches,
+                "indices": self.index_sampler.state_dict(samples), "drop_last": self.drop_last,
+                "jitter_interval": self.jitter_interval,
+                "stage": self._shapes(self.epoch)}
+
+    def _shapes(self, epoch: int) -> dict[str, Any]:
+        """The shapes of ``epoch``'s stage a state records, as plain JSON."""
+        stage = self.schedule.at(epoch)
+        return json.loads(json.dumps({k: stage[k] for k in STATE_SHAPES}))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration yields the rest of ``state``'s epoch, its short cycle continuing at
+        the phase where it stopped (``set_epoch`` with that epoch keeps it). On another world
+        size the indices nobody read are split again evenly (``DistributedSampler.load_state_dict``),
+        so every rank still reads the same batches. Refused with ``ValueError`` naming why when
+        the state is not a ``MultigridBatchSampler``'s or its epoch's shapes, ``drop_last``,
+        ``jitter_interval`` or index order differ."""
+        if self.index_sampler is None:
+            raise ValueError(f"cannot resume: the wrapped {type(self.sampler).__name__} has no resumable "
+                             "order; wrap a packer.data.DistributedSampler, or give the dataset length")
+        if not isinstance(state, dict) or state.get("sampler") != MULTIGRID_KIND:
+            theirs = state.get("sampler", "a Loader's or StreamingDataset's") if isinstance(state, dict) \
+                else type(state).__name__
+            raise ValueError(f"cannot resume: the state is {theirs}, not a {MULTIGRID_KIND} state")
+        for k in ("drop_last", "jitter_interval"):
+            if state.get(k) != getattr(self, k):
+                raise ValueError(f"cannot resume: state has {k}={state.get(k)!r}, this sampler {getattr(self, k)!r}")
+        indices, epoch, batches = state.get("indices"), state.get("epoch"), state.get("batches")
+        if not isinstance(indices, dict) or indices.get("epoch") != epoch or not isinstance(batches, int) \
+                or isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or batches < 0:
+            raise ValueError(f"cannot resume: the state's epoch {epoch!r}, batches {batches!r} and index state "
+                             "do not agree (a state edited or put together from several)")
+        stage = self._shapes(epoch)
+        if stage != json.loads(json.dumps(state.get("stage"))):
+            raise ValueError(f"cannot resume: the state's epoch {epoch} has shapes {state.get('stage')}, "
+                             f"this schedule's {stage}")
+        self.index_sampler.load_state_dict(indices)
+        self.epoch, self._batches = epoch, batches
