@@ -14,11 +14,9 @@ import stat as stat_mode
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from packer.errors import UsageError
 
-__all__ = ["MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat", "read_framed",
+__all__ = ["MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat",
            "remove_path", "visible_files", "parse_bytes"]
 
 # O_NONBLOCK: opening a named pipe must not wait for a writer (the fstat after the open refuses
@@ -121,41 +119,6 @@ def _to_end(fd: int, parts: list[bytes], limit: int) -> bytes:
         total += len(more)
         parts.append(more)
     return b"".join(parts)
-
-
-def _buffer(n: int) -> memoryview:
-    """``n`` writable bytes, not zeroed first: ``read_framed``'s caller sees only the bytes read and
-    the fields it writes itself (``bytearray(n)`` would clear each file-sized buffer before the
-    read fills it)."""
-    return memoryview(np.empty(n, dtype=np.uint8))
-
-
-def read_framed(path: str | os.PathLike, head: int, tail: int, *,
-                limit: int | None = None) -> tuple[memoryview, int, tuple[int, int]]:
-    """The whole content of ``path`` read into a fresh writable buffer behind ``head`` free bytes
-    and before at least ``tail``: ``(view of the buffer, size, (file size, mtime_ns))``, the
-    content being ``view[head:head + size]`` and the last the open file's fstat. A format that
-    stores the bytes inside a value it builds around them (LMDB's Datum, ``Writer.framing``)
-    then writes its fields into the room instead of copying the data. Read to the file's end
-    as ``read_file`` reads, refusing what it refuses (``limit``); raises ``OSError``."""
-    fd = _open(path)
-    try:
-        st = _checked(fd, limit)
-        size = st.st_size
-        buf = _buffer(head + size + 1 + tail)
-        got = os.readv(fd, [buf[head:head + size + 1]])  # the +1 sees a file that grew
-        if got == size:  # all fstat counted and no byte past it: the end (a regular file reads
-            return buf, got, (size, st.st_mtime_ns)  # short only there; saves a read per file)
-        more = os.read(fd, _CHUNK)  # b"" at the end; a short read (a network mount) goes on
-        if not more and got <= size:
-            return buf, got, (size, st.st_mtime_ns)
-        cap = max_input_bytes() if limit is None else limit
-        data = _to_end(fd, [bytes(buf[head:head + got]), more], cap) if more else bytes(buf[head:head + got])
-    finally:
-        os.close(fd)
-    buf = memoryview(bytearray(head + len(data) + tail))
-    buf[head:head + len(data)] = data
-    return buf, len(data), (size, st.st_mtime_ns)
 
 
 def remove_path(path: str | os.PathLike) -> None:

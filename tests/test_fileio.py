@@ -7,32 +7,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.fileio import read_file, read_file_stat, read_framed
+from packer.fileio import read_file, read_file_stat
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.binary(max_size=5000), head=st.integers(0, 64), tail=st.integers(0, 64))
-def test_reads_equal_open_read(tmp_path_factory, data, head, tail):
+@given(data=st.binary(max_size=5000))
+def test_reads_equal_open_read(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("f") / "x.bin"
     path.write_bytes(data)
     assert read_file(path) == data == path.read_bytes()
-    buf, size, _ = read_framed(path, head, tail)
-    assert size == len(data) and bytes(buf[head:head + size]) == data
-    assert len(buf) >= head + size + tail and not buf.readonly
 
 
 def test_large_file_read_whole(tmp_path):
     data = os.urandom(3 << 20)  # past the 1 MiB chunk a short read continues with
     path = tmp_path / "big.bin"
     path.write_bytes(data)
-    buf, size, _ = read_framed(path, 10, 5)
-    assert read_file(path) == data and bytes(buf[10:10 + size]) == data
+    assert read_file(path) == data
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("framed", [False, True])
 @pytest.mark.parametrize("writer", [False, True])
-def test_a_pipe_is_refused_not_waited_on(tmp_path, framed, writer):
+def test_a_pipe_is_refused_not_waited_on(tmp_path, writer):
     """Only regular files are inputs: a FIFO is refused at once (open never waits for a writer;
     the open file's fstat says what it is), with or without a writer and bytes in it."""
     fifo = tmp_path / "pipe"
@@ -42,7 +37,7 @@ def test_a_pipe_is_refused_not_waited_on(tmp_path, framed, writer):
         if held is not None:
             os.write(held, b"x" * 1000)
         with pytest.raises(OSError, match="named pipe"):
-            read_framed(fifo, 8, 8) if framed else read_file(fifo)
+            read_file(fifo)
     finally:
         if held is not None:
             os.close(held)
@@ -54,12 +49,9 @@ def test_the_stat_is_the_open_files(tmp_path):
     os.utime(path, ns=(1, 1_234_567_891_011))
     expected = (3, 1_234_567_891_011)
     assert read_file_stat(path) == (b"abc", expected)
-    assert read_framed(path, 2, 2)[2] == expected
 
 
 def test_missing_file_raises_oserror(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        read_framed(tmp_path / "nope", 4, 4)
     with pytest.raises(FileNotFoundError):
         read_file(tmp_path / "nope")
 

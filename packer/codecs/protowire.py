@@ -16,8 +16,6 @@ __all__ = [
     "iter_fields",
     "Datum",
     "encode_datum",
-    "frame_datum",
-    "DATUM_ROOM",
     "decode_datum",
 ]
 
@@ -159,28 +157,6 @@ def _datum_tail(label: int, encoded: bool) -> bytes:
 
 
 _FIELD4_TAG = encode_varint(4 << 3 | LENGTH)
-
-# The most bytes a Datum adds before and after ``data`` for int32 fields: three varint fields
-# of up to 10 bytes plus their tags, field 4's tag and length; label (10 + tag) and encoded (2).
-DATUM_ROOM = (3 * 11 + 1 + 10, 11 + 2)
-
-
-def frame_datum(buf: memoryview, start: int, size: int, label: int, height: int, width: int,
-                channels: int, encoded: bool = True) -> memoryview:
-    """The same bytes as ``encode_datum(buf[start:start + size], ...)``, built around the data
-    where it already lies: the fields before it are written into ``buf[:start]``, the ones
-    after it behind it, and the Datum is returned as a view of ``buf`` (no copy of the data).
-    ``buf`` needs :data:`DATUM_ROOM` free bytes on each side; raises ValueError otherwise."""
-    head = _datum_head(channels, height, width) + _FIELD4_TAG + encode_varint(size)
-    tail = _datum_tail(label, encoded)
-    first, end = start - len(head), start + size + len(tail)
-    if first < 0 or end > len(buf):
-        raise ValueError(f"no room for the Datum fields around the data ({start} bytes before, "
-                         f"{len(buf) - start - size} after)")
-    buf[first:start] = head
-    buf[start + size:end] = tail
-    return buf[first:end]
-
 
 def decode_datum(buf: bytes | memoryview) -> Datum:
     """Parse a Caffe ``Datum``; unknown fields are skipped, malformed bytes raise ValueError."""

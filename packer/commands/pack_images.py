@@ -3,21 +3,18 @@ from __future__ import annotations
 
 import logging
 import os
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packer.claim import ensure_claim
 from packer.conversion.runner import Report, check_output_arg, run
-from packer.errors import CorruptSample, UsageError
-from packer.fileio import read_framed
+from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions, split_options
 from packer.conversion.parallel_write import choose_plan, job_for
 from packer.formats import writer_class
 from packer.formats.sample import Sample
-from packer.formats.writer import Framing
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
 from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
@@ -40,29 +37,14 @@ class ImageJob:
     and re-encoded, or kept when already within bounds: see ``packer.codecs.resize``; every image is
     then fully decoded, whatever ``check`` says) or ``raw`` (decoded, resized to
     ``resize.size``, stored as HxWx3 RGB uint8 pixels).
-
-    ``framing`` (in-process runs of a cheap check, see ``parallel_write.job_for``): the
-    writer's ``Framing``; each file is read into a buffer with room around it and the
-    writer's stored value is built there (``sample.prepared``), without copying the bytes.
     """
 
     check: str = "full"
     resize: ResizeSpec | None = None
     raw: bool = False
-    framing: Framing | None = None
-
-    def framed(self, framing: Framing) -> "ImageJob":
-        """This job reading each file into ``framing`` (the writer's stored value built around it)."""
-        return dataclasses.replace(self, framing=framing)
 
     def __call__(self, item: Item) -> Sample:
-        if self.framing is not None and self.check == "header" and self.resize is None and not self.raw:
-            framed, stat = self._framed(item, self.framing)
-            if type(framed) is Sample:
-                return framed
-            data = framed  # not a plain JPEG: Pillow decides below
-        else:
-            data, stat = read_item(item)
+        data, stat = read_item(item)
         sample = self._sample(item, data)
         sample.source_stat = stat
         return sample
@@ -81,24 +63,6 @@ class ImageJob:
         ext = item.key.rsplit(".", 1)[-1].lower()
         info = probe(data, check=self.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
-
-    @staticmethod
-    def _framed(item: Item, framing: Framing) -> tuple[Sample | bytes, tuple[int, int]]:
-        """A plain JPEG's sample with its stored value built around the bytes where they were
-        read (the bytes themselves when the header parse leaves the verdict to Pillow), and the
-        file's ``(size, mtime_ns)``."""
-        try:
-            buf, size, stat = read_framed(item.path, framing.head, framing.tail)
-        except OSError as e:
-            raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from e
-        data = buf[framing.head:framing.head + size]
-        hwc = jpeg_header(data)
-        if hwc is None:
-            return bytes(data), stat
-        sample = Sample(item.key, data, "jpeg", item.label, *hwc)
-        sample.prepared = framing.prepare(buf, framing.head, size, sample)
-        sample.source_stat = stat
-        return sample, stat
 
 
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
@@ -174,7 +138,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
         ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
         with ex:
-            report = run(items, job_for(plan, job, writer_cls), writer, executor=ex, options=run_opts,
+            report = run(items, job_for(plan, job), writer, executor=ex, options=run_opts,
                          desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
         report.labels = getattr(classes, "note", "")
         return report

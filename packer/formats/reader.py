@@ -49,7 +49,7 @@ class Reader(abc.ABC):
         tune_heap()  # decoded images reuse freed heap pages instead of faulting in fresh ones (packer.heap)
         self.path = Path(path)
         self.check_crc = check_crc
-        self._identity = output_identity(self.path)
+        self._identity = self._current_identity()
         self.manifest = self._load_manifest()
         self._check_unchanged()  # not replaced between the stat and the manifest read
         if self.manifest.format != self.format_name:
@@ -60,11 +60,21 @@ class Reader(abc.ABC):
         self._crcs: "np.ndarray | None" = None
 
     def _check_unchanged(self) -> None:
-        """Raise OutputChanged if the output at ``path`` is no longer the one this reader opened
-        (an ``--overwrite`` renames a new output over it). Formats call it after opening any file
-        of the output by path, so a reader never mixes the old manifest with new data."""
-        if self._identity is not None and output_identity(self.path) != self._identity:
-            raise OutputChanged(str(self.path))
+        """The guard against an output replaced under an open reader (docs/contracts.md):
+        raise OutputChanged if the output at ``path`` is no longer the one this reader opened (an
+        ``--overwrite`` renames a new output over it). Formats call it after opening any file of
+        the output by path, and where a read fails, so a reader never mixes the old manifest with
+        new data nor calls a replaced file damaged. The identity travels with a pickled reader."""
+        if self._identity is not None and self._current_identity() != self._identity:
+            raise self._changed()
+
+    def _current_identity(self) -> tuple[int, ...] | None:
+        """Which version of the output is there now (None: none to hold on to)."""
+        return output_identity(self.path)
+
+    def _changed(self) -> OutputChanged:
+        """The error ``_check_unchanged`` raises."""
+        return OutputChanged(str(self.path))
 
     def _load_manifest(self) -> Manifest:
         return Manifest.load(self.path)

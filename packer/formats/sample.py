@@ -19,8 +19,9 @@ class Sample:
     width: int
     channels: int
     extra: dict[str, Any] = field(default_factory=dict)
-    # What the writer's ``prepare`` made of this sample ahead of time (on a completion thread),
-    # or a ``Stored`` when a worker already stored it; never part of equality or of what is stored.
+    # None; the writer's ``prepare`` output, ``(value, crc32c)``, made ahead in a shared-memory
+    # worker; or a ``Stored`` when a worker already stored the sample. Never part of equality or
+    # of what is stored.
     prepared: Any = field(default=None, repr=False, compare=False)
     # ``(size, mtime_ns)`` of the source file as the work read it (its fstat), when it read one:
     # the resume fingerprint's per-input row, without a stat of its own.

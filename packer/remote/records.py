@@ -50,11 +50,12 @@ class RemoteRecordsReader(RecordsReader):
         self._checked: dict[int, tuple[int, ...]] = {}  # shard -> identity of the cached file hashed
         self._pins: list[dict[str, Any]] | None = None
         self.verify_note: str | None = None  # how verify_structure checked the server's bytes
-        # The cached manifest's identity is this reader's: another process that opens the URL after
-        # a republish replaces it (and empties the folder), and every later use of the cache sees it.
-        self._cached_manifest = _identity_of(source.local(MANIFEST_NAME))
+        # The cached manifest's identity is this reader's (Reader._check_unchanged holds it): another
+        # process that opens the URL after a republish replaces it (and empties the folder), and
+        # every later use of the cache sees it.
+        pinned = self._current_identity()
         if source.local(MANIFEST_NAME).read_text(encoding="utf-8") != source.manifest_text:
-            raise self._refilled()
+            raise self._changed()
         manifest = json.loads(source.manifest_text)
         small = ["keys.json"] + [s.get("index", s["file"] + ".idx") for s in manifest.get("shards", [])
                                  if isinstance(s, dict) and isinstance(s.get("file"), str)]
@@ -65,18 +66,19 @@ class RemoteRecordsReader(RecordsReader):
         except RemoteMissing:
             pass
         super().__init__(source.local_root, check_crc=check_crc)
-        self._identity = None  # the folder's own stat changes as shards arrive: _cached_manifest instead
+        self._identity = pinned
+        self._check_unchanged()
         self._load_index()  # now, from the indexes of this version (checked against the manifest after)
         if source.options.access == "range":
             self._pin_shards()
 
-    def _check_unchanged(self) -> None:
-        """OutputChanged once the node cache holds another version of the dataset (a process
-        opened the URL after a republish): files taken from it now would not be this version's."""
-        if _identity_of(self.source.local(MANIFEST_NAME)) != self._cached_manifest:
-            raise self._refilled()
+    def _current_identity(self) -> tuple[int, ...] | None:
+        """The cached manifest's (the folder's own stat changes as shards arrive): OutputChanged
+        once the node cache holds another version of the dataset (a process opened the URL after
+        a republish), since files taken from it now would not be this version's."""
+        return _identity_of(self.source.local(MANIFEST_NAME))
 
-    def _refilled(self) -> OutputChanged:
+    def _changed(self) -> OutputChanged:
         return OutputChanged(redact(self.source.url), "republished at this URL since this dataset was opened "
                                                       "(the node cache now holds the new version); open it "
                                                       "again to read it")

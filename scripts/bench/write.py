@@ -10,6 +10,8 @@ Sections (the first argument; ``all`` runs write, full, frames, breakdown and fr
 * ``frame-crc``: what ``FrameDataset``'s frame CRC check costs per TSN clip.
 * ``scale``: per-item cost of a conversion with 1 and 2 workers, a 2-part sharded run + merge and
   Ray, and the projection for Kinetics-400 on N machines.
+* ``hooks``: each ``Writer`` speed hook a plan uses (``keeps_samples``, ``prepare``, ``segments``)
+  on and off, every row in a fresh process: what each saves the writer's process and in all.
 * ``warmth``: what writing a file costs in system time right after another was deleted (why every
   row's old output is removed before it is timed).
 
@@ -63,6 +65,7 @@ import resource
 import shutil
 import statistics
 import struct
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -462,12 +465,12 @@ def _count_frames(video: str) -> int:
 # == breakdown ======================================================================================
 def _breakdown_imports() -> None:
     """The package pieces the breakdown switches off, imported once (module globals)."""
-    global pim, runner, jpeg_header, frame_datum, read_framed, base_writer, LmdbWriter
+    global pim, runner, jpeg_header, encode_datum, read_file, base_writer, LmdbWriter
     from packer.codecs.jpeg_header import jpeg_header
-    from packer.codecs.protowire import frame_datum
+    from packer.codecs.protowire import encode_datum
     from packer.commands import pack_images as pim
     from packer.conversion import runner
-    from packer.fileio import read_framed
+    from packer.fileio import read_file
     from packer.formats import writer as base_writer
     from packer.formats.lmdb.writer import LmdbWriter
 
@@ -526,18 +529,24 @@ class _NoFingerprint:
         return self
 
 
+def _image_section(section: str, argv: list[str], *, images: int, reps: int
+                   ) -> tuple[argparse.Namespace, Path, Path]:
+    """A section's ``--workdir``/``--images``/``--reps`` arguments, its work folder and image set."""
+    ap = argparse.ArgumentParser(prog=f"write.py {section}")
+    ap.add_argument("--workdir", default="bench-out/write")
+    ap.add_argument("--images", type=int, default=images)
+    ap.add_argument("--reps", type=int, default=reps)
+    args = ap.parse_args(argv)
+    work = Path(args.workdir)
+    return args, work, image_set(work, args.images)
+
+
 def breakdown_main(argv: list[str]) -> None:
     """Where ``to-lmdb --check header`` spends its CPU beside the bare read + CRC32C + put loop:
     the whole run (with one piece of the framework off at a time), the per-sample work, the writer;
     each the least CPU per sample over ``--reps`` interleaved rounds, in this process."""
     _breakdown_imports()
-    ap = argparse.ArgumentParser(prog="write.py breakdown")
-    ap.add_argument("--workdir", default="bench-out/write")
-    ap.add_argument("--images", type=int, default=3000)
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args(argv)
-    work = Path(args.workdir)
-    src = image_set(work, args.images)
+    args, work, src = _image_section("breakdown", argv, images=3000, reps=7)
     files = files_of(src)
     warm(files)
     n = len(files)
@@ -556,10 +565,8 @@ def breakdown_main(argv: list[str]) -> None:
                 pack()
         return go
 
-    framing = LmdbWriter.framing
-
     def flat() -> None:
-        """The run's per-sample work (read into the Datum's frame, header check, Datum, CRC32C,
+        """The run's per-sample work (read, header check, Datum, CRC32C,
         appending put) in one loop over the listed items, with none of the framework: no
         runner, executor, Sample or Writer, no journals, checkpoint, fingerprint or manifest."""
         env = lmdb.open(str(out / "flat.lmdb"), map_size=1 << 34, subdir=True, meminit=True, readahead=False)
@@ -568,9 +575,9 @@ def breakdown_main(argv: list[str]) -> None:
             with env.begin(write=True) as txn:
                 for i in range(start, min(start + 1000, n)):
                     it = cached[0][i]
-                    buf, size, _ = read_framed(it.path, framing.head, framing.tail)
-                    h, w, c = jpeg_header(buf[framing.head:framing.head + size])
-                    value = frame_datum(buf, framing.head, size, it.label, h, w, c)
+                    data = read_file(it.path)
+                    h, w, c = jpeg_header(data)
+                    value = encode_datum(data, it.label, h, w, c)
                     crcs.append(crc32c(value))
                     txn.put(b"%08d" % i, value, append=True)
         env.close()
@@ -596,7 +603,7 @@ def breakdown_main(argv: list[str]) -> None:
     per_run_ms = least({"tiny": tiny_pack}, args.reps * 3, 1, outputs=(out / "tiny.lmdb",))["tiny"] / 1e3
 
     items, _ = cached
-    job = pim.ImageJob(check="header", framing=LmdbWriter.framing)
+    job = pim.ImageJob(check="header")
 
     def bare_reads() -> None:
         for f in files:
@@ -605,12 +612,14 @@ def breakdown_main(argv: list[str]) -> None:
 
     def jobs() -> None:
         for it in items:
-            job(it)
+            LmdbWriter.prepare(job(it))
 
     work_rows = least({"bare open().read() + CRC32C": bare_reads,
-                       "ImageJob in process (framed read, header, Datum, CRC32C)": jobs}, args.reps, n)
+                       "ImageJob in process + LmdbWriter.prepare (read, header, Datum, CRC32C)": jobs}, args.reps, n)
 
     samples = [job(it) for it in items]
+    for s in samples:
+        s.prepared = LmdbWriter.prepare(s)
 
     def bare_puts() -> None:
         shutil.rmtree(out / "puts.lmdb", ignore_errors=True)
@@ -1100,12 +1109,100 @@ def throughput_main(argv: list[str], section: str) -> None:
     shutil.rmtree(work / "out", ignore_errors=True)
 
 
+# == hooks ==========================================================================================
+# Each Writer speed hook that a plan uses, on and off: (hook, format, pack options). "Off" is a patch
+# made in the row's own fresh process (``_hook_off``), never in the package.
+HOOKS = [
+    ("keeps_samples", "lmdb", {"check": "header", "workers": 2}),
+    ("prepare", "lmdb", {"check": "header", "workers": 2}),
+    ("segments", "records", {"check": "header"}),
+    ("segments", "hdf5", {"check": "full", "workers": 2}),
+]
+
+
+def _hook_off(hook: str) -> None:
+    """Switch ``hook`` off in this process: LMDB without ``keeps_samples`` gets verdict workers;
+    shared-memory workers without the writer's ``prepare`` hand back the bytes and the writer
+    encodes; a writer without ``segments`` gets verdict workers or runs in process."""
+    from packer.formats import writer_class
+
+    if hook == "keeps_samples":
+        writer_class("lmdb").keeps_samples = True
+    elif hook == "prepare":
+        from packer.conversion.executors.shm import SharedMemoryExecutor
+
+        init = SharedMemoryExecutor.__init__
+        SharedMemoryExecutor.__init__ = lambda self, *, prepare=None, **kw: init(self, prepare=None, **kw)
+    elif hook == "segments":
+        for fmt in ("records", "hdf5"):
+            writer_class(fmt).segments = None
+    else:
+        raise ValueError(f"unknown hook {hook!r}")
+
+
+def _hook_row(src: str, out: str, fmt: str, options: dict, off: str) -> dict:
+    """One pack in this (fresh) process, ``off`` switched off first: its CPU and plan."""
+    from packer.heap import tune_heap
+    import packer.commands.pack_images as command
+
+    tune_heap()
+    if off:
+        _hook_off(off)
+    modes, choose = [], command.choose_plan
+    command.choose_plan = lambda **kw: modes.append(choose(**kw)) or modes[-1]
+    warm(files_of(Path(src)))
+    remove_path(out)
+    os.sync()
+    wall, own, kids, _ = timed(lambda: pack(Path(src), Path(out), fmt, **options))
+    return {"wall": wall, "own": own, "kids": kids, "plan": modes[0].mode if modes else ""}
+
+
+def hooks_main(argv: list[str]) -> None:
+    """Each Writer speed hook on and off, every row in a fresh process (no row inherits another's
+    heap or imports), rows interleaved over ``--reps`` rounds in a new seeded order each round:
+    the writer process's CPU per sample (the single writer's ceiling), all processes' CPU, and
+    the median over rounds of each round's off/on ratio (a shared machine's drift hits both)."""
+    args, work, src = _image_section("hooks", argv, images=2000, reps=8)
+    n = len(files_of(src))
+    print(f"{n} JPEGs; cores: {os.cpu_count()}, load average before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    rows = [(h, fmt, opts, off) for h, fmt, opts in HOOKS for off in ("", h)]
+    got: dict[tuple, list[dict]] = {}
+    order = random.Random(0)
+    for _ in range(args.reps):
+        order.shuffle(rows)
+        for hook, fmt, opts, off in rows:
+            out = work / "out" / f"hook.{fmt}"
+            code = ("import json, sys; from scripts.bench.write import _hook_row; "
+                    f"print(json.dumps(_hook_row({str(src)!r}, {str(out)!r}, {fmt!r}, {opts!r}, {off!r})))")
+            run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO)))
+            if run.returncode:
+                raise RuntimeError(run.stderr[-2000:])
+            got.setdefault((hook, fmt, repr(opts), off), []).append(json.loads(run.stdout.strip().splitlines()[-1]))
+    lines = ["| hook | row | plan on / off | writer CPU µs/sample, on / off (least) | all CPU µs/sample, "
+             "on / off (least) | off / on, writer CPU (median of rounds) | off / on, all CPU |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for hook, fmt, opts in HOOKS:
+        on, off = got[(hook, fmt, repr(opts), "")], got[(hook, fmt, repr(opts), hook)]
+        own = [(b["own"] / a["own"]) for a, b in zip(on, off)]
+        tot = [((b["own"] + b["kids"]) / (a["own"] + a["kids"])) for a, b in zip(on, off)]
+        us = lambda rs, k: min(r["own"] + (r["kids"] if k else 0) for r in rs) / n * 1e6  # noqa: E731
+        flags = " ".join(f"--{k} {v}" for k, v in opts.items())
+        lines.append(f"| {hook} | to-{fmt} {flags} | {on[0]['plan']} / {off[0]['plan']} | {us(on, 0):.1f} / "
+                     f"{us(off, 0):.1f} | {us(on, 1):.1f} / {us(off, 1):.1f} | {statistics.median(own):.2f}x "
+                     f"| {statistics.median(tot):.2f}x |")
+    print("\n".join(lines))
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    shutil.rmtree(work / "out", ignore_errors=True)
+
+
 SECTIONS: dict[str, Callable[[list[str]], None]] = {
     "write": lambda argv: throughput_main(argv, "write"),
     "full": lambda argv: throughput_main(argv, "full"),
     "frames": lambda argv: throughput_main(argv, "frames"),
     "breakdown": breakdown_main, "timeline": timeline_main, "frame-crc": frame_crc_main,
-    "scale": scale_main, "warmth": warmth_main}
+    "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main}
 ALL = ("write", "full", "frames", "breakdown", "frame-crc")
 QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"],
          "full": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"],
@@ -1114,7 +1211,8 @@ QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/writ
          "timeline": ["--rounds", "1", "--workdir", "bench-out/write-quick"],
          "frame-crc": ["--videos", "1", "--clips", "4", "--rounds", "1"],
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
-         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"]}
+         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"],
+         "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"]}
 
 
 def main(argv: list[str] | None = None) -> int:

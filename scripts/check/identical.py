@@ -31,6 +31,7 @@ from pathlib import Path
 # IN = the image folder, VID = the video folder, OUT = outputs
 COMMANDS: list[tuple[str, list]] = [
     ("to-lmdb", ["to-lmdb", "IN", "OUT/img.lmdb", "--commit-every", "7"]),
+    ("to-lmdb --check header", ["to-lmdb", "IN", "OUT/img_header.lmdb", "--check", "header", "--commit-every", "7"]),
     ("to-lmdb --short-side --format jpeg", ["to-lmdb", "IN", "OUT/img_small.lmdb", "--short-side", "24",
                                             "--format", "jpeg"]),
     ("to-hdf5", ["to-hdf5", "IN", "OUT/img.h5", "--commit-every", "7"]),

@@ -109,7 +109,7 @@ def test_a_remembered_layout_gives_the_walks_verdict(base, size, precision, laye
     module._last = None
     module.jpeg_header(base)  # primes the layout when base is plain
     assert module.jpeg_header(data) == expected
-    assert module.jpeg_header(memoryview(bytearray(data))) == expected  # the framed read's view
+    assert module.jpeg_header(memoryview(bytearray(data))) == expected  # a view too
     if expected is not None:
         assert expected == pil_header(data)
 

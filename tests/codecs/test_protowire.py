@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.codecs.protowire import (DATUM_ROOM, decode_datum, decode_varint, encode_datum, encode_varint,
-                                     frame_datum, iter_fields)
+from packer.codecs.protowire import decode_datum, decode_varint, encode_datum, encode_varint, iter_fields
 from tests.support.protobuf import Datum
 
 datums = st.tuples(st.binary(max_size=300), st.integers(-2**31, 2**31 - 1),
@@ -27,30 +26,6 @@ def test_datum_matches_protobuf_runtime(d):
     assert theirs == ours
     back = decode_datum(theirs)
     assert (back.data, back.label, back.height, back.width, back.channels, back.encoded) == (data, label, h, w, c, enc)
-
-
-@settings(max_examples=200, deadline=None)
-@given(datums, st.integers(0, 8), st.integers(0, 8))
-def test_frame_datum_is_encode_datum_in_place(d, before, after):
-    """Built around the data where it lies, the Datum is byte for byte ``encode_datum``'s, a view
-    of the buffer (the data is not copied), and the bytes around it are left alone."""
-    data, label, h, w, c, enc = d
-    head, tail = DATUM_ROOM[0] + before, DATUM_ROOM[1] + after
-    buf = bytearray(b"\xa5" * head + data + b"\x5a" * tail)
-    view = frame_datum(memoryview(buf), head, len(data), label, h, w, c, encoded=enc)
-    assert view.obj is buf
-    assert bytes(view) == encode_datum(data, label, h, w, c, encoded=enc)
-    start = bytes(buf).index(bytes(view))
-    assert set(buf[:start]) <= {0xA5} and set(buf[start + len(view):]) <= {0x5A}
-
-
-def test_frame_datum_refuses_too_little_room():
-    buf = memoryview(bytearray(b"\0" * 4 + b"jpeg" + b"\0" * 20))
-    with pytest.raises(ValueError, match="no room"):
-        frame_datum(buf, 4, 4, 1, 10, 10, 3)
-    buf = memoryview(bytearray(b"\0" * 20 + b"jpeg" + b"\0"))
-    with pytest.raises(ValueError, match="no room"):
-        frame_datum(buf, 20, 4, 1, 10, 10, 3)
 
 
 def test_decode_skips_unknown_fields():

@@ -8,10 +8,16 @@ would pass every count check: each read is compared with v1 and v2 byte for byte
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
+import shutil
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.errors import OutputChanged
@@ -158,3 +164,104 @@ def test_reading_while_an_overwrite_runs(fmt, tmp_path):
     proc.wait(timeout=120)
     assert proc.returncode == 0
     assert _old_or_named_error(seen, old * (len(seen) // len(old) + 1), [b""] * len(seen), out) >= 0
+
+
+class _Guarded(torch.utils.data.Dataset):
+    """A dataset's stored bytes by index, or the name and text of the error a read raised (a
+    DataLoader worker would otherwise re-raise it as another type)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        try:
+            return self.ds.reader.read(i).data
+        except Exception as e:  # noqa: BLE001 - checked by the caller
+            return OutputChanged(str(e)) if isinstance(e, OutputChanged) else RuntimeError(repr(e))
+
+
+def _through_workers(ds, n):
+    loader = torch.utils.data.DataLoader(_Guarded(ds), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork", collate_fn=lambda x: x)
+    got = list(loader)
+    assert len(got) == n
+    return got
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "records"])
+def test_forked_workers_and_pickles_of_a_dataset_opened_before_overwrite(fmt, tmp_path):
+    """The guard crosses ``fork`` (DataLoader workers of a dataset opened, and read, in the
+    parent) and pickling (``__setstate__`` in another process): each read is the old sample or
+    OutputChanged, never the new output under the old manifest."""
+    a, b = _images(tmp_path)
+    out = tmp_path / ("out.h5" if fmt == "hdf5" else f"out.{fmt}")
+    _pack(fmt, a, out)
+    warm = PackedDataset(out, decode="bytes")
+    old = [warm.reader.read(i).data for i in range(len(warm))]
+    lazy = PackedDataset(out, decode="bytes")
+    pickled = pickle.dumps(warm)
+    _pack(fmt, b, out, "--overwrite")
+    for ds in (warm, lazy, pickle.loads(pickled)):
+        _old_or_named_error(_through_workers(ds, len(old)), old, [None] * len(old), out)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:  # unpickled in a fresh interpreter: nothing of the old output open
+        got = pool.apply(_read_all_pickled, (pickled, len(old)))
+    assert _old_or_named_error(got, old, [None] * len(old), out) == len(old)
+
+
+def _read_all_pickled(pickled, n):
+    ds = _Guarded(pickle.loads(pickled))
+    return [ds[i] for i in range(n)]
+
+
+def test_lmdb_reader_never_maps_a_new_file_given_the_old_inode(tmp_path):
+    """A reader opened (unread) on v1 whose data.mdb is deleted and whose inode number the file
+    system then gives to another output's data.mdb (mtime kept) at the same path: the inode alone would
+    match, and the new values would be read under v1's manifest (silently with check_crc=False)."""
+    a, b = _images(tmp_path)
+    out, other = tmp_path / "out.lmdb", tmp_path / "other.lmdb"
+    _pack("lmdb", a, out)
+    _pack("lmdb", b, other)
+    r = open_reader(out)
+    old = [r.read(i).data for i in range(len(r))]
+    r.close()
+    lazy = open_reader(out, check_crc=False)
+    inode = os.stat(out / "data.mdb").st_ino
+    for _ in range(50):  # ext4 hands a freed inode number out again at once, in the same folder
+        os.unlink(out / "data.mdb")
+        shutil.copy2(other / "data.mdb", out / "data.mdb")
+        if os.stat(out / "data.mdb").st_ino == inode:
+            break
+    else:
+        pytest.skip("this file system never reused the inode number")
+    assert _old_or_named_error(_reads(SimpleNamespace(reader=lazy), len(old)), old,
+                               [None] * len(old), out) == len(old)
+
+
+def test_lmdb_old_and_new_readers_in_one_process(tmp_path):
+    """A reader of the replaced output and one of the new output in one process (a notebook, a
+    Loader's threads): the new one reads the new data; the old one, whose environment the new
+    open closes, raises OutputChanged (also inside a batched read already under way), never
+    CorruptData and never the new data."""
+    a, b = _images(tmp_path)
+    out = tmp_path / "out.lmdb"
+    _pack("lmdb", a, out)
+    old_reader = open_reader(out)
+    old = [old_reader.read(i).data for i in range(len(old_reader))]
+    batch = old_reader.read_many(range(len(old)))
+    assert next(batch).data == old[0]  # a read transaction open on the old environment
+    _pack("lmdb", b, out, "--overwrite")
+    new_reader = open_reader(out)
+    new = [new_reader.read(i).data for i in range(len(new_reader))]
+    assert all(x != y for x, y in zip(old, new))
+    rest = []
+    try:
+        rest.extend(rec.data for rec in batch)
+    except OutputChanged as e:
+        rest.append(e)
+    _old_or_named_error(rest, old[1:], new[1:], out)
+    _old_or_named_error(_reads(SimpleNamespace(reader=old_reader), len(old)), old, new, out)
+    assert [new_reader.read(i).data for i in range(len(new))] == new

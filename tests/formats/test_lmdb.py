@@ -109,7 +109,8 @@ def test_deleted_output_releases_its_cached_environment(image_folder, tmp_path):
     pack_images(image_folder, gone, format="lmdb", workers=0)
     pack_images(image_folder, other, format="lmdb", workers=0)
     LmdbReader(gone).read(0)
-    assert str(gone) in lmdb_env._ENVS
+    assert str(gone) in {path for path, _ in lmdb_env._ENVS}
     shutil.rmtree(gone)
     LmdbReader(other).read(0)
-    assert str(gone) not in lmdb_env._ENVS and str(other) in lmdb_env._ENVS
+    cached = {path for path, _ in lmdb_env._ENVS}
+    assert str(gone) not in cached and str(other) in cached

@@ -90,6 +90,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     ("scripts.bench.write", "frame-crc", "check_crc=True (default)"),
     ("scripts.bench.write", "warmth", "pause between the delete and the write"),
     ("scripts.bench.write", "scale", "2 workers"),
+    ("scripts.bench.write", "hooks", "| keeps_samples | to-lmdb"),
     ("scripts.bench.video", "flow", "| dis |"),
     ("scripts.bench.video", "clips", "decode-frames --workers 2"),
     ("scripts.bench.resize", "pre-resize", "resized / original"),

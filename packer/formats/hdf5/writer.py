@@ -143,11 +143,6 @@ class HDF5Writer(Writer):
                                                      "start again with --overwrite", position=f"sample {i}")
 
     # -- writing -------------------------------------------------------------------------
-    @staticmethod
-    def prepare(sample: Sample) -> int:
-        """The CRC32C of the stored bytes."""
-        return crc32c(sample.data)
-
     def _write(self, index: int, sample: Sample) -> int:
         prepared = sample.prepared
         stored = prepared if isinstance(prepared, Stored) else None
@@ -165,7 +160,7 @@ class HDF5Writer(Writer):
                 raise ValueError(f"{sample.key}: a stored sample without its part file")
             self._pending_bytes += size
             return stored.crc
-        return prepared if prepared is not None else crc32c(sample.data)
+        return crc32c(sample.data)
 
     def _commit(self) -> None:
         if not self._pending:

@@ -10,10 +10,10 @@ classes are exported from here on first use, so reading never imports the writer
 from __future__ import annotations
 
 from packer.formats.lazy import lazy_exports
-from packer.formats.lmdb.env import close_env, drop_stale_env, lmdb_key, open_env
+from packer.formats.lmdb.env import close_env, lmdb_key, open_env
 from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE  # noqa: F401 (kept importable from here)
 
-__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env", "drop_stale_env"]
+__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env"]
 
 __getattr__ = lazy_exports(__name__, {"LmdbWriter": "packer.formats.lmdb.writer",
                                       "LmdbReader": "packer.formats.lmdb.reader"})

@@ -6,16 +6,18 @@ import threading
 
 import lmdb
 
-from packer.errors import CorruptData
+from packer.errors import CorruptData, OutputChanged
 
-__all__ = ["lmdb_key", "open_env", "close_env", "drop_stale_env", "mapped_file"]
+__all__ = ["lmdb_key", "open_env", "close_env", "data_file"]
 
+FileId = tuple[int, int, int, int]
 
-# One read-only environment per (process, path): py-lmdb >= 2 refuses to open a path twice
-# in a process, and a forked child inherits its parent's handle, which it must drop first.
-_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+# One read-only environment per (process, path, data.mdb identity): py-lmdb >= 2 refuses to open
+# a file twice in a process, and a forked child inherits its parent's handles, which it must drop
+# first. The identity in the key is what keeps an --overwrite from being served the old map (or
+# an old reader the new one): an environment is only ever returned for the file it maps.
+_ENVS: dict[tuple[str, FileId | None], tuple[int, lmdb.Environment]] = {}
 _ENVS_LOCK = threading.RLock()
-_INODES: dict[str, tuple[int, int]] = {}  # the data.mdb each cached environment maps
 
 
 def lmdb_key(index: int) -> bytes:
@@ -23,75 +25,85 @@ def lmdb_key(index: int) -> bytes:
     return b"%08d" % index
 
 
-def drop_stale_env(path: str | os.PathLike) -> None:
-    """Close this process's cached environment of ``path`` if ``data.mdb`` there was replaced
-    since it was opened (a re-pack into the same path must not be read through the old map)."""
-    path = os.path.abspath(path)
-    entry = _ENVS.get(path)
-    if entry is None or entry[0] != os.getpid():
-        return
+def data_file(path: str | os.PathLike) -> FileId | None:
+    """Which ``data.mdb`` is at ``path`` now: (device, inode, size, mtime), None if absent.
+
+    The inode alone is not enough: once the old file's environment is closed, the file system
+    may give its number to the next output's data.mdb. Not the ctime: a remote cache marks a
+    file used with ``utime``, which changes it.
+    """
     try:
         st = os.stat(os.path.join(path, "data.mdb"))
-        current = (st.st_dev, st.st_ino)
-    except OSError:
-        current = None
-    if current != _INODES.get(path):
-        close_env(path)
-
-
-def mapped_file(path: str | os.PathLike) -> tuple[int, int] | None:
-    """(device, inode) of the ``data.mdb`` this process's cached environment of ``path`` maps."""
-    return _INODES.get(os.path.abspath(path))
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def close_env(path: str | os.PathLike) -> None:
-    """Close this process's cached environment of ``path`` (it reopens on the next use)."""
+    """Close this process's cached environments of ``path`` (they reopen on the next use)."""
     path = os.path.abspath(path)
-    entry = _ENVS.pop(path, None)
-    _INODES.pop(path, None)
-    if entry is not None and entry[0] == os.getpid():
-        entry[1].close()
+    with _ENVS_LOCK:
+        for key in [k for k in _ENVS if k[0] == path]:
+            _close(key)
+
+
+def _close(key: tuple[str, FileId | None]) -> None:
+    _, env = _ENVS.pop(key)
+    try:  # an inherited handle is this process's copy of the parent's: closing it is ours to do
+        env.close()
+    except lmdb.Error:
+        pass
 
 
 def _drop_dead_envs() -> None:
-    """Close this process's cached environments whose ``data.mdb`` was deleted or replaced.
+    """Close the environments this process inherited across ``fork`` and its own whose
+    ``data.mdb`` was deleted or replaced (nothing can be served from them any more).
 
     py-lmdb refuses to open a file it believes already open, keyed by inode: a cached
     environment of a deleted output keeps its inode number claimed, and a new output that the
     file system gives the same number would be refused. One stat per cached environment, only
-    when a path is opened for the first time.
+    when an environment is opened.
     """
-    for cached in list(_ENVS):
-        drop_stale_env(cached)
+    pid = os.getpid()
+    for key, (owner, _) in list(_ENVS.items()):
+        if owner != pid or data_file(key[0]) != key[1]:
+            _close(key)
 
 
-def open_env(path: str | os.PathLike) -> lmdb.Environment:
-    """The shared read-only environment of ``path`` for this process (opened on first use)."""
-    entry = _ENVS.get(os.path.abspath(path))
+def open_env(path: str | os.PathLike, expect: FileId | None = None) -> lmdb.Environment:
+    """The shared read-only environment of the ``data.mdb`` at ``path`` whose identity is
+    ``expect`` (default: the one there now), for this process.
+
+    Raises OutputChanged when ``path`` no longer holds that file: a reader opened before an
+    ``--overwrite`` is never given the new file's map, nor one opened after it the old one's.
+    """
+    entry = _ENVS.get((os.path.abspath(path), expect))
     if entry is not None and entry[0] == os.getpid():
         return entry[1]
     with _ENVS_LOCK:  # packer.Loader's threads share the cache: open once
-        return _open_env(path)
+        return _open_env(path, expect)
 
 
-def _open_env(path: str | os.PathLike) -> lmdb.Environment:
-    path = os.path.abspath(path)
-    pid = os.getpid()
-    entry = _ENVS.get(path)
-    if entry is not None:
-        if entry[0] == pid:
-            return entry[1]
-        try:  # inherited across fork: close our copy of the parent's handle
-            entry[1].close()
-        except lmdb.Error:
-            pass
-        del _ENVS[path]
+def _open_env(path: str | os.PathLike, expect: FileId | None) -> lmdb.Environment:
+    shown, path = str(path), os.path.abspath(path)
+    before = data_file(path)
+    if expect is None:
+        expect = before
+    key = (path, expect)
+    entry = _ENVS.get(key)
+    if entry is not None and entry[0] == os.getpid():
+        return entry[1]
     _drop_dead_envs()
+    if before != expect:
+        raise OutputChanged(shown)
     try:
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
                         max_readers=1024, subdir=True)
     except lmdb.Error as e:
         raise CorruptData(path, f"cannot open LMDB environment ({e})") from e
+    if data_file(path) != expect:  # replaced while it was being opened: the map may be either
+        env.close()
+        raise OutputChanged(shown)
     try:  # a data.mdb shorter than its pages would crash the process (SIGBUS) on the first read
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         size = os.path.getsize(os.path.join(path, "data.mdb"))
@@ -101,7 +113,5 @@ def _open_env(path: str | os.PathLike) -> lmdb.Environment:
     if size < need:
         env.close()
         raise CorruptData(os.path.join(path, "data.mdb"), f"truncated: {size} bytes, its pages need {need}")
-    _ENVS[path] = (pid, env)
-    st = os.stat(os.path.join(path, "data.mdb"))
-    _INODES[path] = (st.st_dev, st.st_ino)
+    _ENVS[key] = (os.getpid(), env)
     return env

@@ -9,8 +9,8 @@ import lmdb
 
 from packer.codecs.image import sniff_format
 from packer.codecs.protowire import decode_datum
-from packer.errors import CorruptData, OutputChanged
-from packer.formats.lmdb.env import close_env, drop_stale_env, lmdb_key, mapped_file, open_env
+from packer.errors import CorruptData
+from packer.formats.lmdb.env import close_env, data_file, lmdb_key, open_env
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
 
@@ -24,12 +24,7 @@ class LmdbReader(Reader):
 
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
         super().__init__(path, check_crc=check_crc)
-        drop_stale_env(self.path)
-        try:  # the data.mdb this reader's manifest describes (an --overwrite replaces it)
-            st = os.stat(self.path / "data.mdb")
-            self._mdb: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except OSError:
-            self._mdb = None
+        self._mdb = data_file(self.path)  # the data.mdb this reader's manifest describes
         self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
     @classmethod
@@ -37,13 +32,10 @@ class LmdbReader(Reader):
         return (path / "data.mdb").is_file()
 
     def _env(self) -> lmdb.Environment:
-        env = open_env(self.path)
-        # An environment opened before an --overwrite keeps mapping the old data.mdb (the old
-        # data, consistently); one opened after it maps the new file: never read it under the
-        # old manifest.
-        if self._mdb is not None and mapped_file(self.path) != self._mdb:
-            raise OutputChanged(str(self.path))
-        return env
+        # The environment of exactly that data.mdb (keyed by its identity): one opened before an
+        # --overwrite keeps mapping the old file (the old data, consistently); once it is gone,
+        # OutputChanged, never the new file under the old manifest.
+        return open_env(self.path, self._mdb)
 
     def read_value(self, index: int, txn: lmdb.Transaction | None = None) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
@@ -55,6 +47,7 @@ class LmdbReader(Reader):
             else:
                 value = txn.get(lmdb_key(index))
         except lmdb.Error as e:
+            self._check_unchanged()  # its environment closed because the output was replaced: say so
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
                               position=f"sample {index}") from e
         if value is None:
@@ -81,6 +74,7 @@ class LmdbReader(Reader):
         try:
             txn = self._env().begin(buffers=False)
         except lmdb.Error as e:
+            self._check_unchanged()
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from e
         with txn:
             for i in indices:

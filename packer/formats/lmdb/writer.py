@@ -3,25 +3,18 @@ from __future__ import annotations
 
 import lmdb
 
-from packer.codecs.protowire import DATUM_ROOM, encode_datum, frame_datum
+from packer.codecs.protowire import encode_datum
 from packer.errors import WriteError
 from packer.formats.lmdb.env import lmdb_key
 from packer.formats.sample import Sample
 from packer.formats.sidecars import write_checksums, write_keys
-from packer.formats.writer import Framing, Writer
+from packer.formats.writer import Writer
 from packer.integrity import crc32c
 from packer.manifest import Manifest
 
 __all__ = ["LmdbWriter"]
 
 _INITIAL_MAP = 64 << 20
-
-
-def _datum_in_place(buf: memoryview, start: int, size: int, sample: Sample) -> tuple[memoryview, int]:
-    """``LmdbWriter.prepare`` for bytes read into ``buf[start:start + size]`` with room around them."""
-    value = frame_datum(buf, start, size, sample.label, sample.height, sample.width, sample.channels,
-                        encoded=sample.fmt != "raw")
-    return value, crc32c(value)
 
 
 class LmdbWriter(Writer):
@@ -38,7 +31,6 @@ class LmdbWriter(Writer):
 
     format_name = "lmdb"
     keeps_samples = False  # each value is copied into LMDB's pages by the put, during ``add``
-    framing = Framing(*DATUM_ROOM, _datum_in_place)  # a Datum is its data with fields around it
 
     def _open(self, resume_samples: int) -> None:
         self._txn: lmdb.Transaction | None = None

@@ -78,8 +78,9 @@ class RecordsReader(Reader):
         self._maps: collections.OrderedDict[int, tuple[mmap.mmap | None, memoryview]] = collections.OrderedDict()
         self._root: Path | None = None
         super().__init__(path, check_crc=check_crc)
-        if self._foreign is not None:
-            self._identity = None  # other tools' files: no output identity to hold on to
+
+    def _current_identity(self) -> tuple[int, ...] | None:
+        return None if self._foreign is not None else super()._current_identity()  # other tools' files
 
     @classmethod
     def detect(cls, path: Path) -> bool:

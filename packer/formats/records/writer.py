@@ -86,7 +86,7 @@ class RecordsWriter(Writer):
         if isinstance(sample.prepared, Stored):  # already in a worker's shard file
             self._add_stored(sample, sample.prepared)
             return
-        record, crc = sample.prepared or self.prepare(sample)
+        record, crc = self.prepare(sample)
         if self._fh is not None and self._full(len(record)):
             self.flush()  # completes the shard: the durable commit
         self._next = (record, crc)
