@@ -45,11 +45,27 @@ def pytest_configure(config) -> None:
 COLLECTED = pytest.StashKey[list]()
 
 
+#: the modules that take longest (``pytest --durations=0``, summed per file), started first so
+#: that xdist's workers end together instead of one finishing a long test alone; tests keep their
+#: order inside a module (module fixtures are set up once). Only the order: a stale list is harmless.
+LONGEST_FIRST = (
+    "tests/scripts/test_bench_scripts.py", "tests/conversion/test_executors_ray.py",
+    "tests/faults/test_faults_crash.py", "tests/faults/test_faults_concurrent.py",
+    "tests/faults/test_faults_resume.py", "tests/data/test_video_packs.py", "tests/data/test_video_copy.py",
+    "tests/commands/test_bench.py", "tests/conversion/test_resume.py", "tests/faults/test_faults_workers.py",
+    "tests/conversion/test_parallel_write.py", "tests/faults/test_faults_disk.py", "tests/data/test_multigrid.py",
+    "tests/remote/test_remote_pinning.py", "tests/data/test_elastic_samplers.py",
+    "tests/commands/test_bench_video.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Keep the run's whole collection: tests/test_docs.py counts the fault suites from it
-    instead of collecting them again in a subprocess."""
+    """Keep the run's whole collection (tests/test_docs.py counts the fault suites from it
+    instead of collecting them again in a subprocess), then start the longest modules first."""
     config.stash[COLLECTED] = [(i.nodeid, i.get_closest_marker("slow") is not None) for i in items]
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda i: rank.get(i.nodeid.split("::", 1)[0], len(rank)))  # stable: order within a module
 
 
 @pytest.fixture(scope="session")
