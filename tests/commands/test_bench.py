@@ -134,7 +134,9 @@ def test_threads_and_mixing_fields(packed):
     assert t["scaling"] == pytest.approx(t["samples_per_s"] / t["one_thread_samples_per_s"])
     assert t["advice"] and t["holds_gil"] in (True, False, None) and t["available"] > 0
     assert sorted(t["process"], key=int) == ["1", str(t["threads"])]
-    assert all(set(p) == {*USAGE_FIELDS, "window"} and p["user_s"] > 0 for p in t["process"].values())
+    # a forked child's CPU is counted in clock ticks: a tiny run may show 0 on a loaded machine
+    assert all(set(p) == {*USAGE_FIELDS, "window"} and p["wall_s"] > 0 and p["user_s"] >= 0
+               for p in t["process"].values())
     assert m["batch_size"] == 8 and 2.9 < m["iid"] < 3.0  # 3 classes x 8 images, 8-batches
     assert m["stored"]["median"] == 1  # a class-sorted pack read in stored order
     assert m["streaming"]["median"] >= 2 and m["streaming"]["ratio"] == pytest.approx(m["streaming"]["median"] / m["iid"])
