@@ -24,7 +24,10 @@ from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.errors import UsageError  # noqa: E402
 from packer.formats import open_reader  # noqa: E402
 
-from tests.data.test_video_packs import SAMPLERS, check_clips  # noqa: E402
+from tests.support.numbered_video import SAMPLERS, check_clips  # noqa: E402
+
+# xdist: one worker runs this module, so its packs (module fixtures, seconds each) are built once
+pytestmark = pytest.mark.xdist_group("video_copy")
 
 VIDEOS = Path(__file__).resolve().parents[1] / "fixtures" / "videos"
 KEPT = ["mmaction2_test.mp4", "mmaction2_part_0.mp4", "decord_flipping_a_pancake.mkv", "decord_video_90.mov",

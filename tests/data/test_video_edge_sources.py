@@ -26,7 +26,7 @@ from packer.codecs.video_pack import decode_all  # noqa: E402
 from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.formats import open_reader  # noqa: E402
 from packer.formats.frames import video_streams  # noqa: E402
-from tests.data.test_video_packs import SAMPLERS, check_clips, read_number  # noqa: E402
+from tests.support.numbered_video import SAMPLERS, check_clips, read_number  # noqa: E402
 from tests.support.edge_videos import write_edit_list, write_numbered, write_rotated  # noqa: E402
 
 FRAMES, HIDE = 40, 10

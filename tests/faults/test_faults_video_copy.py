@@ -16,7 +16,7 @@ av = pytest.importorskip("av")
 from packer.codecs.video_copy import check_random_access, copy_stream  # noqa: E402
 from packer.codecs.video_pack import KEY, decode_all, decode_frames_at, unpack_stream  # noqa: E402
 
-from tests.data.test_video_packs import numbered, read_number  # noqa: E402
+from tests.support.numbered_video import numbered, read_number  # noqa: E402
 
 
 def _open_gop_h264(path: Path, frames: int = 90) -> None:

@@ -28,7 +28,7 @@ from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.errors import CorruptData, VerifyFailed  # noqa: E402
 from packer.formats import FORMATS, open_reader  # noqa: E402
 from packer.formats.sample import Sample  # noqa: E402
-from tests.data.test_video_packs import SAMPLERS  # noqa: E402
+from tests.support.numbered_video import SAMPLERS  # noqa: E402
 from tests.support.edge_videos import write_numbered  # noqa: E402
 
 FRAMES = 48

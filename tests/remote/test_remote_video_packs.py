@@ -19,7 +19,7 @@ from packer.codecs.video_pack import decode_all  # noqa: E402
 from packer.data.video import ClipSampling, PackedVideoDataset  # noqa: E402
 from packer.errors import OutputChanged  # noqa: E402
 from packer.remote import RemoteOptions  # noqa: E402
-from tests.data.test_video_packs import check_clips  # noqa: E402
+from tests.support.numbered_video import check_clips  # noqa: E402
 
 VIDEOS = Path(__file__).resolve().parents[1] / "fixtures" / "videos"
 SAMPLINGS = {"dense": ClipSampling(clip_len=16, frame_interval=2, test_mode=True),

@@ -12,7 +12,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from tests.data.test_video_packs import numbered
+from tests.support.numbered_video import numbered
 
 WIDTH, HEIGHT = 320, 256
 VFR_STEPS_MS = (17, 33, 50, 100)  # frame durations drawn at random: no constant rate
