@@ -32,7 +32,7 @@ from typing import Iterable, Optional, Sequence
 import cv2
 import numpy as np
 
-__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "nonref_test", "StreamIndex",
+__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "x264_asm", "nonref_test", "StreamIndex",
            "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
            "decode_all", "count_frames"]
 
@@ -48,6 +48,19 @@ CRF_MAX = {"h264": 51, "hevc": 51, "av1": 63}
 MAGIC = b"PKVID2\0\0"
 KEY, NONREF = 1, 2  # per-frame flag bits
 _HEAD = struct.Struct("<8sIIII")  # magic, frames, extradata bytes, codec name bytes, fps x 1000
+# OpenCV's id of AVX-512 F+CD+BW+DQ+VL (cv::CPU_AVX512_SKX), the set x264 needs to take its AVX-512 code
+_CPU_AVX512_SKX = 256
+
+
+def x264_asm() -> Optional[str]:
+    """The x264 ``asm`` (CPU features) option that keeps its output reproducible: ``AVX2`` where
+    the CPU has AVX-512, else None (x264's own detection).
+
+    x264 0.165's AVX-512 code reads memory it never wrote: with it, the bytes an encode stores
+    depend on what the heap held before (two runs of the same frames differ from the first
+    frame on; ``MALLOC_PERTURB_`` changes them at will; tests/commands/test_pack_videos_repro.py).
+    Its AVX2 code does not, and costs no measurable encode time (docs/video.md)."""
+    return "AVX2" if cv2.checkHardwareSupport(_CPU_AVX512_SKX) else None
 
 
 @dataclass(frozen=True)
@@ -126,11 +139,14 @@ class StreamIndex:
 def encoder_options(o: EncodeOptions) -> dict[str, str]:
     """The encoder's options for ``o``: in every codec a fixed GOP (keyframes every ``gop`` frames
     only, no scene-cut keyframes, closed), one encoder thread; x264/x265 a fixed number of
-    B-frames (no adaptive placement), none of them a reference (no pyramid)."""
+    B-frames (no adaptive placement), none of them a reference (no pyramid); x264 kept off its
+    AVX-512 code (``x264_asm``), so the same frames encode to the same bytes."""
     g = str(o.gop)
     if o.codec == "h264":
+        asm = x264_asm()
+        params = "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none" + (f":asm={asm}" if asm else "")
         opts = {"crf": str(o.crf), "preset": o.preset, "bf": str(o.bframes), "g": g, "keyint_min": g,
-                "sc_threshold": "0", "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none"}
+                "sc_threshold": "0", "x264-params": params}
         return {**opts, "tune": "fastdecode"} if o.fastdecode else opts
     if o.codec == "hevc":
         opts = {"crf": str(o.crf), "preset": o.preset,
