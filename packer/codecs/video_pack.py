@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Optional, Sequence
@@ -32,7 +33,7 @@ from typing import Iterable, Optional, Sequence
 import cv2
 import numpy as np
 
-__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "nonref_test", "StreamIndex",
+__all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "x264_asm", "nonref_test", "StreamIndex",
            "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
            "decode_all", "count_frames"]
 
@@ -48,6 +49,19 @@ CRF_MAX = {"h264": 51, "hevc": 51, "av1": 63}
 MAGIC = b"PKVID2\0\0"
 KEY, NONREF = 1, 2  # per-frame flag bits
 _HEAD = struct.Struct("<8sIIII")  # magic, frames, extradata bytes, codec name bytes, fps x 1000
+# OpenCV's id of AVX-512 F+CD+BW+DQ+VL (cv::CPU_AVX512_SKX), the set x264 needs to take its AVX-512 code
+_CPU_AVX512_SKX = 256
+
+
+def x264_asm() -> Optional[str]:
+    """The x264 ``asm`` (CPU features) option that keeps its output reproducible: ``AVX2`` where
+    the CPU has AVX-512, else None (x264's own detection).
+
+    x264 0.165's AVX-512 code reads memory it never wrote: with it, the bytes an encode stores
+    depend on what the heap held before (two runs of the same frames differ from the first
+    frame on; ``MALLOC_PERTURB_`` changes them at will; tests/commands/test_pack_videos_repro.py).
+    Its AVX2 code does not, and costs no measurable encode time (docs/video.md)."""
+    return "AVX2" if cv2.checkHardwareSupport(_CPU_AVX512_SKX) else None
 
 
 @dataclass(frozen=True)
@@ -126,11 +140,14 @@ class StreamIndex:
 def encoder_options(o: EncodeOptions) -> dict[str, str]:
     """The encoder's options for ``o``: in every codec a fixed GOP (keyframes every ``gop`` frames
     only, no scene-cut keyframes, closed), one encoder thread; x264/x265 a fixed number of
-    B-frames (no adaptive placement), none of them a reference (no pyramid)."""
+    B-frames (no adaptive placement), none of them a reference (no pyramid); x264 kept off its
+    AVX-512 code (``x264_asm``), so the same frames encode to the same bytes."""
     g = str(o.gop)
     if o.codec == "h264":
+        asm = x264_asm()
+        params = "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none" + (f":asm={asm}" if asm else "")
         opts = {"crf": str(o.crf), "preset": o.preset, "bf": str(o.bframes), "g": g, "keyint_min": g,
-                "sc_threshold": "0", "x264-params": "scenecut=0:open-gop=0:b-adapt=0:b-pyramid=none"}
+                "sc_threshold": "0", "x264-params": params}
         return {**opts, "tune": "fastdecode"} if o.fastdecode else opts
     if o.codec == "hevc":
         opts = {"crf": str(o.crf), "preset": o.preset,
@@ -310,13 +327,44 @@ def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
     return mp4, StreamIndex(packets, flags, extradata, decoder, fps / 1000.0)
 
 
-def _rgb(frame) -> np.ndarray:
+def _rgb(frame, dst: Optional[np.ndarray] = None) -> np.ndarray:
     """A decoded frame as HxWx3 RGB uint8: 4:2:0 through OpenCV's I420 (BT.601) conversion, at
     about a third of the cost of PyAV's ``to_ndarray(format="rgb24")`` (0.05-0.1 against 0.23 ms
-    a 340x256 frame, where decoding it costs about 0.3 ms)."""
+    a 340x256 frame, where decoding it costs about 0.3 ms); into ``dst`` when it is given (and
+    of the frame's size)."""
     if frame.format.name == "yuv420p":
-        return cv2.cvtColor(frame.to_ndarray(), cv2.COLOR_YUV2RGB_I420)
+        own = dst is None or frame.width % 2 or frame.height % 2  # (an odd side: to_ndarray's own rule)
+        return cv2.cvtColor(frame.to_ndarray() if own else _i420(frame), cv2.COLOR_YUV2RGB_I420, dst=dst)
     return frame.to_ndarray(format="rgb24")
+
+
+def _i420(frame) -> np.ndarray:
+    """A yuv420p frame's planes as one (H * 3/2, W) I420 array, this thread's reused one (what
+    ``to_ndarray`` returns, without its fresh array's page faults)."""
+    h, w = frame.height, frame.width
+    have = getattr(_SCRATCH, "i420", None)
+    if have is None or have.shape != (h * 3 // 2, w):
+        have = _SCRATCH.i420 = np.empty((h * 3 // 2, w), dtype=np.uint8)
+    flat = have.reshape(-1)
+    at = 0
+    for plane, (ph, pw) in zip(frame.planes, ((h, w), (h // 2, w // 2), (h // 2, w // 2))):
+        rows = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:ph, :pw]
+        flat[at:at + ph * pw].reshape(ph, pw)[:] = rows
+        at += ph * pw
+    return have
+
+
+_SCRATCH = threading.local()  # per thread: the array ``decode_indexed(..., reuse=True)`` writes into
+
+
+def _scratch(frames: int, height: int, width: int) -> np.ndarray:
+    """This thread's reusable (frames, height, width, 3) uint8 array (grown or reshaped on need).
+    Fresh memory costs a page fault per 4 KiB on first write: for a clip's 32 frames at 340x256,
+    as much CPU as their colour conversion; a reused array is already mapped."""
+    have = getattr(_SCRATCH, "array", None)
+    if have is None or have.shape[1:] != (height, width, 3) or len(have) < frames:
+        have = _SCRATCH.array = np.empty((frames, height, width, 3), dtype=np.uint8)
+    return have[:frames]
 
 
 def _decoder(index: StreamIndex):
@@ -345,10 +393,12 @@ def _check(frame, number: int) -> None:
 
 
 def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, last: int, want: set[int],
-         out: dict[int, np.ndarray]) -> None:
+         out: dict[int, np.ndarray], slots: Optional[list[int]] = None) -> None:
     """Decode what frames ``first`` (a keyframe) to ``last`` need with a fresh decoder, keeping
     ``want``: in decode order every reference frame up to the last decode position of the range,
-    and the wanted non-reference frames; then the frames out are the fed ones in presentation order."""
+    and the wanted non-reference frames; then the frames out are the fed ones in presentation order.
+    ``slots``: frames go into this thread's scratch array (``_scratch``), at ``slots[0]`` of
+    ``slots[1]`` rows (the count of all wanted frames) onward."""
     ctx = _decoder(index)
     d0 = int(index.packets[first, 2])
     d1 = int(index.packets[first:last + 1, 2].max())
@@ -362,24 +412,33 @@ def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, las
     for f, frame in zip(sorted(fed), frames):
         _check(frame, f)
         if f in want:
-            out[f] = _rgb(frame)
+            if slots is None:
+                out[f] = _rgb(frame)
+            else:
+                out[f] = _rgb(frame, _scratch(slots[1], frame.height, frame.width)[slots[0]])
+                slots[0] += 1
 
 
-def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int]) -> list[np.ndarray]:
+def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int], *, reuse: bool = False) -> list[np.ndarray]:
     """RGB frames (HxWx3 uint8) number ``frames`` (0-based, any order, repeats allowed) of a
-    packed video, decoding from the keyframe at or before each run of wanted frames."""
-    return decode_indexed(*unpack_stream(blob), frames)
+    packed video, decoding from the keyframe at or before each run of wanted frames
+    (``reuse``: as in ``decode_indexed``)."""
+    return decode_indexed(*unpack_stream(blob), frames, reuse=reuse)
 
 
-def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence[int]) -> list[np.ndarray]:
+def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence[int], *,
+                   reuse: bool = False) -> list[np.ndarray]:
     """``decode_frames_at`` over MP4 bytes and their index held apart (a plain ``--to files``
-    video, indexed by ``index_mp4`` when it is read)."""
+    video, indexed by ``index_mp4`` when it is read). ``reuse``: the frames are views of one
+    array this thread reuses, valid until its next ``reuse`` decode (for a caller that copies
+    them out at once, as a clip's assembly does)."""
     mp4 = memoryview(mp4)
     wanted = sorted(set(int(f) for f in frames))
     if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
         raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")
     out: dict[int, np.ndarray] = {}
     keys, order = index.keyframes, index.decode_order
+    slots = [0, len(wanted)] if reuse else None
     i = 0
     while i < len(wanted):
         start = int(keys[np.searchsorted(keys, wanted[i], side="right") - 1])
@@ -390,7 +449,7 @@ def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence
             if nxt > wanted[j]:  # a keyframe after the last wanted: start afresh there
                 break
             j += 1
-        _run(mp4, index, order, start, wanted[j], set(wanted[i:j + 1]), out)
+        _run(mp4, index, order, start, wanted[j], set(wanted[i:j + 1]), out, slots)
         i = j + 1
     return [out[int(f)] for f in frames]
 

@@ -734,10 +734,13 @@ class PackedVideoDataset(_ClipDataset):
         start = self._videos[index][0]
         if self.encoded:  # decode only the GOPs holding the frames, from the stored index
             rec = self.reader.read(start)
+            # reuse: into one array per thread, copied out by assemble_clip before the next clip
             try:
                 if self.plain:
-                    return decode_indexed(rec.data, self._plain_index(index, rec.data), [int(i) for i in frame_inds])
-                return rotate_upright(decode_frames_at(rec.data, [int(i) for i in frame_inds]), self._rotation[index])
+                    return decode_indexed(rec.data, self._plain_index(index, rec.data), [int(i) for i in frame_inds],
+                                          reuse=True)
+                return rotate_upright(decode_frames_at(rec.data, [int(i) for i in frame_inds], reuse=True),
+                                      self._rotation[index])
             except (ValueError, IndexError) as e:
                 raise CorruptData(self._where(index), f"sample {start}: {e}") from None
         if self.modality == "Flow":  # flow frame i is the samples x, y at start + 2i, 2i + 1

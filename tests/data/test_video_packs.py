@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 av = pytest.importorskip("av")
 
@@ -129,6 +130,27 @@ def test_random_frame_sets_match_the_sequential_decode():
         assert all(np.array_equal(g, ref[w]) and read_number(g) == w for g, w in zip(got, want))
     with pytest.raises(IndexError):
         decode_frames_at(blob, [61])
+
+
+def test_reused_frame_buffers_give_the_same_frames_and_clips_do_not_alias_them(synth_pack):
+    """``reuse=True`` (the dataset's path) writes frames into one per-thread array: the frames
+    equal a fresh decode's, and a clip already returned keeps its pixels after later reads."""
+    enc = VideoEncoder(EncodeOptions(gop=8), 30)
+    for i in range(40):
+        enc.add(numbered(i))
+    blob = pack_stream(*enc.finish())
+    ref = decode_all(blob)
+    for want in ([3, 9, 9, 30, 1], list(range(0, 40, 2)), [39]):
+        got = decode_frames_at(blob, want, reuse=True)
+        assert all(np.array_equal(g, ref[w]) for g, w in zip(got, want))
+    ds = PackedVideoDataset(synth_pack, sampling=SAMPLERS["dense-test"], seed=3)
+    held = ds[0][0]
+    first = held.clone()
+    taken = set(ds.clip_indices(0).tolist())
+    others = [f for f in range(ds._video(0)[0]) if f not in taken][:32]
+    later = decode_frames_at(ds.reader.read(ds._videos[0][0]).data, others, reuse=True)  # the same buffers
+    assert [read_number(f) for f in later] == others
+    assert torch.equal(held, first)
 
 
 def test_a_damaged_index_is_refused():
