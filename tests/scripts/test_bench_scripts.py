@@ -93,6 +93,31 @@ def test_read_skips_a_peer_that_is_not_installed_with_a_line(tmp_path):
         assert f"skipped {peer}: not installed" in section["markdown"]
 
 
+def test_read_probes_the_peers_in_the_peer_interpreter_by_importing_them(tmp_path, monkeypatch):
+    """``--peer-python``: the peers are imported in a fresh process of that interpreter, so a peer
+    whose package is present but fails to import is skipped with its error (not run and crashed),
+    a missing one says "not installed", and an interpreter that cannot run skips them all."""
+    from scripts.bench.read import peer_env
+
+    broken = tmp_path / "site" / "streaming"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), str(REPO),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    skipped: dict[str, str] = {}
+    ok, env = peer_env(sys.executable, ["mds", "spdl"], skipped)
+    assert "mds" not in ok
+    assert skipped["mds"] == (f"does not import in {sys.executable}: "
+                              "RuntimeError: operator torchvision::nms does not exist")
+    if __import__("importlib").util.find_spec("spdl") is None:
+        assert skipped["spdl"].startswith(f"not installed in {sys.executable}")
+    assert env["python"] == sys.executable and env["torch"]
+
+    skipped = {}
+    assert peer_env("/bin/false", ["webdataset", "litdata"], skipped) == ([], {"python": "/bin/false"})
+    assert skipped == {p: "the peers' interpreter /bin/false failed: exit 1" for p in ("webdataset", "litdata")}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("module, section, expect", [
