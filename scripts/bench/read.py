@@ -14,6 +14,11 @@ Sections (``--section``, comma-separated, or ``all``):
   installed), two decodes (``packer``: ``DecodeResizeCrop``; ``pillow``: the peers' documented
   Pillow default), ``DataLoader`` at ``--workers`` and ``packer.Loader`` at ``--threads``, and
   the same Loader/DataLoader rows with ``packer.heap.tune_heap()`` called first (``tuned``).
+* ``ipc``: where a ``DataLoader``'s system time goes: packer/lmdb at ``--workers``' largest value
+  with the default collate, packer's ``uint8_collate``, the ``file_system`` sharing strategy, the
+  batch read by the main process, ``pin_memory`` (with CUDA only), and a collate whose numpy
+  batches cross by pipe instead of a new shared-memory segment; the in-memory ceiling and
+  ``packer.Loader`` beside them.
 * ``training``: ``RandomResizedCrop(224)`` + flip, 2 threads or workers per row: packer/lmdb,
   packer/hdf5 and raw HDF5 pixels through ``Loader`` and ``DataLoader``, against SPDL, DALI (CPU),
   FFCV and webdataset where installed.
@@ -70,7 +75,7 @@ from scripts.bench.common import (descendants, image_folder, machine_info, proc_
                                   write_result)
 
 MODULE = "scripts.bench.read"
-SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
+SECTIONS = ("loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
@@ -319,8 +324,37 @@ def make_loader(spec: dict[str, Any]) -> Any:
         from packer import Loader
 
         return Loader(ds, batch_size=bs, shuffle=map_style, num_threads=par)
+    if spec.get("sharing"):  # ipc section: torch's other way to hand a worker's tensors over
+        torch.multiprocessing.set_sharing_strategy(spec["sharing"])
+    options = {"collate_fn": COLLATES[spec["collate"]]} if spec.get("collate") else {}
     return torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=map_style, num_workers=par,
-                                       persistent_workers=spec.get("persistent", False) and par > 0)
+                                       persistent_workers=spec.get("persistent", False) and par > 0,
+                                       pin_memory=spec.get("pin_memory", False), **options)
+
+
+def numpy_collate(batch: list[Any]) -> tuple[Any, Any]:
+    """ipc section: the batch as numpy arrays, which cross from a worker pickled through its pipe
+    (a copy) instead of in a new shared-memory segment per batch, as every tensor does."""
+    return np.stack([np.asarray(image) for image, _ in batch]), np.array([label for _, label in batch])
+
+
+def _uint8_collate(batch: list[Any]) -> Any:
+    from packer.data import uint8_collate
+
+    return uint8_collate(batch)
+
+
+COLLATES = {"numpy": numpy_collate, "uint8": _uint8_collate}
+
+
+def touch_pages(batch: Any) -> None:
+    """Read one byte of every page of the batch's images, as a copy to the GPU or into pinned
+    memory would: the main process maps the worker's pages."""
+    import torch
+
+    images = batch[0]
+    flat = images.reshape(-1) if isinstance(images, torch.Tensor) else torch.from_numpy(images).reshape(-1)
+    int(flat[::4096].sum())
 
 
 def peer_loader(spec: dict[str, Any]) -> Any:
@@ -463,18 +497,22 @@ def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
     next(it)
     first = time.perf_counter() - t0
     pids = [os.getpid()] + descendants(os.getpid())  # the loader's workers, however it keeps them
-    before, start, n = proc_usage(pids), time.perf_counter(), 0
+    touch = spec.get("touch", False)
+    before, main_before, start, n = proc_usage(pids), proc_usage(pids[:1]), time.perf_counter(), 0
     for _ in range(spec["steps"]):
         batch = next(it, None)
         if batch is None:
             break
+        if touch:
+            touch_pages(batch)
         n += len(batch[1])
     wall = time.perf_counter() - start
-    window = usage_delta(before, proc_usage(pids))
+    window, main = usage_delta(before, proc_usage(pids)), usage_delta(main_before, proc_usage(pids[:1]))
     close = getattr(it, "close", None)
     if close is not None:
         close()
-    return {"samples": n, "samples_per_s": n / wall, "first_batch_s": first, "window_s": wall, "window": window}
+    return {"samples": n, "samples_per_s": n / wall, "first_batch_s": first, "window_s": wall, "window": window,
+            "window_main": main}
 
 
 def child_stream(spec: dict[str, Any]) -> dict[str, Any]:
@@ -555,6 +593,8 @@ def _f(x: float | None, fmt: str = ".0f") -> str:
 
 
 def target(name: str, value: float | None, goal: float, who: str = "", at_most: bool = False) -> dict[str, Any]:
+    if value is not None and math.isnan(value):  # e.g. no CPU time in a window too short to tick
+        value = None
     met = None if value is None else (value <= goal if at_most else value >= goal)
     return {"name": name, "value": value, "target": goal, "at_most": at_most, "met": met, "who": who}
 
@@ -1149,7 +1189,66 @@ def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, st
     return {"results": out, "targets": t, "markdown": md}
 
 
-SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
+def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """System time of a DataLoader with workers, taken apart: each row changes one thing."""
+    import torch
+
+    from packer.conversion.inputs import image_folder as list_folder
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    lmdb = packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)
+    w, t = max(args.workers), max(args.threads)
+    base = dict(base_spec(args, items), source="packer/lmdb", pipeline="packer", loader="DataLoader", parallel=w,
+                path=lmdb)
+    variants = {
+        "default (default_collate, file_descriptor sharing)": {},
+        "collate_fn=uint8_collate": {"collate": "uint8"},
+        "sharing strategy file_system": {"sharing": "file_system"},
+        "default, the main process reads every page of the batch": {"touch": True},
+        "numpy collate: the batch crosses by pipe, no shared memory": {"collate": "numpy"},
+        "in-memory ceiling (no packer reader), default": {"source": "ceiling", "path": None},
+        f"packer.Loader, {t} threads (no processes)": {"loader": "Loader", "parallel": t},
+    }
+    if torch.cuda.is_available():
+        variants["pin_memory=True"] = {"pin_memory": True}
+    else:
+        skipped["pin_memory=True"] = "no CUDA here: DataLoader ignores pin_memory without an accelerator"
+    rows = [dict(base, variant=name, **change) for name, change in variants.items()]
+    results = run_rows(rows, args.repeats, lambda s: f"ipc {s['variant'][:40]}")
+    page = 4096
+    shape = (3, 224, 224)
+    pages = math.prod(shape) / page
+    table = []
+    for e in results:
+        name = e["row"]["variant"]
+        if "error" in e:
+            table.append([name, f"failed: {e['error']}"] + [""] * 7)
+            continue
+        n, main = e["best"]["samples"], e["best"]["window_main"]
+        table.append([name, _f(e["samples_per_s"]), _f(per_cpu_s(e)), _f(e["user_ms"], ".2f"), _f(e["sys_ms"], ".3f"),
+                      _f(e["sys_share"], ".3f"), _f(e["minflt"], ".1f"), _f(1e3 * main["sys_s"] / n, ".3f"),
+                      _f(main["minflt"] / n, ".1f")])
+    default = find(results, variant=next(iter(variants)))
+    pipe = find(results, variant="numpy collate: the batch crosses by pipe, no shared memory")
+    t_ = [target(f"default DataLoader {w}: system time / user time", default and default["sys_share"], 0.10,
+                 at_most=True),
+          target("the same without the shared-memory batch (numpy collate): system time / user time",
+                 pipe and pipe["sys_share"], 0.10, at_most=True)]
+    head = (f"packer/lmdb, DecodeResizeCrop(256, 224), batch {args.batch_size}, DataLoader {w} workers unless the row "
+            f"says otherwise; {args.steps} batches timed; best of {args.repeats}; each row a fresh process. CPU "
+            f"and faults per image over the timed window, the main process and its workers together; the last two "
+            f"columns the main process alone. A {shape[0]}x{shape[1]}x{shape[2]} uint8 image is {pages:.2f} pages "
+            f"of {page} bytes: a worker's default_collate stacks every batch into a new shared-memory segment "
+            f"(torch allocates, faults in and frees one per batch), so that many faults per image are torch's "
+            f"transport, whoever reads the data.")
+    md = "\n\n".join([head, md_table(["variant", "samples/s", "img/CPU-s", "user ms/img", "sys ms/img", "sys/user",
+                                       "faults/img", "main sys ms/img", "main faults/img"], table), targets_md(t_)])
+    return {"params": {"count": args.count, "workers": w, "threads": t, "shm_pages_per_image": pages},
+            "results": results, "targets": t_, "markdown": md}
+
+
+SECTION_FUNCS = {"loaders": section_loaders, "ipc": section_ipc, "training": section_training, "formats": section_formats,
                  "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
                  "prefetch": section_prefetch}
 
