@@ -148,8 +148,10 @@ def peer_env(python: str | None, peers: list[str], skipped: dict[str, str]) -> t
     """The peers that import in ``python`` (a fresh process of the peers' interpreter: an import,
     not a look-up, so a package that is installed but broken is skipped too), and that
     interpreter's versions; each other peer gets a line in ``skipped``."""
-    r = run_fresh(MODULE, {"kind": "probe", "modules": {p: PEER_MODULES[p] for p in peers}}, python=python)
     where = python or sys.executable
+    if not peers:
+        return [], {"python": where}
+    r = run_fresh(MODULE, {"kind": "probe", "modules": {p: PEER_MODULES[p] for p in peers}}, python=python)
     if "error" in r:
         for p in peers:
             skipped[p] = f"the peers' interpreter {where} failed: {r['error']}"
@@ -338,13 +340,35 @@ def numpy_collate(batch: list[Any]) -> tuple[Any, Any]:
     return np.stack([np.asarray(image) for image, _ in batch]), np.array([label for _, label in batch])
 
 
+class RingCollate:
+    """ipc section only, NOT SAFE TO USE: each worker stacks batches into a ring of ``size``
+    shared-memory buffers allocated (and faulted in) at its first batch, so it measures what
+    reusing buffers would save. A worker cannot tell whether the main process still holds the
+    batch a buffer carried: a training loop that kept one would see it overwritten (the
+    benchmark drops each batch; 3 covers a worker's default prefetch of 2)."""
+
+    def __init__(self, size: int = 3):
+        self.size, self.ring, self.turn = size, [], 0
+
+    def __call__(self, batch: list[Any]) -> tuple[Any, Any]:
+        import torch
+
+        images = [image for image, _ in batch]
+        shape = (len(images), *images[0].shape)
+        if not self.ring:
+            self.ring = [torch.zeros(shape, dtype=images[0].dtype).share_memory_() for _ in range(self.size)]
+        out = self.ring[self.turn % len(self.ring)]
+        self.turn += 1
+        return torch.stack(images, 0, out=out[:len(images)]), torch.tensor([label for _, label in batch])
+
+
 def _uint8_collate(batch: list[Any]) -> Any:
     from packer.data import uint8_collate
 
     return uint8_collate(batch)
 
 
-COLLATES = {"numpy": numpy_collate, "uint8": _uint8_collate}
+COLLATES = {"numpy": numpy_collate, "uint8": _uint8_collate, "ring": RingCollate()}
 
 
 def touch_pages(batch: Any) -> None:
@@ -1207,6 +1231,7 @@ def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -
         "sharing strategy file_system": {"sharing": "file_system"},
         "default, the main process reads every page of the batch": {"touch": True},
         "numpy collate: the batch crosses by pipe, no shared memory": {"collate": "numpy"},
+        "shared-memory buffers reused (unsafe, measurement only)": {"collate": "ring"},
         "in-memory ceiling (no packer reader), default": {"source": "ceiling", "path": None},
         f"packer.Loader, {t} threads (no processes)": {"loader": "Loader", "parallel": t},
     }

@@ -42,7 +42,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
                                            "--workdir", str(tmp_path / "work"), "--peers", "none",
                                            "--train-peers", "none"], tmp_path / "results")
     sections = doc["figures"]["sections"]
-    assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
+    assert set(sections) == {"loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
     loaders = rows_by(sections["loaders"])
     for source in ("ceiling", "folder", "packer/lmdb", "packer/records", "packer/hdf5"):
         for pipe in ("packer", "pillow"):
@@ -56,6 +56,11 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     names = [t["name"] for t in sections["loaders"]["targets"]]
     assert "packer/lmdb vs in-memory ceiling, DataLoader 0 workers" in names
     assert any("heap tuned by hand" in n for n in names)
+    ipc = {e["row"]["variant"]: e for e in sections["ipc"]["results"]}
+    assert len(ipc) == 8 and all(e["samples_per_s"] > 0 for e in ipc.values())
+    for e in ipc.values():  # the main process apart from its workers, within the whole
+        assert 0 <= e["best"]["window_main"]["minflt"] <= e["best"]["window"]["minflt"]
+    assert "pin_memory=True" in sections["ipc"]["skipped"] or "pin_memory=True" in ipc
     training = rows_by(sections["training"])
     for source in ("packer/lmdb", "packer/hdf5", "packer/hdf5-raw"):
         for loader in ("Loader", "DataLoader"):
