@@ -27,7 +27,7 @@ from typing import Any, Callable
 from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
 
 __all__ = ["REPO", "RESULTS", "machine_info", "write_result", "image_folder", "run_fresh", "proc_usage",
-           "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
+           "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench-out" / "results"  # --results; the committed copies live in docs/bench-results
@@ -176,24 +176,45 @@ def proc_usage(pids: list[int]) -> dict[str, float]:
     return {"user_s": user, "sys_s": system, "minflt": minflt}
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, grandchildren, ...), from /proc (Linux): a
+    loader's workers however it keeps them (a DataLoader iterator's ``_workers``, LitData's
+    generator, a peer's own pool)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """``after - before`` of two ``proc_usage`` readings."""
     return {k: after[k] - before[k] for k in before}
 
 
 def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
-              cwd: str | Path | None = None) -> dict[str, Any]:
+              cwd: str | Path | None = None, python: str | None = None) -> dict[str, Any]:
     """Run ``python -m module --child SPEC.json`` in a fresh interpreter (default settings, as a user's
     training script starts) and return the JSON it prints last, with the child's whole-life
     wall time, user and system CPU, minor and major faults and peak RSS (``os.wait4``: the child
     and every worker process it reaped) under ``process``. A child that fails or times out
     gives ``{"error": ...}``. ``cwd``: another checkout to run in (default this one); ``-m``
-    puts it first on ``sys.path``, so the child imports that checkout's packer and module."""
+    puts it first on ``sys.path``, so the child imports that checkout's packer and module.
+    ``python``: the interpreter (default this one; another virtual environment's, for peers whose
+    dependencies clash with packer's)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-spec-", delete=False) as f:
         json.dump(spec, f)  # a file, not argv: a spec may list thousands of paths
-    cmd = [sys.executable, "-m", module, "--child", f.name]
+    cmd = [python or sys.executable, "-m", module, "--child", f.name]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True)
     timer = threading.Timer(timeout, proc.kill)

@@ -14,6 +14,11 @@ Sections (``--section``, comma-separated, or ``all``):
   installed), two decodes (``packer``: ``DecodeResizeCrop``; ``pillow``: the peers' documented
   Pillow default), ``DataLoader`` at ``--workers`` and ``packer.Loader`` at ``--threads``, and
   the same Loader/DataLoader rows with ``packer.heap.tune_heap()`` called first (``tuned``).
+* ``ipc``: where a ``DataLoader``'s system time goes: packer/lmdb at ``--workers``' largest value
+  with the default collate, packer's ``uint8_collate``, the ``file_system`` sharing strategy, the
+  batch read by the main process, ``pin_memory`` (with CUDA only), and a collate whose numpy
+  batches cross by pipe instead of a new shared-memory segment; the in-memory ceiling and
+  ``packer.Loader`` beside them.
 * ``training``: ``RandomResizedCrop(224)`` + flip, 2 threads or workers per row: packer/lmdb,
   packer/hdf5 and raw HDF5 pixels through ``Loader`` and ``DataLoader``, against SPDL, DALI (CPU),
   FFCV and webdataset where installed.
@@ -27,6 +32,19 @@ Sections (``--section``, comma-separated, or ``all``):
 * ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
 * ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
   CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
+
+The peers' dependencies clash with packer's (MosaicML Streaming needs a torchvision built for its
+torch), so they live in their own virtual environment: ``--peer-python`` (or
+``$PACKER_BENCH_PEER_PYTHON``) names its interpreter. The peers are probed by importing them
+there, their writers pack the same JPEGs there and their rows run there; packer's rows run in
+this interpreter. One more row, packer's default DataLoader in the peers' interpreter, shows
+what the other torch changes. The peers' environment needs packer's own dependencies too (the
+rows import this checkout's ``packer`` for the shared Pillow decode)::
+
+    python3 -m venv /work/venv-peers
+    /work/venv-peers/bin/pip install torch torchvision pillow numpy lmdb click tqdm pebble crc32c h5py \
+        opencv-contrib-python-headless webdataset litdata mosaicml-streaming
+    python -m scripts.bench.read --peer-python /work/venv-peers/bin/python
 
 Opt-in sections (not in ``all``):
 
@@ -44,7 +62,7 @@ Run from the repository root with packer importable::
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import io
 import json
 import math
@@ -61,10 +79,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from scripts.bench.common import REPO, image_folder, machine_info, proc_usage, run_fresh, usage_delta, write_result
+from scripts.bench.common import (REPO, descendants, image_folder, machine_info, proc_usage, run_fresh,
+                                  usage_delta, write_result)
 
 MODULE = "scripts.bench.read"
-SECTIONS = ("loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
+SECTIONS = ("loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
 OPT_IN = ("stream-baseline",)  # sections ``all`` leaves out: they need an argument
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
@@ -95,7 +114,8 @@ def _peer_item(pair: tuple[str, int]) -> dict[str, Any]:
 
 
 def build_peer(peer: str, items: list[Any], work: Path) -> Any:
-    """The peer's own format of the same images, made once."""
+    """The peer's own format of the same images, made once (in the peers' interpreter:
+    ``built_peer``)."""
     d = work / peer
     if peer == "webdataset":
         import webdataset as wds
@@ -133,17 +153,67 @@ def build_peer(peer: str, items: list[Any], work: Path) -> Any:
     return None
 
 
-def available_peers(peers: list[str], skipped: dict[str, str]) -> list[str]:
-    """The peers whose package imports here; the others get a line in ``skipped``."""
+def peer_env(python: str | None, peers: list[str], skipped: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """The peers that import in ``python`` (a fresh process of the peers' interpreter: an import,
+    not a look-up, so a package that is installed but broken is skipped too), and that
+    interpreter's versions; each other peer gets a line in ``skipped``."""
+    where = python or sys.executable
+    if not peers:
+        return [], {"python": where}
+    r = run_fresh(MODULE, {"kind": "probe", "modules": {p: PEER_MODULES[p] for p in peers}}, python=python)
+    if "error" in r:
+        for p in peers:
+            skipped[p] = f"the peers' interpreter {where} failed: {r['error']}"
+            print(f"skipped {p}: {skipped[p]}", file=sys.stderr)
+        return [], {"python": where}
     out = []
     for p in peers:
-        if importlib.util.find_spec(PEER_MODULES[p].split(".")[0]) is None or (
-                "." in PEER_MODULES[p] and importlib.util.find_spec(PEER_MODULES[p]) is None):
-            skipped[p] = f"not installed (pip install the {PEER_MODULES[p]} package to include it)"
-            print(f"skipped {p}: {skipped[p]}", file=sys.stderr)
-        else:
+        err = r["errors"].get(p)
+        if err is None:
             out.append(p)
-    return out
+            continue
+        skipped[p] = (f"not installed in {where} (pip install the {PEER_MODULES[p]} package to include it)"
+                      if err.startswith("ModuleNotFoundError") else f"does not import in {where}: {err}")
+        print(f"skipped {p}: {skipped[p]}", file=sys.stderr)
+    return out, {"python": where, "torch": r.get("torch"), "versions": r["versions"]}
+
+
+def child_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Import each peer's module here: its version, or the error."""
+    versions, errors = {}, {}
+    for peer, module in spec["modules"].items():
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - any import failure skips the peer, with its reason
+            errors[peer] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
+            root = sys.modules.get(module.split(".")[0], mod)
+            versions[peer] = str(getattr(mod, "__version__", None) or getattr(root, "__version__", "?"))
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return {"versions": versions, "errors": errors, "torch": torch_version, "python": sys.executable}
+
+
+def built_peer(peer: str, items: list[Any], work: Path, python: str | None) -> Any:
+    """The peer's own format of the same images, written by the peer's own writer in a fresh
+    process of the peers' interpreter (``child_build``); raises RuntimeError when it fails."""
+    r = run_fresh(MODULE, {"kind": "build", "peer": peer, "work": str(work),
+                           "items": [[str(it.path), int(it.label), str(it.key)] for it in items]},
+                  python=python, timeout=1800)
+    if "error" in r:
+        raise RuntimeError(f"writing the {peer} copy failed: {r['error']}")
+    return r["path"]
+
+
+def child_build(spec: dict[str, Any]) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    items = [SimpleNamespace(path=p, label=label, key=key) for p, label, key in spec["items"]]
+    return {"path": build_peer(spec["peer"], items, Path(spec["work"]))}
 
 
 # == one configuration (child) =========================================================================
@@ -265,8 +335,59 @@ def make_loader(spec: dict[str, Any]) -> Any:
         from packer import Loader
 
         return Loader(ds, batch_size=bs, shuffle=map_style, num_threads=par)
+    if spec.get("sharing"):  # ipc section: torch's other way to hand a worker's tensors over
+        torch.multiprocessing.set_sharing_strategy(spec["sharing"])
+    options = {"collate_fn": COLLATES[spec["collate"]]} if spec.get("collate") else {}
     return torch.utils.data.DataLoader(ds, batch_size=bs, shuffle=map_style, num_workers=par,
-                                       persistent_workers=spec.get("persistent", False) and par > 0)
+                                       persistent_workers=spec.get("persistent", False) and par > 0,
+                                       pin_memory=spec.get("pin_memory", False), **options)
+
+
+def numpy_collate(batch: list[Any]) -> tuple[Any, Any]:
+    """ipc section: the batch as numpy arrays, which cross from a worker pickled through its pipe
+    (a copy) instead of in a new shared-memory segment per batch, as every tensor does."""
+    return np.stack([np.asarray(image) for image, _ in batch]), np.array([label for _, label in batch])
+
+
+class RingCollate:
+    """ipc section only, NOT SAFE TO USE: each worker stacks batches into a ring of ``size``
+    shared-memory buffers allocated (and faulted in) at its first batch, so it measures what
+    reusing buffers would save. A worker cannot tell whether the main process still holds the
+    batch a buffer carried: a training loop that kept one would see it overwritten (the
+    benchmark drops each batch; 3 covers a worker's default prefetch of 2)."""
+
+    def __init__(self, size: int = 3):
+        self.size, self.ring, self.turn = size, [], 0
+
+    def __call__(self, batch: list[Any]) -> tuple[Any, Any]:
+        import torch
+
+        images = [image for image, _ in batch]
+        shape = (len(images), *images[0].shape)
+        if not self.ring:
+            self.ring = [torch.zeros(shape, dtype=images[0].dtype).share_memory_() for _ in range(self.size)]
+        out = self.ring[self.turn % len(self.ring)]
+        self.turn += 1
+        return torch.stack(images, 0, out=out[:len(images)]), torch.tensor([label for _, label in batch])
+
+
+def _uint8_collate(batch: list[Any]) -> Any:
+    from packer.data import uint8_collate
+
+    return uint8_collate(batch)
+
+
+COLLATES = {"numpy": numpy_collate, "uint8": _uint8_collate, "ring": RingCollate()}
+
+
+def touch_pages(batch: Any) -> None:
+    """Read one byte of every page of the batch's images, as a copy to the GPU or into pinned
+    memory would: the main process maps the worker's pages."""
+    import torch
+
+    images = batch[0]
+    flat = images.reshape(-1) if isinstance(images, torch.Tensor) else torch.from_numpy(images).reshape(-1)
+    int(flat[::4096].sum())
 
 
 def peer_loader(spec: dict[str, Any]) -> Any:
@@ -408,19 +529,23 @@ def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
     it = iter(make_loader(spec))
     next(it)
     first = time.perf_counter() - t0
-    pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
-    before, start, n = proc_usage(pids), time.perf_counter(), 0
+    pids = [os.getpid()] + descendants(os.getpid())  # the loader's workers, however it keeps them
+    touch = spec.get("touch", False)
+    before, main_before, start, n = proc_usage(pids), proc_usage(pids[:1]), time.perf_counter(), 0
     for _ in range(spec["steps"]):
         batch = next(it, None)
         if batch is None:
             break
+        if touch:
+            touch_pages(batch)
         n += len(batch[1])
     wall = time.perf_counter() - start
-    window = usage_delta(before, proc_usage(pids))
+    window, main = usage_delta(before, proc_usage(pids)), usage_delta(main_before, proc_usage(pids[:1]))
     close = getattr(it, "close", None)
     if close is not None:
         close()
-    return {"samples": n, "samples_per_s": n / wall, "first_batch_s": first, "window_s": wall, "window": window}
+    return {"samples": n, "samples_per_s": n / wall, "first_batch_s": first, "window_s": wall, "window": window,
+            "window_main": main}
 
 
 def child_stream(spec: dict[str, Any]) -> dict[str, Any]:
@@ -445,6 +570,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return child_stream(spec)
     if kind == "costs":
         return child_costs(spec)
+    if kind == "probe":
+        return child_probe(spec)
+    if kind == "build":
+        return child_build(spec)
     raise ValueError(kind)
 
 
@@ -457,7 +586,7 @@ def run_rows(rows: list[dict[str, Any]], repeats: int, label: Callable[[dict], s
         shift = rnd % len(rows) if rows else 0
         for i in [*range(shift, len(rows)), *range(shift)]:  # rotating: no row always runs first
             spec = rows[i]
-            r = run_fresh(MODULE, spec, cwd=spec.get("tree"))
+            r = run_fresh(MODULE, spec, cwd=spec.get("tree"), python=spec.get("python"))
             entry = out.setdefault(i, {"row": {k: v for k, v in spec.items() if k not in ("files", "labels")},
                                        "rounds": []})
             entry["rounds"].append(r)
@@ -497,6 +626,8 @@ def _f(x: float | None, fmt: str = ".0f") -> str:
 
 
 def target(name: str, value: float | None, goal: float, who: str = "", at_most: bool = False) -> dict[str, Any]:
+    if value is not None and math.isnan(value):  # e.g. no CPU time in a window too short to tick
+        value = None
     met = None if value is None else (value <= goal if at_most else value >= goal)
     return {"name": name, "value": value, "target": goal, "at_most": at_most, "met": met, "who": who}
 
@@ -555,11 +686,11 @@ def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str
     items, _ = list_folder(src)
     formats = [f for f in args.formats if f in FORMATS]
     paths = {f: packed(src, work / f"packed-{args.count}" / f"data.{f}", f, workers=2) for f in formats}
-    peers = available_peers(args.peers, skipped)
+    peers, env = peer_env(args.peer_python, args.peers, skipped)
     peer_paths = {}
     for p in peers:
         try:
-            peer_paths[p] = build_peer(p, items, work / f"peers-{args.count}")
+            peer_paths[p] = built_peer(p, items, work / f"peers-{args.count}", args.peer_python)
         except Exception as e:  # a peer that cannot run here is reported, never faked
             skipped[p] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -570,7 +701,8 @@ def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str
         path = paths.get(source.split("/", 1)[-1]) if source.startswith("packer/") else peer_paths.get(source)
         for pipe in ("packer", "pillow"):
             for w in args.workers:
-                rows.append(dict(base, source=source, pipeline=pipe, loader="DataLoader", parallel=w, path=path))
+                rows.append(dict(base, source=source, pipeline=pipe, loader="DataLoader", parallel=w, path=path,
+                                 **({"python": args.peer_python} if source in PEERS else {})))
             if source in PEERS:
                 continue
             for t in args.threads if pipe == "packer" else ():
@@ -579,18 +711,45 @@ def section_loaders(args: argparse.Namespace, work: Path, skipped: dict[str, str
     for loader, par in (("Loader", top_t), ("DataLoader", top_w)):
         rows.append(dict(base, source="packer/lmdb", pipeline="packer", loader=loader, parallel=par,
                          path=paths["lmdb"], tuned=True))
+    if peer_paths and args.peer_python:  # packer's default in the peers' interpreter: what its torch changes
+        rows.append(dict(base, source="packer/lmdb", pipeline="packer", loader="DataLoader", parallel=top_w,
+                         path=paths["lmdb"], python=args.peer_python, peer_env=True))
     results = run_rows(rows, args.repeats,
                        lambda s: f"{s['source']} {s['pipeline']} {s['loader']} {s['parallel']}"
-                                 + (" tuned" if s.get("tuned") else ""))
+                                 + (" tuned" if s.get("tuned") else "") + (" peers' env" if s.get("peer_env") else ""))
     for e in results:
         if e["row"].get("tuned"):
             e["row"]["pipeline"] += " (tuned heap)"
+        if e["row"].get("peer_env"):
+            e["row"]["pipeline"] += " (peers' env)"
 
     mean_kb = sum(Path(f).stat().st_size for f in base["files"]) / len(base["files"]) / 1e3
     params = {"count": args.count, "classes": args.classes, "batch_size": args.batch_size, "steps": args.steps,
               "repeats": args.repeats, "workers": args.workers, "threads": args.threads, "mean_jpeg_kb": mean_kb,
-              "formats": formats, "peers": list(peer_paths)}
+              "formats": formats, "peers": list(peer_paths), "peer_env": env,
+              "torch": torch_version()}
     return dict(summarize_loaders(results, params), params=params, results=results)
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def env_line(params: dict[str, Any]) -> str:
+    """Which interpreters ran the rows: packer's, and the peers' when that is another one."""
+    env = params.get("peer_env") or {}
+    if not params.get("peers"):
+        return ""
+    versions = ", ".join(f"{k} {v}" for k, v in sorted((env.get("versions") or {}).items()))
+    if env.get("python") in (None, sys.executable):
+        return f" Peers ({versions}) in the same interpreter as packer (torch {params.get('torch')})."
+    return (f" packer's rows ran in packer's environment (torch {params.get('torch')}); the peers' rows, their "
+            f"writers and the row marked (peers' env) in the peers' own virtual environment `{env['python']}` "
+            f"(torch {env.get('torch')}; {versions}).")
 
 
 def per_cpu_s(e: dict[str, Any] | None) -> float | None:
@@ -641,7 +800,7 @@ def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> 
             f"{p['steps']} batches timed after the first; best of {p['repeats']} interleaved rounds; "
             f"each row a fresh process with default settings. img/CPU-s, CPU and faults per image: the timed "
             f"window (process, threads and workers); process columns: the child's whole life (start-up "
-            f"included).")
+            f"included)." + env_line(p))
     return {"targets": targets, "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets)])}
 
 
@@ -656,7 +815,7 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
         packs["packer/hdf5"] = packed(src, work / f"packed-{args.count}" / "data.hdf5", "hdf5", workers=2)
         packs["packer/hdf5-raw"] = packed(src, work / f"packed-{args.count}" / "raw-256x320.h5", "hdf5", workers=2,
                                           raw=True, resize=ResizeSpec(size=(320, 256)))
-    peers = available_peers(args.train_peers, skipped)
+    peers, env = peer_env(args.peer_python, args.train_peers, skipped)
     base = dict(base_spec(args, items), pipeline="train", images=str(src))
     par = max(args.threads)
     rows = []
@@ -664,8 +823,14 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
         for loader in ("Loader", "DataLoader"):
             rows.append(dict(base, source=source, loader=loader, parallel=par, path=path))
     for p in peers:
-        path = build_peer(p, items, work / f"peers-{args.count}") if p in ("webdataset", "ffcv") else None
-        rows.append(dict(base, source=p, loader=p, parallel=par, path=path))
+        try:
+            path = (built_peer(p, items, work / f"peers-{args.count}", args.peer_python) if p in ("webdataset", "ffcv")
+                    else None)
+        except Exception as e:  # a peer that cannot run here is reported, never faked
+            skipped[p] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            continue
+        rows.append(dict(base, source=p, loader=p, parallel=par, path=path, python=args.peer_python))
     results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}")
 
     def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
@@ -690,7 +855,7 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     head = (f"RandomResizedCrop(224) + flip (packer: DecodeRandomResizedCrop; raw rows: 256x320 pixels), "
             f"batch {args.batch_size}, {par} threads or workers per row, every peer its own fastest way; "
             f"{args.steps} batches timed; each row a fresh process. Ratio column: to packer/lmdb Loader.")
-    return {"params": {"parallel": par, "count": args.count}, "results": results, "targets": t,
+    return {"params": {"parallel": par, "count": args.count, "peer_env": env}, "results": results, "targets": t,
             "markdown": "\n\n".join([head, rows_md(results, lmdb_loader), targets_md(t)])}
 
 
@@ -1117,7 +1282,67 @@ def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, st
     return {"results": out, "targets": t, "markdown": md}
 
 
-SECTION_FUNCS = {"loaders": section_loaders, "training": section_training, "formats": section_formats,
+def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """System time of a DataLoader with workers, taken apart: each row changes one thing."""
+    import torch
+
+    from packer.conversion.inputs import image_folder as list_folder
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    lmdb = packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)
+    w, t = max(args.workers), max(args.threads)
+    base = dict(base_spec(args, items), source="packer/lmdb", pipeline="packer", loader="DataLoader", parallel=w,
+                path=lmdb)
+    variants = {
+        "default (default_collate, file_descriptor sharing)": {},
+        "collate_fn=uint8_collate": {"collate": "uint8"},
+        "sharing strategy file_system": {"sharing": "file_system"},
+        "default, the main process reads every page of the batch": {"touch": True},
+        "numpy collate: the batch crosses by pipe, no shared memory": {"collate": "numpy"},
+        "shared-memory buffers reused (unsafe, measurement only)": {"collate": "ring"},
+        "in-memory ceiling (no packer reader), default": {"source": "ceiling", "path": None},
+        f"packer.Loader, {t} threads (no processes)": {"loader": "Loader", "parallel": t},
+    }
+    if torch.cuda.is_available():
+        variants["pin_memory=True"] = {"pin_memory": True}
+    else:
+        skipped["pin_memory=True"] = "no CUDA here: DataLoader ignores pin_memory without an accelerator"
+    rows = [dict(base, variant=name, **change) for name, change in variants.items()]
+    results = run_rows(rows, args.repeats, lambda s: f"ipc {s['variant'][:40]}")
+    page = 4096
+    shape = (3, 224, 224)
+    pages = math.prod(shape) / page
+    table = []
+    for e in results:
+        name = e["row"]["variant"]
+        if "error" in e:
+            table.append([name, f"failed: {e['error']}"] + [""] * 7)
+            continue
+        n, main = e["best"]["samples"], e["best"]["window_main"]
+        table.append([name, _f(e["samples_per_s"]), _f(per_cpu_s(e)), _f(e["user_ms"], ".2f"), _f(e["sys_ms"], ".3f"),
+                      _f(e["sys_share"], ".3f"), _f(e["minflt"], ".1f"), _f(1e3 * main["sys_s"] / n, ".3f"),
+                      _f(main["minflt"] / n, ".1f")])
+    default = find(results, variant=next(iter(variants)))
+    pipe = find(results, variant="numpy collate: the batch crosses by pipe, no shared memory")
+    t_ = [target(f"default DataLoader {w}: system time / user time", default and default["sys_share"], 0.10,
+                 at_most=True),
+          target("the same without the shared-memory batch (numpy collate): system time / user time",
+                 pipe and pipe["sys_share"], 0.10, at_most=True)]
+    head = (f"packer/lmdb, DecodeResizeCrop(256, 224), batch {args.batch_size}, DataLoader {w} workers unless the row "
+            f"says otherwise; {args.steps} batches timed; best of {args.repeats}; each row a fresh process. CPU "
+            f"and faults per image over the timed window, the main process and its workers together; the last two "
+            f"columns the main process alone. A {shape[0]}x{shape[1]}x{shape[2]} uint8 image is {pages:.2f} pages "
+            f"of {page} bytes: a worker's default_collate stacks every batch into a new shared-memory segment "
+            f"(torch allocates, faults in and frees one per batch), so that many faults per image are torch's "
+            f"transport, whoever reads the data.")
+    md = "\n\n".join([head, md_table(["variant", "samples/s", "img/CPU-s", "user ms/img", "sys ms/img", "sys/user",
+                                       "faults/img", "main sys ms/img", "main faults/img"], table), targets_md(t_)])
+    return {"params": {"count": args.count, "workers": w, "threads": t, "shm_pages_per_image": pages},
+            "results": results, "targets": t_, "markdown": md}
+
+
+SECTION_FUNCS = {"loaders": section_loaders, "ipc": section_ipc, "training": section_training, "formats": section_formats,
                  "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
                  "prefetch": section_prefetch, "stream-baseline": section_stream_baseline}
 
@@ -1149,6 +1374,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--peers", type=lambda s: [p for p in s.split(",") if p and p != "none"], default=list(PEERS))
     ap.add_argument("--train-peers", type=lambda s: [p for p in s.split(",") if p and p != "none"],
                     default=list(TRAIN_PEERS))
+    ap.add_argument("--peer-python", default=os.environ.get("PACKER_BENCH_PEER_PYTHON") or None,
+                    help="the interpreter of the peers' own virtual environment (their dependencies clash "
+                         "with packer's): peer rows and the peers' writers run in it, packer's rows in this "
+                         "one (default $PACKER_BENCH_PEER_PYTHON, else this interpreter)")
     ap.add_argument("--shuffle-classes", type=int, default=200)
     ap.add_argument("--shuffle-per-class", type=int, default=300)
     ap.add_argument("--shuffle-shard", type=int, default=3000)

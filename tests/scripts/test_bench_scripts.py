@@ -48,7 +48,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
                                            "--peers", ",".join(missing) or "none", "--train-peers", "none"],
                     tmp_path / "results")
     sections = doc["figures"]["sections"]
-    assert set(sections) == {"loaders", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
+    assert set(sections) == {"loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
     loaders = rows_by(sections["loaders"])
     for source in ("ceiling", "folder", "packer/lmdb"):
         for pipe in ("packer", "pillow"):
@@ -65,6 +65,11 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     for peer in missing:
         assert "not installed" in sections["loaders"]["skipped"][peer]
         assert f"skipped {peer}: not installed" in sections["loaders"]["markdown"]
+    ipc = {e["row"]["variant"]: e for e in sections["ipc"]["results"]}
+    assert len(ipc) == 8 and all(e["samples_per_s"] > 0 for e in ipc.values())
+    for e in ipc.values():  # the main process apart from its workers, within the whole
+        assert 0 <= e["best"]["window_main"]["minflt"] <= e["best"]["window"]["minflt"]
+    assert "pin_memory=True" in sections["ipc"]["skipped"] or "pin_memory=True" in ipc
     training = rows_by(sections["training"])
     for loader in ("Loader", "DataLoader"):
         assert training[("packer/lmdb", "train", loader, 2)]["samples_per_s"] > 0
@@ -80,6 +85,31 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
+
+
+def test_read_probes_the_peers_in_the_peer_interpreter_by_importing_them(tmp_path, monkeypatch):
+    """``--peer-python``: the peers are imported in a fresh process of that interpreter, so a peer
+    whose package is present but fails to import is skipped with its error (not run and crashed),
+    a missing one says "not installed", and an interpreter that cannot run skips them all."""
+    from scripts.bench.read import peer_env
+
+    broken = tmp_path / "site" / "streaming"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), str(REPO),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    skipped: dict[str, str] = {}
+    ok, env = peer_env(sys.executable, ["mds", "spdl"], skipped)
+    assert "mds" not in ok
+    assert skipped["mds"] == (f"does not import in {sys.executable}: "
+                              "RuntimeError: operator torchvision::nms does not exist")
+    if __import__("importlib").util.find_spec("spdl") is None:
+        assert skipped["spdl"].startswith(f"not installed in {sys.executable}")
+    assert env["python"] == sys.executable and env["torch"]
+
+    skipped = {}
+    assert peer_env("/bin/false", ["webdataset", "litdata"], skipped) == ([], {"python": "/bin/false"})
+    assert skipped == {p: "the peers' interpreter /bin/false failed: exit 1" for p in ("webdataset", "litdata")}
 
 
 @pytest.mark.slow
