@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tests.support import REPO
+from tests.support import REPO, zygote
 
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
@@ -83,16 +83,21 @@ def packer_env(kill_at: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
+#: the environment of a packer run as the suite starts: runs in it fork from the zygote
+BASE_ENV = packer_env()
+
+
 def run_packer(*args, kill_at: str | None = None, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
-    """Run ``packer ARGS`` to the end (or to its armed SIGKILL); reaps any orphaned workers."""
-    proc = subprocess.Popen(packer_cmd(*args), env=popen.pop("env", None) or packer_env(kill_at),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **popen)
+    """Run ``packer ARGS`` to the end (or to its armed SIGKILL); reaps any orphaned workers.
+    A real process of its own, forked from the test zygote where that is the same run
+    (tests/support/zygote.py), else a fresh interpreter."""
+    env = popen.pop("env", None) or packer_env(kill_at)
+    proc = zygote.start(KILL_PROGRAM, list(args), env, BASE_ENV, capture=True, **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
         _kill_group(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(packer_cmd(*args), proc.returncode, out, err)
 
 
 def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Callable[[], bool]:
@@ -110,8 +115,11 @@ def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Ca
 def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float = 60,
                  env: dict[str, str] | None = None) -> bool:
     """Start ``cmd``; SIGKILL its process group once ``until()`` holds. True if it was killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env or packer_env(), start_new_session=True)
+    if cmd[:3] == packer_cmd():  # packer itself: from the zygote where it can
+        proc = zygote.start(KILL_PROGRAM, cmd[3:], env or packer_env(), BASE_ENV, capture=False)
+    else:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=env or packer_env(), start_new_session=True)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         if until():
@@ -122,7 +130,7 @@ def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float = 60,
     return killed
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | zygote.ForkedRun) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -1,0 +1,242 @@
+"""Real ``packer`` processes without paying the interpreter's start-up for each.
+
+The fault suites run the CLI in a subprocess two or three times a test (a run to kill, a refused
+resume, the resume that finishes), and each fresh interpreter spends ~0.35 CPU-s importing numpy,
+OpenCV, h5py, LMDB and packer's commands before its few milliseconds of work. A *zygote* imports
+them once (one per test process, started on first use) and forks a child per run. Each child is
+still a process of its own, as ``python -c KILL_PROGRAM ARGS`` would be: its own session and
+process group (``killpg`` and SIGKILL work as on a fresh one), stdin ``/dev/null``, stdout and
+stderr in files, the run's environment and working directory, ``sys.argv`` as ``-c`` gives it,
+the kill point armed after the fork, ``atexit`` handlers run and the streams flushed at a normal
+exit, the exit status (or the killing signal) reported back.
+
+What a fork cannot give, a fresh interpreter still does: a run whose environment differs from
+the zygote's in anything but ``PACKER_TEST_KILL`` (and pytest's ``PYTEST_CURRENT_TEST``) (packer reads some variables at import time:
+``PACKER_CLAIM_LEASE``, ``PACKER_DECODER``, ``PACKER_TURBOJPEG``), or that asks for Popen
+options beyond ``cwd``, starts a real ``subprocess.Popen``. ``PACKER_TEST_ZYGOTE=0`` turns the
+zygote off.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+PRELOAD = ("numpy", "cv2", "PIL.Image", "h5py", "lmdb", "pebble", "click", "packer.cli", "packer.formats",
+           "packer.formats.writer", "packer.formats.sidecars", "packer.commands.pack_images",
+           "packer.commands.decode_frames", "packer.commands.merge", "packer.commands.inspection",
+           "packer.commands.resize_tree", "packer.conversion.runner", "packer.conversion.executors")
+
+SERVER = r"""
+import atexit, importlib, json, os, select, signal, sys, traceback
+reply = os.dup(1)
+os.dup2(2, 1)
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+program = sys.argv[2]
+r, w = os.pipe()
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
+signal.signal(signal.SIGCHLD, lambda *a: None)
+
+def say(msg):
+    os.write(reply, (json.dumps(msg) + "\n").encode())
+
+def child(req):
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for s in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+    os.close(r); os.close(w); os.close(reply)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.argv = ["-c", *req["args"]]
+    code = 0
+    try:
+        exec(compile(program, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+say({"ready": os.getpid()})
+buf = b""
+while True:
+    try:
+        ready, _, _ = select.select([0, r], [], [])
+    except InterruptedError:
+        continue
+    if r in ready:
+        try:
+            os.read(r, 4096)
+        except BlockingIOError:
+            pass
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+    if 0 in ready:
+        data = os.read(0, 65536)
+        if not data:
+            break
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                child(req)
+            say({"pid": pid})
+"""
+
+
+class _Zygote:
+    """The forking server of one test process, and the exit codes it reports."""
+
+    def __init__(self, program: str, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(PRELOAD), program],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.cond = threading.Condition()
+        self.codes: dict[int, int] = {}
+        self.pids: list[int] = []
+        self.alive = True
+        first = json.loads(self.proc.stdout.readline() or b"{}")
+        if "ready" not in first:
+            raise RuntimeError("the test zygote did not start")
+        threading.Thread(target=self._read, name="packer-test-zygote", daemon=True).start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server (its stdin closes) and reap it, so its CPU time counts as this process's."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cond:
+                if "pid" in msg:
+                    self.pids.append(msg["pid"])
+                else:
+                    self.codes[msg["exit"]] = msg["code"]
+                self.cond.notify_all()
+        with self.cond:
+            self.alive = False
+            self.cond.notify_all()
+
+    def start(self, args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> int:
+        req = {"args": args, "env": env, "cwd": cwd, "stdout": stdout, "stderr": stderr}
+        with self.cond:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            if not self.cond.wait_for(lambda: self.pids or not self.alive, timeout=60) or not self.pids:
+                raise RuntimeError("the test zygote did not fork")
+            return self.pids.pop(0)
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        with self.cond:
+            self.cond.wait_for(lambda: pid in self.codes or not self.alive, timeout=timeout)
+            return self.codes.get(pid)
+
+
+class ForkedRun:
+    """A ``subprocess.Popen`` look-alike (``pid``, ``poll``, ``wait``, ``communicate``,
+    ``returncode``) for a packer run forked by the zygote."""
+
+    def __init__(self, zygote: _Zygote, args: list[str], env: dict[str, str], cwd: str | None,
+                 capture: bool) -> None:
+        self._z = zygote
+        self._dir = tempfile.mkdtemp(prefix="packer-run-")
+        self._capture = capture
+        out = os.path.join(self._dir, "out") if capture else os.devnull
+        err = os.path.join(self._dir, "err") if capture else os.devnull
+        self.args = args
+        self.pid = zygote.start([str(a) for a in args], env, os.path.abspath(cwd or os.getcwd()), out, err)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._z.wait(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._z.wait(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        if not self._capture:
+            return "", ""
+        read = lambda name: open(os.path.join(self._dir, name), errors="replace").read()  # noqa: E731
+        out, err = read("out"), read("err")
+        for name in ("out", "err"):
+            os.unlink(os.path.join(self._dir, name))
+        os.rmdir(self._dir)
+        return out, err
+
+
+#: variables that differ between runs without changing one: the kill point (armed after the
+#: fork) and the name of the test pytest is running
+_PER_RUN = ("PACKER_TEST_KILL", "PYTEST_CURRENT_TEST")
+
+
+def _comparable(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in _PER_RUN}
+
+
+_ZYGOTE: dict[str, _Zygote] = {}
+_LOCK = threading.Lock()
+
+
+def start(program: str, args: list[Any], env: dict[str, str], base_env: dict[str, str], *, capture: bool,
+          cwd: str | None = None, **popen: Any) -> subprocess.Popen | ForkedRun:
+    """``python -c program ARGS`` as a new session: forked from the zygote where that is the same
+    run (``env`` equal to ``base_env`` but for the kill point, no Popen options but ``cwd``),
+    else a real ``subprocess.Popen``."""
+    same = _comparable(env) == _comparable(base_env)
+    if popen or not same or os.environ.get("PACKER_TEST_ZYGOTE") == "0":
+        pipe = subprocess.PIPE if capture else subprocess.DEVNULL
+        return subprocess.Popen([sys.executable, "-c", program, *map(str, args)], env=env, cwd=cwd, stdout=pipe,
+                                stderr=pipe, text=True, start_new_session=True, **popen)
+    with _LOCK:
+        z = _ZYGOTE.get(program)
+        if z is None or not z.alive or z.proc.poll() is not None:
+            z = _ZYGOTE[program] = _Zygote(program, base_env)
+    return ForkedRun(z, [str(a) for a in args], env, cwd, capture)
