@@ -1,7 +1,6 @@
 """Kill a real ``packer to-lmdb`` with SIGKILL at many points; ``--resume`` must end identical."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from packer.formats import open_reader
 from packer.formats.sidecars import partial_path
 from tests.support.inputs import write_image_folder
-from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
+from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +32,7 @@ def src(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(src, tmp_path_factory):
     out = tmp_path_factory.mktemp("ref") / "ref.lmdb"
-    done = subprocess.run(packer_cmd("to-lmdb", src, out, "--workers", 0, "--max-failures", 1),
-                          capture_output=True, text=True)
+    done = run_packer("to-lmdb", src, out, "--workers", 0, "--max-failures", 1)
     assert done.returncode == 0, done.stderr
     return snapshot(out)
 
@@ -50,7 +48,7 @@ def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
     # kill the resumed run too, once, a little further on
     assert run_and_kill(packer_cmd(*base, "--resume"), checkpoint_at_least(state, at + 12)), \
         "the resumed run ended before the second kill"
-    done = subprocess.run(packer_cmd(*base, "--resume"), capture_output=True, text=True)
+    done = run_packer(*base, "--resume")
     assert done.returncode == 0, done.stderr
     assert snapshot(out) == reference
     assert not partial_path(out).exists()
@@ -60,11 +58,9 @@ def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
 
 def test_resume_on_finished_output_does_nothing(src, reference, tmp_path):
     out = tmp_path / "out.lmdb"
-    subprocess.run(packer_cmd("to-lmdb", src, out, "--workers", 0, "--max-failures", 1), check=True,
-                   capture_output=True)
+    assert run_packer("to-lmdb", src, out, "--workers", 0, "--max-failures", 1).returncode == 0
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    done = subprocess.run(packer_cmd("to-lmdb", src, out, "--resume", "--max-failures", 1),
-                          capture_output=True, text=True)
+    done = run_packer("to-lmdb", src, out, "--resume", "--max-failures", 1)
     assert done.returncode == 0 and "complete and verified" in done.stdout, done.stderr
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
@@ -78,7 +74,7 @@ def test_resume_refuses_a_changed_input(src, tmp_path):
     other = tmp_path / "other"
     write_image_folder(other, count=5)
     before = {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()}
-    done = subprocess.run(packer_cmd("to-lmdb", other, out, "--resume"), capture_output=True, text=True)
+    done = run_packer("to-lmdb", other, out, "--resume")
     assert done.returncode == 2, done.stderr
     assert "inputs changed since the first run" in done.stderr
     assert {p.name: p.read_bytes() for p in partial_path(out).iterdir() if p.is_file()} == before

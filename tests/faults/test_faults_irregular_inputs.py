@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.inputs import write_image_folder, write_video_folder
-from tests.support.killing import packer_cmd, packer_env
+from tests.support.killing import packer_env, run_packer
 from packer.formats import FORMATS
 
 pytestmark = pytest.mark.timeout(240)
@@ -24,16 +24,11 @@ DEADLINE = 90  # seconds one packer command may take here (each takes a few)
 
 
 def run(*args, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``packer ARGS`` in a subprocess; a hang past DEADLINE is a failure, not a stuck suite."""
-    proc = subprocess.Popen(packer_cmd(*args), env=env or packer_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """``packer ARGS`` in a process of its own; a hang past DEADLINE is a failure, not a stuck suite."""
     try:
-        out, err = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
+        return run_packer(*args, timeout=DEADLINE, env=env)
+    except subprocess.TimeoutExpired:  # run_packer has killed its process group
         pytest.fail(f"packer {' '.join(map(str, args))} hung (killed after {DEADLINE}s)")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def failures(path: Path) -> list[dict]:
