@@ -183,6 +183,7 @@ def streaming_main(argv: list[str]) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--fault-reps", type=int, default=2, help="epochs through the flaky location")
     args = ap.parse_args(argv)
     work = Path(args.workdir).resolve()
     local = make_dataset(work, args.count, args.side, args.per_shard)
@@ -229,7 +230,7 @@ def streaming_main(argv: list[str]) -> None:
         shutil.rmtree(flaky_cache, ignore_errors=True)
         flaky_url = server.url("ds", location="flaky")
         exact, events = True, []
-        for rep in range(2):  # fresh caches: every shard downloaded through the faults each time
+        for rep in range(args.fault_reps):  # fresh caches: every shard downloaded through the faults each time
             shutil.rmtree(flaky_cache, ignore_errors=True)
             fkeys = ranks_run(flaky_url, flaky_cache, work, 1, args.workers, {"attempts": 10, "backoff": 0.05})
             exact = exact and sorted(fkeys[0]) == sorted(set(fkeys[0])) and len(fkeys[0]) == args.count
@@ -268,7 +269,7 @@ def streaming_main(argv: list[str]) -> None:
     print(f"| downloads per shard, 2 ranks x 2 workers, one cache | min {min(per_shard)}, max {max(per_shard)} "
           f"({sum(per_shard)} GETs for {len(shards)} shards) |")
     print(f"| samples across the 2 ranks | {len(all_keys)} ({len(set(all_keys))} distinct of {args.count}) |")
-    print(f"| fault run x2 (/flaky/: {failed} of {total} requests got 503) | every sample exactly "
+    print(f"| fault run x{args.fault_reps} (/flaky/: {failed} of {total} requests got 503) | every sample exactly "
           f"once: {'yes' if exact else 'NO'}; {retries} retries (+{refetches} hash refetches) over "
           f"{sum(1 for e in events if e.get('downloaded'))} downloads |")
     print()
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the section named on the command line and write the JSON."""
     return run_sections("remote", __doc__, {"streaming": streaming_main}, all_sections=("streaming",), argv=argv,
                         quick={"streaming": ["--count", "40", "--per-shard", "10", "--side", "64", "--reps", "1",
+                                             "--fault-reps", "1",
                                              "--workdir", "bench-out/remote-quick"]},
                         notes=["A local nginx on 127.0.0.1; rows interleaved, best of the rounds kept."])
 
