@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
@@ -75,12 +74,12 @@ def test_two_runs_started_together(fmt, tmp_path):
     argv = [f"to-{fmt}", src, out, "--workers", 0]
     if fmt == "records":
         argv += ["--samples-per-shard", 50]
-    from tests.support.killing import packer_cmd, packer_env
+    from tests.support import zygote
+    from tests.support.killing import BASE_ENV, KILL_PROGRAM, packer_env
 
     procs = []
     for _ in range(2):
-        procs.append(subprocess.Popen(packer_cmd(*argv), env=packer_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(zygote.start(KILL_PROGRAM, argv, packer_env(), BASE_ENV, capture=True))
         time.sleep(0.3)
     results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
     codes = sorted(code for code, _ in results)

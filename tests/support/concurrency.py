@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.killing import packer_env
+from tests.support import zygote
+from tests.support.killing import BASE_ENV, packer_env
 
 
 PAUSE_PROGRAM = r"""
@@ -55,12 +56,11 @@ def pause_cmd(*args) -> list[str]:
     return [sys.executable, "-c", PAUSE_PROGRAM, *map(str, args)]
 
 
-def start_paused(argv, at: str, flags: Path) -> subprocess.Popen:
+def start_paused(argv, at: str, flags: Path) -> subprocess.Popen | zygote.ForkedRun:
     """Start ``packer ARGV`` armed to pause at ``at``; returns once it is paused there."""
     flags.mkdir(parents=True, exist_ok=True)
     env = {**packer_env(), "PACKER_TEST_PAUSE": f"{at};{flags}"}
-    proc = subprocess.Popen(pause_cmd(*argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = zygote.start(PAUSE_PROGRAM, list(argv), env, BASE_ENV, capture=True)
     deadline = time.monotonic() + 120
     while not (flags / "ready").exists():
         if proc.poll() is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,7 +176,7 @@ class _Zygote:
 
 class ForkedRun:
     """A ``subprocess.Popen`` look-alike (``pid``, ``poll``, ``wait``, ``communicate``,
-    ``returncode``) for a packer run forked by the zygote."""
+    ``send_signal``/``terminate``/``kill``, ``returncode``) for a packer run forked by the zygote."""
 
     def __init__(self, zygote: _Zygote, args: list[str], env: dict[str, str], cwd: str | None,
                  capture: bool) -> None:
@@ -187,6 +188,16 @@ class ForkedRun:
         self.args = args
         self.pid = zygote.start([str(a) for a in args], env, os.path.abspath(cwd or os.getcwd()), out, err)
         self.returncode: int | None = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -212,9 +223,9 @@ class ForkedRun:
         return out, err
 
 
-#: variables that differ between runs without changing one: the kill point (armed after the
-#: fork) and the name of the test pytest is running
-_PER_RUN = ("PACKER_TEST_KILL", "PYTEST_CURRENT_TEST")
+#: variables that differ between runs without changing one: the kill or pause point (armed
+#: after the fork) and the name of the test pytest is running
+_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_PAUSE", "PYTEST_CURRENT_TEST")
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
