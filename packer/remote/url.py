@@ -120,7 +120,9 @@ def guard_logs(secrets: Iterable[str]) -> None:
     """
     _KNOWN_SECRETS.update(secrets)
     prefixes = tuple(name.split(".")[0] for name in _LIBRARY_LOGGERS) + ("urllib3",)
-    names = set(_LIBRARY_LOGGERS) | {n for n in logging.root.manager.loggerDict if n.startswith(prefixes)}
+    # list() copies the names in one step under the GIL: iterating the live dict raced with a
+    # prefetch thread whose import made a logger ("dictionary changed size during iteration")
+    names = set(_LIBRARY_LOGGERS) | {n for n in list(logging.root.manager.loggerDict) if n.startswith(prefixes)}
     for name in names:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:

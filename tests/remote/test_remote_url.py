@@ -38,3 +38,34 @@ def test_cache_key_is_stable_and_ignores_credentials():
 def test_scrub_never_leaves_a_secret(secret, before, after):
     text = scrub(before + secret + after + " url=https://user:" + secret + "@host/x", [secret])
     assert secret not in text
+
+
+def test_guard_logs_while_another_thread_makes_loggers():
+    """A prefetch thread's import can make a logger while a reader opens a URL: guarding the
+    loggers must not iterate logging's live dict (it raised "dictionary changed size during
+    iteration" in a rank of the remote benchmark)."""
+    import logging
+    import sys
+    import threading
+
+    from packer.remote.url import _FILTER, guard_logs
+
+    made = threading.Event()
+
+    def make() -> None:
+        for i in range(3000):
+            logging.getLogger(f"fsspec.test-race-{i}")
+        made.set()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        t = threading.Thread(target=make)
+        t.start()
+        while not made.is_set():
+            guard_logs(["s3cr3t-race"])
+        t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    guard_logs(["s3cr3t-race"])  # and every logger made by now carries the filter
+    assert all(_FILTER in logging.getLogger(f"fsspec.test-race-{i}").filters for i in (0, 1500, 2999))
