@@ -1204,15 +1204,17 @@ SECTIONS: dict[str, Callable[[list[str]], None]] = {
     "breakdown": breakdown_main, "timeline": timeline_main, "frame-crc": frame_crc_main,
     "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main}
 ALL = ("write", "full", "frames", "breakdown", "frame-crc")
-QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"],
-         "full": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"],
-         "frames": ["--reps", "1", "--small-clips", "2", "--large-clips", "0", "--workdir", "bench-out/write-quick"],
-         "breakdown": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"],
-         "timeline": ["--rounds", "1", "--workdir", "bench-out/write-quick"],
+# each section its own workdir: the test suite runs sections at once, and outputs they shared collided
+QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/write"],
+         "full": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/full"],
+         "frames": ["--reps", "1", "--small-clips", "2", "--large-clips", "0",
+                    "--workdir", "bench-out/write-quick/frames"],
+         "breakdown": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/breakdown"],
+         "timeline": ["--rounds", "1", "--workdir", "bench-out/write-quick/timeline"],
          "frame-crc": ["--videos", "1", "--clips", "4", "--rounds", "1"],
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
          "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"],
-         "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick"]}
+         "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"]}
 
 
 def main(argv: list[str] | None = None) -> int:
