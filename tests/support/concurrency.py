@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -49,11 +48,6 @@ elif at.startswith("call:"):
 from packer.cli import main
 main()
 """
-
-
-def pause_cmd(*args) -> list[str]:
-    """argv of ``packer ARGS`` in a fresh interpreter that can be armed to pause."""
-    return [sys.executable, "-c", PAUSE_PROGRAM, *map(str, args)]
 
 
 def start_paused(argv, at: str, flags: Path) -> subprocess.Popen | zygote.ForkedRun:

@@ -11,7 +11,7 @@ the kill point armed after the fork, ``atexit`` handlers run and the streams flu
 exit, the exit status (or the killing signal) reported back.
 
 What a fork cannot give, a fresh interpreter still does: a run whose environment differs from
-the zygote's in anything but ``PACKER_TEST_KILL`` (and pytest's ``PYTEST_CURRENT_TEST``) (packer reads some variables at import time:
+the zygote's in a variable read at start-up (``_AT_START``: packer reads some at import time,
 ``PACKER_CLAIM_LEASE``, ``PACKER_DECODER``, ``PACKER_TURBOJPEG``), or that asks for Popen
 options beyond ``cwd``, starts a real ``subprocess.Popen``. ``PACKER_TEST_ZYGOTE=0`` turns the
 zygote off.
@@ -21,11 +21,14 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 PRELOAD = ("numpy", "cv2", "PIL.Image", "h5py", "lmdb", "pebble", "click", "packer.cli", "packer.formats",
@@ -131,6 +134,7 @@ class _Zygote:
         self.codes: dict[int, int] = {}
         self.pids: list[int] = []
         self.alive = True
+        self.runs = tempfile.mkdtemp(prefix="packer-runs-")  # runs' captured output, removed at close
         first = json.loads(self.proc.stdout.readline() or b"{}")
         if "ready" not in first:
             raise RuntimeError("the test zygote did not start")
@@ -138,13 +142,15 @@ class _Zygote:
         atexit.register(self.close)
 
     def close(self) -> None:
-        """End the server (its stdin closes) and reap it, so its CPU time counts as this process's."""
+        """End the server (its stdin closes) and reap it, so its CPU time counts as this process's;
+        remove the output files of runs nobody read."""
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.runs, ignore_errors=True)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -169,9 +175,20 @@ class _Zygote:
             return self.pids.pop(0)
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
+        """``pid``'s exit code, or None while it runs; RuntimeError if the zygote died first
+        (its child's outcome is lost: a failure, never a wait without end)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
-            self.cond.wait_for(lambda: pid in self.codes or not self.alive, timeout=timeout)
-            return self.codes.get(pid)
+            while pid not in self.codes:
+                # a child forked just before the zygote died may still hold its reply pipe (no
+                # EOF yet): look at the zygote itself too
+                if not self.alive or self.proc.poll() is not None:
+                    raise RuntimeError(f"the test zygote died before reporting process {pid}")
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            return self.codes[pid]
 
 
 class ForkedRun:
@@ -181,10 +198,9 @@ class ForkedRun:
     def __init__(self, zygote: _Zygote, args: list[str], env: dict[str, str], cwd: str | None,
                  capture: bool) -> None:
         self._z = zygote
-        self._dir = tempfile.mkdtemp(prefix="packer-run-")
-        self._capture = capture
-        out = os.path.join(self._dir, "out") if capture else os.devnull
-        err = os.path.join(self._dir, "err") if capture else os.devnull
+        self._dir = tempfile.mkdtemp(prefix="run-", dir=zygote.runs) if capture else None
+        out = os.path.join(self._dir, "out") if self._dir else os.devnull
+        err = os.path.join(self._dir, "err") if self._dir else os.devnull
         self.args = args
         self.pid = zygote.start([str(a) for a in args], env, os.path.abspath(cwd or os.getcwd()), out, err)
         self.returncode: int | None = None
@@ -213,23 +229,28 @@ class ForkedRun:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        if not self._capture:
+        if self._dir is None:
             return "", ""
-        read = lambda name: open(os.path.join(self._dir, name), errors="replace").read()  # noqa: E731
-        out, err = read("out"), read("err")
-        for name in ("out", "err"):
-            os.unlink(os.path.join(self._dir, name))
-        os.rmdir(self._dir)
+        folder, self._dir = Path(self._dir), None
+        out, err = ((folder / name).read_text(errors="replace") for name in ("out", "err"))
+        shutil.rmtree(folder)
         return out, err
 
 
-#: variables that differ between runs without changing one: the kill or pause point (armed
-#: after the fork) and the name of the test pytest is running
-_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_PAUSE", "PYTEST_CURRENT_TEST")
+#: what a forked child cannot take from its own environment, as it is read when an interpreter
+#: or a library starts (the child gets the run's whole environment after the fork): packer's
+#: import-time settings (``PACKER_CLAIM_LEASE``, ``PACKER_DECODER``, ...), Python's and the
+#: loader's, glibc's heap and the thread pools'. Other variables drift in a test process without
+#: changing a run (``import decord`` appends to PATH, Ray sets RAY_*, an AV1 encode SVT_LOG).
+_AT_START = ("PACKER_", "PYTHON", "LD_", "MALLOC_", "GLIBC_", "OMP_", "MKL_", "OPENBLAS_", "OPENCV_", "HDF5_",
+             "CUDA_")
+#: read later, from the child's environment: the kill or pause point (armed after the fork) and
+#: the breakpoint hook (read by breakpoint(); Ray sets it)
+_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_PAUSE", "PYTHONBREAKPOINT")
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in _PER_RUN}
+    return {k: v for k, v in env.items() if k.startswith(_AT_START) and k not in _PER_RUN}
 
 
 _ZYGOTE: dict[str, _Zygote] = {}
