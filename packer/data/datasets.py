@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from packer.data import batch_memory
 from packer.errors import CorruptData, UsageError
 from packer.formats import Reader, Record
 from packer.remote import open_reader
@@ -111,11 +112,13 @@ class PackedDataset(torch.utils.data.Dataset):
         return self.reader.manifest
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        batch_memory.use_in_worker()
         return self._sample(index, self.reader.read(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """Several samples with one batched read where the format has one (the DataLoader calls
         this with a batch's indices)."""
+        batch_memory.use_in_worker()
         return list(self.iter_items(indices))
 
     def iter_items(self, indices: Sequence[int]) -> Iterator[tuple[Any, Any]]:

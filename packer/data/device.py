@@ -48,6 +48,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 from tqdm import tqdm
 
+from packer.data import batch_memory
 from packer.errors import UsageError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LAYOUTS", "Normalize", "DevicePrefetcher", "uint8_collate",
@@ -182,6 +183,9 @@ def _stack_uint8(items: list[torch.Tensor]) -> torch.Tensor:
         if t.shape != shape:
             raise ValueError(f"images in one batch differ in shape: {tuple(shape)} and {tuple(t.shape)}; "
                              f"resize/crop them to one size (e.g. decode=DecodeResizeCrop(256, 224))")
+    pooled = batch_memory.stack(items)  # in a worker: a reused shared-memory buffer (batch_memory)
+    if pooled is not None:
+        return pooled
     out = None
     if get_worker_info() is not None:
         # In a worker: stack straight into shared memory, so the batch crosses to the main

@@ -59,6 +59,7 @@ from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
 from packer.codecs.video_copy import rotate_upright
 from packer.codecs.video_pack import CODECS, KEY, StreamIndex, decode_frames_at, decode_indexed, index_mp4
+from packer.data import batch_memory
 from packer.errors import CorruptData, OutputChanged, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
@@ -453,6 +454,7 @@ class _ClipDataset(torch.utils.data.Dataset):
                                      clip_len=req.num_frames, frame_interval=req.frame_interval)
 
     def __getitem__(self, key: Union[int, ClipRequest]) -> tuple[Any, int]:
+        batch_memory.use_in_worker()
         req = self._request(key)
         index = req.index
         rng = self._rng(index, req.epoch)

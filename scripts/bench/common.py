@@ -216,7 +216,8 @@ def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
         json.dump(spec, f)  # a file, not argv: a spec may list thousands of paths
     cmd = [python or sys.executable, "-m", module, "--child", f.name]
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, **spec["env"]} if spec.get("env") else None  # a row's own settings (PACKER_*)
+    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True, env=env)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:

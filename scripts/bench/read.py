@@ -15,10 +15,10 @@ Sections (``--section``, comma-separated, or ``all``):
   Pillow default), ``DataLoader`` at ``--workers`` and ``packer.Loader`` at ``--threads``, and
   the same Loader/DataLoader rows with ``packer.heap.tune_heap()`` called first (``tuned``).
 * ``ipc``: where a ``DataLoader``'s system time goes: packer/lmdb at ``--workers``' largest value
-  with the default collate, packer's ``uint8_collate``, the ``file_system`` sharing strategy, the
-  batch read by the main process, ``pin_memory`` (with CUDA only), and a collate whose numpy
-  batches cross by pipe instead of a new shared-memory segment; the in-memory ceiling and
-  ``packer.Loader`` beside them.
+  with the default collate (workers reuse their batch buffers), packer's ``uint8_collate``, the
+  batch read by the main process, ``pin_memory`` (with CUDA only), and torch's new segment per
+  batch (``PACKER_REUSE_BATCHES=0``; also with the ``file_system`` sharing strategy); the
+  in-memory ceiling and ``packer.Loader`` beside them.
 * ``training``: ``RandomResizedCrop(224)`` + flip, 2 threads or workers per row: packer/lmdb,
   packer/hdf5 and raw HDF5 pixels through ``Loader`` and ``DataLoader``, against SPDL, DALI (CPU),
   FFCV and webdataset where installed.
@@ -219,8 +219,10 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
 # == one configuration (child) =========================================================================
 class InMemory:
     """The ceiling: the encoded bytes already in a list, decoded like every other row, in a
-    process whose heap is tuned as a packer reader tunes it (``packer.heap``): otherwise the
-    "ceiling" pays the page-fault tax packer's default no longer does."""
+    process whose heap is tuned as a packer reader tunes it (``packer.heap``) and whose
+    DataLoader workers reuse their batch buffers as a packer dataset's do
+    (``packer.data.batch_memory``): otherwise the "ceiling" pays taxes packer's default no
+    longer does."""
 
     def __init__(self, files: list[str], labels: list[int], decode: Callable[[Any], Any]):
         from packer.heap import tune_heap
@@ -233,6 +235,9 @@ class InMemory:
         return len(self.blobs)
 
     def __getitem__(self, i: int):
+        from packer.data import batch_memory
+
+        batch_memory.use_in_worker()
         return self.decode(self.blobs[i]), self.labels[i]
 
 
@@ -343,41 +348,13 @@ def make_loader(spec: dict[str, Any]) -> Any:
                                        pin_memory=spec.get("pin_memory", False), **options)
 
 
-def numpy_collate(batch: list[Any]) -> tuple[Any, Any]:
-    """ipc section: the batch as numpy arrays, which cross from a worker pickled through its pipe
-    (a copy) instead of in a new shared-memory segment per batch, as every tensor does."""
-    return np.stack([np.asarray(image) for image, _ in batch]), np.array([label for _, label in batch])
-
-
-class RingCollate:
-    """ipc section only, NOT SAFE TO USE: each worker stacks batches into a ring of ``size``
-    shared-memory buffers allocated (and faulted in) at its first batch, so it measures what
-    reusing buffers would save. A worker cannot tell whether the main process still holds the
-    batch a buffer carried: a training loop that kept one would see it overwritten (the
-    benchmark drops each batch; 3 covers a worker's default prefetch of 2)."""
-
-    def __init__(self, size: int = 3):
-        self.size, self.ring, self.turn = size, [], 0
-
-    def __call__(self, batch: list[Any]) -> tuple[Any, Any]:
-        import torch
-
-        images = [image for image, _ in batch]
-        shape = (len(images), *images[0].shape)
-        if not self.ring:
-            self.ring = [torch.zeros(shape, dtype=images[0].dtype).share_memory_() for _ in range(self.size)]
-        out = self.ring[self.turn % len(self.ring)]
-        self.turn += 1
-        return torch.stack(images, 0, out=out[:len(images)]), torch.tensor([label for _, label in batch])
-
-
 def _uint8_collate(batch: list[Any]) -> Any:
     from packer.data import uint8_collate
 
     return uint8_collate(batch)
 
 
-COLLATES = {"numpy": numpy_collate, "uint8": _uint8_collate, "ring": RingCollate()}
+COLLATES = {"uint8": _uint8_collate}
 
 
 def touch_pages(batch: Any) -> None:
@@ -1294,13 +1271,14 @@ def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -
     w, t = max(args.workers), max(args.threads)
     base = dict(base_spec(args, items), source="packer/lmdb", pipeline="packer", loader="DataLoader", parallel=w,
                 path=lmdb)
+    torch_way = {"env": {"PACKER_REUSE_BATCHES": "0"}}
     variants = {
-        "default (default_collate, file_descriptor sharing)": {},
+        "default (default_collate; workers reuse their batch buffers)": {},
         "collate_fn=uint8_collate": {"collate": "uint8"},
-        "sharing strategy file_system": {"sharing": "file_system"},
         "default, the main process reads every page of the batch": {"touch": True},
-        "numpy collate: the batch crosses by pipe, no shared memory": {"collate": "numpy"},
-        "shared-memory buffers reused (unsafe, measurement only)": {"collate": "ring"},
+        "torch's new segment per batch (PACKER_REUSE_BATCHES=0)": torch_way,
+        "the same, the main process reads every page": dict(torch_way, touch=True),
+        "the same, sharing strategy file_system": dict(torch_way, sharing="file_system"),
         "in-memory ceiling (no packer reader), default": {"source": "ceiling", "path": None},
         f"packer.Loader, {t} threads (no processes)": {"loader": "Loader", "parallel": t},
     }
@@ -1324,18 +1302,18 @@ def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -
                       _f(e["sys_share"], ".3f"), _f(e["minflt"], ".1f"), _f(1e3 * main["sys_s"] / n, ".3f"),
                       _f(main["minflt"] / n, ".1f")])
     default = find(results, variant=next(iter(variants)))
-    pipe = find(results, variant="numpy collate: the batch crosses by pipe, no shared memory")
+    segments = find(results, variant="torch's new segment per batch (PACKER_REUSE_BATCHES=0)")
     t_ = [target(f"default DataLoader {w}: system time / user time", default and default["sys_share"], 0.10,
                  at_most=True),
-          target("the same without the shared-memory batch (numpy collate): system time / user time",
-                 pipe and pipe["sys_share"], 0.10, at_most=True)]
+          target("the default vs torch's segment per batch, img/CPU-s", default and segments
+                 and per_cpu_s(default) / per_cpu_s(segments), 1.0)]
     head = (f"packer/lmdb, DecodeResizeCrop(256, 224), batch {args.batch_size}, DataLoader {w} workers unless the row "
             f"says otherwise; {args.steps} batches timed; best of {args.repeats}; each row a fresh process. CPU "
             f"and faults per image over the timed window, the main process and its workers together; the last two "
             f"columns the main process alone. A {shape[0]}x{shape[1]}x{shape[2]} uint8 image is {pages:.2f} pages "
-            f"of {page} bytes: a worker's default_collate stacks every batch into a new shared-memory segment "
-            f"(torch allocates, faults in and frees one per batch), so that many faults per image are torch's "
-            f"transport, whoever reads the data.")
+            f"of {page} bytes: torch's default_collate in a worker stacks every batch into a new shared-memory "
+            f"segment (allocated, faulted in and freed per batch), about that many faults per image; a worker "
+            f"reading a packer dataset stacks into a few reused buffers instead (packer.data.batch_memory).")
     md = "\n\n".join([head, md_table(["variant", "samples/s", "img/CPU-s", "user ms/img", "sys ms/img", "sys/user",
                                        "faults/img", "main sys ms/img", "main faults/img"], table), targets_md(t_)])
     return {"params": {"count": args.count, "workers": w, "threads": t, "shm_pages_per_image": pages},

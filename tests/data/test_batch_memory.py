@@ -1,0 +1,65 @@
+"""DataLoader workers stack batches into reused shared-memory buffers (packer.data.batch_memory)."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from packer import PackedDataset
+from packer.data import DecodeResizeCrop, batch_memory, uint8_collate
+from packer.commands.pack_images import pack_images
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+
+
+@pytest.fixture(scope="module")
+def dataset(image_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bm") / "ds"
+    pack_images(image_folder, out, format="lmdb", workers=0)
+    # 224x224x3 images, batch 8: 1.2 MB a batch, above batch_memory.MIN_BYTES; 24 batches
+    return Subset(PackedDataset(out, decode=DecodeResizeCrop(256, 224)), list(range(24)) * 8)
+
+
+def reference(dataset, collate=None):
+    kw = {"collate_fn": collate} if collate else {}
+    return list(DataLoader(dataset, batch_size=8, num_workers=0, **kw))
+
+
+def memfds(pid: int) -> int:
+    return sum("packer-batch" in os.readlink(f) for f in glob.glob(f"/proc/{pid}/fd/*"))
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("collate", [None, uint8_collate], ids=["default_collate", "uint8_collate"])
+def test_workers_reuse_a_few_buffers_and_batches_equal_the_reference(dataset, ctx, collate):
+    want = reference(dataset, collate)
+    kw = {"collate_fn": collate} if collate else {}
+    dl = DataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context=ctx, **kw)
+    it = iter(dl)
+    n = 0
+    for i, (images, labels) in enumerate(it):
+        assert not images.is_shared()  # a mapping of a worker's buffer, not torch's segment
+        assert labels.is_shared()  # small tensors go torch's way
+        assert torch.equal(images, want[i][0]) and torch.equal(labels, want[i][1])
+        n += 1
+        if i == len(want) - 2:  # workers still alive: count their buffers (2 fds each: ours, mmap's)
+            held = [memfds(w.pid) // 2 for w in it._workers]
+    assert n == len(want) == 24
+    assert all(1 <= h < batch_memory.MAX_BUFFERS for h in held), held
+
+
+def test_a_worker_without_the_module_or_turned_off_uses_torchs_segments(dataset, monkeypatch):
+    monkeypatch.setenv("PACKER_REUSE_BATCHES", "0")
+    want = reference(dataset)
+    got = list(DataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context="fork"))
+    assert all(images.is_shared() for images, _ in got)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
+
+
+def test_no_worker_stacks_as_torch_does(dataset):
+    images, _ = next(iter(DataLoader(dataset, batch_size=8, num_workers=0)))
+    assert type(images) is torch.Tensor and not images.is_shared()
+    assert batch_memory.stack([torch.zeros(3, 224, 224, dtype=torch.uint8)] * 8) is None
