@@ -4,7 +4,8 @@
 holds the multigrid schedule and sampler. Never imports the conversion side (import-linter
 checks it). Modules by concept: ``datasets`` (PackedDataset), ``streaming``
 (StreamingDataset), ``loader`` (Loader), ``decode`` (decode-time resize and crops),
-``device`` (DevicePrefetcher, DeviceCache, normalization), ``elastic`` (a resumable
+``device`` (DevicePrefetcher, DeviceCache, normalization, uint8_collate), ``batch_memory``
+(DataLoader workers' reused shared-memory batch buffers), ``elastic`` (a resumable
 DistributedSampler), ``video`` (clip sampling and the video datasets), ``samplers``
 (mmaction2's frame samplers), ``mixing`` (batch class-mixing measures).
 """
