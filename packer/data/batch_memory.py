@@ -73,6 +73,7 @@ class _Buffer:
         except OSError:
             os.close(self.fd)
             raise
+        weakref.finalize(self, os.close, self.fd)  # the mapping goes with the arrays over it
         whole = np.frombuffer(self.map, dtype=np.uint8)
         self.header = whole[:_HEADER].view(np.int64)
         self.data = whole[_HEADER:]

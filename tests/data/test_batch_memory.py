@@ -63,3 +63,16 @@ def test_no_worker_stacks_as_torch_does(dataset):
     images, _ = next(iter(DataLoader(dataset, batch_size=8, num_workers=0)))
     assert type(images) is torch.Tensor and not images.is_shared()
     assert batch_memory.stack([torch.zeros(3, 224, 224, dtype=torch.uint8)] * 8) is None
+
+
+def test_batches_of_changing_sizes_fit_grow_and_equal_the_reference(dataset):
+    sizes = [8, 16, 8, 24, 8, 12, 32, 8, 16, 8, 24, 8] * 2
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    batches = [[i % len(dataset) for i in range(s, s + k)] for s, k in zip(starts, sizes)]
+    want = list(DataLoader(dataset, batch_sampler=batches, num_workers=0))
+    shared = []
+    for i, (images, labels) in enumerate(DataLoader(dataset, batch_sampler=batches, num_workers=2,
+                                                    multiprocessing_context="fork")):
+        assert torch.equal(images, want[i][0]) and torch.equal(labels, want[i][1])
+        shared.append(images.is_shared())
+    assert len(shared) == len(sizes) and not any(shared)  # every size found or grew a buffer
