@@ -14,6 +14,8 @@ Sections (the first argument; ``all`` runs write, full, frames, breakdown and fr
   on and off, every row in a fresh process: what each saves the writer's process and in all.
 * ``warmth``: what writing a file costs in system time right after another was deleted (why every
   row's old output is removed before it is timed).
+* ``startup``: ``packer --help`` against ``python -c "import click"`` and a 1-image and a small
+  ``to-lmdb``, each a fresh process: what starting packer costs.
 
 Each section prints markdown and writes JSON (``--results``); ``--quick`` runs it at tiny sizes.
 
@@ -1197,12 +1199,65 @@ def hooks_main(argv: list[str]) -> None:
     shutil.rmtree(work / "out", ignore_errors=True)
 
 
+def startup_main(argv: list[str]) -> dict[str, Any]:
+    """What starting packer costs: ``packer --help`` against ``python -c "import click"`` (target
+    <= 2.5x), and ``packer to-lmdb`` of 1 image (all fixed cost) and of ``--images`` images, each
+    run a fresh process as a user types it; rows interleaved over ``--reps`` rounds in a new
+    seeded order each round, medians of wall and CPU (the process and its children)."""
+    from scripts.bench.read import md_table, target, targets_md
+
+    argv = argv if "--workdir" in argv else ["--workdir", "bench-out/write-startup", *argv]
+    args, work, src = _image_section("startup", argv, images=20, reps=15)
+    one = work / "one-image"
+    if not one.exists():
+        (one / "a").mkdir(parents=True)
+        shutil.copy(files_of(src)[0], one / "a")
+    exe = shutil.which("packer")
+    packer = [exe] if exe else [sys.executable, "-m", "packer"]
+    out = work / "out" / "startup.lmdb"
+    rows = {'python -c "import click"': [sys.executable, "-c", "import click"],
+            "packer --help": packer + ["--help"],
+            "packer to-lmdb, 1 image": packer + ["to-lmdb", str(one), str(out), "--overwrite"],
+            f"packer to-lmdb, {len(files_of(src))} images": packer + ["to-lmdb", str(src), str(out), "--overwrite"]}
+    # as on a user's machine, modules are compiled once (pip writes .pyc files when it installs):
+    # this machine's PYTHONDONTWRITEBYTECODE would make every row compile packer's sources again
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+    order, names = random.Random(0), list(rows)
+    for name in names:  # the first run of each writes the .pyc files and warms the page cache
+        remove_path(out)
+        subprocess.run(rows[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
+    for _ in range(args.reps):
+        order.shuffle(names)
+        for name in names:
+            remove_path(out)
+            t = time.perf_counter()
+            proc = subprocess.Popen(rows[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            _, status, ru = os.wait4(proc.pid, 0)
+            if os.waitstatus_to_exitcode(status):
+                raise RuntimeError(f"{name} failed: {rows[name]}")
+            got[name].append((time.perf_counter() - t, ru.ru_utime + ru.ru_stime))
+    shutil.rmtree(work / "out", ignore_errors=True)
+    med = {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for name, r in got.items()}
+    click_wall, click_cpu = med['python -c "import click"']
+    table = [[f"`{name}`", f"{1e3 * w:.0f}", f"{1e3 * c:.0f}", f"{w / click_wall:.2f}x", f"{c / click_cpu:.2f}x"]
+             for name, (w, c) in med.items()]
+    help_wall, help_cpu = med["packer --help"]
+    targets = [target('packer --help vs python -c "import click", wall', help_wall / click_wall, 2.5, at_most=True),
+               target('packer --help vs python -c "import click", CPU', help_cpu / click_cpu, 2.5, at_most=True)]
+    print(f"Each row a fresh process, medians of {args.reps} interleaved rounds; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end.\n")
+    print(md_table(["command", "wall ms", "CPU ms", "wall / click", "CPU / click"], table))
+    print("\n" + targets_md(targets))
+    return {"medians": {name: {"wall_s": w, "cpu_s": c} for name, (w, c) in med.items()}, "targets": targets}
+
+
 SECTIONS: dict[str, Callable[[list[str]], None]] = {
     "write": lambda argv: throughput_main(argv, "write"),
     "full": lambda argv: throughput_main(argv, "full"),
     "frames": lambda argv: throughput_main(argv, "frames"),
     "breakdown": breakdown_main, "timeline": timeline_main, "frame-crc": frame_crc_main,
-    "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main}
+    "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main, "startup": startup_main}
 ALL = ("write", "full", "frames", "breakdown", "frame-crc")
 # each section its own workdir: the test suite runs sections at once, and outputs they shared collided
 QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/write"],
@@ -1214,7 +1269,8 @@ QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/writ
          "frame-crc": ["--videos", "1", "--clips", "4", "--rounds", "1"],
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
          "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"],
-         "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"]}
+         "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"],
+         "startup": ["--images", "4", "--reps", "1", "--workdir", "bench-out/write-quick/startup"]}
 
 
 def main(argv: list[str] | None = None) -> int:
