@@ -82,6 +82,7 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert {"ceiling", "folder", "packer/lmdb"} <= set(costs["fetch_us"])
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
+    assert all(t["value"] > 0 for t in sections["crops"]["targets"])
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
@@ -130,6 +131,8 @@ def test_section_quick(tmp_path, module, section, expect):
     sec = doc["figures"]["sections"][section]
     assert sec["argv"] and sec["seconds"] > 0
     assert expect in sec["markdown"]
+    if section in ("write", "clips", "pre-resize"):  # the figures the README's table reads
+        assert sec["figures"]["targets"] and all(t["value"] > 0 for t in sec["figures"]["targets"])
 
 
 @pytest.mark.slow
@@ -138,11 +141,21 @@ def test_remote_quick(tmp_path):
     if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
         pytest.skip("nginx is not installed: the remote benchmark serves its shards with it")
     doc = run_bench("scripts.bench.remote", ["--quick", "streaming"], tmp_path / "results")
-    assert "| local disk | " in doc["figures"]["sections"]["streaming"]["markdown"]
+    sec = doc["figures"]["sections"]["streaming"]
+    assert "| local disk | " in sec["markdown"]
+    assert "every sample exactly once: yes" in sec["markdown"]
+    names = {t["name"] for t in sec["figures"]["targets"] if t["value"] > 0}
+    assert "warm cache vs local disk, CPU per sample in one process" in names
 
 
 def test_committed_benchmarks_page_is_rendered_from_the_committed_results(tmp_path):
-    """docs/benchmarks.md is render.py's output for docs/bench-results (run the render after a run)."""
+    """docs/benchmarks.md, docs/video.md's packs block and the README's figures table are render.py's
+    output for docs/bench-results (run the render after a run), and every README row has its figure."""
+    from scripts.bench.render import FIGURES_BEGIN, FIGURES_END, NOT_MEASURED
+
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index(FIGURES_BEGIN):readme.index(FIGURES_END)]
+    assert NOT_MEASURED not in block, "a README figure is in no full run of docs/bench-results"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "scripts.bench.render", "--check"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -193,4 +206,44 @@ def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
     for gop, e in fig["video_packs"].items():
         assert f" | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | " in text, gop
     assert doc["command"] in text and "**8 (default)**" in text
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+
+
+def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_path):
+    """Each README figure comes from the newest full run that holds it (a target by name, or a key
+    path into the section), with that run's date; a newer quick run never counts; --check says
+    when the block is stale; a figure no run holds is shown as not measured."""
+    from scripts.bench.render import FIGURES_BEGIN, FIGURES_END, NOT_MEASURED, README_FIGURES
+
+    def doc(date: str, quick: bool, costs: float, loader: float) -> dict:
+        t = [{"name": k[2], "value": loader, "target": 2.0, "at_most": False, "met": True, "who": ""}
+             for row in README_FIGURES for k in row.keys if k[:2] == ("read", "loaders")]
+        return {"bench": "read", "command": "python -m scripts.bench.read", "notes": [],
+                "machine": {"date": date, "cores": 2, "load_avg": [1.0]},
+                "figures": {"quick": quick, "sections": {
+                    "loaders": {"markdown": "x", "targets": t},
+                    "costs": {"markdown": "y", "results": {"crc_share": costs, "crc_us": 6.25}}}}}
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "a.json").write_text(json.dumps(doc("2026-01-01T00:00:00+00:00", False, 0.01, 3.0)))
+    (results / "b.json").write_text(json.dumps(doc("2026-01-02T00:00:00+00:00", False, 0.02, 4.0)))
+    (results / "c.json").write_text(json.dumps(doc("2026-01-03T00:00:00+00:00", True, 0.03, 5.0)))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{FIGURES_BEGIN}\nhand-typed 9.99x\n{FIGURES_END}\n\nafter\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
+            "--readme", str(readme)]
+    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    text = readme.read_text()
+    assert "hand-typed" not in text and text.startswith("# x\n") and text.endswith("after\n")
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    crc = rows["both masked CRC32Cs of a record, share of read + decode"]
+    assert crc[1:4] == ["2.0% (6.2 us)", "< 3%", "2026-01-02"], crc
+    peers = next(v for k, v in rows.items() if k.startswith("packer's default `Loader`"))
+    assert peers[1] == "4.00x / 4.00x (wall 4.00x / 4.00x)" and peers[3] == "2026-01-02", peers
+    assert rows["HDF5 `--raw` pixels vs LMDB-JPEG at 224x224, one process"][1] == NOT_MEASURED
+    faults = next(v for k, v in rows.items() if k.startswith("fault-injection cases"))
+    assert faults[1].isdigit() and int(faults[1]) > 0
     assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
