@@ -115,7 +115,11 @@ def inproc_cpu(path, **kw) -> float:
 def _rank_epoch(url: str, cache: str, rank: int, world: int, workers: int, retry: dict, out: str) -> None:
     opts = RemoteOptions(cache_dir=cache, retry=RetryPolicy(**retry))
     ds = StreamingDataset(url, decode="bytes", shuffle=True, seed=1, rank=rank, world_size=world, remote=opts)
-    got = [int(label) for _, label in DataLoader(ds, num_workers=workers, batch_size=None)]
+    # A spawned process's default start method is spawn; a rank that torchrun starts is a fresh
+    # interpreter, whose DataLoader workers start the platform's default way (fork on Linux up to
+    # Python 3.13): spawned workers would each import torch again (~2 CPU-s apiece here)
+    ctx = mp.get_context(mp.get_all_start_methods()[0]) if workers else None
+    got = [int(label) for _, label in DataLoader(ds, num_workers=workers, batch_size=None, multiprocessing_context=ctx)]
     keys = [ds.dataset.keys[i] for i in ds.order()]
     Path(out).write_text(json.dumps({"labels": got, "keys": keys}))
 

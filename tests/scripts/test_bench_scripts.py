@@ -36,19 +36,7 @@ def rows_by(section: dict) -> dict[tuple, dict]:
             for e in section["results"]}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_read_quick_every_section_in_fresh_processes(tmp_path):
-    """Every section at --quick size over one format (the per-format rows run the same code), each
-    row a fresh process; a peer whose package is absent is named in ``skipped``, never faked."""
-    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
-               if importlib.util.find_spec(mod) is None]
-    doc = run_bench("scripts.bench.read", ["--quick", "--section", "all", "--workers", "0", "--threads", "2",
-                                           "--formats", "lmdb", "--workdir", str(tmp_path / "work"),
-                                           "--peers", ",".join(missing) or "none", "--train-peers", "none"],
-                    tmp_path / "results")
-    sections = doc["figures"]["sections"]
-    assert set(sections) == {"loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
+def check_loaders(sections: dict, missing: list[str]) -> None:
     loaders = rows_by(sections["loaders"])
     for source in ("ceiling", "folder", "packer/lmdb"):
         for pipe in ("packer", "pillow"):
@@ -65,11 +53,17 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     for peer in missing:
         assert "not installed" in sections["loaders"]["skipped"][peer]
         assert f"skipped {peer}: not installed" in sections["loaders"]["markdown"]
+
+
+def check_ipc(sections: dict, missing: list[str]) -> None:
     ipc = {e["row"]["variant"]: e for e in sections["ipc"]["results"]}
     assert len(ipc) == 8 and all(e["samples_per_s"] > 0 for e in ipc.values())
     for e in ipc.values():  # the main process apart from its workers, within the whole
         assert 0 <= e["best"]["window_main"]["minflt"] <= e["best"]["window"]["minflt"]
     assert "pin_memory=True" in sections["ipc"]["skipped"] or "pin_memory=True" in ipc
+
+
+def check_training_formats_raw(sections: dict, missing: list[str]) -> None:
     training = rows_by(sections["training"])
     for loader in ("Loader", "DataLoader"):
         assert training[("packer/lmdb", "train", loader, 2)]["samples_per_s"] > 0
@@ -77,6 +71,9 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert formats == {"ceiling", "packer/lmdb"}
     assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
         "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
+
+
+def check_in_process(sections: dict, missing: list[str]) -> None:
     costs = sections["costs"]["results"]
     assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"}  # crc_us: records only
     assert {"ceiling", "folder", "packer/lmdb"} <= set(costs["fetch_us"])
@@ -84,6 +81,59 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
     assert all(t["value"] > 0 for t in sections["crops"]["targets"])
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
+
+
+# every read section, in groups of about equal CPU (--quick on 2 cores: ~21 s of rows, ~13 s, ~21 s),
+# each group its own run, so xdist spreads them; more groups would each import torch again
+READ_GROUPS = {"loaders": (check_loaders,), "ipc": (check_ipc,),
+               "training,formats,raw,costs,shuffle,crops,prefetch": (check_training_formats_raw, check_in_process)}
+
+
+def test_read_groups_cover_every_section():
+    from scripts.bench.read import SECTIONS
+
+    grouped = [s for g in READ_GROUPS for s in g.split(",")]
+    assert sorted(grouped) == sorted(SECTIONS), "add the new read section to a READ_GROUPS entry"
+
+
+READ_QUICK = ["--quick", "--workers", "0", "--threads", "2", "--formats", "lmdb", "--train-peers", "none"]
+
+
+@pytest.fixture(scope="session")
+def read_workdir(tmp_path_factory) -> Path:
+    """One --quick workdir for the read groups of this run (the xdist workers' temp folders sit in
+    the run's own): the images and the LMDB most sections read are made here once, under a lock,
+    by the benchmark's own functions, which key them by their inputs; each group then finds them."""
+    import fcntl
+
+    from scripts.bench.common import image_folder
+    from scripts.bench.read import packed, parse
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work = shared / "read-quick-work"
+    args = parse(READ_QUICK + ["--workdir", str(work)])
+    with open(shared / "read-quick-work.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+        packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)
+    return work
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("group", list(READ_GROUPS))
+def test_read_quick_every_section_in_fresh_processes(tmp_path, read_workdir, group):
+    """Every section at --quick size over one format (the per-format rows run the same code), each
+    row a fresh process; a peer whose package is absent is named in ``skipped``, never faked."""
+    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
+               if importlib.util.find_spec(mod) is None]
+    doc = run_bench("scripts.bench.read", READ_QUICK + ["--section", group, "--workdir", str(read_workdir),
+                                                        "--peers", ",".join(missing) or "none"], tmp_path / "results")
+    sections = doc["figures"]["sections"]
+    assert list(sections) == group.split(",")
+    for check in READ_GROUPS[group]:
+        check(sections, missing)
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
 
