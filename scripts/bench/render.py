@@ -165,6 +165,11 @@ def _loaders(name: str) -> tuple[str, str, str]:
     return ("read", "loaders", name)
 
 
+def _model_wall(section: str, ratio: str) -> tuple[tuple[str, str, str], ...]:
+    """A write-bench ratio's CPU model and wall figures (its ``table`` writes both)."""
+    return (("write", section, f"{ratio}, CPU model"), ("write", section, f"{ratio}, wall"))
+
+
 README_FIGURES: tuple[Row, ...] = (
     Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS), "
         "2 threads / workers, fresh processes, per CPU-second",
@@ -183,17 +188,11 @@ README_FIGURES: tuple[Row, ...] = (
         (("read", "costs", "results.crc_share"), ("read", "costs", "results.crc_us")),
         "{0:.1%} ({1:.1f} us)", "< 3%", "records.md#benchmark"),
     Row("`to-records --check header` vs a bare read + CRC32C + append + fsync loop, CPU model / wall",
-        (("write", "write", "to-records default / bare append loop, CPU model"),
-         ("write", "write", "to-records default / bare append loop, wall")),
-        "{0:.2f}x / {1:.2f}x", ">= 0.8x", "writing.md#measured"),
+        _model_wall("write", "to-records default / bare append loop"), "{0:.2f}x / {1:.2f}x", ">= 0.8x", "writing.md#measured"),
     Row("`--check full` with 2 workers vs a bare 2-process decode (records), CPU model / wall",
-        (("write", "full", "to-records full 2 workers / bare 2-process decode, CPU model"),
-         ("write", "full", "to-records full 2 workers / bare 2-process decode, wall")),
-        "{0:.2f}x / {1:.2f}x", ">= 0.85x", "writing.md#measured"),
+        _model_wall("full", "to-records full 2 workers / bare 2-process decode"), "{0:.2f}x / {1:.2f}x", ">= 0.85x", "writing.md#measured"),
     Row("`decode-frames --short-side 256` vs the best bare decode-resize-encode loop, 340x256, CPU model / wall",
-        (("write", "frames", "decode-frames default / best bare loop on all cores, 340x256, CPU model"),
-         ("write", "frames", "decode-frames default / best bare loop on all cores, 340x256, wall")),
-        "{0:.2f}x / {1:.2f}x", ">= 0.9x", "writing.md#measured"),
+        _model_wall("frames", "decode-frames default / best bare loop on all cores, 340x256"), "{0:.2f}x / {1:.2f}x", ">= 0.9x", "writing.md#measured"),
     Row("`pack-videos --gop 8` vs a JPEG frame pack, per CPU-second: bytes / dense clips / TSN clips",
         (("video", "packs", "pack-videos --gop 8 vs the frame pack, bytes"),
          ("video", "packs", "pack-videos --gop 8 vs the frame pack, dense clips per CPU-second"),

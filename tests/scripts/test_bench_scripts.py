@@ -232,6 +232,21 @@ def test_render_shows_each_sections_newest_full_run(tmp_path):
     assert page.index("### Writing: write") < page.index("### Writing: breakdown")
 
 
+def render_stale_page(tmp_path: Path, results: Path, flag: str, page: Path):
+    """Render ``results`` into ``page`` (``flag``: ``--video-page`` or ``--readme``) after checking
+    that ``--check`` calls the page stale; returns a function that runs ``--check`` again."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
+            flag, str(page)]
+
+    def check() -> int:
+        return subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode
+
+    assert check() == 1
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    return check
+
+
 def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
     """docs/video.md's GOP table is rendered from a `video packs` JSON, between its markers, and
     --check says when it is stale."""
@@ -245,18 +260,14 @@ def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
     (results / "video.json").write_text(json.dumps(doc))
     page = tmp_path / "video.md"
     page.write_text(f"# Video\n\nbefore\n\n{VIDEO_BEGIN}\nhand-typed, stale\n{VIDEO_END}\n\nafter\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
-            "--video-page", str(page)]
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
-    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    check = render_stale_page(tmp_path, results, "--video-page", page)
     text = page.read_text()
     assert "hand-typed" not in text and text.startswith("# Video\n\nbefore\n") and text.endswith("after\n")
     fig = doc["figures"]["sections"]["packs"]["figures"]
     for gop, e in fig["video_packs"].items():
         assert f" | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | " in text, gop
     assert doc["command"] in text and "**8 (default)**" in text
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+    assert check() == 0
 
 
 def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_path):
@@ -281,11 +292,7 @@ def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_pa
     (results / "c.json").write_text(json.dumps(doc("2026-01-03T00:00:00+00:00", True, 0.03, 5.0)))
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{FIGURES_BEGIN}\nhand-typed 9.99x\n{FIGURES_END}\n\nafter\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
-            "--readme", str(readme)]
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
-    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    check = render_stale_page(tmp_path, results, "--readme", readme)
     text = readme.read_text()
     assert "hand-typed" not in text and text.startswith("# x\n") and text.endswith("after\n")
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
@@ -296,4 +303,4 @@ def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_pa
     assert rows["HDF5 `--raw` pixels vs LMDB-JPEG at 224x224, one process"][1] == NOT_MEASURED
     faults = next(v for k, v in rows.items() if k.startswith("fault-injection cases"))
     assert faults[1].isdigit() and int(faults[1]) > 0
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+    assert check() == 0
