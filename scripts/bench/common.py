@@ -12,6 +12,7 @@ import datetime as _dt
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import shlex
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
 
-__all__ = ["REPO", "RESULTS", "machine_info", "write_result", "image_folder", "run_fresh", "proc_usage",
+__all__ = ["REPO", "RESULTS", "machine_info", "write_result", "target", "image_folder", "run_fresh", "proc_usage",
            "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +111,17 @@ def write_result(bench: str, figures: dict[str, Any], *, results: Path | str | N
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"results: {path}", file=sys.stderr)
     return path
+
+
+def target(name: str, value: float | None, goal: float | None = None, who: str = "",
+           at_most: bool = False) -> dict[str, Any]:
+    """One figure of a section's JSON ``targets`` list (what render.py and the README table read):
+    ``value`` against ``goal`` (``>=``, or ``<=`` when ``at_most``; ``met`` is None without a goal
+    or a value)."""
+    if value is not None and math.isnan(value):  # e.g. no CPU time in a window too short to tick
+        value = None
+    met = None if value is None or goal is None else (value <= goal if at_most else value >= goal)
+    return {"name": name, "value": value, "target": goal, "at_most": at_most, "met": met, "who": who}
 
 
 # -- images ------------------------------------------------------------------------------------------

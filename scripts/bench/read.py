@@ -79,7 +79,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from scripts.bench.common import (REPO, descendants, image_folder, machine_info, proc_usage, run_fresh,
+from scripts.bench.common import (REPO, descendants, image_folder, machine_info, proc_usage, run_fresh, target,
                                   usage_delta, write_result)
 
 MODULE = "scripts.bench.read"
@@ -602,17 +602,10 @@ def _f(x: float | None, fmt: str = ".0f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def target(name: str, value: float | None, goal: float, who: str = "", at_most: bool = False) -> dict[str, Any]:
-    if value is not None and math.isnan(value):  # e.g. no CPU time in a window too short to tick
-        value = None
-    met = None if value is None else (value <= goal if at_most else value >= goal)
-    return {"name": name, "value": value, "target": goal, "at_most": at_most, "met": met, "who": who}
-
-
 def targets_md(targets: list[dict[str, Any]]) -> str:
     rows = [[t["name"] + (f" ({t['who']})" if t["who"] else ""),
              _f(t["value"], ".2f") + ("x" if t["value"] is not None else ""),
-             ("<= " if t["at_most"] else ">= ") + f"{t['target']}x",
+             "" if t["target"] is None else ("<= " if t["at_most"] else ">= ") + f"{t['target']}x",
              {True: "met", False: "**missed**", None: "n/a"}[t["met"]]] for t in targets]
     return md_table(["target", "measured", "goal", ""], rows)
 
@@ -1197,8 +1190,12 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
         md, ms[label] = _crop_set(label, data, args.crop_rounds, 0)
         parts.append(md)
     parts.append(_pre_resize_md(0))
-    return {"params": {"count": args.crop_count, "rounds": args.crop_rounds}, "cpu_ms": ms,
-            "markdown": "\n\n".join(parts)}
+    t = [target(f"{what} vs torchvision's {tv} (PIL), {label}, CPU per image", m[f"{key} torchvision"] / m[f"{key} roi"])
+         for label, m in ms.items()
+         for key, what, tv in (("rrc", "DecodeRandomResizedCrop(224)", "RandomResizedCrop(224)"),
+                               ("centre", "DecodeResizeCrop(256, 224)", "Resize(256)+CenterCrop(224)"))]
+    return {"params": {"count": args.crop_count, "rounds": args.crop_rounds}, "cpu_ms": ms, "targets": t,
+            "markdown": "\n\n".join(parts + [targets_md(t)])}
 
 
 def section_prefetch(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:

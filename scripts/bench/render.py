@@ -4,9 +4,12 @@
     python -m scripts.bench.render --results bench-out/results --out /tmp/benchmarks.md
     python -m scripts.bench.render --check                  # exit 1 when the page is stale
 
-It also renders the video-pack trade-off block of ``docs/video.md`` (between ``VIDEO_BEGIN`` and
-``VIDEO_END``: GOP vs MB vs dense/TSN clips) from the newest full ``scripts.bench.video packs``
-run, when the results hold one.
+It also renders the README's "Figures" table (between ``FIGURES_BEGIN`` and ``FIGURES_END``) from
+``README_FIGURES`` below: each row names figures of the benchmark JSON (a ``targets`` entry's
+name, or a key path into the section's figures) and shows each from the newest full run that has
+it, with that run's date. And the video-pack trade-off block of ``docs/video.md`` (between
+``VIDEO_BEGIN`` and ``VIDEO_END``: GOP vs MB vs dense/TSN clips) from the newest full
+``scripts.bench.video packs`` run, when the results hold one.
 
 For each section of each benchmark (``read``, ``write``, ``video``, ``remote``, ``resize``) the
 newest full run that has it is shown (a ``--quick`` run only where no full run exists, marked as
@@ -16,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scripts.bench.common import REPO
 
+DEFAULT_RESULTS = REPO / "docs" / "bench-results"
 ORDER = {"read": "Reading", "write": "Writing", "video": "Videos", "remote": "Remote data", "resize": "Resizing"}
 HEADER = """# Benchmarks
 
@@ -140,26 +146,176 @@ def video_packs_md(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def splice_video_page(page: str, block: str) -> str:
-    """``page`` with the text between ``VIDEO_BEGIN`` and ``VIDEO_END`` replaced by ``block``."""
-    a, b = page.find(VIDEO_BEGIN), page.find(VIDEO_END)
+# == the README's figures table ========================================================================
+@dataclass(frozen=True)
+class Row:
+    """One row of the README's figures table: ``what`` it measures, ``cell`` (a ``str.format``
+    template) filled with the figures ``keys`` name, each ``(bench, section, key)``: a ``targets``
+    entry's name, or a dotted path into the section's figures; ``target`` and the page that
+    explains it."""
+
+    what: str
+    keys: tuple[tuple[str, str, str], ...]
+    cell: str
+    target: str
+    link: str
+
+
+def _loaders(name: str) -> tuple[str, str, str]:
+    return ("read", "loaders", name)
+
+
+def _model_wall(section: str, ratio: str) -> tuple[tuple[str, str, str], ...]:
+    """A write-bench ratio's CPU model and wall figures (its ``table`` writes both)."""
+    return (("write", section, f"{ratio}, CPU model"), ("write", section, f"{ratio}, wall"))
+
+
+README_FIGURES: tuple[Row, ...] = (
+    Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS), "
+        "2 threads / workers, fresh processes, per CPU-second",
+        (_loaders("default Loader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         _loaders("default Loader 2 vs the fastest peer's default at 2 workers"),
+         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers")),
+        "{0:.2f}x / {1:.2f}x (wall {2:.2f}x / {3:.2f}x)", ">= 2x", "loading.md#side-by-side-loader-benchmark"),
+    Row("read-side system time / user time, default `Loader` / `DataLoader`",
+        (_loaders("default Loader 2: system time / user time"), _loaders("default DataLoader 2: system time / user time")),
+        "{0:.2f} / {1:.2f}", "<= 0.1", "loading.md#system-time-of-a-dataloader-with-workers"),
+    Row("reading LMDB vs the in-memory ceiling, `DataLoader` 2 workers, per CPU-second",
+        (_loaders("packer/lmdb vs in-memory ceiling, DataLoader 2 workers, per CPU-second"),),
+        "{0:.2f}x", ">= 0.95x", "benchmarks.md#reading-loaders"),
+    Row("both masked CRC32Cs of a record, share of read + decode",
+        (("read", "costs", "results.crc_share"), ("read", "costs", "results.crc_us")),
+        "{0:.1%} ({1:.1f} us)", "< 3%", "records.md#benchmark"),
+    Row("`to-records --check header` vs a bare read + CRC32C + append + fsync loop, CPU model / wall",
+        _model_wall("write", "to-records default / bare append loop"), "{0:.2f}x / {1:.2f}x", ">= 0.8x", "writing.md#measured"),
+    Row("`--check full` with 2 workers vs a bare 2-process decode (records), CPU model / wall",
+        _model_wall("full", "to-records full 2 workers / bare 2-process decode"), "{0:.2f}x / {1:.2f}x", ">= 0.85x", "writing.md#measured"),
+    Row("`decode-frames --short-side 256` vs the best bare decode-resize-encode loop, 340x256, CPU model / wall",
+        _model_wall("frames", "decode-frames default / best bare loop on all cores, 340x256"), "{0:.2f}x / {1:.2f}x", ">= 0.9x", "writing.md#measured"),
+    Row("`pack-videos --gop 8` vs a JPEG frame pack, per CPU-second: bytes / dense clips / TSN clips",
+        (("video", "packs", "pack-videos --gop 8 vs the frame pack, bytes"),
+         ("video", "packs", "pack-videos --gop 8 vs the frame pack, dense clips per CPU-second"),
+         ("video", "packs", "pack-videos --gop 8 vs the frame pack, TSN clips per CPU-second")),
+        "{0:.3f}x / {1:.2f}x / {2:.2f}x", "<= 0.25 / >= 0.8 / >= 0.4",
+        "video.md#videos-that-stay-videos-packer-pack-videos"),
+    Row("an 8-segment TSN clip from frame folders / LMDB vs decoding the video with decord",
+        (("video", "clips", "TSN clips, frame folders vs decord from video"),
+         ("video", "clips", "TSN clips, packed lmdb vs decord from video")),
+        "{0:.0f}x / {1:.0f}x", ">= 10x", "video.md#benchmark"),
+    Row("`DecodeRandomResizedCrop(224)` vs torchvision's PIL path, CPU per image",
+        (("read", "crops", "DecodeRandomResizedCrop(224) vs torchvision's RandomResizedCrop(224) (PIL), "
+                           "ImageNet-size (~500x375), CPU per image"),),
+        "{0:.1f}x", "", "loading.md#training-crops-and-fidelity"),
+    Row("JPEG draft resize of ~3000x2000 photos to short side 256 vs Pillow full decode + Lanczos",
+        (("resize", "pre-resize", "fast path (draft + Lanczos) vs Pillow full decode + Lanczos, one process"),),
+        "{0:.1f}x", ">= 3x", "resize-and-hdf5.md#figures"),
+    Row("HDF5 `--raw` pixels vs LMDB-JPEG at 224x224, one process",
+        (("read", "raw", "HDF5 raw vs lmdb-jpeg224, 0 workers"),), "{0:.1f}x", ">= 5x", "resize-and-hdf5.md#figures"),
+    Row("reading over HTTP with a warm cache vs local disk, CPU per sample",
+        (("remote", "streaming", "warm cache vs local disk, CPU per sample in one process"),),
+        "{0:.2f}x", ">= 0.95x", "remote.md#benchmark"),
+    Row("Kinetics-400 decode-frames, projected", (("write", "scale", "k400_core_hours"),),
+        "~{0:.0f} core-hours", "", "cluster.md#figures"),
+    Row("fault-injection cases (kills, resumes, dead workers, corrupt data, hostile inputs, concurrent runs)",
+        (("faults", "", "total"),), "{0}", "", "faults.md"),
+)
+FIGURES_BEGIN = ("<!-- FIGURES_BEGIN: generated by `python -m scripts.bench.render` from docs/bench-results "
+                 "(rows: README_FIGURES in scripts/bench/render.py); do not edit by hand -->")
+FIGURES_END = "<!-- FIGURES_END -->"
+NOT_MEASURED = "not measured yet"
+
+
+def section_figure(section: dict[str, Any], key: str) -> Any:
+    """The figure ``key`` names in one section of a run: a ``targets`` entry's value by name, else
+    a dotted path into the section's figures; None when the section does not hold it."""
+    data = section.get("figures", section)  # run_sections keeps a section's dict under "figures"
+    if not isinstance(data, dict):
+        return None
+    for t in data.get("targets", []):
+        if t.get("name") == key:
+            return t.get("value")
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def newest_figure(results: Path, bench: str, section: str, key: str) -> tuple[Any, str] | None:
+    """(value, date) of ``key`` from the newest full run of ``bench`` whose ``section`` holds it."""
+    best: tuple[str, Any] | None = None
+    for path in results.glob("*.json"):
+        doc = json.loads(path.read_text())
+        if doc.get("bench") != bench or doc.get("figures", {}).get("quick", False):
+            continue
+        sec = doc["figures"].get("sections", {}).get(section)
+        value = None if sec is None else section_figure(sec, key)
+        if value is not None and (best is None or doc["machine"]["date"] > best[0]):
+            best = (doc["machine"]["date"], value)
+    return None if best is None else (best[1], best[0][:10])
+
+
+def fault_total() -> int:
+    """The fault suite's case count, from docs/faults.md's generated table (tests/test_docs.py
+    checks that table against the suite's own collection)."""
+    m = re.search(r"^\| \*\*all\*\* \| \| \*\*(\d+)\*\* \|", (REPO / "docs" / "faults.md").read_text(), re.M)
+    if m is None:
+        raise SystemExit("docs/faults.md has no '| **all** |' row: run python -m scripts.check.fault_counts")
+    return int(m.group(1))
+
+
+def figures_md(results: Path) -> str:
+    """The README's figures table from ``README_FIGURES``: each figure from the newest full run
+    that has it, with that run's date (a row some figure of which no run holds says so)."""
+    lines = ["| what | figure | target | measured | explained in |", "|---|---|---|---|---|"]
+    for row in README_FIGURES:
+        values, dates = [], []
+        for bench, section, key in row.keys:
+            if bench == "faults":
+                values.append(fault_total())
+                dates.append("every test run")
+                continue
+            found = newest_figure(results, bench, section, key)
+            if found is None:
+                values = None
+                break
+            values.append(found[0])
+            dates.append(found[1])
+        cell = NOT_MEASURED if values is None else row.cell.format(*values)
+        page = row.link.split("#")[0]
+        lines.append(f"| {row.what} | {cell} | {row.target} | {', '.join(dict.fromkeys(dates))} "
+                     f"| [{page}](docs/{row.link}) |")
+    return "\n".join(lines)
+
+
+def splice(page: str, begin: str, end: str, block: str, name: str) -> str:
+    """``page`` with the text between the ``begin`` and ``end`` markers replaced by ``block``."""
+    a, b = page.find(begin), page.find(end)
     if a < 0 or b < a:
-        raise SystemExit(f"docs/video.md has no {VIDEO_BEGIN!r} ... {VIDEO_END!r} block")
-    return page[:a + len(VIDEO_BEGIN)] + "\n" + block + "\n" + page[b:]
+        raise SystemExit(f"{name} has no {begin!r} ... {end!r} block")
+    return page[:a + len(begin)] + "\n" + block + "\n" + page[b:]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--results", type=Path, default=REPO / "docs" / "bench-results")
+    ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--video-page", type=Path, default=REPO / "docs" / "video.md",
                     help="the page whose video-packs block is rendered from the newest packs run")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="the page whose figures table is rendered from README_FIGURES (default README.md "
+                         "when --results is docs/bench-results; none for other results)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a page differs from a fresh render")
     args = ap.parse_args(argv)
     pages = {args.out: render(args.results)}
     packs = latest(args.results).get("video", {}).get("packs")
     if packs is not None:
-        pages[args.video_page] = splice_video_page(args.video_page.read_text(), video_packs_md(packs[1]))
+        pages[args.video_page] = splice(args.video_page.read_text(), VIDEO_BEGIN, VIDEO_END,
+                                        video_packs_md(packs[1]), str(args.video_page))
+    readme = args.readme or (REPO / "README.md" if args.results.resolve() == DEFAULT_RESULTS else None)
+    if readme is not None:
+        pages[readme] = splice(readme.read_text(), FIGURES_BEGIN, FIGURES_END, figures_md(args.results), str(readme))
     stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:

@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -32,7 +33,7 @@ from PIL import Image
 from packer.commands.pack_images import pack_images
 from packer.codecs.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels
 from packer.synth import jpeg_bytes, natural_image
-from scripts.bench.common import run_sections
+from scripts.bench.common import run_sections, target
 
 cv2.setNumThreads(1)
 
@@ -196,7 +197,7 @@ def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short
     return r_small / r_orig
 
 
-def resize_main(argv: list[str]) -> None:
+def resize_main(argv: list[str]) -> dict[str, Any]:
     """The resize fast path against full decode + resize, and the loader on resized vs original LMDBs."""
     ap = argparse.ArgumentParser(prog="resize.py pre-resize")
     ap.add_argument("--count", type=int, default=8, help="distinct generated 3000x2000 JPEGs")
@@ -209,9 +210,13 @@ def resize_main(argv: list[str]) -> None:
     print(f"machine: {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f} "
           f"(timings are noisy on a shared machine; compare the ratios)")
     paths = make_large_jpegs(args.workdir / "photos", args.count)
-    bench_resize(paths, args.short_side, args.repeat)
-    bench_loader(paths, args.workdir, args.loader_images, args.workers, args.short_side)
+    r = bench_resize(paths, args.short_side, args.repeat)
+    loader = bench_loader(paths, args.workdir, args.loader_images, args.workers, args.short_side)
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
+    return {"targets": [
+        target("fast path (draft + Lanczos) vs Pillow full decode + Lanczos, one process", r["fast_vs_pillow"], 3.0),
+        target("fast path (draft + Lanczos) vs OpenCV full decode + INTER_AREA, one process", r["fast_vs_opencv"]),
+        target(f"training loader over the resized LMDB vs the original-size LMDB, {args.workers} workers", loader)]}
 
 
 def main(argv: list[str] | None = None) -> int:

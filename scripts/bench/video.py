@@ -47,7 +47,7 @@ from packer.conversion.video_inputs import video_items
 from packer.synth import natural_image
 from packer.codecs.flow import FlowEstimator, encode_grey, quantize, tvl1_available
 from packer.codecs.video import Resize, read_video
-from scripts.bench.common import REPO, run_sections
+from scripts.bench.common import REPO, run_sections, target
 
 FIXTURE = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
 
@@ -174,7 +174,12 @@ def clips_main(argv: list[str]) -> dict:
         print(f"  {name:<22} {wall[name]:7.1f} clips/s ({wall[name] / wall['decord from video']:5.1f}x decord)"
               f"  {cpu[name]:7.1f} clips/CPU-s ({cpu[name] / cpu['decord from video']:5.1f}x decord)")
     print("  target: packed >= 10x decord")
-    return {"input": what, "load_average": load, "conversion": conv, "loading": loading}
+    targets = [target(f"TSN clips, {name} vs decord from video{per}", rates[name] / rates["decord from video"], 10.0)
+               for per, rates in (("", wall), (", per CPU-second", cpu)) for name in wall if name != "decord from video"]
+    targets += [target("decode-frames 1 worker vs the bare loop", conv["per_worker_vs_bare"], 0.85),
+                target("decode-frames 1 worker vs the bare loop, per CPU-second", conv["per_worker_vs_bare_cpu"], 0.85),
+                target("decode-frames 2 workers vs 1", conv["scaling_1_to_2"], 1.7)]
+    return {"input": what, "load_average": load, "conversion": conv, "loading": loading, "targets": targets}
 
 
 # == packs =========================================================================================
@@ -343,6 +348,17 @@ def packs_main(argv: list[str]) -> dict:
               f"{e['pack_vs_bare']:.2f} | {e['pack_vs_bare_cpu']:.2f} |")
     print("(clips/s: one process, one thread, CPU-second figures in the JSON; pack and bare loop: all "
           "cores, wall clock, then frames per CPU-second of every process)")
+    res["targets"] = []
+    for gop, e in res["video_packs"].items():  # per CPU-second, as docs/video.md's table gives them
+        res["targets"] += [
+            target(f"pack-videos --gop {gop} vs the frame pack, bytes", e["bytes_vs_frames"], 0.25, at_most=True),
+            target(f"pack-videos --gop {gop} vs the frame pack, dense clips per CPU-second",
+                   e["clips"]["dense"][1] / fp["clips"]["dense"][1], 0.8),
+            target(f"pack-videos --gop {gop} vs the frame pack, TSN clips per CPU-second",
+                   e["clips"]["tsn"][1] / fp["clips"]["tsn"][1], 0.4),
+            target(f"pack-videos --gop {gop} vs decord, TSN clips per CPU-second",
+                   e["clips"]["tsn"][1] / res["decord_tsn"][1], 2.0),
+            target(f"pack-videos --gop {gop} vs the bare PyAV loop, per CPU-second", e["pack_vs_bare_cpu"], 0.8)]
     return res
 
 

@@ -83,6 +83,7 @@ from packer.fileio import remove_path
 from packer.integrity import crc32c, masked_crc32c
 from packer.synth import jpeg_bytes, natural_image
 from scripts.bench.common import REPO, image_folder, run_sections
+from scripts.bench.common import target as bench_target
 
 FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO / "tests" / "fixtures")) / "videos" / "mmaction2_test.mp4"
 
@@ -187,6 +188,7 @@ ROUNDS: dict[str, list[tuple[float, float]]] = {}
 # row -> the least minor page faults of this process over the rounds (a fault costs a few µs of
 # kernel time: a page zeroed or copied on write after a fork)
 FAULTS: dict[str, int] = {}
+TARGETS: list[dict[str, Any]] = []  # every ratio table() printed, for the section's JSON
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, float, float, int]:
@@ -249,7 +251,10 @@ def paired_model(a: str, b: str, n: int, cores: int) -> float:
 
 
 def table(title: str, n: int, best: dict[str, float], ratios: list[tuple[str, str, str, float | None]],
-          unit: str = "samples/s") -> str:
+          unit: str = "samples/s", keys: list[str] | None = None) -> str:
+    """The rows' markdown, then each ratio (wall, CPU model); each ratio also goes into ``TARGETS``
+    (the section's JSON) twice, as ``KEY, wall`` and ``KEY, CPU model``, ``KEY`` being the label
+    or its entry in ``keys``."""
     cores = os.cpu_count() or 1
     lines = [f"### {title}", "", f"| row | {unit} (wall) | main process CPU µs/sample | workers' CPU µs/sample "
              f"| CPU model, {cores} idle cores | main process page faults/sample |", "|---|---:|---:|---:|---:|---:|"]
@@ -257,9 +262,12 @@ def table(title: str, n: int, best: dict[str, float], ratios: list[tuple[str, st
               f"| {cpu_model(name, n, cores):,.0f} | {FAULTS[name] / n:.2f} |" for name, t in best.items()]
     lines += ["", "| ratio | wall | CPU model | CPU model, median of the rounds' ratios | target |",
               "|---|---:|---:|---:|---:|"]
-    for label, a, b, target in ratios:
+    for k, (label, a, b, target) in enumerate(ratios):
         value = best[b] / best[a]
         model = cpu_model(a, n, cores) / cpu_model(b, n, cores)
+        key = keys[k] if keys else label
+        TARGETS.extend([bench_target(f"{key}, wall", value, target),
+                        bench_target(f"{key}, CPU model", model, target)])
         lines.append(f"| {label} | {value:.2f}x | {model:.2f}x | {paired_model(a, b, n, cores):.2f}x "
                      f"| {'' if target is None else f'>= {target}x'} |")
     return "\n".join(lines)
@@ -452,7 +460,8 @@ def section_frames(work: Path, reps: int, out_root: Path,
         parts.append(table(f"decode-frames, {len(videos)} x {size[0]}x{size[1]} clips ({frames} frames)",
                            frames, best, [(f"default / best bare loop on all cores ({best_name})",
                                            "decode-frames --short-side 256 (defaults)", best_name, 0.9)],
-                           unit="frames/s"))
+                           unit="frames/s", keys=[f"decode-frames default / best bare loop on all cores, "
+                                                  f"{size[0]}x{size[1]}"]))
     return "\n\n".join(parts)
 
 
@@ -929,7 +938,7 @@ def convert(mode: str, src: Path, out: Path, **kw) -> tuple[float, object]:
     return wall, report
 
 
-def scale_main(argv: list[str]) -> None:
+def scale_main(argv: list[str]) -> dict[str, object]:
     """A conversion with 1 and 2 workers, a 2-part sharded run + merge, Ray; the Kinetics-400 projection."""
     from packer.commands.merge import merge_parts
 
@@ -1033,6 +1042,7 @@ def scale_main(argv: list[str]) -> None:
                   f"(+ the merge)")
     if args.json:
         args.json.write_text(json.dumps(fig, indent=1))
+    return fig
 
 
 # == warmth =========================================================================================
@@ -1080,8 +1090,9 @@ def warmth_main(argv: list[str]) -> None:
 
 
 # == main ========================================================================================
-def throughput_main(argv: list[str], section: str) -> None:
-    """The write, full and frames sections (one process, heap tuned as every command tunes it)."""
+def throughput_main(argv: list[str], section: str) -> dict[str, Any]:
+    """The write, full and frames sections (one process, heap tuned as every command tunes it);
+    returns the section's ratios as ``targets``."""
     ap = argparse.ArgumentParser(prog=f"write.py {section}")
     ap.add_argument("--workdir", default="bench-out/write")
     ap.add_argument("--images", type=int, default=3000)
@@ -1095,6 +1106,7 @@ def throughput_main(argv: list[str], section: str) -> None:
     from packer.heap import tune_heap
 
     tune_heap()  # the same heap for every row, bare loops included (see the module docstring)
+    start = len(TARGETS)
     print(f"cores: {os.cpu_count()}, load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if section in ("write", "full"):
         src = image_set(work, args.images)
@@ -1109,6 +1121,7 @@ def throughput_main(argv: list[str], section: str) -> None:
         print(section_frames(work, args.reps, Path(args.frames_out) if args.frames_out else work / "out", clips))
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     shutil.rmtree(work / "out", ignore_errors=True)
+    return {"targets": TARGETS[start:]}
 
 
 # == hooks ==========================================================================================

@@ -36,19 +36,7 @@ def rows_by(section: dict) -> dict[tuple, dict]:
             for e in section["results"]}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_read_quick_every_section_in_fresh_processes(tmp_path):
-    """Every section at --quick size over one format (the per-format rows run the same code), each
-    row a fresh process; a peer whose package is absent is named in ``skipped``, never faked."""
-    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
-               if importlib.util.find_spec(mod) is None]
-    doc = run_bench("scripts.bench.read", ["--quick", "--section", "all", "--workers", "0", "--threads", "2",
-                                           "--formats", "lmdb", "--workdir", str(tmp_path / "work"),
-                                           "--peers", ",".join(missing) or "none", "--train-peers", "none"],
-                    tmp_path / "results")
-    sections = doc["figures"]["sections"]
-    assert set(sections) == {"loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch"}
+def check_loaders(sections: dict, missing: list[str]) -> None:
     loaders = rows_by(sections["loaders"])
     for source in ("ceiling", "folder", "packer/lmdb"):
         for pipe in ("packer", "pillow"):
@@ -65,11 +53,17 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     for peer in missing:
         assert "not installed" in sections["loaders"]["skipped"][peer]
         assert f"skipped {peer}: not installed" in sections["loaders"]["markdown"]
+
+
+def check_ipc(sections: dict, missing: list[str]) -> None:
     ipc = {e["row"]["variant"]: e for e in sections["ipc"]["results"]}
     assert len(ipc) == 8 and all(e["samples_per_s"] > 0 for e in ipc.values())
     for e in ipc.values():  # the main process apart from its workers, within the whole
         assert 0 <= e["best"]["window_main"]["minflt"] <= e["best"]["window"]["minflt"]
     assert "pin_memory=True" in sections["ipc"]["skipped"] or "pin_memory=True" in ipc
+
+
+def check_training_formats_raw(sections: dict, missing: list[str]) -> None:
     training = rows_by(sections["training"])
     for loader in ("Loader", "DataLoader"):
         assert training[("packer/lmdb", "train", loader, 2)]["samples_per_s"] > 0
@@ -77,12 +71,69 @@ def test_read_quick_every_section_in_fresh_processes(tmp_path):
     assert formats == {"ceiling", "packer/lmdb"}
     assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
         "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
+
+
+def check_in_process(sections: dict, missing: list[str]) -> None:
     costs = sections["costs"]["results"]
     assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"}  # crc_us: records only
     assert {"ceiling", "folder", "packer/lmdb"} <= set(costs["fetch_us"])
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
+    assert all(t["value"] > 0 for t in sections["crops"]["targets"])
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
+
+
+# every read section, in groups of about equal CPU (--quick on 2 cores: ~21 s of rows, ~13 s, ~21 s),
+# each group its own run, so xdist spreads them; more groups would each import torch again
+READ_GROUPS = {"loaders": (check_loaders,), "ipc": (check_ipc,),
+               "training,formats,raw,costs,shuffle,crops,prefetch": (check_training_formats_raw, check_in_process)}
+
+
+def test_read_groups_cover_every_section():
+    from scripts.bench.read import SECTIONS
+
+    grouped = [s for g in READ_GROUPS for s in g.split(",")]
+    assert sorted(grouped) == sorted(SECTIONS), "add the new read section to a READ_GROUPS entry"
+
+
+READ_QUICK = ["--quick", "--workers", "0", "--threads", "2", "--formats", "lmdb", "--train-peers", "none"]
+
+
+@pytest.fixture(scope="session")
+def read_workdir(tmp_path_factory) -> Path:
+    """One --quick workdir for the read groups of this run (the xdist workers' temp folders sit in
+    the run's own): the images and the LMDB most sections read are made here once, under a lock,
+    by the benchmark's own functions, which key them by their inputs; each group then finds them."""
+    import fcntl
+
+    from scripts.bench.common import image_folder
+    from scripts.bench.read import packed, parse
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work = shared / "read-quick-work"
+    args = parse(READ_QUICK + ["--workdir", str(work)])
+    with open(shared / "read-quick-work.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+        packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)
+    return work
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("group", list(READ_GROUPS))
+def test_read_quick_every_section_in_fresh_processes(tmp_path, read_workdir, group):
+    """Every section at --quick size over one format (the per-format rows run the same code), each
+    row a fresh process; a peer whose package is absent is named in ``skipped``, never faked."""
+    missing = [p for p, mod in (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "streaming"))
+               if importlib.util.find_spec(mod) is None]
+    doc = run_bench("scripts.bench.read", READ_QUICK + ["--section", group, "--workdir", str(read_workdir),
+                                                        "--peers", ",".join(missing) or "none"], tmp_path / "results")
+    sections = doc["figures"]["sections"]
+    assert list(sections) == group.split(",")
+    for check in READ_GROUPS[group]:
+        check(sections, missing)
     for name, sec in sections.items():
         assert sec["markdown"].strip(), name
 
@@ -130,6 +181,8 @@ def test_section_quick(tmp_path, module, section, expect):
     sec = doc["figures"]["sections"][section]
     assert sec["argv"] and sec["seconds"] > 0
     assert expect in sec["markdown"]
+    if section in ("write", "clips", "pre-resize"):  # the figures the README's table reads
+        assert sec["figures"]["targets"] and all(t["value"] > 0 for t in sec["figures"]["targets"])
 
 
 @pytest.mark.slow
@@ -138,11 +191,21 @@ def test_remote_quick(tmp_path):
     if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
         pytest.skip("nginx is not installed: the remote benchmark serves its shards with it")
     doc = run_bench("scripts.bench.remote", ["--quick", "streaming"], tmp_path / "results")
-    assert "| local disk | " in doc["figures"]["sections"]["streaming"]["markdown"]
+    sec = doc["figures"]["sections"]["streaming"]
+    assert "| local disk | " in sec["markdown"]
+    assert "every sample exactly once: yes" in sec["markdown"]
+    names = {t["name"] for t in sec["figures"]["targets"] if t["value"] > 0}
+    assert "warm cache vs local disk, CPU per sample in one process" in names
 
 
 def test_committed_benchmarks_page_is_rendered_from_the_committed_results(tmp_path):
-    """docs/benchmarks.md is render.py's output for docs/bench-results (run the render after a run)."""
+    """docs/benchmarks.md, docs/video.md's packs block and the README's figures table are render.py's
+    output for docs/bench-results (run the render after a run), and every README row has its figure."""
+    from scripts.bench.render import FIGURES_BEGIN, FIGURES_END, NOT_MEASURED
+
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index(FIGURES_BEGIN):readme.index(FIGURES_END)]
+    assert NOT_MEASURED not in block, "a README figure is in no full run of docs/bench-results"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "scripts.bench.render", "--check"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
@@ -169,6 +232,21 @@ def test_render_shows_each_sections_newest_full_run(tmp_path):
     assert page.index("### Writing: write") < page.index("### Writing: breakdown")
 
 
+def render_stale_page(tmp_path: Path, results: Path, flag: str, page: Path):
+    """Render ``results`` into ``page`` (``flag``: ``--video-page`` or ``--readme``) after checking
+    that ``--check`` calls the page stale; returns a function that runs ``--check`` again."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
+            flag, str(page)]
+
+    def check() -> int:
+        return subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode
+
+    assert check() == 1
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    return check
+
+
 def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
     """docs/video.md's GOP table is rendered from a `video packs` JSON, between its markers, and
     --check says when it is stale."""
@@ -182,15 +260,47 @@ def test_render_fills_the_video_packs_block_from_the_newest_packs_run(tmp_path):
     (results / "video.json").write_text(json.dumps(doc))
     page = tmp_path / "video.md"
     page.write_text(f"# Video\n\nbefore\n\n{VIDEO_BEGIN}\nhand-typed, stale\n{VIDEO_END}\n\nafter\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    args = [sys.executable, "-m", "scripts.bench.render", "--results", str(results), "--out", str(tmp_path / "b.md"),
-            "--video-page", str(page)]
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 1
-    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
+    check = render_stale_page(tmp_path, results, "--video-page", page)
     text = page.read_text()
     assert "hand-typed" not in text and text.startswith("# Video\n\nbefore\n") and text.endswith("after\n")
     fig = doc["figures"]["sections"]["packs"]["figures"]
     for gop, e in fig["video_packs"].items():
         assert f" | {e['bytes'] / 1e6:.1f} | {e['bytes_vs_frames']:.3f} | " in text, gop
     assert doc["command"] in text and "**8 (default)**" in text
-    assert subprocess.run(args + ["--check"], cwd=REPO, env=env, capture_output=True, timeout=120).returncode == 0
+    assert check() == 0
+
+
+def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_path):
+    """Each README figure comes from the newest full run that holds it (a target by name, or a key
+    path into the section), with that run's date; a newer quick run never counts; --check says
+    when the block is stale; a figure no run holds is shown as not measured."""
+    from scripts.bench.render import FIGURES_BEGIN, FIGURES_END, NOT_MEASURED, README_FIGURES
+
+    def doc(date: str, quick: bool, costs: float, loader: float) -> dict:
+        t = [{"name": k[2], "value": loader, "target": 2.0, "at_most": False, "met": True, "who": ""}
+             for row in README_FIGURES for k in row.keys if k[:2] == ("read", "loaders")]
+        return {"bench": "read", "command": "python -m scripts.bench.read", "notes": [],
+                "machine": {"date": date, "cores": 2, "load_avg": [1.0]},
+                "figures": {"quick": quick, "sections": {
+                    "loaders": {"markdown": "x", "targets": t},
+                    "costs": {"markdown": "y", "results": {"crc_share": costs, "crc_us": 6.25}}}}}
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "a.json").write_text(json.dumps(doc("2026-01-01T00:00:00+00:00", False, 0.01, 3.0)))
+    (results / "b.json").write_text(json.dumps(doc("2026-01-02T00:00:00+00:00", False, 0.02, 4.0)))
+    (results / "c.json").write_text(json.dumps(doc("2026-01-03T00:00:00+00:00", True, 0.03, 5.0)))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{FIGURES_BEGIN}\nhand-typed 9.99x\n{FIGURES_END}\n\nafter\n")
+    check = render_stale_page(tmp_path, results, "--readme", readme)
+    text = readme.read_text()
+    assert "hand-typed" not in text and text.startswith("# x\n") and text.endswith("after\n")
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    crc = rows["both masked CRC32Cs of a record, share of read + decode"]
+    assert crc[1:4] == ["2.0% (6.2 us)", "< 3%", "2026-01-02"], crc
+    peers = next(v for k, v in rows.items() if k.startswith("packer's default `Loader`"))
+    assert peers[1] == "4.00x / 4.00x (wall 4.00x / 4.00x)" and peers[3] == "2026-01-02", peers
+    assert rows["HDF5 `--raw` pixels vs LMDB-JPEG at 224x224, one process"][1] == NOT_MEASURED
+    faults = next(v for k, v in rows.items() if k.startswith("fault-injection cases"))
+    assert faults[1].isdigit() and int(faults[1]) > 0
+    assert check() == 0
