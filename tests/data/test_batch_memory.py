@@ -32,8 +32,8 @@ def memfds(pid: int) -> int:
     return sum("packer-batch" in os.readlink(f) for f in glob.glob(f"/proc/{pid}/fd/*"))
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
-@pytest.mark.parametrize("collate", [None, uint8_collate], ids=["default_collate", "uint8_collate"])
+@pytest.mark.parametrize("collate,ctx", [(None, "fork"), (None, "spawn"), (uint8_collate, "fork")],
+                         ids=["default_collate-fork", "default_collate-spawn", "uint8_collate-fork"])
 def test_workers_reuse_a_few_buffers_and_batches_equal_the_reference(dataset, ctx, collate):
     want = reference(dataset, collate)
     kw = {"collate_fn": collate} if collate else {}
