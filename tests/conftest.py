@@ -15,6 +15,13 @@ from packer.synth import natural_image
 from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO  # noqa: F401
 from tests.support.inputs import write_image_folder, write_video_folder
 
+# Compiled modules are cached in __pycache__ even where the environment says not to (this
+# project's development machines set PYTHONDONTWRITEBYTECODE=1): otherwise every xdist worker
+# rewrites and compiles every test module, and every packer process a test starts compiles the
+# modules changed since their .pyc files were written (the workers and the processes inherit it).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
+
 # tests/test_docs.py (and scripts that put tests/ on sys.path) import this module by its bare
 # name for REPO; tests/ is a package now, so give the bare name the module pytest loaded.
 sys.modules.setdefault("conftest", sys.modules[__name__])
