@@ -11,8 +11,6 @@ import os
 from typing import Any
 
 from packer.conversion.executors.base import Executor, InlineExecutor, Outcome, call_safely
-from packer.conversion.executors.isolated import IsolatedExecutor
-from packer.conversion.executors.local import LocalExecutor
 from packer.conversion.options import EXECUTORS
 from packer.errors import UsageError
 
@@ -24,10 +22,20 @@ log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "RayExecutor":  # Ray is optional and heavy: imported on first use
+    # imported on first use: Ray is optional and heavy, and the pebble pools (with asyncio, ~26 ms
+    # of a small pack's start) serve only item-by-item work, not the pack plans
+    if name == "RayExecutor":
         from packer.conversion.executors.ray import RayExecutor
 
         return RayExecutor
+    if name == "LocalExecutor":
+        from packer.conversion.executors.local import LocalExecutor
+
+        return LocalExecutor
+    if name == "IsolatedExecutor":
+        from packer.conversion.executors.isolated import IsolatedExecutor
+
+        return IsolatedExecutor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -60,11 +68,15 @@ def make_executor(name: str = "local", *, workers: int | None = None, timeout: f
         workers = os.cpu_count() or 1
     if name == "local":
         if (timeout is not None or isolate) and workers >= 1:
+            from packer.conversion.executors.isolated import IsolatedExecutor
+
             return IsolatedExecutor(workers=workers, timeout=timeout)
         if workers <= 1:
             if timeout is not None:
                 log.warning("--workers 0 runs in this process: the per-item timeout is not enforced")
             return InlineExecutor()
+        from packer.conversion.executors.local import LocalExecutor
+
         return LocalExecutor(workers=workers)
     raise UsageError(f"unknown executor {name!r} (known: {', '.join(EXECUTORS)})")
 
