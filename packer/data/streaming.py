@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.data import batch_memory
 from packer.errors import CorruptData, CorruptSample, UsageError
 from packer.data.datasets import PackedDataset
 from packer.data.sources import mix_counts, mix_stream, source_picks
@@ -453,7 +452,6 @@ class StreamingDataset(IterableDataset):
                                     drop_last=self.drop_last)]
 
     def __iter__(self) -> Iterator[Any]:
-        batch_memory.use_in_worker()
         epoch, skip = int(self._shared[0]), int(self._shared[1])
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)

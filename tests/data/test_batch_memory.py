@@ -76,3 +76,21 @@ def test_batches_of_changing_sizes_fit_grow_and_equal_the_reference(dataset):
         assert torch.equal(images, want[i][0]) and torch.equal(labels, want[i][1])
         shared.append(images.is_shared())
     assert len(shared) == len(sizes) and not any(shared)  # every size found or grew a buffer
+
+
+def _to_224(image: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.interpolate(image[None].float(), size=(224, 224)).to(torch.uint8)[0]
+
+
+def test_streaming_dataset_workers_reuse_buffers_too(dataset):
+    from packer import StreamingDataset
+
+    path = dataset.dataset.path
+    stream = StreamingDataset(path, decode="tensor", transform=_to_224, batch_size=8, shuffle=False)
+    want = list(DataLoader(stream, batch_size=8, num_workers=0))
+    got = []
+    for images, labels in DataLoader(stream, batch_size=8, num_workers=2, multiprocessing_context="fork"):
+        got.append((images.is_shared(), images.clone(), labels))
+    assert len(got) == len(want)
+    assert not any(shared for shared, _, _ in got)
+    assert all(torch.equal(g[1], w[0]) and torch.equal(g[2], w[1]) for g, w in zip(got, want))
