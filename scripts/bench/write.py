@@ -82,7 +82,7 @@ from PIL import Image
 from packer.fileio import remove_path
 from packer.integrity import crc32c, masked_crc32c
 from packer.synth import jpeg_bytes, natural_image
-from scripts.bench.common import REPO, image_folder, run_sections
+from scripts.bench.common import REPO, image_folder, run_call, run_sections
 from scripts.bench.common import target as bench_target
 
 FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO / "tests" / "fixtures")) / "videos" / "mmaction2_test.mp4"
@@ -1127,6 +1127,8 @@ def throughput_main(argv: list[str], section: str) -> dict[str, Any]:
 # == hooks ==========================================================================================
 # Each Writer speed hook that a plan uses, on and off: (hook, format, pack options). "Off" is a patch
 # made in the row's own fresh process (``_hook_off``), never in the package.
+# what the --quick row server imports once before it forks the hooks' rows (common.fork_rows)
+FORK_PRELOAD = ("packer.heap", "packer.commands.pack_images")
 HOOKS = [
     ("keeps_samples", "lmdb", {"check": "header", "workers": 2}),
     ("prepare", "lmdb", {"check": "header", "workers": 2}),
@@ -1174,7 +1176,7 @@ def _hook_row(src: str, out: str, fmt: str, options: dict, off: str) -> dict:
 
 def hooks_main(argv: list[str]) -> None:
     """Each Writer speed hook on and off, every row in a fresh process (no row inherits another's
-    heap or imports), rows interleaved over ``--reps`` rounds in a new seeded order each round:
+    heap, patches or imports; --quick forks them from one process: ``common.fork_rows``), rows interleaved over ``--reps`` rounds in a new seeded order each round:
     the writer process's CPU per sample (the single writer's ceiling), all processes' CPU, and
     the median over rounds of each round's off/on ratio (a shared machine's drift hits both)."""
     args, work, src = _image_section("hooks", argv, images=2000, reps=8)
@@ -1188,13 +1190,9 @@ def hooks_main(argv: list[str]) -> None:
         order.shuffle(rows)
         for hook, fmt, opts, off in rows:
             out = work / "out" / f"hook.{fmt}"
-            code = ("import json, sys; from scripts.bench.write import _hook_row; "
-                    f"print(json.dumps(_hook_row({str(src)!r}, {str(out)!r}, {fmt!r}, {opts!r}, {off!r})))")
-            run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                                 env=dict(os.environ, PYTHONPATH=str(REPO)))
-            if run.returncode:
-                raise RuntimeError(run.stderr[-2000:])
-            got.setdefault((hook, fmt, repr(opts), off), []).append(json.loads(run.stdout.strip().splitlines()[-1]))
+            row = run_call("scripts.bench.write", "_hook_row",
+                           {"src": str(src), "out": str(out), "fmt": fmt, "options": opts, "off": off})
+            got.setdefault((hook, fmt, repr(opts), off), []).append(row)
     lines = ["| hook | row | plan on / off | writer CPU µs/sample, on / off (least) | all CPU µs/sample, "
              "on / off (least) | off / on, writer CPU (median of rounds) | off / on, all CPU |",
              "|---|---|---|---:|---:|---:|---:|"]
