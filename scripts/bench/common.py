@@ -295,7 +295,8 @@ def _fork_one(module: Any, request: dict[str, Any]) -> dict[str, Any]:
         _, status, ru = os.wait4(pid, 0)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    return {"out": out, "code": os.waitstatus_to_exitcode(status), "process": _usage_of(ru, time.perf_counter() - start)}
+    return {"out": out, "code": os.waitstatus_to_exitcode(status),
+            "process": _usage_of(ru, time.perf_counter() - start)}
 
 
 def serve_rows(module: str) -> None:
