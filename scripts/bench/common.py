@@ -37,8 +37,8 @@ from typing import Any, Callable
 from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
 
 __all__ = ["REPO", "RESULTS", "machine_info", "write_result", "target", "image_folder", "run_fresh", "proc_usage",
-           "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder", "fork_rows",
-           "run_call", "serve_rows"]
+           "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder",
+           "fork_rows", "run_call", "serve_rows"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench-out" / "results"  # --results; the committed copies live in docs/bench-results

@@ -1177,7 +1177,8 @@ def _hook_row(src: str, out: str, fmt: str, options: dict, off: str) -> dict:
 def hooks_main(argv: list[str]) -> None:
     """Each Writer speed hook on and off, every row in a fresh process (no row inherits another's
     heap, patches or imports; --quick forks them from one process: ``common.fork_rows``), rows
-    interleaved over ``--reps`` rounds in a new seeded order each round: the writer process's CPU per sample (the single writer's ceiling), all processes' CPU, and
+    interleaved over ``--reps`` rounds in a new seeded order each round: the writer process's CPU per
+    sample (the single writer's ceiling), all processes' CPU, and
     the median over rounds of each round's off/on ratio (a shared machine's drift hits both)."""
     args, work, src = _image_section("hooks", argv, images=2000, reps=8)
     n = len(files_of(src))
