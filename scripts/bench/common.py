@@ -330,7 +330,8 @@ class _RowServer:
             raise RuntimeError(f"the row server of {module} did not start (exit {self.proc.wait()})")
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if self.proc.stdin is None or self.proc.stdout is None:  # pragma: no cover - Popen made both pipes
+            raise RuntimeError("the row server has no pipes")
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()

@@ -1202,7 +1202,7 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     for label, data in _crop_sets(args.crop_count, 0).items():
         md, ms[label] = _crop_set(label, data, args.crop_rounds, 0)
         parts.append(md)
-    parts.append(_pre_resize_md(0))
+    parts.append(_pre_resize_md(0, per_size=1 if args.quick else 3))  # --quick: one image per size, 1 of 3 CPU-s
     t = [target(f"{what} vs torchvision's {tv} (PIL), {label}, CPU per image", m[f"{key} torchvision"] / m[f"{key} roi"])
          for label, m in ms.items()
          for key, what, tv in (("rrc", "DecodeRandomResizedCrop(224)", "RandomResizedCrop(224)"),
