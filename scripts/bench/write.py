@@ -1063,20 +1063,22 @@ def write_file(path: Path, block: bytes, blocks: int) -> float:
 
 
 def warmth_main(argv: list[str]) -> None:
-    """System time of writing a new file 0, 0.5, 2 and 8 s after deleting the previous one."""
+    """System time of writing a new file 0, 0.5, 2 and 8 s (``--pauses``) after deleting the previous one."""
     ap = argparse.ArgumentParser(prog="write.py warmth")
     ap.add_argument("--dir", default="/tmp", help="a folder on the disk to measure")
     ap.add_argument("--mb", type=int, default=640, help="MB per file (in 50 MB writes)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pauses", type=lambda v: tuple(float(x) for x in v.split(",")), default=PAUSES,
+                    help="seconds between the delete and the write, comma-separated (default 0,0.5,2,8)")
     args = ap.parse_args(argv)
     block = os.urandom(50 << 20)
     blocks = max(1, args.mb // 50)
     path = Path(args.dir) / f".page-warmth-{os.getpid()}.bin"
-    least = {p: float("inf") for p in PAUSES}
+    least = {p: float("inf") for p in args.pauses}
     try:
         write_file(path, block, blocks)
         for _ in range(args.reps):
-            for pause in PAUSES:
+            for pause in args.pauses:
                 path.unlink()
                 time.sleep(pause)
                 least[pause] = min(least[pause], write_file(path, block, blocks))
@@ -1280,7 +1282,7 @@ QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/writ
          "timeline": ["--rounds", "1", "--workdir", "bench-out/write-quick/timeline"],
          "frame-crc": ["--videos", "1", "--clips", "4", "--rounds", "1"],
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
-         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"],
+         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out", "--pauses", "0,0.5"],
          "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"],
          "startup": ["--images", "4", "--reps", "1", "--workdir", "bench-out/write-quick/startup"]}
 
