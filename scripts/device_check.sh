@@ -29,12 +29,35 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # module:distribution for each package the tests and the benchmark import
 NEEDED="torch:torch numpy:numpy PIL:pillow cv2:opencv-python-headless lmdb:lmdb h5py:h5py crc32c:crc32c
 tqdm:tqdm pebble:pebble click:click pytest:pytest"
-missing() {
-    for pair in $NEEDED; do
+# One interpreter imports them all (torch's import alone is ~1.5 CPU-s): "missing: DIST..." names
+# each that fails to import and, when none does, the next line says which torch it got. A probe
+# that dies before its "missing:" line (a crashing import) falls back to one interpreter each.
+PROBE='import importlib, sys
+missing = []
+for pair in sys.argv[1].split():
+    mod, dist = pair.split(":")
+    try:
+        importlib.import_module(mod)
+    except BaseException:
+        missing.append(dist)
+print("missing:", *missing, flush=True)
+if not missing:
+    import torch
+    print("device_check: torch", torch.__version__, "CUDA:", torch.cuda.is_available(),
+          torch.cuda.get_device_name() if torch.cuda.is_available() else "(CPU fallback)")'
+probe() {
+    local out
+    out=$("$PY" -c "$PROBE" "$NEEDED" 2>/dev/null)
+    if grep -q '^missing:' <<<"$out"; then
+        printf '%s\n' "$out"
+        return
+    fi
+    printf 'missing: %s\n' "$(for pair in $NEEDED; do
         "$PY" -c "import ${pair%%:*}" >/dev/null 2>&1 || printf '%s ' "${pair#*:}"
-    done | sed 's/ $//'
+    done | sed 's/ $//')"
 }
-MISSING=$(missing)
+PROBED=$(probe)
+MISSING=$(sed -n 's/^missing: *//p' <<<"$PROBED")
 if [ -n "$MISSING" ] && [ -d "$WHEELS" ]; then
     SITE=$(mktemp -d /tmp/device_check_site.XXXXXX)
     WANT=""
@@ -50,7 +73,8 @@ if [ -n "$MISSING" ] && [ -d "$WHEELS" ]; then
         # shellcheck disable=SC2086
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" $WANT
         export PYTHONPATH="$PYTHONPATH:$SITE"
-        MISSING=$(missing)
+        PROBED=$(probe)
+        MISSING=$(sed -n 's/^missing: *//p' <<<"$PROBED")
     fi
 fi
 if [ -n "$MISSING" ]; then
@@ -60,8 +84,8 @@ if [ -n "$MISSING" ]; then
         >"$OUT/report.json"
     exit 3
 fi
-"$PY" -c 'import torch; print("device_check: torch", torch.__version__, "CUDA:", torch.cuda.is_available(),
-      torch.cuda.get_device_name() if torch.cuda.is_available() else "(CPU fallback)")'
+grep '^device_check: torch' <<<"$PROBED" || "$PY" -c 'import torch; print("device_check: torch", torch.__version__,
+      "CUDA:", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "(CPU fallback)")'
 
 # 1. tests: the CUDA test file whole (its CPU halves too), the CUDA tests of the other files
 FILES=$(grep -rl --include='test_*.py' 'torch.cuda.is_available' tests | grep -v test_device_check | sort)

@@ -2,14 +2,21 @@
 information and the JSON each benchmark writes (``render.py`` turns the latest of each into
 ``docs/benchmarks.md``).
 
+A ``--quick`` run (tiny sizes: it proves a benchmark works, its figures mean nothing) calls
+``fork_rows()``: its rows then run in children forked from one row server per benchmark module, a
+fresh interpreter that imported the module and torch and computed nothing, instead of a new
+interpreter per row. A full run starts every row in a new interpreter.
+
 Run the benchmarks from the repository root as modules (``python -m scripts.bench.read``), with
 the package importable (installed, or ``PYTHONPATH=$PWD``); nothing here edits ``sys.path``.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as _dt
 import hashlib
+import importlib
 import io
 import json
 import math
@@ -17,10 +24,12 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +37,8 @@ from typing import Any, Callable
 from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
 
 __all__ = ["REPO", "RESULTS", "machine_info", "write_result", "target", "image_folder", "run_fresh", "proc_usage",
-           "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder"]
+           "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder",
+           "fork_rows", "run_call", "serve_rows"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench-out" / "results"  # --results; the committed copies live in docs/bench-results
@@ -212,6 +222,145 @@ def usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {k: after[k] - before[k] for k in before}
 
 
+_FORK = False  # set by fork_rows(): a --quick run
+_SERVERS: dict[str, "_RowServer"] = {}
+# variables packer reads when a module is imported: a row that sets one needs its own interpreter
+_IMPORT_TIME_ENV = ("PACKER_DECODER", "PACKER_TURBOJPEG")
+
+
+def fork_rows(enabled: bool = True) -> None:
+    """Run this process's later ``run_fresh`` and ``run_call`` rows as children forked from a row
+    server (``serve_rows``): what ``--quick`` does, where the figures mean nothing and a new
+    interpreter per row (~2 CPU-s of start-up and imports each) only costs the tests time. A full
+    run never calls it: every row a fresh interpreter is the benchmarks' contract."""
+    global _FORK
+    _FORK = enabled
+
+
+def _usage_of(ru: Any, wall: float) -> dict[str, float]:
+    return {"wall_s": wall, "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "minflt": ru.ru_minflt,
+            "majflt": ru.ru_majflt, "maxrss_mb": ru.ru_maxrss / 1024}
+
+
+def _fork_one(module: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Fork; the child sets the row's environment, runs ``module.main(argv)`` (or ``module.func(**kwargs)``,
+    printing its JSON) with its stdout on a pipe and exits as an interpreter does (atexit: its DataLoader
+    workers stopped and joined); the server reads the pipe and reaps the child with ``os.wait4``, killing
+    it after ``timeout`` seconds."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the row's process
+        code = 1
+        try:
+            os.close(read_fd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)  # the server's request pipe is not the row's
+            os.dup2(write_fd, 1)
+            os.close(write_fd)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            os.environ.update(request.get("env") or {})
+            if "func" in request:
+                print(json.dumps(getattr(module, request["func"])(**request["kwargs"])))
+                code = 0
+            else:
+                code = module.main(request["argv"]) or 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:  # noqa: BLE001 - the row failed: its traceback on stderr, its status 1
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                atexit._run_exitfuncs()  # what the interpreter does at exit (joins DataLoader workers)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(write_fd)
+
+    def kill(*_: Any) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGALRM, kill)
+    signal.setitimer(signal.ITIMER_REAL, request["timeout"])
+    try:
+        with os.fdopen(read_fd, errors="replace") as f:
+            out = f.read()
+        _, status, ru = os.wait4(pid, 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return {"out": out, "code": os.waitstatus_to_exitcode(status),
+            "process": _usage_of(ru, time.perf_counter() - start)}
+
+
+def serve_rows(module: str) -> None:
+    """The row server of a --quick run (``fork_rows``): import ``module``, torch and the module's
+    ``FORK_PRELOAD`` once, compute nothing (torch's thread pools do not survive a fork once used),
+    then fork one child per request line on stdin and answer each with a line on stdout."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the server itself prints goes to stderr, not into the replies
+    mod = importlib.import_module(module)
+    for name in ("torch", *getattr(mod, "FORK_PRELOAD", ())):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    reply.write('{"ready": true}\n')
+    reply.flush()
+    os.set_inheritable(reply.fileno(), False)
+    for line in sys.stdin:
+        reply.write(json.dumps(_fork_one(mod, json.loads(line))) + "\n")
+        reply.flush()
+
+
+class _RowServer:
+    """The parent's end of ``serve_rows``: a fresh interpreter started once per module and run."""
+
+    def __init__(self, module: str):
+        code = f"from scripts.bench.common import serve_rows; serve_rows({module!r})"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if not self.proc.stdout or not self.proc.stdout.readline():
+            raise RuntimeError(f"the row server of {module} did not start (exit {self.proc.wait()})")
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.proc.stdin is None or self.proc.stdout is None:  # pragma: no cover - Popen made both pipes
+            raise RuntimeError("the row server has no pipes")
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the row server died (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@atexit.register
+def _close_servers() -> None:
+    while _SERVERS:
+        _SERVERS.popitem()[1].close()
+
+
+def _forked(module: str, request: dict[str, Any]) -> dict[str, Any]:
+    if module not in _SERVERS:
+        _SERVERS[module] = _RowServer(module)
+    return _SERVERS[module].run(request)
+
+
 def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
               cwd: str | Path | None = None, python: str | None = None) -> dict[str, Any]:
     """Run ``python -m module --child SPEC.json`` in a fresh interpreter (default settings, as a user's
@@ -221,15 +370,37 @@ def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
     gives ``{"error": ...}``. ``cwd``: another checkout to run in (default this one); ``-m``
     puts it first on ``sys.path``, so the child imports that checkout's packer and module.
     ``python``: the interpreter (default this one; another virtual environment's, for peers whose
-    dependencies clash with packer's)."""
+    dependencies clash with packer's). After ``fork_rows()`` (``--quick``) a row of this
+    interpreter and checkout runs ``module.main(["--child", SPEC.json])`` in a child forked from
+    the module's row server instead (its ``process`` then leaves out the interpreter's start-up)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-spec-", delete=False) as f:
         json.dump(spec, f)  # a file, not argv: a spec may list thousands of paths
-    cmd = [python or sys.executable, "-m", module, "--child", f.name]
+    row_env = spec.get("env") or {}
+    try:
+        if _FORK and cwd is None and python is None and not set(row_env) & set(_IMPORT_TIME_ENV):
+            r = _forked(module, {"argv": ["--child", f.name], "env": row_env, "timeout": timeout})
+            out, code, usage = r["out"], r["code"], r["process"]
+        else:
+            out, code, usage = _run_interpreter([python or sys.executable, "-m", module, "--child", f.name],
+                                                cwd=cwd, env=row_env, timeout=timeout)
+    finally:
+        os.unlink(f.name)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if code != 0 or not lines:
+        return {"error": f"exit {code}" + (" (timed out)" if usage["wall_s"] >= timeout else ""), "process": usage}
+    result = json.loads(lines[-1])
+    result["process"] = usage
+    return result
+
+
+def _run_interpreter(cmd: list[str], *, cwd: str | Path | None, env: dict[str, str],
+                     timeout: float) -> tuple[str, int, dict[str, float]]:
+    """Run ``cmd`` (a new interpreter), killed after ``timeout`` s: its stdout, exit status and ``os.wait4`` usage."""
     t = time.perf_counter()
-    env = {**os.environ, **spec["env"]} if spec.get("env") else None  # a row's own settings (PACKER_*)
-    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=cwd or REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **env} if env else None)  # a row's own settings (PACKER_*)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:
@@ -237,17 +408,27 @@ def run_fresh(module: str, spec: dict[str, Any], *, timeout: float = 600.0,
         _, status, ru = os.wait4(proc.pid, 0)
     finally:
         timer.cancel()
-        os.unlink(f.name)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t
-    usage = {"wall_s": wall, "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "minflt": ru.ru_minflt,
-             "majflt": ru.ru_majflt, "maxrss_mb": ru.ru_maxrss / 1024}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"exit {proc.returncode}" + (" (timed out)" if wall >= timeout else ""), "process": usage}
-    result = json.loads(lines[-1])
-    result["process"] = usage
-    return result
+    return out, proc.returncode, _usage_of(ru, time.perf_counter() - t)
+
+
+def run_call(module: str, func: str, kwargs: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    """``module.func(**kwargs)`` in a fresh interpreter (``python -c``; a row that patches packer, so
+    no row inherits another's patches, heap or imports), returning the JSON-able dict it returns;
+    raises RuntimeError with the row's stderr when it fails. After ``fork_rows()`` (``--quick``) the
+    row is a child forked from the module's row server instead."""
+    if _FORK:
+        r = _forked(module, {"func": func, "kwargs": kwargs, "timeout": timeout or 0})
+        lines = [line for line in r["out"].splitlines() if line.startswith("{")]
+        if r["code"] != 0 or not lines:
+            raise RuntimeError(f"{module}.{func} failed in its forked child: exit {r['code']} (its stderr is above)")
+        return json.loads(lines[-1])
+    code = f"import json; from {module} import {func}; print(json.dumps({func}(**{kwargs!r})))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if run.returncode:
+        raise RuntimeError(run.stderr[-2000:])
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 # -- benchmarks made of sections that print markdown ----------------------------------------------------
@@ -290,6 +471,8 @@ def run_sections(bench: str, doc: str, sections: dict[str, Callable[[list[str]],
         sections[args.section if args.section != "all" else all_sections[0]](["--help"])
         return 0
     machine = machine_info()
+    if args.quick:
+        fork_rows()
     figures: dict[str, Any] = {"quick": args.quick, "sections": {}}
     for name in all_sections if args.section == "all" else (args.section,):
         section_argv = (quick.get(name, []) if args.quick else []) + rest

@@ -79,8 +79,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from scripts.bench.common import (REPO, descendants, image_folder, machine_info, proc_usage, run_fresh, target,
-                                  usage_delta, write_result)
+from scripts.bench.common import (REPO, descendants, fork_rows, image_folder, machine_info, proc_usage, run_fresh,
+                                  target, usage_delta, write_result)
 
 MODULE = "scripts.bench.read"
 SECTIONS = ("loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
@@ -89,6 +89,9 @@ PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
 PEER_MODULES = {"webdataset": "webdataset", "litdata": "litdata", "mds": "streaming", "spdl": "spdl",
                 "dali": "nvidia.dali", "ffcv": "ffcv"}
+# what the --quick row server imports once before it forks the rows (common.fork_rows)
+FORK_PRELOAD = ("torch.utils.data", "PIL.Image", "packer", "packer.data.datasets", "packer.data.loader",
+                "packer.formats", "packer.codecs.image")
 CROP = (368, 496)  # formats: every ~432x576 image is at least 378x504 (1/8 jitter)
 
 
@@ -496,6 +499,14 @@ def train_peer(spec: dict[str, Any]) -> Iterable:
     raise ValueError(source)
 
 
+def main_and_all(pids: list[int]) -> tuple[dict[str, float], dict[str, float]]:
+    """``proc_usage`` of the main process ``pids[0]`` and of all ``pids`` from one reading of each
+    process, so the main process's share never exceeds the whole (two readings would count the
+    faults of the first reading in the second)."""
+    main, rest = proc_usage(pids[:1]), proc_usage(pids[1:])
+    return main, {k: main[k] + rest[k] for k in main}
+
+
 def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
     """Time one row: the first batch (start-up) apart, then ``steps`` batches."""
     if spec.get("tuned"):
@@ -508,7 +519,8 @@ def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
     first = time.perf_counter() - t0
     pids = [os.getpid()] + descendants(os.getpid())  # the loader's workers, however it keeps them
     touch = spec.get("touch", False)
-    before, main_before, start, n = proc_usage(pids), proc_usage(pids[:1]), time.perf_counter(), 0
+    main_before, before = main_and_all(pids)
+    start, n = time.perf_counter(), 0
     for _ in range(spec["steps"]):
         batch = next(it, None)
         if batch is None:
@@ -517,7 +529,8 @@ def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
             touch_pages(batch)
         n += len(batch[1])
     wall = time.perf_counter() - start
-    window, main = usage_delta(before, proc_usage(pids)), usage_delta(main_before, proc_usage(pids[:1]))
+    main_after, after = main_and_all(pids)
+    window, main = usage_delta(before, after), usage_delta(main_before, main_after)
     close = getattr(it, "close", None)
     if close is not None:
         close()
@@ -1189,7 +1202,7 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     for label, data in _crop_sets(args.crop_count, 0).items():
         md, ms[label] = _crop_set(label, data, args.crop_rounds, 0)
         parts.append(md)
-    parts.append(_pre_resize_md(0))
+    parts.append(_pre_resize_md(0, per_size=1 if args.quick else 3))  # --quick: one image per size, 1 of 3 CPU-s
     t = [target(f"{what} vs torchvision's {tv} (PIL), {label}, CPU per image", m[f"{key} torchvision"] / m[f"{key} roi"])
          for label, m in ms.items()
          for key, what, tv in (("rrc", "DecodeRandomResizedCrop(224)", "RandomResizedCrop(224)"),
@@ -1379,6 +1392,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(json.loads(Path(args.child).read_text()))), flush=True)
         return 0
     machine = machine_info()
+    if args.quick:
+        fork_rows()  # tiny sizes prove the rows work: fork them from one warm process (common.fork_rows)
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {"quick": args.quick, "sections": {}, "skipped": {}}
@@ -1393,7 +1408,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["sections"][name] = out
         print(f"\n## {name}\n\n{out['markdown']}\n", flush=True)
     notes = ["Every row a fresh process with default settings; figures are noisy on a shared machine, "
-             "ratios within one run stand."]
+             "ratios within one run stand."] if not args.quick else [
+        "--quick: tiny sizes, every row forked from one process that imported torch and packer; figures meaningless."]
     write_result("read", figures, results=args.results, machine=machine, notes=notes)
     return 0
 

@@ -10,7 +10,8 @@
    the original-size images (both packed by ``pack_images``, the resized one with
    ``resize=ResizeSpec(short_side=256)``, i.e. ``packer to-lmdb --short-side 256``).
 
-Usage: python -m scripts.bench.resize pre-resize [--count 8] [--repeat 3] [--loader-images 96] [--workers 2]
+Usage: python -m scripts.bench.resize pre-resize [--count 8] [--repeat 3] [--loader-images 96] [--batch-size 32]
+                                                [--workers 2]
        python -m scripts.bench.resize --quick pre-resize
 """
 from __future__ import annotations
@@ -169,7 +170,7 @@ def loader_rate(path: Path, workers: int, batch: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short_side: int) -> float:
+def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short_side: int, batch: int = 32) -> float:
     src = work / "loader_src"
     if src.exists():
         shutil.rmtree(src)
@@ -186,11 +187,11 @@ def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short
                 resize=ResizeSpec(short_side=short_side))
     t_small = time.perf_counter() - t
     size = lambda p: sum(f.stat().st_size for f in p.iterdir()) / 1e6  # noqa: E731
-    print(f"\n== loader: 224-px training pipeline, {images} images, DataLoader batch 32, {workers} workers ==")
+    print(f"\n== loader: 224-px training pipeline, {images} images, DataLoader batch {batch}, {workers} workers ==")
     print(f"  packed original LMDB in {t_orig:.1f}s ({size(orig):.0f} MB); resized (short side {short_side}) "
           f"LMDB in {t_small:.1f}s ({images / t_small:.1f} img/s, {size(small):.1f} MB)")
-    r_orig = loader_rate(orig, workers, 32)
-    r_small = loader_rate(small, workers, 32)
+    r_orig = loader_rate(orig, workers, batch)
+    r_small = loader_rate(small, workers, batch)
     print(f"  original-size LMDB   {r_orig:8.1f} img/s")
     print(f"  resized LMDB         {r_small:8.1f} img/s")
     print(f"  resized / original: {r_small / r_orig:.1f}x")
@@ -204,6 +205,7 @@ def resize_main(argv: list[str]) -> dict[str, Any]:
     ap.add_argument("--repeat", type=int, default=3, help="timed passes over them per method")
     ap.add_argument("--short-side", type=int, default=256)
     ap.add_argument("--loader-images", type=int, default=96, help="images in the loader benchmark's LMDBs")
+    ap.add_argument("--batch-size", type=int, default=32, help="the loader's batch (the first one is not timed)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--workdir", type=Path, default=Path("bench-out/resize"))
     args = ap.parse_args(argv)
@@ -211,7 +213,9 @@ def resize_main(argv: list[str]) -> dict[str, Any]:
           f"(timings are noisy on a shared machine; compare the ratios)")
     paths = make_large_jpegs(args.workdir / "photos", args.count)
     r = bench_resize(paths, args.short_side, args.repeat)
-    loader = bench_loader(paths, args.workdir, args.loader_images, args.workers, args.short_side)
+    if args.loader_images <= args.batch_size:
+        ap.error("--loader-images must exceed --batch-size: the first batch is not timed")
+    loader = bench_loader(paths, args.workdir, args.loader_images, args.workers, args.short_side, args.batch_size)
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
     return {"targets": [
         target("fast path (draft + Lanczos) vs Pillow full decode + Lanczos, one process", r["fast_vs_pillow"], 3.0),
@@ -222,7 +226,8 @@ def resize_main(argv: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the section named on the command line and write the JSON."""
     return run_sections("resize", __doc__, {"pre-resize": resize_main}, all_sections=("pre-resize",), argv=argv,
-                        quick={"pre-resize": ["--count", "2", "--repeat", "1", "--loader-images", "48",
+                        quick={"pre-resize": ["--count", "2", "--repeat", "1", "--loader-images", "12",
+                                              "--batch-size", "4",
                                               "--workdir", "bench-out/resize-quick"]},
                         notes=["One process (and a DataLoader's workers); ratios within one run stand."])
 

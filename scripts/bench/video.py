@@ -11,9 +11,9 @@ Section ``clips``:
    (open, ``get_batch`` of the sampled frames) (target: packed >= 10x decord).
 
 Input: copies of ``tests/fixtures/videos/mmaction2_test.mp4`` (H.264, 340x256, 300
-frames) when present, else synthetic mp4v videos of the same size.
+frames; ``--fixture``) when present, else synthetic mp4v videos of the same size.
 
-Section ``flow``: optical flow per core at 340x256 per method (TV-L1, Farneback, DIS), one
+Section ``flow``: optical flow per core at 340x256 (``--size``) per method (TV-L1, Farneback, DIS), one
 process, OpenCV on one thread: the estimate alone, and what ``decode-frames --task flow`` does
 per flow frame (estimate + mmaction2 quantization + two grey JPEG encodes), against DIS.
 Target: DIS >= 100 flow frames/s per core. Frames: the fixture, else a generated video.
@@ -52,23 +52,27 @@ from scripts.bench.common import REPO, run_sections, target
 FIXTURE = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
 
 
-def make_input(src: Path, videos: int) -> str:
-    """``src/class_k/v_i.mp4``: fixture copies, or synthetic 340x256 mp4v videos."""
+def make_input(src: Path, videos: int, fixture: Path = FIXTURE) -> str:
+    """``src/class_k/v_i.mp4``: copies of ``fixture``, or synthetic 340x256 mp4v videos without it."""
     if src.exists():
         shutil.rmtree(src)
     for i in range(videos):
         d = src / f"class_{i % 3}"
         d.mkdir(parents=True, exist_ok=True)
-        if FIXTURE.exists():
-            shutil.copy(FIXTURE, d / f"v_{i:03d}.mp4")
+        if fixture.exists():
+            shutil.copy(fixture, d / f"v_{i:03d}.mp4")
             continue
         out = cv2.VideoWriter(str(d / f"v_{i:03d}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 30, (340, 256))
         base = natural_image(np.random.default_rng(i), 256, 340)
         for t in range(300):
             out.write(np.roll(base, 3 * t, axis=1)[:, :, ::-1].copy())
         out.release()
-    return "fixture mmaction2_test.mp4 (H.264 340x256, 300 frames)" if FIXTURE.exists() else \
-        "synthetic mp4v 340x256, 300 frames"
+    if not fixture.exists():
+        return "synthetic mp4v 340x256, 300 frames"
+    cap = cv2.VideoCapture(str(fixture))
+    w, h, n = (int(cap.get(k)) for k in (cv2.CAP_PROP_FRAME_WIDTH, cv2.CAP_PROP_FRAME_HEIGHT, cv2.CAP_PROP_FRAME_COUNT))
+    cap.release()
+    return f"fixture {fixture.name} ({w}x{h}, {n} frames)"
 
 
 def cpu_seconds() -> float:
@@ -144,6 +148,9 @@ def clips_main(argv: list[str]) -> dict:
     """decode-frames against the bare loop, and TSN clip loading against decord."""
     ap = argparse.ArgumentParser(prog="video.py clips")
     ap.add_argument("--videos", type=int, default=12, help="input videos (300 frames each)")
+    ap.add_argument("--fixture", default=FIXTURE.name,
+                    help="the video in tests/fixtures/videos they copy (--quick: mmaction2_part_0.mp4, "
+                         "the same H.264 340x256 in 32 frames)")
     ap.add_argument("--clips", type=int, default=300, help="TSN clips loaded per source")
     ap.add_argument("--short-side", type=int, default=224, help="decode-frames resize")
     ap.add_argument("--workdir", default=str(REPO / "bench-out" / "video"))
@@ -151,7 +158,10 @@ def clips_main(argv: list[str]) -> dict:
     cv2.setNumThreads(1)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    what = make_input(work / "src", args.videos)
+    fixture = FIXTURE.parent / args.fixture
+    if args.fixture != FIXTURE.name and not fixture.is_file():
+        ap.error(f"--fixture: no {fixture}")
+    what = make_input(work / "src", args.videos, fixture)
     load = os.getloadavg()[0]
     conv = bench_conversion(work / "src", work, args.short_side)
     loading = bench_loading(work / "src", work, args.clips)
@@ -444,8 +454,9 @@ def codecs_run(args, src: Path, what: str, load: float, workers: int) -> dict:
 
 
 # == flow ===========================================================================================
-def grey_frames(n: int) -> tuple[list[np.ndarray], str]:
-    """``n`` consecutive grey 340x256 frames and where they came from."""
+def grey_frames(n: int, size: tuple[int, int] = (340, 256)) -> tuple[list[np.ndarray], str]:
+    """``n`` consecutive grey frames of ``size`` (width, height) and where they came from."""
+    w, h = size
     if FIXTURE.is_file():
         cap = cv2.VideoCapture(str(FIXTURE))
         frames = []
@@ -453,14 +464,14 @@ def grey_frames(n: int) -> tuple[list[np.ndarray], str]:
             ok, f = cap.read()
             if not ok:
                 break
-            if f.shape[:2] != (256, 340):
-                f = cv2.resize(f, (340, 256), interpolation=cv2.INTER_AREA)
+            if f.shape[:2] != (h, w):
+                f = cv2.resize(f, (w, h), interpolation=cv2.INTER_AREA)
             frames.append(cv2.cvtColor(f, cv2.COLOR_BGR2GRAY))
         if len(frames) == n:
-            return frames, f"{FIXTURE.name} (first {n} frames)"
+            return frames, f"{FIXTURE.name} (first {n} frames{'' if size == (340, 256) else f', resized to {w}x{h}'})"
     rng = np.random.default_rng(0)
-    base = cv2.cvtColor(natural_image(rng, 256, 340 + 2 * n), cv2.COLOR_RGB2GRAY)
-    return [base[:, 2 * i:2 * i + 340].copy() for i in range(n)], "generated 340x256 frames panning 2 px/frame"
+    base = cv2.cvtColor(natural_image(rng, h, w + 2 * n), cv2.COLOR_RGB2GRAY)
+    return [base[:, 2 * i:2 * i + w].copy() for i in range(n)], f"generated {w}x{h} frames panning 2 px/frame"
 
 
 def measure(method: str, frames: list[np.ndarray], full: bool) -> tuple[float, float]:
@@ -482,9 +493,11 @@ def flow_main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="video.py flow")
     ap.add_argument("--pairs", type=int, default=40, help="flow frames per method (Farneback, DIS)")
     ap.add_argument("--tvl1-pairs", type=int, default=4, help="flow frames for TV-L1 (about 1 s each)")
+    ap.add_argument("--size", default="340x256", help="WxH of the frames (--quick: smaller, TV-L1 costs ~3 CPU-s "
+                                                      "a 340x256 pair)")
     args = ap.parse_args(argv)
     cv2.setNumThreads(1)
-    frames, where = grey_frames(args.pairs + 1)
+    frames, where = grey_frames(args.pairs + 1, tuple(int(v) for v in args.size.split("x")))
     methods = [m for m in ("dis", "farneback", "tvl1") if m != "tvl1" or tvl1_available()]
     rows = {}
     for m in methods:
@@ -505,8 +518,9 @@ def flow_main(argv: list[str]) -> None:
 
 
 SECTIONS = {"clips": clips_main, "flow": flow_main, "packs": packs_main}
-QUICK = {"clips": ["--videos", "2", "--clips", "10", "--workdir", str(REPO / "bench-out" / "video-quick")],
-         "flow": ["--pairs", "4", "--tvl1-pairs", "1"],
+QUICK = {"clips": ["--videos", "2", "--clips", "10", "--fixture", "mmaction2_part_0.mp4",
+                   "--workdir", str(REPO / "bench-out" / "video-quick")],
+         "flow": ["--pairs", "4", "--tvl1-pairs", "1", "--size", "128x96"],
          "packs": ["--videos", "3", "--clips", "10", "--gops", "16",
                    "--workdir", str(REPO / "bench-out" / "video-packs-quick")]}
 

@@ -82,7 +82,7 @@ from PIL import Image
 from packer.fileio import remove_path
 from packer.integrity import crc32c, masked_crc32c
 from packer.synth import jpeg_bytes, natural_image
-from scripts.bench.common import REPO, image_folder, run_sections
+from scripts.bench.common import REPO, image_folder, run_call, run_sections
 from scripts.bench.common import target as bench_target
 
 FIXTURE = Path(os.environ.get("PACKER_FIXTURES", REPO / "tests" / "fixtures")) / "videos" / "mmaction2_test.mp4"
@@ -1063,20 +1063,22 @@ def write_file(path: Path, block: bytes, blocks: int) -> float:
 
 
 def warmth_main(argv: list[str]) -> None:
-    """System time of writing a new file 0, 0.5, 2 and 8 s after deleting the previous one."""
+    """System time of writing a new file 0, 0.5, 2 and 8 s (``--pauses``) after deleting the previous one."""
     ap = argparse.ArgumentParser(prog="write.py warmth")
     ap.add_argument("--dir", default="/tmp", help="a folder on the disk to measure")
     ap.add_argument("--mb", type=int, default=640, help="MB per file (in 50 MB writes)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pauses", type=lambda v: tuple(float(x) for x in v.split(",")), default=PAUSES,
+                    help="seconds between the delete and the write, comma-separated (default 0,0.5,2,8)")
     args = ap.parse_args(argv)
     block = os.urandom(50 << 20)
     blocks = max(1, args.mb // 50)
     path = Path(args.dir) / f".page-warmth-{os.getpid()}.bin"
-    least = {p: float("inf") for p in PAUSES}
+    least = {p: float("inf") for p in args.pauses}
     try:
         write_file(path, block, blocks)
         for _ in range(args.reps):
-            for pause in PAUSES:
+            for pause in args.pauses:
                 path.unlink()
                 time.sleep(pause)
                 least[pause] = min(least[pause], write_file(path, block, blocks))
@@ -1127,6 +1129,8 @@ def throughput_main(argv: list[str], section: str) -> dict[str, Any]:
 # == hooks ==========================================================================================
 # Each Writer speed hook that a plan uses, on and off: (hook, format, pack options). "Off" is a patch
 # made in the row's own fresh process (``_hook_off``), never in the package.
+# what the --quick row server imports once before it forks the hooks' rows (common.fork_rows)
+FORK_PRELOAD = ("packer.heap", "packer.commands.pack_images")
 HOOKS = [
     ("keeps_samples", "lmdb", {"check": "header", "workers": 2}),
     ("prepare", "lmdb", {"check": "header", "workers": 2}),
@@ -1174,8 +1178,9 @@ def _hook_row(src: str, out: str, fmt: str, options: dict, off: str) -> dict:
 
 def hooks_main(argv: list[str]) -> None:
     """Each Writer speed hook on and off, every row in a fresh process (no row inherits another's
-    heap or imports), rows interleaved over ``--reps`` rounds in a new seeded order each round:
-    the writer process's CPU per sample (the single writer's ceiling), all processes' CPU, and
+    heap, patches or imports; --quick forks them from one process: ``common.fork_rows``), rows
+    interleaved over ``--reps`` rounds in a new seeded order each round: the writer process's CPU per
+    sample (the single writer's ceiling), all processes' CPU, and
     the median over rounds of each round's off/on ratio (a shared machine's drift hits both)."""
     args, work, src = _image_section("hooks", argv, images=2000, reps=8)
     n = len(files_of(src))
@@ -1188,13 +1193,9 @@ def hooks_main(argv: list[str]) -> None:
         order.shuffle(rows)
         for hook, fmt, opts, off in rows:
             out = work / "out" / f"hook.{fmt}"
-            code = ("import json, sys; from scripts.bench.write import _hook_row; "
-                    f"print(json.dumps(_hook_row({str(src)!r}, {str(out)!r}, {fmt!r}, {opts!r}, {off!r})))")
-            run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                                 env=dict(os.environ, PYTHONPATH=str(REPO)))
-            if run.returncode:
-                raise RuntimeError(run.stderr[-2000:])
-            got.setdefault((hook, fmt, repr(opts), off), []).append(json.loads(run.stdout.strip().splitlines()[-1]))
+            row = run_call("scripts.bench.write", "_hook_row",
+                           {"src": str(src), "out": str(out), "fmt": fmt, "options": opts, "off": off})
+            got.setdefault((hook, fmt, repr(opts), off), []).append(row)
     lines = ["| hook | row | plan on / off | writer CPU µs/sample, on / off (least) | all CPU µs/sample, "
              "on / off (least) | off / on, writer CPU (median of rounds) | off / on, all CPU |",
              "|---|---|---|---:|---:|---:|---:|"]
@@ -1281,7 +1282,7 @@ QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/writ
          "timeline": ["--rounds", "1", "--workdir", "bench-out/write-quick/timeline"],
          "frame-crc": ["--videos", "1", "--clips", "4", "--rounds", "1"],
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
-         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out"],
+         "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out", "--pauses", "0,0.5"],
          "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"],
          "startup": ["--images", "4", "--reps", "1", "--workdir", "bench-out/write-quick/startup"]}
 
