@@ -49,7 +49,8 @@ def test_kill_from_outside_with_workers_twice_then_resume(conv, sources, referen
     assert run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 2)), checkpoint_at_least(state, 4, field))
     assert run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 2, "--resume")),
                         checkpoint_at_least(state, 16, field)), "the resumed run ended before the second kill"
-    assert not out.exists()
+    # The kill lands between two polls of the checkpoint: a small job can publish in that time,
+    # and then OUT is whole. Either way the resume below must end identical to a lone run.
     finish_and_check(conv, src, out, references(conv)[0], workers=2)
 
 
