@@ -67,10 +67,16 @@ def test_library_call_with_against_and_model_step(packed, image_folder):
     json.dumps(r)  # serialisable as it is
 
 
-def test_cli_json(packed):
+@pytest.fixture(scope="module")
+def cli_json(packed) -> dict:
+    """``packer bench --json --workers 0`` on the tiny pack, run once for the tests that read it."""
     res = CliRunner().invoke(main, ["bench", str(packed), "--json", "--workers", "0", *TINY])
     assert res.exit_code == 0, res.output
-    check_result(json.loads(res.stdout), [0], 24)
+    return json.loads(res.stdout)
+
+
+def test_cli_json(cli_json):
+    check_result(cli_json, [0], 24)
 
 
 def test_cli_table(packed):
@@ -126,10 +132,8 @@ def slow_python_transform(image):
     return image
 
 
-def test_threads_and_mixing_fields(packed):
-    res = CliRunner().invoke(main, ["bench", str(packed), "--json", "--workers", "0", *TINY])
-    r = json.loads(res.output)
-    t, m = r["threads"], r["mixing"]
+def test_threads_and_mixing_fields(packed, cli_json):
+    t, m = cli_json["threads"], cli_json["mixing"]
     assert t["samples_per_s"] > 0 and t["one_thread_samples_per_s"] > 0 and t["threads"] >= 2
     assert t["scaling"] == pytest.approx(t["samples_per_s"] / t["one_thread_samples_per_s"])
     assert t["advice"] and t["holds_gil"] in (True, False, None) and t["available"] > 0
