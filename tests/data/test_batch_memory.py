@@ -6,21 +6,17 @@ import os
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
-from packer import PackedDataset
-from packer.data import DecodeResizeCrop, batch_memory, uint8_collate
-from packer.commands.pack_images import pack_images
+from packer.data import batch_memory, uint8_collate
+from tests.support.batches import batch_dataset, needs_memfd
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+pytestmark = needs_memfd
 
 
 @pytest.fixture(scope="module")
 def dataset(image_folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bm") / "ds"
-    pack_images(image_folder, out, format="lmdb", workers=0)
-    # 224x224x3 images, batch 8: 1.2 MB a batch, above batch_memory.MIN_BYTES; 24 batches
-    return Subset(PackedDataset(out, decode=DecodeResizeCrop(256, 224)), list(range(24)) * 8)
+    return batch_dataset(image_folder, tmp_path_factory.mktemp("bm"))
 
 
 def reference(dataset, collate=None):

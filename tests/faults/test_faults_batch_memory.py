@@ -10,21 +10,17 @@ import signal
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Subset, default_collate
+from torch.utils.data import DataLoader, default_collate
 
-from packer import PackedDataset
-from packer.data import DecodeResizeCrop, batch_memory
-from packer.commands.pack_images import pack_images
+from packer.data import batch_memory
+from tests.support.batches import batch_dataset, needs_memfd
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+pytestmark = needs_memfd
 
 
 @pytest.fixture(scope="module")
 def dataset(image_folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bm") / "ds"
-    pack_images(image_folder, out, format="lmdb", workers=0)
-    # 24 batches of 8 224x224 images (1.2 MB each): 12 per worker, more than MAX_BUFFERS
-    return Subset(PackedDataset(out, decode=DecodeResizeCrop(256, 224)), list(range(24)) * 8)
+    return batch_dataset(image_folder, tmp_path_factory.mktemp("bm"))
 
 
 @pytest.fixture(scope="module")
