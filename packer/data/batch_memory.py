@@ -48,10 +48,9 @@ MIN_BYTES = 1 << 20  # smaller batches (labels, small crops) cost less torch's w
 _HEADER = 64  # int64 [sent, released]: each written by one process only, so no lock across processes
 _ALIGN = 1 << 16
 
-_DTYPES = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
-           torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32,
-           torch.float64: np.float64, torch.bool: np.bool_}
-_BY_NAME = {str(k): v for k, v in _DTYPES.items()}
+# the dtypes a buffer carries (the main process views its bytes as the dtype again)
+_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                     torch.bfloat16, torch.float32, torch.float64, torch.bool})
 
 
 def enabled() -> bool:
@@ -96,7 +95,6 @@ class _Buffer:
 
 class _Pool:
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.buffers: list[_Buffer] = []
 
     def take(self, nbytes: int) -> tuple[_Buffer, np.ndarray] | None:
@@ -117,7 +115,7 @@ class _Pool:
         return buf, buf.take(nbytes)
 
 
-_pool: _Pool | None = None
+_pool: _Pool | None = None  # this process's buffers (a forked child starts without any)
 
 
 class _BatchTensor(torch.Tensor):
@@ -136,8 +134,8 @@ def _reduce(t: _BatchTensor) -> Any:
     if buf is None or not base.is_contiguous() or not buf.holds(base):  # moved (share_memory_) or foreign
         return reduce_tensor(base)
     buf.header[0] += 1  # sent: only this worker writes it (its queue's one feeder thread)
-    return _rebuild, (DupFd(buf.fd), buf.size, _HEADER + base.data_ptr() - buf.address, tuple(base.shape),
-                      str(base.dtype))
+    return _rebuild, (DupFd(buf.fd), buf.size, _HEADER + base.data_ptr() - buf.address,
+                      base.numel() * base.element_size(), tuple(base.shape), str(base.dtype).removeprefix("torch."))
 
 
 ForkingPickler.register(_BatchTensor, _reduce)
@@ -149,13 +147,12 @@ def stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     then the caller stacks torch's way."""
     global _pool
     first = tensors[0]
-    dtype = _DTYPES.get(first.dtype)
-    if dtype is None or first.device.type != "cpu" or first.layout != torch.strided or first.is_nested:
+    if first.dtype not in _DTYPES or first.device.type != "cpu" or first.layout != torch.strided or first.is_nested:
         return None
     nbytes = len(tensors) * first.numel() * first.element_size()
     if nbytes < MIN_BYTES or get_worker_info() is None or not enabled():
         return None
-    if _pool is None or _pool.pid != os.getpid():
+    if _pool is None:
         _pool = _Pool()
     got = _pool.take(nbytes)
     if got is None:
@@ -178,7 +175,12 @@ def _after_fork_in_parent() -> None:
     _forks += 1
 
 
-os.register_at_fork(after_in_parent=_after_fork_in_parent)
+def _after_fork_in_child() -> None:  # a DataLoader worker forked from the training process
+    global _pool, _wired
+    _pool, _wired = None, False
+
+
+os.register_at_fork(after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _released(header: np.ndarray, pid: int, forks: int) -> None:
@@ -187,7 +189,7 @@ def _released(header: np.ndarray, pid: int, forks: int) -> None:
             header[1] += 1
 
 
-def _rebuild(fd: Any, size: int, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+def _rebuild(fd: Any, size: int, offset: int, nbytes: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
     """In the receiving process: the batch as an ordinary tensor over a mapping of the buffer,
     counted back in the buffer's header when its storage is freed."""
     handle = fd.detach()
@@ -196,35 +198,29 @@ def _rebuild(fd: Any, size: int, offset: int, shape: tuple[int, ...], dtype: str
     finally:
         os.close(handle)
     whole = np.frombuffer(mapping, dtype=np.uint8)
-    np_dtype = np.dtype(_BY_NAME[dtype])
-    count = int(np.prod(shape, dtype=np.int64))
-    view = whole[offset:offset + count * np_dtype.itemsize]
+    view = whole[offset:offset + nbytes]
     weakref.finalize(view, _released, whole[:_HEADER].view(np.int64), os.getpid(), _forks)
-    return torch.from_numpy(view).view(getattr(torch, dtype.removeprefix("torch."))).view(shape)
+    return torch.from_numpy(view).view(getattr(torch, dtype)).view(shape)
 
 
 # -- wiring into a DataLoader worker ------------------------------------------------------------
-_wired_pid: int | None = None
+_wired = False  # use_in_worker has looked at this process (reset in a forked child)
 _torch_collate_tensor: Callable[..., torch.Tensor] = torch_collate.collate_tensor_fn
 
 
 def _collate_tensor(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
     """``default_collate`` for tensors: into a reused buffer where ``stack`` applies."""
-    if not (batch[0].is_nested or batch[0].layout != torch.strided):
-        out = stack(batch)
-        if out is not None:
-            return out
-    return _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    out = stack(batch)
+    return out if out is not None else _torch_collate_tensor(batch, collate_fn_map=collate_fn_map)
 
 
 def use_in_worker() -> None:
     """Route this DataLoader worker's ``default_collate`` tensors through reused buffers (once
     per process; nothing outside a worker or when turned off). packer's datasets call it."""
-    global _wired_pid
-    pid = os.getpid()
-    if _wired_pid == pid:
+    global _wired
+    if _wired:  # the per-sample cost: one global read
         return
-    _wired_pid = pid
+    _wired = True
     if get_worker_info() is None or not enabled():
         return
     fn_map = torch_collate.default_collate_fn_map
