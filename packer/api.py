@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
+from packer.arguments import checked
 from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import TooManyFailures, UsageError, VerifyFailed
 
@@ -44,13 +45,28 @@ def _checked(report: Any, max_failures: int) -> Any:
     return report
 
 
+def _sources(src: PathLike, *, list_path: Optional[PathLike] = None, csv_path: Optional[PathLike] = None,
+             class_index: Optional[PathLike] = None) -> dict[str, list[Optional[PathLike]]]:
+    """``check_placement``'s inputs of a command reading ``src``: the tree it walks (``src``
+    without a list or CSV), or the list's root and files, and a class index given as a path."""
+    listed = list_path is not None or csv_path is not None
+    index = class_index if class_index is not None and Path(class_index).exists() else None
+    return {"walked": [] if listed else [src],
+            "read": [list_path, csv_path, index] + ([src] if listed else [])}
+
+
 def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite: bool,
-          break_lock: bool) -> Any:
-    """Run ``build(path)`` into ``out`` under one claim; a URL ``out`` is built in a local
+          break_lock: bool, sources: dict[str, list[Optional[PathLike]]],
+          extra_outputs: Sequence[Optional[PathLike]] = ()) -> Any:
+    """Run ``build(path)`` into ``out`` under one claim, once ``out`` is known to be apart from
+    the run's ``sources`` (``check_placement``); a URL ``out`` is built in a local
     staging folder, its finished record shards uploaded while it runs, the rest when it is
     done, the manifest last (docs/remote.md); the Report's ``upload`` says what went up."""
     from packer.claim import ensure_claim
+    from packer.conversion.placement import check_placement
     from packer.remote.url import is_url
+
+    check_placement([out, *extra_outputs], **sources)
 
     if not is_url(out):
         with ensure_claim(out, takeover=resume or overwrite, break_lock=break_lock):
@@ -69,6 +85,7 @@ def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite
     return report
 
 
+@checked
 def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optional[PathLike] = None,
          class_index: Optional[PathLike] = None, exts: str = IMAGE_EXTS, check: str = "full", resize: Optional[ResizeSpec] = None, raw: bool = False,
          shuffle: Optional[int] = None, shard_size: Union[int, str] = "256MB",
@@ -107,7 +124,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         resume: continue an interrupted run with the same options and inputs.
         overwrite: replace an existing output when done.
         num_shards, shard_index: convert part ``shard_index`` of ``num_shards`` (``merge`` joins them).
-        timeout: seconds one image may take in its worker (None: no limit).
+        timeout: seconds one image may take in its worker (None or 0: no limit).
         strict: partial decodes count toward ``max_failures``.
         force: start even when the disk space estimate says the output will not fit.
         break_lock: take the claim on ``out`` even from a run that may still be alive.
@@ -129,9 +146,12 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                            max_failures=max_failures, resume=resume, overwrite=overwrite, strict=strict,
                            timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock)
 
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+    sources = _sources(src, list_path=list_path, class_index=class_index)
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
+                    max_failures)
 
 
+@checked
 def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path: Optional[PathLike] = None,
                   csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
                   exts: str = VIDEO_EXTS, short_side: Optional[int] = None,
@@ -189,9 +209,12 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, force=force, break_lock=break_lock)
 
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+    sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources,
+                          extra_outputs=[list_out]), max_failures)
 
 
+@checked
 def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path: Optional[PathLike] = None,
                 csv_path: Optional[PathLike] = None, class_index: Optional[PathLike] = None,
                 exts: str = VIDEO_EXTS, short_side: Optional[int] = 256, fps: Optional[float] = None,
@@ -246,9 +269,12 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
                       strict=strict, break_lock=break_lock)
 
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock), max_failures)
+    sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
+                    max_failures)
 
 
+@checked
 def resize(src: PathLike, out: PathLike, spec: ResizeSpec, *, list_path: Optional[PathLike] = None,
            exts: str = IMAGE_EXTS, workers: Optional[int] = None, max_failures: int = 0,
            break_lock: bool = False) -> MirrorReport:
@@ -272,15 +298,18 @@ def resize(src: PathLike, out: PathLike, spec: ResizeSpec, *, list_path: Optiona
     """
     from packer.claim import ensure_claim
     from packer.commands.resize_tree import resize_tree
+    from packer.conversion.placement import check_placement
 
     if spec is None:
         raise UsageError("give a ResizeSpec (short_side=N, max_side=N or size=(W, H))")
+    check_placement([out], **_sources(src, list_path=list_path))
     with ensure_claim(out, takeover=True, break_lock=break_lock):  # incremental: a dead run's claim is taken
         report = resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
                              max_failures=max_failures, break_lock=break_lock)
     return _checked(report, max_failures)
 
 
+@checked
 def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, any_parts: bool = False,
           break_lock: bool = False) -> MergeReport:
     """Combine the parts of a ``num_shards`` conversion into one output (the content of one run).
@@ -305,12 +334,16 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
 
     if len(parts) < 1:
         raise UsageError("merge needs at least one part")
+    from packer.conversion.placement import check_placement
+
+    check_placement([out], walked=parts)  # a part is a whole folder read, as a walked tree
     if is_url(out):
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     with ensure_claim(out, takeover=True, break_lock=break_lock):  # a merge rebuilds: a dead one's claim is taken
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
 
 
+@checked
 def verify(path: PathLike, *, decode: bool = True) -> VerifyResult:
     """Read every sample of a packed output and check its checksums and structure.
 
@@ -335,6 +368,7 @@ def verify(path: PathLike, *, decode: bool = True) -> VerifyResult:
     return result
 
 
+@checked
 def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, seed: int = 0) -> dict[str, Any]:
     """What a packed output holds: format, count, classes, bytes on disk and the first samples.
 
@@ -357,6 +391,7 @@ def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, s
     return info
 
 
+@checked
 def index(paths: Sequence[PathLike], *, break_lock: bool = False) -> list[tuple[Path, int]]:
     """Write a DALI ``.idx`` beside each TFRecord file (a folder: each one in it).
 
@@ -370,6 +405,7 @@ def index(paths: Sequence[PathLike], *, break_lock: bool = False) -> list[tuple[
     return index_paths(paths, break_lock=break_lock)
 
 
+@checked
 def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 1, 2), decode: str = "fast",
           resize: int = 256, crop: int = 224, steps: int = 30, model_ms: float = 0.0,
           device: Optional[str] = None, seed: int = 0, transform: Optional[str] = None, fidelity: int = 16,
@@ -432,6 +468,7 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
     return run_bench(path, options, against=against, progress=progress)
 
 
+@checked
 def demo(workdir: PathLike = "packer-demo", *, count: int = 200, workers: Optional[int] = None) -> dict[str, Any]:
     """Generate ``count`` sample images, pack them to LMDB and read them back (no download).
 

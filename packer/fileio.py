@@ -131,7 +131,8 @@ def remove_path(path: str | os.PathLike) -> None:
 
 
 def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],
-                  irregular: Callable[[str, str], None] | None = None) -> list[str]:
+                  irregular: Callable[[str, str], None] | None = None,
+                  skip: Callable[[list[str]], bool] | None = None) -> list[str]:
     """Relative paths (``os.sep`` joined) of the non-hidden files below ``top``, its folders
     walked in sorted order; symlinked folders are not entered. ``unlisted(error)`` is called for
     each folder that cannot be listed (no permission, an I/O error, a path too long; the error's
@@ -139,7 +140,8 @@ def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],
     record it or raise. With ``irregular``, an entry that is neither a folder nor a regular
     file (a named pipe, a socket, a device, a symlink to one) is left out and
     ``irregular(relative path, what it is)`` called for it (the type comes from the directory
-    entry: no system call for a plain file); a dangling symlink stays listed (its read fails)."""
+    entry: no system call for a plain file); a dangling symlink stays listed (its read fails).
+    A folder below ``top`` for which ``skip(names of its entries)`` is true is left out whole."""
     found: list[str] = []
     top = os.fspath(top)
     stack = [""]
@@ -153,6 +155,8 @@ def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],
             if e.filename is None:
                 e.filename = path
             unlisted(e)
+            continue
+        if rel and skip is not None and skip([entry.name for entry in entries]):
             continue
         folders = []
         for entry in entries:

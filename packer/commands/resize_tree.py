@@ -132,9 +132,6 @@ def _up_to_date(source: str, dest: Path, recorded: Any) -> bool:
 def _check_paths(src: Path, out: Path) -> None:
     if not src.is_dir():
         raise UsageError(f"{src}: input folder does not exist")
-    s, o = src.resolve(), out.resolve()
-    if o == s or s in o.parents or o in s.parents:
-        raise UsageError(f"{out}: the output may not be, contain or lie inside the input {src}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a folder")
 

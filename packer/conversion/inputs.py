@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, Sequence
 from packer.conversion import lists
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
+from packer.conversion.placement import OUTPUT_MARKERS, is_output_folder
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_file_stat, visible_files
 
@@ -83,7 +84,8 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None,
 
     A folder that cannot be listed (no permission, an I/O error, a path too long) is an
     ``InputFailure`` naming it in ``failures`` (its files are neither packed nor dropped
-    silently), or a ``UsageError`` without that list. ``os.walk`` alone skips it in silence."""
+    silently), or a ``UsageError`` without that list. ``os.walk`` alone skips it in silence.
+    A folder holding a packer output (finished or partial) is no input: it is not entered."""
     def unlisted(e: OSError) -> None:
         bad_line(failures, str(e.filename or top), 0,
                  f"cannot list this folder ({e.strerror or e}): the files in it are not packed")
@@ -94,7 +96,7 @@ def walk_files(top: Path, failures: list[InputFailure] | None = None,
         name = key_prefix + os.fsencode(rel).decode("utf-8", "replace").replace(os.sep, "/")
         bad_line(failures, str(top), 0, f"{name}: is {kind}, not a regular file: not an input", name)
 
-    return visible_files(top, unlisted, irregular)
+    return visible_files(top, unlisted, irregular, skip=is_output_folder)
 
 
 _CONTROL = re.compile("[\x00-\x1f]")
@@ -157,13 +159,20 @@ def class_files(root: Path, cls: str, exts: Sequence[str],
 def top_level(root: Path, exts: Sequence[str]) -> tuple[list[str], list[str]]:
     """The sorted, non-hidden folders of a class-folder tree's ``root`` (one per class) and the
     sorted names of the files with one of ``exts`` beside them (they belong to no class: the
-    caller records them, as no documented filter leaves them out)."""
+    caller records them, as no documented filter leaves them out). A folder holding a packer
+    output (an earlier run's output or partial output put there) is no class: it is left out."""
     if not root.is_dir():
         raise UsageError(f"{root}: input folder does not exist")
     folders, files = [], []
     for entry in root.iterdir():
-        if not entry.name.startswith("."):
-            (folders if entry.is_dir() else files).append(entry.name)
+        if entry.name.startswith("."):
+            continue
+        if not entry.is_dir():
+            files.append(entry.name)
+        elif any((entry / name).exists() for name in OUTPUT_MARKERS):
+            log.warning("%s: a packer output, not a class folder: left out", entry)
+        else:
+            folders.append(entry.name)
     return sorted(folders), _with_ext(sorted(files), exts)
 
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
 from packer import claim
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
+from packer.conversion.placement import is_packer_output
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
                                            differences, file_stat, input_rows, input_stats, load_inputs,
                                            save_inputs)
@@ -87,10 +88,11 @@ def check_output_arg(out: str | os.PathLike, *, resume: bool, overwrite: bool) -
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not (resume or overwrite):
         raise UsageError(f"{out}: already exists (use --overwrite to replace it or --resume to continue)")
-    if out.exists() and out.is_dir() and not out.is_symlink() and overwrite and any(out.glob("*")):
-        # A directory that is not a packer output is never deleted by --overwrite.
-        if not (out / "packer.json").exists():
-            raise UsageError(f"{out}: exists and is not a packer output; refusing to overwrite it")
+    if overwrite and out.exists() and not out.is_symlink() and not is_packer_output(out):
+        # --overwrite replaces a packer output (or an empty folder), never anything else
+        if out.is_file() or any(out.iterdir()):
+            raise UsageError(f"{out}: exists and is not a packer output; refusing to overwrite it "
+                             "(remove it yourself if it is to go)")
 
 
 class _Checkpointer:
