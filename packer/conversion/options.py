@@ -55,7 +55,7 @@ class RunOptions:
         resume: continue a partial output (or check a finished one).
         overwrite: replace an existing output when done.
         strict: partial decodes count toward ``max_failures``.
-        timeout: seconds one item may take in its worker (None: no limit).
+        timeout: seconds one item may take in its worker (None or 0: no limit).
         commit_every: samples per durable commit (what a resume after a kill redoes at most;
             None: the format's default).
         force: start even when the disk space estimate says the output will not fit.
@@ -81,6 +81,8 @@ class RunOptions:
             raise UsageError("--resume and --overwrite exclude each other")
         if self.commit_every is not None and self.commit_every < 1:
             raise UsageError("--commit-every must be >= 1")
+        if self.timeout is not None and self.timeout <= 0:  # 0: no limit, as every command says
+            object.__setattr__(self, "timeout", None)
 
 
 def split_options(given: dict[str, Any], *classes: type) -> list[Any]:

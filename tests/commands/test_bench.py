@@ -111,7 +111,7 @@ def test_bad_arguments(packed, tmp_path):
     res = runner.invoke(main, ["bench", str(tmp_path / "missing")])
     assert res.exit_code != 0 and "does not exist" in res.output
     res = runner.invoke(main, ["bench", str(packed), "--steps", "0"])
-    assert res.exit_code != 0 and "--steps must be >= 1" in res.output
+    assert res.exit_code != 0 and "steps must be >= 1" in res.output
     with pytest.raises(UsageError):
         parse_workers("-1")
     assert parse_workers("2,0,2") == [0, 2]
