@@ -1,11 +1,18 @@
 """Frame selection and resize arithmetic for decoded video: which frames to keep (every
 frame, every ``stride``-th, resampled to ``fps`` by timestamps, at most ``max_frames``) and
-what size they come out at."""
+what size they come out at.
+
+The selection rule has one home, ``_Selector.take``: every command that selects frames
+(``decode-frames``, ``pack-videos``, through ``packer.codecs.video.read_video``) and every
+figure derived from a selection (``FrameSelection.count``, ``FrameSelection.select``) goes
+through it. Its result is a frame list: the source frame index of each output frame, in
+order; a source frame appears as many times as the selection takes it (``--fps`` above the
+source's rate repeats frames)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import cv2
 import numpy as np
@@ -47,20 +54,42 @@ class FrameSelection:
         return source_fps / (self.stride or 1)
 
     def count(self, frames: int, source_fps: float) -> int:
-        """How many frames the selection keeps from ``frames`` evenly spaced source frames."""
-        if self.fps is not None and source_fps > 0:
-            last = (frames - 0.5) / source_fps + _TIE  # the last target the last frame takes
-            n = int(math.floor(last * self.fps)) + 1 if frames else 0
-        else:
-            n = -(-frames // (self.stride or 1))
-        return min(n, self.max_frames) if self.max_frames else n
+        """How many frames the selection keeps from ``frames`` evenly spaced source frames
+        (``len(select(...))`` of their times, without the list)."""
+        if self.fps is not None and source_fps <= 0:
+            return min(frames, self.max_frames) if self.max_frames else frames  # no times to resample by
+        sel = self.selector(source_fps)
+        n = 0
+        for i in range(frames):
+            n += sel.take(i / source_fps if source_fps > 0 else 0.0)
+            if sel.done:
+                break
+        return n
+
+    def select(self, times: Iterable[float], source_fps: float) -> list[int]:
+        """The frame list: for each output frame in order, the index of the source frame it
+        shows, given the source frames' presentation ``times`` (seconds from the first, in
+        display order) and the source's nominal rate (which sets "nearest" for ``fps``)."""
+        sel = self.selector(source_fps)
+        out: list[int] = []
+        for i, t in enumerate(times):
+            out.extend([i] * sel.take(t))
+            if sel.done:
+                break
+        return out
 
     def selector(self, source_fps: float) -> "_Selector":
+        """The streaming form of the rule: ``take(time)`` once per source frame, in display
+        order, says how many output frames that source frame fills (0: skipped)."""
         return _Selector(self, source_fps)
 
 
 class _Selector:
-    """Streaming frame selection: ``take(pts)`` says how many copies of this frame to emit."""
+    """Streaming frame selection, the one home of the rule: ``take(pts)`` says how many output
+    frames this source frame fills. ``fps``: output frame k shows the source frame nearest to
+    time k/fps (within half a source frame; a tie goes to the earlier frame), so a source frame
+    is taken 0, 1 or several times; ``stride`` K: every K-th frame once, from the first; at
+    most ``max_frames`` in all."""
 
     def __init__(self, sel: FrameSelection, source_fps: float):
         self.sel = sel

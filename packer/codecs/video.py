@@ -2,7 +2,10 @@
 
 ``read_video(path, ...)`` walks a video once, in display order, and hands each selected
 frame (BGR uint8, upright, resized) to a ``process`` callable; frames the selection skips
-are not colour-converted. Backends: ``decord`` (when importable) and ``opencv``; ``auto``
+are not colour-converted. A source frame the selection takes several times (``--fps`` above
+the source's rate) is processed once and its value fills each of its output frames; the
+result's ``sources`` is the frame list (the source frame index of each output frame), the
+one ``FrameSelection.select`` gives for the same timestamps. Backends: ``decord`` (when importable) and ``opencv``; ``auto``
 tries ``prefer`` first (OpenCV unless told: less CPU per frame, see docs/writing.md) and falls
 back to the other when it cannot open the file or decodes fewer frames than the container
 claims, keeping whichever decoded more frames. A video is held to the largest frame count
@@ -51,7 +54,7 @@ PARTIAL_SLACK = 1
 class VideoFrames:
     """One decoded video: the processed frames in output order plus what describes them."""
 
-    frames: list[Any]
+    frames: list[Any]  # one value per output frame (empty when ``read_video`` was given ``emit``)
     info: VideoInfo
     backend: str
     decoded_frames: int  # source frames decoded (before selection)
@@ -60,6 +63,7 @@ class VideoFrames:
     height: int = 0  # of the processed frames
     width: int = 0
     tried: list[str] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # the source frame index of each output frame
 
     @property
     def partial(self) -> bool:
@@ -70,10 +74,11 @@ class VideoFrames:
 
 
 def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
-         process: Callable[[np.ndarray], Any]) -> VideoFrames:
+         process: Callable[[np.ndarray], Any], emit: Optional[Callable[[Any], None]]) -> VideoFrames:
     fps = src.info.fps
     sel = selection.selector(fps if fps > 0 else 25.0)
     out: list[Any] = []
+    sources: list[int] = []
     decoded = 0
     error = None
     t0 = prev = None
@@ -100,21 +105,31 @@ def _run(src: VideoSource, selection: FrameSelection, resize: Optional[Resize],
                     frame = resize(frame)
                 height, width = frame.shape[:2]
                 value = process(frame)
-                out.extend([value] * copies)
+                if emit is None:
+                    out.extend([value] * copies)
+                else:
+                    for _ in range(copies):
+                        emit(value)
+                sources.extend([decoded - 1] * copies)
             if sel.done:
                 break
     except Exception as e:  # a decoder error mid-stream: keep what decoded (a partial decode)
         error = _short(e)
         decoded -= 1  # the frame that raised did not decode
-    return VideoFrames(out, src.info, src.name, decoded, sel.done, error, height, width)
+    return VideoFrames(out, src.info, src.name, decoded, sel.done, error, height, width, sources=sources)
 
 
 def read_video(path: str | os.PathLike, *, backend: str = "auto",
                selection: FrameSelection = FrameSelection(), resize: Optional[Resize] = None,
                process: Callable[[np.ndarray], Any] = lambda f: f, key: str = "",
-               prefer: str = "opencv", on_attempt: Optional[Callable[[str], None]] = None) -> VideoFrames:
+               prefer: str = "opencv", on_attempt: Optional[Callable[[str], None]] = None,
+               emit: Optional[Callable[[Any], None]] = None) -> VideoFrames:
     """Decode ``path`` once and return the selected frames, each passed through ``process``.
 
+    ``process`` runs once per source frame kept; its value stands for every output frame that
+    source frame fills (the result's ``frames``, in order; ``sources`` the frame list). With
+    ``emit``, the values are not kept: ``emit(value)`` is called once per output frame instead,
+    in order (a consumer that streams them, such as an encoder, sees a repeated frame repeated).
     Frames are BGR uint8 HxWx3, upright, resized by ``resize`` before ``process``. A fallback
     decodes the video again with another backend, through ``process`` again: ``on_attempt(name)``
     is called before each backend's frames, so a ``process`` with side effects (an encoder) can
@@ -168,7 +183,7 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
         if on_attempt is not None:
             on_attempt(name)
         try:
-            result = _run(src, selection, resize, process)
+            result = _run(src, selection, resize, process, emit)
         finally:
             src.close()
         claims.append(result.info.container_frames)
@@ -181,18 +196,18 @@ def read_video(path: str | os.PathLike, *, backend: str = "auto",
             result.info = dataclasses.replace(result.info, container_frames=presented)
         if result.error:
             notes.append(f"{name}: stopped after {result.decoded_frames} frames ({result.error})")
-        elif not result.frames:
+        elif not result.sources:
             claimed = result.info.container_frames
             notes.append(f"{name}: decoded {result.decoded_frames} of {claimed if claimed else '?'} frames")
         # decord's threaded decoder stops at a varying frame on corrupt input; OpenCV is
         # deterministic, so once decord has stopped early OpenCV's frames win when it has any.
         # Otherwise a later backend wins only with more frames: a tie keeps the first.
-        if best is None or (result.frames and (not best.frames or best.error
-                                               or result.decoded_frames > best.decoded_frames)):
+        if best is None or (result.sources and (not best.sources or best.error
+                                                or result.decoded_frames > best.decoded_frames)):
             best = result
-        if result.frames and not result.error and not result.partial:
+        if result.sources and not result.error and not result.partial:
             break
-    if best is None or not best.frames:
+    if best is None or not best.sources:
         raise CorruptSample(key, path, "no decodable video frames (" + "; ".join(notes) + ")")
     # The claim is the largest count any reader gave. decord counts the packets it finds, so
     # of an AVI cut short (its index gone) it claims only what is left (15 where the header

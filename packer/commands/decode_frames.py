@@ -252,11 +252,16 @@ def run_record(to: str, src: str | os.PathLike, inputs: InputOptions, run_opts: 
 
 
 def source_entry(v: VideoFrames) -> dict[str, Any]:
-    """What a manifest video entry records of the decoded source."""
+    """What a manifest video entry records of the decoded source; ``source_frames`` (the frame
+    list: the source frame index of each frame stored) only where it is not ``0, 1, 2, ...``
+    (an ``--fps`` or ``--stride`` selection), so that other entries stay as they were."""
     info = v.info
-    return {"decoded_frames": v.decoded_frames, "container_frames": info.container_frames,
-            "source_fps": round(info.fps, 6), "source_height": info.height, "source_width": info.width,
-            "rotation": info.rotation, "backend": v.backend}
+    entry = {"decoded_frames": v.decoded_frames, "container_frames": info.container_frames,
+             "source_fps": round(info.fps, 6), "source_height": info.height, "source_width": info.width,
+             "rotation": info.rotation, "backend": v.backend}
+    if v.sources != list(range(len(v.sources))):
+        entry["source_frames"] = list(v.sources)
+    return entry
 
 
 def partial_note(v: VideoFrames) -> Optional[dict[str, Any]]:

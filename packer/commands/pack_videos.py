@@ -97,14 +97,16 @@ class VideoPackJob:
             if (h, w) != (th, tw):
                 interp = cv2.INTER_AREA if th * tw < h * w else cv2.INTER_LINEAR
                 frame = cv2.resize(frame, (tw, th), interpolation=interp)
-            encoders[name].add(frame)
-            return None
+            return frame
+
+        def emit(frame) -> None:  # once per output frame: a source frame --fps repeats is encoded again
+            encoders[attempt[0]].add(frame)
 
         v = read_video(item.path, backend=self.backend, selection=self.selection, process=process,
-                       key=item.key, prefer=self.prefer, on_attempt=start)
+                       key=item.key, prefer=self.prefer, on_attempt=start, emit=emit)
         encoder, size = encoders[v.backend], [sizes.get(v.backend)]
-        if encoder.count != len(v.frames):
-            raise CorruptSample(item.key, item.path, f"{encoder.count} frames encoded for the {len(v.frames)} "
+        if encoder.count != len(v.sources):
+            raise CorruptSample(item.key, item.path, f"{encoder.count} frames encoded for the {len(v.sources)} "
                                 f"decoded by {v.backend}", stage="encode")
         try:
             mp4, index = encoder.finish()

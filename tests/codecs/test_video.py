@@ -158,16 +158,47 @@ def test_resize_rules():
         FrameSelection(fps=10, stride=2)
 
 
-@settings(max_examples=60, deadline=None)
-@given(frames=st.integers(1, 400), src=st.sampled_from([10.0, 24.0, 25.0, 29.97, 30.0, 60.0]),
-       fps=st.one_of(st.none(), st.floats(1.0, 90.0)), stride=st.integers(1, 9),
-       cap=st.one_of(st.none(), st.integers(1, 50)))
-def test_streaming_selector_agrees_with_count(frames, src, fps, stride, cap):
+def nearest(times: list[float], target: float) -> int:
+    """The frame nearest to ``target`` (a tie: the earlier), by brute force."""
+    best = min(abs(t - target) for t in times)
+    return next(i for i, t in enumerate(times) if abs(t - target) <= best + 1e-9)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(frames=st.integers(1, 200), src=st.integers(1, 60), fps=st.one_of(st.none(), st.integers(1, 60)),
+       stride=st.integers(1, 9), cap=st.one_of(st.none(), st.integers(1, 50)))
+def test_frame_list_is_the_nearest_frame_to_each_target(frames, src, fps, stride, cap):
+    """A constant-rate source: ``--fps`` output frame k is the source frame nearest to k/fps (a
+    tie to the earlier), for every target up to half a frame past the last; ``--stride`` every
+    K-th frame; ``--max-frames`` a prefix; ``count`` is the list's length. (Integer rates keep
+    every non-tie at least 1/3600 s from a tie: float noise cannot flip one.)"""
     sel = FrameSelection(fps=fps, stride=None if fps else stride, max_frames=cap)
-    s = sel.selector(src)
-    kept = 0
-    for i in range(frames):
-        kept += s.take(i / src)
-        if s.done:
-            break
-    assert kept == sel.count(frames, src)
+    times = [i / src for i in range(frames)]
+    if fps:
+        targets = [k / fps for k in range(int(frames * fps / src) + 2) if k / fps <= (frames - 0.5) / src + 1e-9]
+        want = [nearest(times, t) for t in targets]
+    else:
+        want = list(range(0, frames, stride))
+    want = want[:cap] if cap else want
+    assert sel.select(times, float(src)) == want
+    assert sel.count(frames, float(src)) == len(want)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(steps=st.lists(st.integers(1, 200), min_size=0, max_size=80), src=st.integers(5, 60),
+       fps=st.integers(1, 90), cap=st.one_of(st.none(), st.integers(1, 50)))
+def test_frame_list_of_a_variable_rate_source(steps, src, fps, cap):
+    """Any increasing timestamps (ms steps): output frame k is the first source frame less than
+    half a nominal source frame before k/fps, for every target up to half a frame past the last
+    frame; so the list never goes back, and a frame repeats only when the next is too late."""
+    times = [0.0]
+    for ms in steps:
+        times.append(times[-1] + ms / 1000)
+    got = FrameSelection(fps=fps, max_frames=cap).select(times, float(src))
+    half, tie = 0.5 / src, 1e-4
+    want, k = [], 0
+    while k / fps <= times[-1] + half + tie:
+        want.append(next(i for i, t in enumerate(times) if k / fps <= t + half + tie))
+        k += 1
+    assert got == (want[:cap] if cap else want)
+    assert got == sorted(got)

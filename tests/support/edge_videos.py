@@ -18,13 +18,14 @@ WIDTH, HEIGHT = 320, 256
 VFR_STEPS_MS = (17, 33, 50, 100)  # frame durations drawn at random: no constant rate
 
 
-def write_numbered(path: Path, frames: int, *, gop: int = 12, vfr: bool = False, seed: int = 0) -> Path:
-    """H.264 (two B-frames) in MP4 of ``frames`` numbered frames, 25 fps, or with ``vfr`` each
-    frame lasting one of ``VFR_STEPS_MS`` at random (a millisecond time base)."""
+def write_numbered(path: Path, frames: int, *, gop: int = 12, vfr: bool = False, seed: int = 0,
+                   fps: int = 25) -> Path:
+    """H.264 (two B-frames) in MP4 of ``frames`` numbered frames, ``fps`` (25) frames per second,
+    or with ``vfr`` each frame lasting one of ``VFR_STEPS_MS`` at random (a millisecond time base)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.RandomState(seed)
     with av.open(str(path), "w") as out:
-        s = out.add_stream("libx264", rate=Fraction(25))
+        s = out.add_stream("libx264", rate=Fraction(fps))
         s.width, s.height, s.pix_fmt = WIDTH, HEIGHT, "yuv420p"
         if vfr:
             s.time_base = s.codec_context.time_base = Fraction(1, 1000)
