@@ -45,7 +45,8 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from packer.data.streaming import elastic_slots, resolve_rank, resume_point, skip_cap, split_by_rank
+from packer.data.streaming import (carried_skips, elastic_slots, resolve_rank, resume_point, skip_cap,
+                                   split_by_rank)
 from packer.errors import CorruptData, CorruptSample, PackerError, UsageError
 
 try:  # OpenCV is a core dependency; guarded only so that a broken install degrades to numpy
@@ -350,12 +351,13 @@ class Epoch:
                     pos += 1
                 return
             except (CorruptData, CorruptSample) as e:
-                self.loader._record_skip(indices[pos], e)
+                self.loader._record_skip(indices[pos], e, at=flat + pos)
                 yield self._substitute(flat + pos)
                 pos += 1
 
     def _substitute(self, at: int) -> Any:
-        """The first valid sample after pass position ``at`` (else before it)."""
+        """The first valid sample after pass position ``at`` (else before it). A damaged one met
+        here is only noted: it is counted when the pass reaches its own position."""
         ds, loader = self.loader.dataset, self.loader
         for q in [*range(at + 1, len(self.order)), *range(at - 1, -1, -1)]:
             idx = int(self.order[q])
@@ -363,8 +365,9 @@ class Epoch:
                 continue
             try:
                 return ds[idx]
-            except (CorruptData, CorruptSample) as e:
-                loader._record_skip(idx, e)
+            except (CorruptData, CorruptSample):
+                with loader._skip_lock:
+                    loader._bad.add(idx)
         raise CorruptData(str(getattr(ds, "path", "")), "no valid sample left in this pass to replace a corrupt one")
 
     def _fill(self, b: _Batch, start: int, end: int) -> None:
@@ -555,8 +558,10 @@ class Loader:
         self._skip_cap = skip_cap(opts.on_corrupt, opts.max_skipped, self._samples())
         self._skip_lock = threading.Lock()
         self._skipped: list[dict[str, Any]] = []  # this pass's skips: index, key, reason
+        self._skipped_at: list[int] = []  # ... and the epoch position each was skipped at (-1: before a resume)
         self._restored_skips: tuple[int, list[int]] | None = None  # (epoch, indices) from load_state_dict
-        self._bad: set[int] = set()
+        self._restored: list[int] = []  # restored skips the pass has not met again (counted already)
+        self._bad: set[int] = set()  # indices found damaged in this pass
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next pass (reaches the sampler and the dataset too)."""
@@ -602,12 +607,9 @@ class Loader:
             _, position, resumes = self._resume
         self._resume = None
         self._pass, self._consumed = (epoch, position, resumes), 0
-        if self._restored_skips is None or self._restored_skips[0] != epoch:
-            self._skipped, self._bad = [], set()
-        else:
-            self._skipped = [{"index": i, "key": self._key(i), "reason": "skipped before the resume"}
-                             for i in self._restored_skips[1]]
-            self._bad = set(self._restored_skips[1])
+        restored = self._restored_skips[1] if self._restored_skips and self._restored_skips[0] == epoch else []
+        self._skipped = [{"index": i, "key": self._key(i), "reason": "skipped before the resume"} for i in restored]
+        self._skipped_at, self._restored, self._bad = [-1] * len(restored), list(restored), set(restored)
         self._restored_skips = None
         self._next_epoch, self._epoch = epoch + 1, None
         return Epoch(self, indices).run()
@@ -619,10 +621,13 @@ class Loader:
             raise UsageError("cannot save a Loader with a sampler: the sampler decides the order "
                              "(save the sampler's own state)")
         epoch, start, resumes = self._pass
-        return {"epoch": epoch, "position": start + self._consumed, "seed": self.seed, "shuffle": self.shuffle,
+        position = start + self._consumed
+        with self._skip_lock:  # the skips before the position: the threads' ones ahead are met again
+            skipped = carried_skips(zip([r["index"] for r in self._skipped], self._skipped_at), position)
+        return {"epoch": epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "world_size": self.world_size, "rank": self.rank,
                 "count": len(self.dataset), "resumes": [list(r) for r in resumes],
-                **({"skipped": [r["index"] for r in self._skipped]} if self.on_corrupt == "skip" else {})}
+                **({"skipped": skipped} if self.on_corrupt == "skip" else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next pass yields the rest of ``state``'s epoch (``set_epoch`` with that epoch keeps it).
@@ -659,19 +664,22 @@ class Loader:
         except Exception:  # noqa: BLE001 - the key is only a hint
             return None
 
-    def _record_skip(self, index: int, e: BaseException) -> None:
-        """Count a corrupt sample (once) against ``max_skipped``; raise past it, naming the sample."""
+    def _record_skip(self, index: int, e: BaseException, *, at: int) -> None:
+        """Count the corrupt sample at position ``at`` of this pass's order against
+        ``max_skipped`` (one a loaded state carried is counted already); raise past it."""
         key = self._key(index)
         with self._skip_lock:
-            if index in self._bad:
+            self._bad.add(index)
+            if index in self._restored:
+                self._restored.remove(index)
                 return
             if len(self._skipped) + 1 > self._skip_cap:
                 raise CorruptData(str(getattr(self.dataset, "path", "")),
                                   f"corrupt sample {index} ({key!r}) would be skipped sample {len(self._skipped) + 1} "
                                   f"of this pass, more than max_skipped={self.max_skipped!r}: {e}",
                                   key=key, position=index) from e
-            self._bad.add(index)
             self._skipped.append({"index": index, "key": key, "reason": str(e)})
+            self._skipped_at.append(self._pass[1] + at)
             n = len(self._skipped)
         log.warning("skipping corrupt sample %d (%r; %d skipped this pass): %s", index, key, n, e)
 

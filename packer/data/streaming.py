@@ -44,6 +44,7 @@ from packer.data.sources import mix_counts, mix_stream, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
            "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resume_point", "resolve_rank", "block_shuffle",
+           "consumed_count", "carried_skips",
            "DEFAULT_BUFFER_SIZE", "DEFAULT_BLOCK_SIZE", "MAX_RESUMES"]
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ DEFAULT_BLOCK_SIZE = 1 << 18  # samples per shuffle block (MosaicML Streaming's 
 MAX_RESUMES = 32  # world-size changes within one epoch (the state lives in a fixed shared tensor)
 MAX_WORKERS = 64  # DataLoader workers a skip report has rows for
 ON_CORRUPT = ("raise", "skip")
+_DAMAGED = object()  # what a skipping read returns for a damaged sample
 T = TypeVar("T")
 
 
@@ -170,7 +172,8 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
     ``first(rank, world)`` gives the epoch's slots per rank as a fresh run would read them;
     ``stages`` is ``[(world, consumed per rank), ...]``: the epoch ran on ``world`` ranks until
     each had read ``consumed`` slots, then resumed on the next stage's world size (the last
-    resume on ``world_size``). The slots nobody read yet (a slot that padding repeated counts
+    resume on ``world_size``; a count past a rank's share means that stage's pass was done).
+    The slots nobody read yet (a slot that padding repeated counts
     once) are kept in the order the previous ranks would have read them, rank after rank, and
     split again with ``split_by_rank``: equal counts per rank, padded by repeating the
     remainder's start or cut with ``drop_last``. With no stages this is ``first(rank, world_size)``.
@@ -183,9 +186,9 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
         world, consumed = int(world), int(consumed)
         orders = [first(r, world) if k == 0 else
                   split_by_rank(remaining, rank=r, world_size=world, drop_last=drop_last) for r in range(world)]
-        if not 0 <= consumed <= len(orders[0]):
-            raise UsageError(f"cannot resume: stage {k} consumed {consumed} samples per rank of {world} "
-                             f"ranks, but each had {len(orders[0])}")
+        if consumed < 0:
+            raise UsageError(f"cannot resume: stage {k} consumed {consumed} samples per rank of {world} ranks")
+        consumed = min(consumed, len(orders[0]))  # a count past the end of the pass: it is done
         for o in orders:
             seen[o[:consumed]] = True
         rest = np.concatenate([o[consumed:] for o in orders])
@@ -195,22 +198,33 @@ def elastic_slots(first: Callable[[int, int], np.ndarray], n: int, stages: Seque
     return split_by_rank(remaining, rank=rank, world_size=world_size, drop_last=drop_last)
 
 
+def consumed_count(value: Any, what: str = "num_samples") -> int:
+    """``value`` as a count of samples consumed: an integer >= 0 (not a bool, not a float such
+    as ``10.7``, which would silently lose or invent samples), else ``UsageError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise UsageError(f"{what} must be an integer >= 0 (samples consumed), not {value!r}")
+    return int(value)
+
+
 def resume_point(state: dict[str, Any], world_size: int,
                  remaining: Callable[[int, list[tuple[int, int]]], int],
                  kind: str | None = None) -> tuple[int, int, list[tuple[int, int]]]:
     """(epoch, position, resumes) to continue ``state`` on ``world_size`` ranks: on the state's
     own world size its position; on another (elastic) what every rank read becomes a finished
     stage ``(world, position)`` and the new ranks start at 0. ``remaining(epoch, resumes)``: the
-    rank's samples left then, to check the position against. ``kind``: the state's ``sampler``
-    entry this order needs (``None``: a ``Loader``'s or ``StreamingDataset``'s, which have none),
-    so that a state of another order is refused instead of read in the wrong order."""
+    rank's samples left then. A position past them (``(step + 1) * B`` after a short last
+    batch) means the pass is done, as torch's ``DistributedSampler`` reads such a count: the
+    position becomes the end of the pass. ``kind``: the state's ``sampler`` entry this order
+    needs (``None``: a ``Loader``'s or ``StreamingDataset``'s, which have none), so that a
+    state of another order is refused instead of read in the wrong order."""
     if state.get("sampler") != kind:
         def name(k: str | None) -> str:
             return k or "a Loader's or StreamingDataset's"
 
         raise UsageError(f"cannot resume: the state is {name(state.get('sampler'))}, this order {name(kind)}")
-    epoch, position = int(state["epoch"]), int(state.get("position", 0))
-    stages = [(int(w), int(p)) for w, p in state.get("resumes", [])]
+    epoch = consumed_count(state["epoch"], "the state's epoch")
+    position = consumed_count(state.get("position", 0), "the state's position")
+    stages = [(int(w), consumed_count(p, "a resume's position")) for w, p in state.get("resumes", [])]
     world = int(state.get("world_size", world_size))
     if world < 1:
         raise UsageError(f"cannot resume: state has world_size={world}")
@@ -219,10 +233,16 @@ def resume_point(state: dict[str, Any], world_size: int,
         position = 0
     if len(stages) > MAX_RESUMES:
         raise UsageError(f"cannot resume: more than {MAX_RESUMES} world-size changes within epoch {epoch}")
-    left = remaining(epoch, stages)
-    if not 0 <= position <= left:
-        raise UsageError(f"cannot resume: position {position} is not in [0, {left}]")
-    return epoch, position, stages
+    return epoch, min(position, remaining(epoch, stages)), stages
+
+
+def carried_skips(records: Iterable[tuple[int, int]], position: int) -> list[int]:
+    """The skips a state at ``position`` carries: of ``records`` (``(sample, at)``: a skipped
+    sample and the position in the pass of the slot it was skipped at, -1 for skips carried in
+    from an earlier state), the samples skipped before ``position``, in pass order. Loader
+    threads and DataLoader workers read ahead of what the training loop consumed; a skip they
+    met there is met again by the resumed pass, so carrying it would count it twice."""
+    return [s for s, at in sorted(records, key=lambda r: r[1]) if at < position]
 
 
 def skip_cap(on_corrupt: str, max_skipped: int | float, samples: int) -> int:
@@ -359,9 +379,11 @@ class StreamingDataset(IterableDataset):
         self._position = 0  # samples of this epoch's order yielded in this process
         self.on_corrupt, self.max_skipped = on_corrupt, max_skipped
         self._skip_cap = skip_cap(on_corrupt, max_skipped, len(self))
-        # per DataLoader worker: [epoch, skipped, positions...] (a worker writes only its row)
-        self._skips = torch.zeros(MAX_WORKERS if on_corrupt == "skip" else 0, self._skip_cap + 2,
+        # skips of the epoch as [epoch, count, (sample, position in the pass it was skipped at)...]:
+        # row 0 those a loaded state carried (at -1), row 1 + w DataLoader worker w's (only it writes)
+        self._skips = torch.zeros(MAX_WORKERS + 1 if on_corrupt == "skip" else 0, 2 * self._skip_cap + 2,
                                   dtype=torch.int64).share_memory_()
+        self._pass_lengths: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}
 
     def _open_mix(self, paths: Mapping[Any, float], *, decode: Any, transform: Any, check_crc: bool,
                   epoch_size: int | None, mix_by: str, label_map: Mapping[str, int] | None,
@@ -451,13 +473,24 @@ class StreamingDataset(IterableDataset):
         return stream[elastic_slots(first, len(stream), stages, rank=self.rank, world_size=self.world_size,
                                     drop_last=self.drop_last)]
 
+    def _pass_length(self) -> int:
+        """Samples of this rank's order of the current epoch (after its resumes), cached."""
+        epoch, stages = self.epoch, tuple(self._stages())
+        if not stages:
+            return len(self)
+        key = (epoch, stages)
+        if key not in self._pass_lengths:
+            self._pass_lengths[key] = len(self._order(epoch, stages))
+        return self._pass_lengths[key]
+
     def __iter__(self) -> Iterator[Any]:
         epoch, skip = int(self._shared[0]), int(self._shared[1])
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         todo = self._order(epoch)[skip:]
         self._position = skip
-        mine = list(split_by_worker(todo, worker, workers, self.batch_size))
+        slots = np.fromiter(split_by_worker(range(len(todo)), worker, workers, self.batch_size), dtype=np.int64)
+        mine = todo[slots].tolist()
         if self.mix is not None:
             which = np.searchsorted(self.offsets, np.asarray(mine, dtype=np.int64), side="right") - 1
             for src, d in enumerate(self.sources):  # remote shards: prefetch in this order
@@ -469,7 +502,7 @@ class StreamingDataset(IterableDataset):
             if plan is not None:
                 plan(mine)
         if self.on_corrupt == "skip":
-            yield from self._iter_skipping(mine, epoch, worker)
+            yield from self._iter_skipping(mine, (slots + skip).tolist(), epoch, worker)
             return
         read = self._read if self.mix is not None else self.dataset.__getitem__
         for i in mine:
@@ -496,50 +529,79 @@ class StreamingDataset(IterableDataset):
     def _where(self) -> str:
         return self.dataset.path if self.mix is None else ", ".join(d.path for d in self.sources)
 
-    def _iter_skipping(self, mine: list[int], epoch: int, worker: int) -> Iterator[Any]:
+    def _iter_skipping(self, mine: list[int], ats: list[int], epoch: int, worker: int) -> Iterator[Any]:
+        """``mine`` (samples at pass positions ``ats``), a damaged one replaced by the next valid
+        sample of ``mine``. A skip is recorded at its own slot's position, when the pass reaches
+        it, never earlier while looking ahead for a replacement: ``state_dict`` carries exactly
+        the skips before its position (``carried_skips``)."""
         if worker >= MAX_WORKERS:
             raise UsageError(f"on_corrupt='skip' reports for at most {MAX_WORKERS} DataLoader workers")
-        row = self._skips[worker]
+        row = self._skips[1 + worker]
         if int(row[0]) != epoch:
             row.zero_()
             row[0] = epoch
-        bad: set[int] = set()  # positions found corrupt in this pass (recorded once)
-        last = None
-        for k, i in enumerate(mine):
-            for j in range(k, len(mine)):  # this sample, else the next valid one
-                cand = int(mine[j])
-                if cand in bad:
-                    continue
+        restored = self._carried(epoch)  # counted already: the state's pass met them
+        bad: dict[int, Exception] = {}  # samples found damaged in this pass (each read once)
+
+        def read(i: int) -> Any:
+            if i not in bad:
                 try:
-                    sample = self._read(cand)
-                    break
+                    return self._read(i)
                 except (CorruptData, CorruptSample) as e:
-                    bad.add(cand)
-                    self._record_skip(row, epoch, cand, e)
-            else:
-                if last is None:
-                    raise CorruptData(self._where(), f"no valid sample left to replace position {i} "
-                                      f"in this worker's part of epoch {epoch}", key=self._key(int(i)))
-                sample = last
+                    bad[i] = e
+            return _DAMAGED
+
+        last = None
+        for k, (i, at) in enumerate(zip(mine, ats)):
+            sample = read(i)
+            if sample is _DAMAGED:
+                if i in restored:
+                    restored.remove(i)
+                else:
+                    self._record_skip(row, epoch, i, at, bad[i])
+                for j in range(k + 1, len(mine)):  # the next valid sample of this worker's part
+                    sample = read(mine[j])
+                    if sample is not _DAMAGED:
+                        break
+                else:
+                    if last is None:
+                        raise CorruptData(self._where(), f"no valid sample left to replace position {i} "
+                                          f"in this worker's part of epoch {epoch}", key=self._key(i))
+                    sample = last
             last = sample
             self._position += 1
             yield sample
-        if int(row[1]):
-            log.warning("epoch %d: skipped %d corrupt samples in this worker: %s", epoch, int(row[1]),
-                        ", ".join(self._key(int(p)) for p in row[2:2 + int(row[1])].tolist()))
+        n = int(row[1])
+        if n:
+            log.warning("epoch %d: skipped %d corrupt samples in this worker: %s", epoch, n,
+                        ", ".join(self._key(int(p)) for p in row[2:2 + 2 * n:2].tolist()))
 
-    def _record_skip(self, row: torch.Tensor, epoch: int, i: int, e: Exception) -> None:
-        total = sum(int(r[1]) for r in self._skips if int(r[0]) == epoch)
+    def _record_skip(self, row: torch.Tensor, epoch: int, i: int, at: int, e: Exception) -> None:
+        total = len(self._skip_records(epoch))
         key = self._key(i)
         if total + 1 > self._skip_cap:
             raise CorruptData(self._where(), f"corrupt sample {key!r} (position {i}) would be skipped sample "
                               f"{total + 1} of epoch {epoch} on this rank, more than max_skipped="
                               f"{self.max_skipped!r}: {e}", key=key, position=i) from e
         n = int(row[1])
-        row[2 + n] = i
+        row[2 + 2 * n], row[3 + 2 * n] = i, at
         row[1] = n + 1
         log.warning("skipping corrupt sample %r (position %d, epoch %d; %d skipped so far): %s",
                     key, i, epoch, total + 1, e)
+
+    def _skip_records(self, epoch: int) -> list[tuple[int, int]]:
+        """``(sample, pass position skipped at)`` of ``epoch`` on this rank: those a loaded state
+        carried (at -1), then each DataLoader worker's."""
+        out = []
+        for row in self._skips:
+            if int(row[0]) == epoch:
+                pairs = row[2:2 + 2 * int(row[1])].tolist()
+                out += list(zip(pairs[::2], pairs[1::2]))
+        return out
+
+    def _carried(self, epoch: int) -> list[int]:
+        row = self._skips[0] if len(self._skips) else None
+        return row[2:2 + 2 * int(row[1]):2].tolist() if row is not None and int(row[0]) == epoch else []
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -556,8 +618,7 @@ class StreamingDataset(IterableDataset):
         return out
 
     def _skipped_positions(self) -> list[int]:
-        return [int(p) for row in self._skips if int(row[0]) == self.epoch
-                for p in row[2:2 + int(row[1])].tolist()]
+        return [s for s, _ in self._skip_records(self.epoch)]
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
         """Where this rank is in the epoch, and what it ran on (plain JSON).
@@ -569,15 +630,25 @@ class StreamingDataset(IterableDataset):
 
         Args:
             num_samples: samples this rank consumed since the current iteration began (e.g.
-                ``steps * batch_size``). Needed when DataLoader workers do the reading; without
-                it the count of what this process itself yielded is used (``num_workers=0``).
+                ``(step + 1) * batch_size``). Needed when DataLoader workers do the reading;
+                without it the count of what this process itself yielded is used
+                (``num_workers=0``). A count past the end of the pass (after a short last
+                batch) means the pass is done; a negative or non-integer one is refused.
+
+        With ``on_corrupt="skip"``, ``skipped`` lists the samples skipped before ``position``
+        (the workers' skips ahead of it are met again by the resumed pass).
         """
-        position = self._position if num_samples is None else int(self._shared[1]) + int(num_samples)
+        if num_samples is None:
+            position = self._position
+        else:
+            position = int(self._shared[1]) + consumed_count(num_samples)
+        position = min(position, self._pass_length())
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
                 "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
                 "resumes": [list(s) for s in self._stages()], **self._mix_state(),
-                **({"skipped": self._skipped_positions()} if self.on_corrupt == "skip" else {})}
+                **({"skipped": carried_skips(self._skip_records(self.epoch), position)}
+                   if self.on_corrupt == "skip" else {})}
 
     def _mix_state(self) -> dict[str, Any]:
         if self.mix is None:
@@ -613,7 +684,7 @@ class StreamingDataset(IterableDataset):
         if self.on_corrupt == "skip" and state.get("skipped"):
             skipped = [int(p) for p in state["skipped"]][:self._skip_cap]
             self._skips[0, 0], self._skips[0, 1] = epoch, len(skipped)
-            self._skips[0, 2:2 + len(skipped)] = torch.tensor(skipped, dtype=torch.int64)
+            self._skips[0, 2:2 + 2 * len(skipped)] = torch.tensor([[p, -1] for p in skipped]).flatten()
         self._shared[0] = epoch
         self._shared[1] = position
         self._shared[2] = len(stages)

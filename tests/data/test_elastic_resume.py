@@ -138,8 +138,12 @@ def test_resumes_that_cannot_be_exact_are_refused(packs):
     state = ds.state_dict(num_samples=6)
     with pytest.raises(PackerError, match="seed"):
         StreamingDataset(path, rank=0, world_size=3, **{**kw, "seed": 4}).load_state_dict(state)
-    with pytest.raises(PackerError, match="consumed 16 samples per rank of 8 ranks, but each had 15"):
-        StreamingDataset(path, rank=0, world_size=3, **kw).load_state_dict({**state, "position": 16})
+    with pytest.raises(PackerError, match="position must be an integer >= 0"):
+        StreamingDataset(path, rank=0, world_size=3, **kw).load_state_dict({**state, "position": -1})
+    for world in (8, 3):  # past the rank's 15 (a short last batch counted whole): the pass is done
+        done = StreamingDataset(path, rank=0, world_size=world, **kw)
+        done.load_state_dict({**state, "position": 16})
+        assert list(done) == []
     with pytest.raises(PackerError, match="world-size changes"):
         StreamingDataset(path, rank=0, world_size=3, **kw).load_state_dict(
             {**state, "resumes": [[2, 0], [4, 0]] * 16})

@@ -228,10 +228,11 @@ def test_foreign_and_mismatched_states_are_refused(tmp_path):
         fresh(shuffle=False).load_state_dict(state)
     with pytest.raises(ValueError, match="count=40, this sampler 41"):
         DistributedSampler(41, num_replicas=3, rank=0, seed=3).load_state_dict(state)
-    with pytest.raises(ValueError, match="consumed 11 samples per rank of 4 ranks, but each had 10"):
-        fresh().load_state_dict({**state, "position": 11})
-    with pytest.raises(ValueError, match="position 11 is not in"):
-        DistributedSampler(40, num_replicas=4, rank=0, seed=3).load_state_dict({**state, "position": 11})
+    for done in (fresh(), DistributedSampler(40, num_replicas=4, rank=0, seed=3)):  # past the 10: the pass is done
+        done.load_state_dict({**state, "position": 11})
+        assert list(done) == [] and len(done) == 0
+    with pytest.raises(ValueError, match="position must be an integer >= 0"):
+        fresh().load_state_dict({**state, "position": -1})
     with pytest.raises(ValueError, match=r"the state lacks \['position'\]"):
         fresh().load_state_dict({k: v for k, v in state.items() if k != "position"})
     with pytest.raises(ValueError, match="num_samples must be an integer >= 0"):
@@ -263,8 +264,10 @@ def test_foreign_and_mismatched_states_are_refused(tmp_path):
         mg.load_state_dict({**mstate, "epoch": 3})
     with pytest.raises(ValueError, match="seed=3, this sampler 4"):
         MultigridBatchSampler(40, schedule(), seed=4, num_replicas=2, rank=0).load_state_dict(mstate)
-    with pytest.raises(ValueError, match=r"num_batches must be an integer in \[0, 13\]"):
-        MultigridBatchSampler(40, schedule(), num_replicas=2, rank=0).state_dict(num_batches=14)
+    past = MultigridBatchSampler(40, schedule(), num_replicas=2, rank=0)  # past the 13: the pass is done
+    assert past.state_dict(num_batches=14) == past.state_dict(num_batches=13)
+    with pytest.raises(ValueError, match=r"num_batches must be an integer >= 0"):
+        past.state_dict(num_batches=-1)
     wrapped = MultigridBatchSampler(TorchDistributedSampler(range(40), num_replicas=2, rank=0), schedule())
     with pytest.raises(ValueError, match="wrapped DistributedSampler has no resumable order"):
         wrapped.state_dict(num_batches=1)

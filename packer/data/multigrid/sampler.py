@@ -177,14 +177,16 @@ class MultigridBatchSampler(Sampler):
 
         Args:
             num_batches: batches the training loop consumed since this iteration began (or
-                since ``load_state_dict``); the DataLoader fetches ahead, so count them there.
+                since ``load_state_dict``); the DataLoader fetches ahead, so count them there. A
+                count past the pass's batches means the pass is done, as with
+                ``DistributedSampler.state_dict``; a negative or non-integer one is refused.
         """
         if self.index_sampler is None:
             raise ValueError(f"cannot save: the wrapped {type(self.sampler).__name__} has no resumable "
                              "order; wrap a packer.data.DistributedSampler, or give the dataset length")
-        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or not 0 <= num_batches <= len(self):
-            raise ValueError(f"num_batches must be an integer in [0, {len(self)}] (this pass's batches), "
-                             f"not {num_batches!r}")
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+            raise ValueError(f"num_batches must be an integer >= 0 (batches consumed), not {num_batches!r}")
+        num_batches = min(num_batches, len(self))
         samples = sum(size for size, _ in (self._phases() * (num_batches // len(self._phases()) + 1))[:num_batches])
         return {"sampler": MULTIGRID_KIND, "epoch": self.epoch, "batches": self._batches + num_batches,
                 "indices": self.index_sampler.state_dict(samples), "drop_last": self.drop_last,
