@@ -40,6 +40,21 @@ class Manifest:
     # the manifest: ``keys`` (the key list), ``labels`` (a format's separate label array).
     integrity: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def holds(self) -> str:
+        """What a sample is: ``"images"`` (an image pack), ``"frames"`` (``decode-frames``: each
+        video's frames as images) or ``"videos"`` (``pack-videos``: each video one encoded stream)."""
+        if self.kind != "videos":
+            return "images"
+        return "videos" if self.videos and all("video_frames" in v for v in self.videos) else "frames"
+
+    def identity(self) -> str:
+        """CRC32C (8 hex digits) of what the pack holds: every field but ``created_by`` (the
+        command line and paths, which a copy or a rerun of the same conversion may change).
+        Two packs of other samples, classes, shards or conversion options differ in it."""
+        return manifest_checksum({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                  if f.name != "created_by"})
+
     def to_json(self) -> str:
         """Serialize with stable key order (empty per-format lists are left out), plus the
         ``checksum`` of everything else (see :func:`manifest_checksum`)."""

@@ -77,8 +77,7 @@ def is_video_pack(path: str | os.PathLike) -> bool:
         manifest = open_reader(path, check_crc=False).manifest
     except Exception:  # noqa: BLE001 - not a packed output at all: the image bench says why
         return False
-    return manifest.kind == "videos" and bool(manifest.videos) and all(
-        "video_frames" in v for v in manifest.videos)
+    return manifest.holds == "videos"
 
 
 def samplings(*, clip_len: Optional[int] = None, frame_interval: Optional[int] = None,

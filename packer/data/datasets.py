@@ -14,9 +14,23 @@ from packer.formats import Reader, Record
 from packer.remote import open_reader
 from packer.codecs.image import decode, to_chw
 
-__all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record"]
+__all__ = ["PackedDataset", "DECODE_MODES", "decode_record", "raw_record", "require_holds"]
 
 DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
+# the dataset class for what a pack holds (``Manifest.holds``)
+READ_WITH = {"images": "PackedDataset (or StreamingDataset)", "frames": "PackedVideoDataset",
+             "videos": "PackedVideoDataset"}
+
+
+def require_holds(manifest: Any, path: Any, cls: str, accepts: Sequence[str]) -> None:
+    """``UsageError`` naming the class to use unless ``manifest`` (of the pack at ``path``) holds
+    one of ``accepts`` (``Manifest.holds``): a pack of another kind read by ``cls`` would fail
+    sample by sample, and with ``on_corrupt="skip"`` be skipped sample by sample."""
+    holds = manifest.holds
+    if holds not in accepts:
+        what = {"images": "an image pack", "frames": "a decode-frames output (video frames)",
+                "videos": "a pack-videos output (encoded videos)"}[holds]
+        raise UsageError(f"{path}: {cls} cannot read {what}; use {READ_WITH[holds]}")
 
 
 def decode_record(data: bytes, mode: str, *, where: str = "") -> Any:
@@ -53,7 +67,9 @@ def raw_record(rec: Record, mode: str, *, where: str = "") -> Any:
 
 
 class PackedDataset(torch.utils.data.Dataset):
-    """Random access to any packed output (format read from its manifest).
+    """Random access to any packed output of images (format read from its manifest), or to a
+    ``decode-frames`` output's frames one by one; a ``pack-videos`` output is refused with a
+    ``UsageError`` naming ``PackedVideoDataset``.
 
     Returns ``(image, label)``; images are decoded with EXIF orientation applied and as
     3-channel uint8 RGB (see ``packer.codecs.image``). Safe with DataLoader workers under ``fork``
@@ -89,6 +105,7 @@ class PackedDataset(torch.utils.data.Dataset):
                              cache_limit=cache_limit if cache_limit is not None else remote.cache_limit)
         self.reader: Reader = open_reader(path, check_crc=check_crc, remote=remote)
         self.path = str(path)
+        require_holds(self.reader.manifest, self.path, "PackedDataset", ("images", "frames"))
         self.decode = decode
         self.transform = transform
         self.target_transform = target_transform

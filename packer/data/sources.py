@@ -17,15 +17,53 @@ Sample positions of the mixed stream are global: source ``i``'s local position `
 """
 from __future__ import annotations
 
-from typing import Sequence
+import numbers
+import os
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from packer.errors import UsageError
+from packer.remote.url import is_url
 
-__all__ = ["MIX_BY", "mix_counts", "source_picks", "mix_stream"]
+__all__ = ["MIX_BY", "mix_counts", "mix_weights", "source_picks", "mix_stream", "same_pack", "distinct_packs"]
 
 MIX_BY = ("proportion", "repeat")
+
+
+def mix_weights(weights: Iterable[Any]) -> list[float]:
+    """The mix's weights as floats: each a real number (``0.5``, ``2``), never a string such as
+    ``"0.5"`` or a bool, which ``float()`` would quietly accept; ``UsageError`` naming it otherwise."""
+    out = []
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real):
+            raise UsageError(f"a mix weight must be a number, not {w!r} ({type(w).__name__})")
+        out.append(float(w))
+    return out
+
+
+def same_pack(path: Any) -> Any:
+    """What ``path`` names, for telling two spellings of one pack apart from two packs: a local
+    path resolved (``A``, ``A/``, ``./A``, ``/abs/A`` and a symlink to it are one), a URL
+    without its trailing ``/``, a list of TFRecord files as a tuple of those."""
+    if isinstance(path, (list, tuple)):
+        return tuple(same_pack(p) for p in path)
+    if is_url(path):
+        return str(path).rstrip("/")
+    return os.path.realpath(os.fspath(path))
+
+
+def distinct_packs(paths: Iterable[Any]) -> None:
+    """``UsageError`` when two of a mix's ``paths`` name one pack (``same_pack``): as two
+    sources it would be read twice as often as its weight says, and it is unclear which weight
+    was meant. Give it once, with the weight it should have."""
+    seen: dict[Any, Any] = {}
+    for p in paths:
+        key = same_pack(p)
+        if key in seen:
+            raise UsageError(f"the mix names one pack twice: {seen[key]!r} and {p!r} are both {key!r}; "
+                             "give it once, with the weight it should have")
+        seen[key] = p
 
 
 def mix_counts(sizes: Sequence[int], weights: Sequence[float], *, by: str = "proportion",
@@ -45,6 +83,8 @@ def mix_counts(sizes: Sequence[int], weights: Sequence[float], *, by: str = "pro
         if epoch_size is not None:
             raise UsageError("epoch_size comes from the repeat counts with mix_by='repeat'; give one or the other")
         return [int(round(x * s)) for x, s in zip(w, sizes)]
+    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer))):
+        raise UsageError(f"epoch_size must be an integer (samples an epoch), not {epoch_size!r}")
     total = sum(sizes) if epoch_size is None else int(epoch_size)
     if total < 1:
         raise UsageError(f"epoch_size must be >= 1, not {epoch_size}")

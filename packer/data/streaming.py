@@ -40,7 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import CorruptData, CorruptSample, UsageError
 from packer.data.datasets import PackedDataset
-from packer.data.sources import mix_counts, mix_stream, source_picks
+from packer.data.sources import distinct_packs, mix_counts, mix_stream, mix_weights, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
            "split_by_worker", "rank_order", "rank_slots", "elastic_slots", "resume_point", "resolve_rank", "block_shuffle",
@@ -384,14 +384,16 @@ class StreamingDataset(IterableDataset):
         self._skips = torch.zeros(MAX_WORKERS + 1 if on_corrupt == "skip" else 0, 2 * self._skip_cap + 2,
                                   dtype=torch.int64).share_memory_()
         self._pass_lengths: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}
+        self._pack_ids: list[str] | None = None
 
     def _open_mix(self, paths: Mapping[Any, float], *, decode: Any, transform: Any, check_crc: bool,
                   epoch_size: int | None, mix_by: str, label_map: Mapping[str, int] | None,
                   options: dict[str, Any]) -> None:
         self.dataset = None  # several: ``sources``
+        self.weights = mix_weights(paths.values())
+        distinct_packs(paths)
         self.sources = [PackedDataset(p, decode=decode, transform=transform, check_crc=check_crc, **options)
                         for p in paths]
-        self.weights = [float(w) for w in paths.values()]
         sizes = [len(d) for d in self.sources]
         self.mix = mix_counts(sizes, self.weights, by=mix_by, epoch_size=epoch_size)
         self.source_counts = [list(getattr(d.reader, "shard_counts", None) or [len(d)]) for d in self.sources]
@@ -646,9 +648,17 @@ class StreamingDataset(IterableDataset):
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
                 "buffer_size": self.buffer_size, "block_size": self.block_size, "drop_last": self.drop_last,
                 "world_size": self.world_size, "rank": self.rank, "count": sum(self.counts),
-                "resumes": [list(s) for s in self._stages()], **self._mix_state(),
+                "resumes": [list(s) for s in self._stages()], "packs": self._packs(), **self._mix_state(),
                 **({"skipped": carried_skips(self._skip_records(self.epoch), position)}
                    if self.on_corrupt == "skip" else {})}
+
+    def _packs(self) -> list[str]:
+        """Each source's ``Manifest.identity()``: a state of another pack with the same sample
+        count would otherwise resume in an order that means nothing for this one. (Computed
+        once: ``state_dict`` may be called every step.)"""
+        if self._pack_ids is None:
+            self._pack_ids = [d.manifest.identity() for d in self.sources]
+        return list(self._pack_ids)
 
     def _mix_state(self) -> dict[str, Any]:
         if self.mix is None:
@@ -675,6 +685,9 @@ class StreamingDataset(IterableDataset):
         if (theirs is None) != (mine is None) or (mine is not None and [s[1:] for s in theirs] != [s[1:] for s in mine]):
             raise UsageError(f"cannot resume: state has sources [path, size, weight, samples an epoch] "
                              f"{theirs}, this dataset {mine}")
+        if "packs" in state and state["packs"] != self._packs():  # (a state written before packs: unchecked)
+            raise UsageError(f"cannot resume: the state was taken on other packs (identity {state['packs']}), "
+                             f"not {self._where()} (identity {self._packs()}); same sample counts, other data")
         self._load_position(state)
 
     def _load_position(self, state: dict[str, Any]) -> None:

@@ -60,11 +60,12 @@ from packer.codecs.image import decode
 from packer.codecs.video_copy import rotate_upright
 from packer.codecs.video_pack import CODECS, KEY, StreamIndex, decode_frames_at, decode_indexed, index_mp4
 from packer.data import batch_memory
-from packer.errors import CorruptData, OutputChanged, UsageError
+from packer.data.datasets import require_holds
+from packer.errors import CorruptData, OutputChanged, PackerError, UsageError
 from packer.formats.frames import FLOW_LIST_NAME, LIST_NAME, rawframes_lines, video_streams
 from packer.formats.reader import output_identity
 from packer.integrity import crc32c
-from packer.manifest import MANIFEST_NAME
+from packer.manifest import MANIFEST_NAME, Manifest
 from packer.remote import open_reader
 
 __all__ = ["ClipRequest", "split_request", "RawframeInfo", "parse_rawframes", "sample_frames",
@@ -535,6 +536,7 @@ class FrameDataset(_ClipDataset):
         self.root = Path(root)
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
+        self._require_frame_folders()
         flow = modality == "Flow"
         extra = _manifest_extra(self.root) if flow else {}
         default_list = extra.get("flow_list_file", "rawframes_flow.txt") if flow else "rawframes.txt"
@@ -561,6 +563,20 @@ class FrameDataset(_ClipDataset):
         self._names: dict[str, dict[str, int]] = {}  # frame_dir -> {file name: position}, on demand
         if check_crc and (self.root / MANIFEST_NAME).is_file():
             self._open_packed()
+
+    def _require_frame_folders(self) -> None:
+        """``UsageError`` naming the class to use when ``root`` is a packer output other than
+        frame folders (``decode-frames --to frames``); a damaged manifest is left to the reads."""
+        try:
+            manifest = Manifest.load(self.root) if (self.root / MANIFEST_NAME).is_file() else None
+        except PackerError:
+            return
+        if manifest is None:
+            return
+        require_holds(manifest, self.root, "FrameDataset", ("frames",))
+        if manifest.format != "frames":
+            raise UsageError(f"{self.root}: FrameDataset reads frame folders (decode-frames --to frames), "
+                             f"this decode-frames output is packed as {manifest.format}; use PackedVideoDataset")
 
     def _open_packed(self) -> None:
         reader = open_reader(self.root)
@@ -662,7 +678,8 @@ class PackedVideoDataset(_ClipDataset):
         super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
         modality = self.modality
         videos = self.reader.manifest.videos
-        if self.reader.manifest.kind != "videos" or not videos:
+        require_holds(self.reader.manifest, path, "PackedVideoDataset", ("frames", "videos"))
+        if not videos:
             raise UsageError(f"{path}: not a packed video output (no videos in its manifest)")
         flow = modality == "Flow"
         # a pack-videos output: one sample per video, its frames decoded by the stored index

@@ -152,6 +152,25 @@ def test_resumes_that_cannot_be_exact_are_refused(packs):
         loader.load_state_dict({**loader.state_dict(), "count": 7})
 
 
+def test_a_state_of_another_pack_with_the_same_count_is_refused(tmp_path):
+    """The order means nothing for other samples: same count, same options, other data."""
+    import shutil
+
+    for seed in (1, 2):
+        pack_images(write_image_folder(tmp_path / f"src{seed}", count=12, classes=2, size=(8, 8), seed=seed),
+                    tmp_path / f"p{seed}", format="records", workers=0)
+    state = StreamingDataset(tmp_path / "p1", seed=3, rank=0, world_size=1).state_dict(num_samples=4)
+    with pytest.raises(PackerError, match="cannot resume: the state was taken on other packs"):
+        StreamingDataset(tmp_path / "p2", seed=3, rank=0, world_size=1).load_state_dict(state)
+    shutil.copytree(tmp_path / "p1", tmp_path / "copy")  # the same pack elsewhere: resumes
+    StreamingDataset(tmp_path / "copy", seed=3, rank=0, world_size=1).load_state_dict(state)
+    mixed = {str(tmp_path / "p1"): 1, str(tmp_path / "p2"): 1}
+    state = StreamingDataset(mixed, seed=3, rank=0, world_size=1).state_dict(num_samples=4)
+    swapped = {str(tmp_path / "p2"): 1, str(tmp_path / "p1"): 1}
+    with pytest.raises(PackerError, match="other packs"):
+        StreamingDataset(swapped, seed=3, rank=0, world_size=1).load_state_dict(state)
+
+
 def test_loader_over_video_clips_resumes_3_2_1(tmp_path):
     """The video datasets are map-style: a ``Loader`` over them resumes across world sizes too."""
     import hashlib

@@ -3,6 +3,7 @@ repeat count, split by rank, resumable and elastic mid-epoch."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -135,3 +136,19 @@ def test_labels_per_source_or_through_a_label_map(packs):
         StreamingDataset(paths, label_map={"class_0": 0})
     with pytest.raises(UsageError, match="for a mix"):
         StreamingDataset(packs[0], epoch_size=10)
+
+
+def test_a_mix_refuses_string_weights_fractional_sizes_and_one_pack_spelled_twice(packs, tmp_path):
+    a, b = str(packs[0]), str(packs[1])
+    for weight in ("0.5", True):
+        with pytest.raises(UsageError, match=f"a mix weight must be a number, not {weight!r}"):
+            StreamingDataset({a: weight, b: 0.5})
+    with pytest.raises(UsageError, match="epoch_size must be an integer"):
+        StreamingDataset({a: 0.5, b: 0.5}, epoch_size=10.7)  # (was read as 10)
+    link = tmp_path / "link"
+    link.symlink_to(packs[0])
+    rel = os.path.relpath(packs[0])
+    for twice in (a + "/", rel, "./" + rel, str(link), str(packs[0].parent / ".." / packs[0].parent.name / "a")):
+        with pytest.raises(UsageError, match="the mix names one pack twice"):
+            StreamingDataset({a: 0.5, twice: 0.5, b: 1})
+    assert len(StreamingDataset({a: 0.5, b: np.float32(0.5)}, epoch_size=np.int64(10))) == 10
