@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+from tests.support.faults import flip_record_byte
 from tests.support.inputs import write_image_folder
 from packer import Loader, PackedDataset, StreamingDataset
 from packer.data import LoaderError
 from packer.commands.pack_images import pack_images
 from packer.errors import CorruptData, UsageError
 from packer.formats import open_reader
-from packer.formats.records import index_path, read_index
 
 DAMAGED = [(0, 3), (1, 5), (2, 1)]  # (shard, record): 3 records with a flipped byte
 
@@ -32,13 +32,7 @@ def damaged(tmp_path_factory) -> tuple[Path, list[str]]:
     shards = sorted(out.glob("*.tfrecord"))
     bad = []
     for shard_no, record in DAMAGED:
-        offsets, sizes = read_index(index_path(shards[shard_no]))
-        at = int(offsets[record] + sizes[record] // 2)
-        with open(shards[shard_no], "r+b") as f:
-            f.seek(at)
-            byte = f.read(1)[0]
-            f.seek(at)
-            f.write(bytes([byte ^ 0xFF]))
+        flip_record_byte(shards[shard_no], record)
         bad.append(keys[shard_no * 10 + record])
     return out, bad
 

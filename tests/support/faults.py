@@ -101,3 +101,17 @@ def leftovers(conv: Conversion, out: Path) -> list[str]:
         extra += [p.relative_to(out).as_posix() for p in out.rglob("*")
                   if p.name.startswith(".") or ".tmp" in p.name or p.name.endswith(".partial")]
     return extra
+
+
+def flip_record_byte(shard: Path, record: int) -> None:
+    """Flip one byte in the middle of TFRecord ``record`` of ``shard`` (its payload: a CRC32C
+    mismatch on read, ``CorruptData`` naming the record)."""
+    from packer.formats.records import index_path, read_index
+
+    offsets, sizes = read_index(index_path(shard))
+    at = int(offsets[record] + sizes[record] // 2)
+    with open(shard, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0xFF]))
