@@ -144,6 +144,11 @@ def test_resumes_that_cannot_be_exact_are_refused(packs):
         done = StreamingDataset(path, rank=0, world_size=world, **kw)
         done.load_state_dict({**state, "position": 16})
         assert list(done) == []
+        done.set_epoch(2)  # and the next epoch is a fresh run's
+        assert done.order() == StreamingDataset(path, rank=0, world_size=world, **kw).order(2)
+    loader = Loader(PackedDataset(path, decode="bytes"), batch_size=3, rank=0, world_size=3, collate=no_collate)
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": 41})
+    assert list(loader) == [] and sum(len(b) for b in loader) == 40  # done, then epoch 2 whole
     with pytest.raises(PackerError, match="world-size changes"):
         StreamingDataset(path, rank=0, world_size=3, **kw).load_state_dict(
             {**state, "resumes": [[2, 0], [4, 0]] * 16})
