@@ -616,7 +616,9 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: the current pass's epoch and the samples of it handed out so far
-        (a batch counts once yielded), with what it ran on (plain JSON). See ``load_state_dict``."""
+        (a batch counts once yielded), with what it ran on (plain JSON). With ``on_corrupt="skip"``
+        its ``skipped`` are the skips before that position (``carried_skips``): the threads' skips
+        ahead of it are met again by the resumed pass. See ``load_state_dict``."""
         if self.sampler is not None:
             raise UsageError("cannot save a Loader with a sampler: the sampler decides the order "
                              "(save the sampler's own state)")
