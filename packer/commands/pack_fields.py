@@ -155,7 +155,7 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
         items = partition(items, inputs.num_shards, inputs.shard_index)
         recorded: dict[str, Any] = {
             "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
-            "source": {"kind": "coco" if coco is not None else "manifest", "sha256": _sha256(source)},
+            "source": "coco" if coco is not None else "manifest", "source_sha256": _sha256(source),
             "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
             "shard_index": inputs.shard_index}
         if coco is not None:

@@ -74,6 +74,8 @@ def table_rows(path: str | os.PathLike, *, batch_rows: int = 4096) -> Iterator[t
 
 
 def _infer(name: str, value: Any, exts: tuple[str, ...]) -> str:
+    if value is None:
+        raise UsageError(f"column {name!r}: only empty values; give its type in the schema")
     if isinstance(value, str):
         return "image" if has_ext(value, exts) else "str"
     if isinstance(value, bool) or isinstance(value, int):
@@ -85,7 +87,9 @@ def _infer(name: str, value: Any, exts: tuple[str, ...]) -> str:
     if isinstance(value, dict):
         return "json"
     if isinstance(value, list):
-        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if not value:
+            raise UsageError(f"column {name!r}: only empty lists; give its type in the schema")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return "labels"
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             return "ndarray:float64:*"
@@ -110,15 +114,30 @@ def _csv_guess(text: str, exts: tuple[str, ...]) -> Any:
     return text
 
 
-def infer_schema(path: str | os.PathLike, *, exts: tuple[str, ...] = DEFAULT_IMAGE_EXTS) -> Schema:
-    """The schema of a sample manifest from its first row (see the module doc)."""
-    for _, row in table_rows(path):
-        if isinstance(row, Exception) or not isinstance(row, dict) or not row:
-            raise UsageError(f"{path}: the first row is not an object of columns; give the schema")
-        is_csv = _kind(str(path)) == "csv"
-        return Schema({name: _infer(name, _csv_guess(v, exts) if is_csv and isinstance(v, str) else v, exts)
-                       for name, v in row.items()})
-    raise UsageError(f"{path}: the sample manifest has no rows")
+def infer_schema(path: str | os.PathLike, *, exts: tuple[str, ...] = DEFAULT_IMAGE_EXTS,
+                 rows: int = 1000) -> Schema:
+    """The schema of a sample manifest (see the module doc): the first row's columns, each typed
+    by its first value among the first ``rows`` rows that is not null or an empty list."""
+    is_csv = _kind(str(path)) == "csv"
+    seen: dict[str, Any] = {}
+    names: list[str] | None = None
+    for n, row in table_rows(path):
+        if names is None:
+            if isinstance(row, Exception) or not isinstance(row, dict) or not row:
+                raise UsageError(f"{path}: the first row is not an object of columns; give the schema")
+            names = list(row)
+        if isinstance(row, dict):
+            for name in names:
+                v = row.get(name)
+                if is_csv and isinstance(v, str):
+                    v = _csv_guess(v, exts) if v != "" else None
+                if name not in seen or seen[name] in (None, []):
+                    seen[name] = v
+        if n >= rows or all(seen.get(k) not in (None, []) for k in names):
+            break
+    if names is None:
+        raise UsageError(f"{path}: the sample manifest has no rows")
+    return Schema({name: _infer(name, seen[name], exts) for name in names})
 
 
 def _coerce(f: Field, value: Any, is_csv: bool) -> Any:
