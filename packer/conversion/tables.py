@@ -172,8 +172,11 @@ def table_items(path: str | os.PathLike, root: str | os.PathLike, *, schema: Sch
     so a wrong type is this row's ``InputFailure``, not a failure of the work later.
     """
     path = str(path)
-    schema = infer_schema(path, exts=exts) if schema is None else (
-        schema if isinstance(schema, Schema) else Schema({n: parse_field(n, t) for n, t in schema.items()}))
+    try:
+        schema = infer_schema(path, exts=exts) if schema is None else (
+            schema if isinstance(schema, Schema) else Schema({n: parse_field(n, t) for n, t in schema.items()}))
+    except ValueError as e:
+        raise UsageError(f"--schema: {e}") from e
     is_csv = _kind(path) == "csv"
     images = schema.image_fields
     root = Path(root)
