@@ -2,8 +2,8 @@
 
 ``coco_items(annotations, root)`` reads an ``instances_*.json`` (boxes, categories, crowd flags,
 areas, polygon or RLE masks) or a ``captions_*.json``; every image becomes a ``FieldItem`` whose
-``values`` hold its annotations compactly (numpy arrays; polygons as float arrays), so the
-parsed JSON is dropped before any image is packed and no ``pycocotools.coco.COCO`` index is
+``values`` hold its annotations compactly (numpy arrays; polygons as the parsed lists), so the
+rest of the parsed JSON is dropped before any image is packed and no ``pycocotools.coco.COCO`` index is
 built. Category ids map to contiguous labels ``0..K-1`` in ascending id (``categories``, stored
 in the manifest). A bad annotation (an unknown image id or category, a negative box size, a box
 outside its image, a polygon of fewer than 3 points, a malformed RLE) is an ``InputFailure``
@@ -115,7 +115,7 @@ def _check_segmentation(seg: Any, height: int, width: int, iscrowd: int) -> tupl
                 raise ValueError(f"a polygon has an odd number ({len(poly)}) of coordinates")
             if len(poly) < 6:
                 raise ValueError(f"a polygon has {len(poly) // 2} points, fewer than 3")
-            polys.append(np.asarray(poly, dtype=np.float64))
+            polys.append(poly)  # the parsed list itself: no copy while the parsed file is alive
         return "poly", polys
     if isinstance(seg, dict):
         size, counts = seg.get("size"), seg.get("counts")
@@ -151,11 +151,12 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
     """
     ann_path = str(annotations)
     try:
-        with open(ann_path, "rb") as f:
+        # text mode: the file's str alone, not its bytes and their decoded copy at once
+        with open(ann_path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
         raise UsageError(f"{ann_path}: cannot read the annotation file ({e.strerror or e})") from e
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError too
         raise UsageError(f"{ann_path}: not a JSON annotation file ({e})") from e
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise UsageError(f"{ann_path}: not a COCO annotation file (no 'images' list)")
@@ -194,13 +195,20 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
 
     per_image: dict[int, list] = {}
     bad: dict[int, list[str]] = {}
-    for j, a in enumerate(anns):
+    # Taken off the end of the parsed list one by one, so each annotation's dicts and polygon
+    # lists are freed as its compact form is made: the peak stays the parsed file's (below
+    # pycocotools' COCO(file), which indexes the parsed file as it is). Groups are reversed after.
+    j = len(anns)
+    orphans: list[tuple[str, str]] = []  # (reason, key) of annotations of no image, last first
+    while anns:
+        a = anns.pop()
+        j -= 1
         if not isinstance(a, dict) or not _int_id(a.get("id")) or not _int_id(a.get("image_id")):
-            bad_line(failures, ann_path, 0, f"annotations[{j}]: needs an integer id and image_id")
+            orphans.append((f"annotations[{j}]: needs an integer id and image_id", ""))
             continue
         aid, iid = a["id"], a["image_id"]
         if iid not in info:
-            bad_line(failures, ann_path, 0, f"annotation {aid}: unknown image id {iid}", key=f"annotation {aid}")
+            orphans.append((f"annotation {aid}: unknown image id {iid}", f"annotation {aid}"))
             continue
         _, height, width = info[iid]
         try:
@@ -209,16 +217,18 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
         except ValueError as e:
             bad.setdefault(iid, []).append(f"annotation {aid}: {e}")
     del anns
+    for reason, key in reversed(orphans):
+        bad_line(failures, ann_path, 0, reason, key=key)
 
     items: list[FieldItem] = []
     for iid in order:
         key, height, width = info[iid]
         if iid in bad:
-            reasons = bad[iid]
+            reasons = bad[iid][::-1]  # file order
             more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
             bad_line(failures, ann_path, 0, f"image id {iid}: {reasons[0]}{more}", key=key)
             continue
-        group = per_image.pop(iid, [])
+        group = per_image.pop(iid, [])[::-1]  # file order
         if not group and drop_empty:
             continue
         values = _captions_values(group) if kind == "captions" else _instances_values(group)
@@ -305,7 +315,8 @@ def _masks(segs: Sequence[tuple[str, Any]], oh: int, ow: int, height: int, width
     out = []
     for kind, seg in segs:
         if kind == "poly":
-            polys = [(p.reshape(-1, 2) * (sx, sy)).ravel().tolist() if scaled else p.tolist() for p in seg]
+            polys = [(np.asarray(p, dtype=np.float64).reshape(-1, 2) * (sx, sy)).ravel().tolist() if scaled
+                     else [float(v) for v in p] for p in seg]
             rle = mask.merge(mask.frPyObjects(polys, height, width))
         elif kind == "rle":
             counts = seg["counts"]
