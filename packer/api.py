@@ -93,8 +93,10 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
          workers: Optional[int] = None, executor: str = "local", max_failures: int = 0,
          resume: bool = False, overwrite: bool = False, num_shards: int = 1, shard_index: int = 0,
          timeout: Optional[float] = None, strict: bool = False, force: bool = False,
-         break_lock: bool = False) -> Report:
-    """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``.
+         break_lock: bool = False, coco: Optional[PathLike] = None, manifest: Optional[PathLike] = None,
+         schema: Optional[dict] = None, drop_empty: bool = False) -> Report:
+    """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``; or, with
+    ``coco`` or ``manifest``, samples of many typed fields (docs/fields.md).
 
     The library form of ``packer to-lmdb`` / ``to-hdf5`` / ``to-records``. Bad images are
     skipped and recorded in ``failures.jsonl``; a run is resumable and refuses a resume that
@@ -128,6 +130,13 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         strict: partial decodes count toward ``max_failures``.
         force: start even when the disk space estimate says the output will not fit.
         break_lock: take the claim on ``out`` even from a run that may still be alive.
+        coco: a COCO instances or captions JSON over the images under ``src``: one sample per
+            image with its boxes, labels, crowd flags, areas and RLE masks (or captions).
+        manifest: a sample manifest (``.jsonl``, ``.csv``, ``.parquet``): one sample per row, a
+            field per column, image paths relative to ``src``.
+        schema: the manifest's ``{column: type}`` (``"int"``, ``"ndarray:float32:*,4"``, ...;
+            None: inferred from its first row).
+        drop_empty: leave out COCO images without annotations (kept by default, with no boxes).
 
     Returns:
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``).
@@ -138,6 +147,24 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
     writer_options = records if format == "records" else None
+
+    if coco is not None or manifest is not None:
+        if list_path is not None or class_index is not None or raw or shuffle is not None:
+            raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
+        from packer.commands.pack_fields import pack_fields
+
+        def build_fields(path: str) -> Any:
+            return pack_fields(src, path, format=format, coco=coco, manifest=manifest, schema=schema,
+                               drop_empty=drop_empty, check=check, resize=resize, writer_options=writer_options,
+                               exts=exts, num_shards=num_shards, shard_index=shard_index, workers=workers,
+                               executor=executor, max_failures=max_failures, resume=resume, overwrite=overwrite,
+                               strict=strict, timeout=timeout, commit_every=commit_every, force=force,
+                               break_lock=break_lock)
+
+        return _checked(_into(out, build_fields, resume=resume, overwrite=overwrite, break_lock=break_lock),
+                        max_failures)
+    if schema is not None or drop_empty:
+        raise UsageError("schema and drop_empty apply to coco= or manifest= only")
 
     def build(path: str) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,

@@ -39,6 +39,9 @@ class Manifest:
     # CRC32C (8 hex digits) of what a reader returns besides sample bytes and is kept outside
     # the manifest: ``keys`` (the key list), ``labels`` (a format's separate label array).
     integrity: dict[str, str] = field(default_factory=dict)
+    # A field pack's typed fields (``packer.codecs.fields.Schema.to_json``); empty for
+    # image-and-label outputs, which then keep their bytes as before.
+    schema: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def holds(self) -> str:
@@ -61,7 +64,7 @@ class Manifest:
         # (a shallow dict: ``dataclasses.asdict`` deep-copies every nested list and dict, a
         # video dataset's entries included, only for them to be serialized)
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for k in ("shards", "videos", "extra", "fingerprint", "integrity"):
+        for k in ("shards", "videos", "extra", "fingerprint", "integrity", "schema"):
             if not d[k]:
                 d.pop(k)
         d["checksum"] = manifest_checksum(d)

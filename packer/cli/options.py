@@ -46,7 +46,7 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--ext", default="jpg,jpeg,png,webp,bmp", show_default=True,
                       help="Comma-separated file extensions to take (case-insensitive).")(fn)
     fn = click.option("--root", type=click.Path(file_okay=False), default=None,
-                      help="Folder the --list paths are relative to (then give only OUT).")(fn)
+                      help="Folder the --list, --coco or --manifest paths are relative to (then give only OUT).")(fn)
     fn = click.option("--list", "list_file", type=click.Path(dir_okay=False), default=None,
                       help="List file of 'relative/path label' lines instead of an ImageFolder tree.")(fn)
     fn = click.option("--class-index", default=None, metavar="FILE|NAME",
@@ -209,7 +209,37 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)
-    return input_options(conversion_options(fn))
+    return field_options(input_options(conversion_options(fn)))
+
+
+def _schema_option(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, str] | None:
+    """``--schema NAME=TYPE`` (repeated) as ``{name: type}``."""
+    if not value:
+        return None
+    out = {}
+    for text in value:
+        name, sep, spec = text.partition("=")
+        if not sep or not name.strip() or not spec.strip():
+            raise click.BadParameter(f"{text!r}: give NAME=TYPE (e.g. boxes=ndarray:float32:*,4)")
+        out[name.strip()] = spec.strip()
+    return out
+
+
+def field_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The sources of samples with many fields (docs/fields.md): a COCO file or a sample manifest."""
+    fn = click.option("--drop-empty", is_flag=True,
+                      help="With --coco: leave out images without annotations (kept by default).")(fn)
+    fn = click.option("--schema", multiple=True, callback=_schema_option, metavar="NAME=TYPE",
+                      help="With --manifest: a column's type (repeat per column; default: inferred "
+                           "from the first row). Types: image, int, float, str, bytes, json, labels, "
+                           "ndarray:DTYPE[:SHAPE] (e.g. ndarray:float32:*,4), rle.")(fn)
+    fn = click.option("--manifest", type=click.Path(dir_okay=False), default=None,
+                      help="Pack a sample manifest (.jsonl, .csv, .parquet; a row per sample, a field "
+                           "per column, image paths relative to --root) instead of an image tree.")(fn)
+    fn = click.option("--coco", type=click.Path(dir_okay=False), default=None,
+                      help="Pack a COCO instances or captions JSON over the images under --root: "
+                           "one sample per image with its boxes, labels, crowd flags and masks.")(fn)
+    return fn
 
 
 def commit_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence, Union
 
 from packer.codecs.protowire import FIXED32, FIXED64, LENGTH, VARINT, decode_varint, encode_varint, field_bytes
 
-__all__ = ["FeatureValue", "encode_example", "example_pieces", "feature_entry", "bytes_entry_head", "example_head",
+__all__ = ["Int64List", "FloatList", "FeatureValue", "encode_example", "example_pieces", "feature_entry", "bytes_entry_head", "example_head",
            "decode_example", "int64_feature"]
 
 FeatureValue = Union[bytes, int, float, Sequence[bytes], Sequence[int], Sequence[float]]
@@ -23,8 +23,20 @@ FeatureValue = Union[bytes, int, float, Sequence[bytes], Sequence[int], Sequence
 _BYTES, _FLOAT, _INT64 = 1, 2, 3
 
 
+class Int64List(list):
+    """An ``int64_list`` feature value, also when empty (a plain empty list has no kind)."""
+
+
+class FloatList(list):
+    """A ``float_list`` feature value (float32), also when empty."""
+
+
 def _kind(value: FeatureValue) -> tuple[int, list]:
     """(Feature field number, list of values) of a Python value."""
+    if isinstance(value, Int64List):
+        return _INT64, [int(v) for v in value]
+    if isinstance(value, FloatList):
+        return _FLOAT, [float(v) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _BYTES, [value]
     if isinstance(value, int):
@@ -45,6 +57,8 @@ def _kind(value: FeatureValue) -> tuple[int, list]:
 
 def _encode_feature(value: FeatureValue) -> bytes:
     kind, values = _kind(value)
+    if not values:  # an empty list of its kind (as protobuf serializers write it)
+        return field_bytes(kind, b"")
     if kind == _BYTES:
         body = b"".join(field_bytes(1, bytes(v)) for v in values)
     elif kind == _INT64:

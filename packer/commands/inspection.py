@@ -17,6 +17,7 @@ from packer.formats import Record
 from packer.remote import open_reader
 from packer.remote.source import RemoteOptions
 from packer.remote.url import is_url
+from packer.codecs.fields import BLOB_FMT
 from packer.codecs.image import decode
 from packer.codecs.video_pack import VIDEO_FMT, count_frames, index_mp4, pack_stream, unpack_stream
 from packer.formats.videofiles import MP4_FMT
@@ -163,6 +164,16 @@ def _verify(path: str | os.PathLike, reader: Any, decode_images: bool, note: str
                     raise ValueError(f"decodes to {n} frames, its index holds {indexed}")
             except Exception as e:  # av.error.FFmpegError too
                 raise CorruptData(str(path), f"undecodable video ({e})", position=f"sample {i}") from None
+        elif rec.fmt == BLOB_FMT:  # a field pack: every field decodes, each image field too
+            try:
+                parts = reader.schema.split(rec.data)
+                for f in reader.schema.fields:
+                    value = f.decode(parts[f.name])
+                    if decode_images and f.type_name == "image":
+                        decode(value)
+            except ValueError as e:
+                raise CorruptData(str(path), f"malformed field ({e})", position=f"sample {i}",
+                                  key=reader._key_name(i)) from e
         elif decode_images and rec.fmt != "raw":
             try:
                 decode(rec.data)

@@ -14,7 +14,7 @@ import operator
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -25,7 +25,7 @@ from packer.conversion.placement import OUTPUT_MARKERS, is_output_folder
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_file_stat, visible_files
 
-__all__ = ["Item", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
+__all__ = ["Item", "FieldItem", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
            "walk_files", "class_files", "top_level", "listing", "run_failures"]
 
@@ -355,3 +355,16 @@ def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
         return read_file_stat(item.path)
     except OSError as e:
         raise CorruptSample(item.key, item.path, f"cannot read file ({e.strerror or e})", stage="read") from e
+
+
+@dataclass(frozen=True, init=False)
+class FieldItem(Item):
+    """An input of a field pack (``packer.conversion.coco``, ``packer.conversion.tables``): an
+    ``Item`` (``path`` is its first image's file, ``label`` its id in the resume fingerprint) and
+    the values of its other fields as the source gave them (image fields: relative paths)."""
+
+    values: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __init__(self, key: str, path: str, label: int, values: dict):
+        super().__init__(key, path, label)
+        self.__dict__["values"] = values

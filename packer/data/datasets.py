@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from packer.data import batch_memory
+from packer.data.fields import FieldDecoder
 from packer.errors import CorruptData, UsageError
 from packer.formats import Reader, Record
 from packer.remote import open_reader
@@ -71,7 +72,8 @@ class PackedDataset(torch.utils.data.Dataset):
     ``decode-frames`` output's frames one by one; a ``pack-videos`` output is refused with a
     ``UsageError`` naming ``PackedVideoDataset``.
 
-    Returns ``(image, label)``; images are decoded with EXIF orientation applied and as
+    Returns ``(image, label)``; a field pack (``packer.pack(..., coco=...)`` / ``manifest=``) a dict
+    of its fields instead (docs/fields.md; ``packer.data.fields.collate_fields`` batches them). Images are decoded with EXIF orientation applied and as
     3-channel uint8 RGB (see ``packer.codecs.image``). Safe with DataLoader workers under ``fork``
     and ``spawn``: storage opens lazily in each process, never pickled open.
 
@@ -93,7 +95,7 @@ class PackedDataset(torch.utils.data.Dataset):
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-                 remote: Any = None):
+                 remote: Any = None, fields: Sequence[str] | str | None = None, masks: str = "rle"):
         if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         if cache_dir is not None or cache_limit is not None or remote is not None:
@@ -109,6 +111,14 @@ class PackedDataset(torch.utils.data.Dataset):
         self.decode = decode
         self.transform = transform
         self.target_transform = target_transform
+        self.fields: FieldDecoder | None = None
+        schema = self.reader.schema
+        if schema is not None:  # a field pack: a dict per sample (docs/fields.md)
+            if target_transform is not None:
+                raise UsageError("a field pack's samples are dicts: use transform, not target_transform")
+            self.fields = FieldDecoder(schema, image=self._image_field, fields=fields, masks=masks)
+        elif fields is not None or masks != "rle":
+            raise UsageError(f"{path}: fields= and masks= apply to field packs (this one holds images and labels)")
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -144,7 +154,21 @@ class PackedDataset(torch.utils.data.Dataset):
         for i, rec in zip(indices, self.reader.read_many(indices)):
             yield self._sample(i, rec)
 
+    def _image_field(self, data: bytes | memoryview) -> Any:
+        """An image field's value, decoded as ``decode`` says (ValueError when undecodable)."""
+        if callable(self.decode):
+            return self.decode(data)
+        if self.decode == "bytes":
+            return bytes(data)
+        try:
+            return decode_record(data, self.decode)
+        except CorruptData as e:
+            raise ValueError(e.reason) from e
+
     def _sample(self, index: int, rec: Record) -> tuple[Any, Any]:
+        if self.fields is not None:
+            sample = self.fields(rec.data, where=f"{self.path} sample {index}")
+            return self.transform(sample) if self.transform is not None else sample
         if callable(self.decode):
             image = self._decode_with(self.decode, rec, index)
         elif rec.fmt == "raw":

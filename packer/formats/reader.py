@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
-from packer.errors import CorruptData, OutputChanged
+from packer.codecs.fields import Schema
+from packer.errors import CorruptData, FormatError, OutputChanged
 from packer.formats.sample import Record, Sample
 from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE, keys_checksum, load_checksums, load_keys
 from packer.integrity import crc32c
@@ -58,6 +59,17 @@ class Reader(abc.ABC):
         self._pid: int | None = None
         self._keys: Sequence[str] | None = None
         self._crcs: "np.ndarray | None" = None
+        self._schema: Schema | None = None
+
+    @property
+    def schema(self) -> Schema | None:
+        """A field pack's typed fields (its records' data are field blobs); None otherwise."""
+        if self._schema is None and self.manifest.schema:
+            try:
+                self._schema = Schema.from_json(self.manifest.schema)
+            except ValueError as e:
+                raise FormatError(f"{self.path}: malformed schema in the manifest ({e})") from e
+        return self._schema
 
     def _check_unchanged(self) -> None:
         """The guard against an output replaced under an open reader (docs/contracts.md):

@@ -108,6 +108,10 @@ class Writer(abc.ABC):
         self._pending_bytes = 0
         self.on_durable: Callable[[int], None] | None = None
         self.fingerprint: dict[str, Any] = {}  # set by the runner; kept in the manifest
+        # a field pack's ``packer.codecs.fields.Schema`` (its samples' data are field blobs);
+        # set by the command, kept in the manifest
+        self.schema: Any = None
+        self.manifest_extra: dict[str, Any] = {}  # the manifest's ``extra`` (a COCO pack's categories)
         self._opened = False
 
     @staticmethod
@@ -203,7 +207,10 @@ class Writer(abc.ABC):
                             classes=self.classes, created_by=self.created_by,
                             failures=counted,
                             videos=list(videos or []), fingerprint=self.fingerprint,
-                            integrity={"keys": keys_checksum(self.keys)})  # a format may add more in _finish
+                            extra=dict(self.manifest_extra),
+                            integrity={"keys": keys_checksum(self.keys)},  # a format may add more in _finish
+                            **({"schema": self.schema.to_json(),
+                                "fields": self.schema.names + ["key"]} if self.schema is not None else {}))
         try:
             self._finish(manifest)
             self._close_handles()
@@ -256,6 +263,9 @@ class Writer(abc.ABC):
         first = parts[0]
         writer = cls(out, classes=first.classes, kind=first.manifest.kind, created_by=created_by,
                      **{**writer_options, **cls.merge_options(parts)})
+        writer.schema = getattr(first, "schema", None)  # field packs merge into a field pack
+        if writer.schema is not None:
+            writer.manifest_extra = dict(first.manifest.extra)
         videos_before = 0
         with writer:
             for reader in parts:

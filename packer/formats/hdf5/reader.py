@@ -10,6 +10,7 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
+from packer.codecs.fields import BLOB_FMT
 from packer.codecs.image import sniff_format
 from packer.errors import CorruptData, FormatError, OutputChanged
 from packer.formats.hdf5.layout import H5_ERRORS, HDF5_SUFFIXES, MANIFEST_ATTR, has_signature
@@ -212,7 +213,7 @@ class HDF5Reader(Reader):
                                       key=self._key_name(index))
                 data = h.read_bytes(index, start, end)
                 height, width, channels = (int(v) for v in h.shapes[index])
-                fmt = sniff_format(data)
+                fmt = BLOB_FMT if self.manifest.schema else sniff_format(data)
         except H5_ERRORS as e:
             raise CorruptData(str(self.path), f"HDF5 read failed ({e})", position=f"sample {index}",
                               key=self._key_name(index)) from e

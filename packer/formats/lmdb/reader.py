@@ -7,6 +7,7 @@ from typing import Iterator, Sequence
 
 import lmdb
 
+from packer.codecs.fields import BLOB_FMT
 from packer.codecs.image import sniff_format
 from packer.codecs.protowire import decode_datum
 from packer.errors import CorruptData
@@ -61,6 +62,8 @@ class LmdbReader(Reader):
 
     def read(self, index: int, txn: lmdb.Transaction | None = None) -> Record:
         value = self.read_value(index, txn)
+        if self.manifest.schema:  # a field pack: the value is the sample's field blob
+            return Record(value, -1, BLOB_FMT)
         try:
             d = decode_datum(value)
         except ValueError as e:

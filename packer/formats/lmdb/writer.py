@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import lmdb
 
+from packer.codecs.fields import BLOB_FMT
 from packer.codecs.protowire import encode_datum
 from packer.errors import WriteError
 from packer.formats.lmdb.env import lmdb_key
@@ -54,7 +55,10 @@ class LmdbWriter(Writer):
 
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
-        """The stored ``Datum`` value and its CRC32C."""
+        """The stored ``Datum`` value and its CRC32C (a field pack's blob is stored as it is)."""
+        if sample.fmt == BLOB_FMT:
+            value = bytes(sample.data)
+            return value, crc32c(value)
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
                              sample.channels, encoded=sample.fmt != "raw")
         return value, crc32c(value)

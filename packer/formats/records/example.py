@@ -4,11 +4,20 @@ from __future__ import annotations
 from typing import Any
 
 from packer.codecs.image import sniff_format
-from packer.codecs.tfexample import (bytes_entry_head, example_head, example_pieces, feature_entry,
+from packer.codecs.tfexample import (FloatList, Int64List, bytes_entry_head, example_head, example_pieces, feature_entry,
                                      int64_feature)
+from packer.codecs.fields import Schema, encode_blob
 from packer.formats.sample import Record, Sample
 
-__all__ = ["sample_features", "sample_pieces", "record_of"]
+__all__ = ["sample_features", "sample_pieces", "record_of", "field_features", "fields_blob", "feature_name",
+           "DETECTION_FEATURES"]
+
+# What a detection pack (a schema with ``boxes`` ndarray float32 (N, 4), xyxy pixels) adds in the
+# TF Object Detection API's layout (``create_coco_tf_record.py``), derived from the exact fields:
+# packer reads the exact fields back; the Object Detection API's ``TfExampleDecoder`` reads these.
+DETECTION_FEATURES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
+                      "image/object/bbox/ymax", "image/object/class/label", "image/object/is_crowd",
+                      "image/object/area", "image/source_id")
 
 
 def sample_features(sample: Sample) -> dict[str, Any]:
@@ -70,3 +79,57 @@ def record_of(feats: dict[str, list]) -> Record:
     return Record(data[0], int64_feature(feats, "image/class/label", -1), fmt,
                   int64_feature(feats, "image/height", 0), int64_feature(feats, "image/width", 0),
                   int64_feature(feats, "image/channels", 0))
+
+
+def feature_name(schema: Schema, name: str) -> str:
+    """The Example feature of field ``name``: the first image field is ``image/encoded`` (with
+    ImageNet/Object Detection API's ``image/format``, ``image/height``, ... beside it), every
+    other field its own name."""
+    images = schema.image_fields
+    return "image/encoded" if images and name == images[0] else name
+
+
+def field_features(schema: Schema, sample: Sample) -> dict[str, Any]:
+    """The features of a field sample (``sample.data`` a field blob): one per field (exact: what
+    ``fields_blob`` reads back), the first image's ImageNet-style companions and, for detection
+    data, the Object Detection API's (``DETECTION_FEATURES``)."""
+    parts = schema.split(sample.data)
+    feats: dict[str, Any] = {}
+    for f in schema.fields:
+        value = f.feature(parts[f.name])
+        if isinstance(value, list):  # int and labels fields: int64 lists (also when empty)
+            value = Int64List(value)
+        feats[feature_name(schema, f.name)] = value
+    if schema.image_fields:
+        feats.update({"image/format": sniff_format(parts[schema.image_fields[0]]).encode("ascii"),
+                      "image/height": int(sample.height), "image/width": int(sample.width),
+                      "image/channels": int(sample.channels), "image/filename": sample.key.encode("utf-8")})
+    boxes = schema.by_name.get("boxes")
+    if (boxes is not None and boxes.type_name == "ndarray" and boxes.shape == (None, 4)
+            and sample.height > 0 and sample.width > 0):
+        xyxy = boxes.decode(parts["boxes"]).astype("float64")
+        for j, (name, side) in enumerate((("xmin", sample.width), ("ymin", sample.height),
+                                          ("xmax", sample.width), ("ymax", sample.height))):
+            feats[f"image/object/bbox/{name}"] = FloatList(xyxy[:, j] / side)
+        for field_name, feat, as_float in (("category_ids", "image/object/class/label", False),
+                                           ("iscrowd", "image/object/is_crowd", False),
+                                           ("area", "image/object/area", True)):
+            f = schema.by_name.get(field_name)
+            if f is not None and f.type_name == "ndarray":
+                values = f.decode(parts[field_name])
+                feats[feat] = FloatList(values) if as_float else Int64List(int(v) for v in values)
+        f = schema.by_name.get("image_id")
+        if f is not None and f.type_name == "int":
+            feats["image/source_id"] = str(f.decode(parts["image_id"])).encode("ascii")
+    return feats
+
+
+def fields_blob(schema: Schema, feats: dict[str, list]) -> bytes:
+    """The field blob of a field pack's Example (ValueError when a field is missing or malformed)."""
+    parts = []
+    for f in schema.fields:
+        name = feature_name(schema, f.name)
+        if name not in feats:
+            raise ValueError(f"no {name!r} feature for field {f.name!r}")
+        parts.append(f.from_feature(feats[name]))
+    return encode_blob(parts)

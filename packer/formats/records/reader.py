@@ -14,7 +14,9 @@ from packer.codecs.tfexample import decode_example
 from packer.codecs.tfrecord import INDEX_SUFFIX, read_index, unframe_record
 from packer.errors import CorruptData, FormatError
 from packer.formats.reader import Reader
-from packer.formats.records.example import record_of
+from packer.codecs.fields import BLOB_FMT
+from packer.codecs.tfexample import int64_feature
+from packer.formats.records.example import fields_blob, record_of
 from packer.formats.records.foreign import ForeignKeys, foreign_files, foreign_manifest, has_tfrecords
 from packer.formats.records.layout import join_index, sha256_file
 from packer.formats.sample import Record, Sample
@@ -237,7 +239,7 @@ class RecordsReader(Reader):
         """The stored sample as a writer takes it, with ``video_index``/``frame_index`` extras."""
         feats, k, local = self._features(index)
         try:
-            rec = record_of(feats)
+            rec = self._record(feats)
         except ValueError as e:
             raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from e
         names = (("video/index", "video_index"), ("frame/index", "frame_index"))
@@ -248,9 +250,17 @@ class RecordsReader(Reader):
     def read(self, index: int) -> Record:
         feats, k, local = self._features(index)
         try:
-            return record_of(feats)
+            return self._record(feats)
         except ValueError as e:
             raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from e
+
+    def _record(self, feats: dict[str, list]) -> Record:
+        """The Record of an Example: a field pack's is its field blob (``fields_blob``)."""
+        schema = self.schema
+        if schema is None:
+            return record_of(feats)
+        return Record(fields_blob(schema, feats), -1, BLOB_FMT, int64_feature(feats, "image/height", 0),
+                      int64_feature(feats, "image/width", 0), int64_feature(feats, "image/channels", 0))
 
     def _load_keys(self) -> Sequence[str]:
         return ForeignKeys(self) if self._foreign is not None else super()._load_keys()

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packer.codecs.tfexample import encode_example
+from packer.codecs.fields import BLOB_FMT
+from packer.codecs.tfexample import encode_example, example_pieces
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
-from packer.formats.records.example import sample_features, sample_pieces
+from packer.formats.records.example import field_features, sample_features, sample_pieces
 from packer.fileio import parse_bytes
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
@@ -26,6 +27,16 @@ from packer.manifest import Manifest, atomic_write_bytes
 from packer.writeback import WRITE_BUFFER, Writeback
 
 __all__ = ["RecordsWriter"]
+
+
+def frame_pieces(pieces: list, length: int) -> tuple[bytearray, int]:
+    """The framed record of an Example's ``pieces`` (``length`` bytes, copied once) and the
+    CRC32C of its payload."""
+    head = struct.pack("<Q", length)
+    record = bytearray().join((head, CRC_STRUCT.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
+    crc = crc32c(memoryview(record)[12:12 + length])
+    CRC_STRUCT.pack_into(record, 12 + length, mask_crc(crc))
+    return record, crc
 
 
 class RecordsWriter(Writer):
@@ -72,12 +83,16 @@ class RecordsWriter(Writer):
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
-        pieces, length = sample_pieces(sample)
-        head = struct.pack("<Q", length)
-        record = bytearray().join((head, CRC_STRUCT.pack(masked_crc32c(head)), *pieces, b"\0\0\0\0"))
-        crc = crc32c(memoryview(record)[12:12 + length])
-        CRC_STRUCT.pack_into(record, 12 + length, mask_crc(crc))
-        return record, crc
+        if sample.fmt == BLOB_FMT:
+            raise ValueError(f"{sample.key}: a field sample is framed by a writer with its schema")
+        return frame_pieces(*sample_pieces(sample))
+
+    def _prepare_fields(self, sample: Sample) -> tuple[bytes, int]:
+        """``prepare`` of a field sample: one feature per field of the writer's schema."""
+        if self.schema is None:
+            raise ValueError(f"{sample.key}: a field sample needs a writer with a schema")
+        pieces, length = example_pieces(field_features(self.schema, sample))
+        return frame_pieces(pieces, length)
 
     # the workers' part files are shards as they are: hashed, indexed, adopted by renaming
     segments = Segments(record=prepare.__func__, indexed=True)
@@ -86,7 +101,7 @@ class RecordsWriter(Writer):
         if isinstance(sample.prepared, Stored):  # already in a worker's shard file
             self._add_stored(sample, sample.prepared)
             return
-        record, crc = self.prepare(sample)
+        record, crc = self.prepare(sample) if sample.fmt != BLOB_FMT else self._prepare_fields(sample)
         if self._fh is not None and self._full(len(record)):
             self.flush()  # completes the shard: the durable commit
         self._next = (record, crc)

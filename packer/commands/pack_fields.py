@@ -1,0 +1,180 @@
+"""Pack samples of many typed fields (a COCO file or a sample manifest) into any packed format.
+
+The library call behind ``to-lmdb|to-records|to-hdf5 --coco`` / ``--manifest``. The sources
+(``packer.conversion.coco``, ``packer.conversion.tables``) list one ``FieldItem`` per sample;
+``FieldJob`` reads its images (checked or resized as for an image pack), fills in the other
+fields and encodes the sample as one field blob (``packer.codecs.fields``); the writer stores it
+and the manifest records the schema. The run loop, failures, resume and split runs are the
+ones every pack uses (``packer.conversion.runner``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from packer.claim import ensure_claim
+from packer.codecs.fields import BLOB_FMT, Schema
+from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
+from packer.codecs.resize import ResizeSpec
+from packer.commands.pack_images import ImageJob
+from packer.conversion.executors import make_executor
+from packer.conversion.fingerprint import writer_settings
+from packer.conversion.inputs import FieldItem, InputFailure, Item, listing, partition, read_item, run_failures
+from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.runner import Report, check_output_arg, run
+from packer.errors import CorruptSample, UsageError
+from packer.formats import writer_class
+from packer.formats.sample import Sample
+from packer.manifest import created_by
+
+__all__ = ["FieldJob", "pack_fields"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FieldJob:
+    """The per-sample work (picklable; runs in worker processes): read and check (or resize)
+    each image field, fill in the other fields, encode the sample's field blob.
+
+    ``coco``: the item's values are a COCO image's annotations (``packer.conversion.coco``):
+    boxes and masks are scaled with the image, and an image whose size differs from the
+    annotation file's, or that is EXIF-rotated (its annotations' frame is then ambiguous), fails.
+    """
+
+    schema: Schema
+    root: str
+    check: str = "full"
+    resize: ResizeSpec | None = None
+    coco: bool = False
+
+    def __call__(self, item: FieldItem) -> Sample:
+        data, stat = read_item(item)
+        values: dict[str, Any] = {}
+        first: Sample | None = None
+        for name in self.schema.image_fields:
+            if first is None:
+                sample = self._image(item, item.key, item.path, data)
+                first = sample
+            else:
+                rel = item.values[name]
+                path = str(Path(self.root) / rel)
+                sample = self._image(item, rel, path, read_item(Item(rel, path, -1))[0])
+            values[name] = sample.data
+        if self.coco:
+            from packer.conversion.coco import sample_fields
+
+            values.update(sample_fields(item.values, height=first.height, width=first.width, schema=self.schema))
+        else:
+            values.update({k: v for k, v in item.values.items() if k not in values})
+        try:
+            blob = self.schema.encode(values)
+        except ValueError as e:
+            raise CorruptSample(item.key, item.path, str(e), stage="encode") from e
+        h, w, c = (first.height, first.width, first.channels) if first is not None else (0, 0, 0)
+        return Sample(item.key, blob, BLOB_FMT, -1, h, w, c, source_stat=stat)
+
+    def _image(self, item: FieldItem, key: str, path: str, data: bytes) -> Sample:
+        if self.coco:
+            self._check_geometry(item, key, path, data)
+        return ImageJob(check=self.check, resize=self.resize)._sample(Item(key, path, -1), data)
+
+    def _check_geometry(self, item: FieldItem, key: str, path: str, data: bytes) -> None:
+        info = probe(data, check="header", key=key, source=path)
+        oh, ow = (int(v) for v in item.values["orig_size"])
+        iid = item.values["image_id"]
+        if (info.height, info.width) != (oh, ow):
+            raise CorruptSample(key, path, f"image id {iid}: the image is {info.width}x{info.height}, the "
+                                           f"annotation file says {ow}x{oh}", stage="decode")
+        if info.fmt == "jpeg" and jpeg_orientation(data) != 1:
+            raise CorruptSample(key, path, f"image id {iid}: EXIF orientation {jpeg_orientation(data)}: "
+                                           "the annotations' frame is ambiguous", stage="decode")
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
+                coco: str | os.PathLike | None = None, manifest: str | os.PathLike | None = None,
+                schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
+                resize: ResizeSpec | None = None, writer_options: dict[str, Any] | None = None,
+                **options: Any) -> Report:
+    """Pack a COCO annotation file (``coco``) or a sample manifest (``manifest``) over the images
+    under ``root`` into ``out`` (see the module doc and docs/fields.md).
+
+    ``schema``: a manifest's ``{column: type}`` (inferred from its first row when None);
+    ``drop_empty``: leave out COCO images without annotations. ``options``: ``InputOptions``
+    (``num_shards``, ``shard_index``, ``exts``) and ``RunOptions`` fields as keywords.
+    """
+    inputs, run_opts = split_options(options, InputOptions, RunOptions)
+    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
+        if (coco is None) == (manifest is None):
+            raise UsageError("give exactly one of --coco and --manifest")
+        if check not in CHECK_MODES:
+            raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
+        if coco is not None and schema is not None:
+            raise UsageError("a COCO pack's fields are fixed; --schema is for --manifest")
+        if coco is not None and resize is not None and resize.size is not None and resize.fit != "stretch":
+            raise UsageError("a COCO pack resizes with --short-side, --max-side or --size --fit stretch "
+                             "(a crop or pad would cut boxes and masks)")
+        if inputs.list_path or inputs.csv_path or inputs.class_index:
+            raise UsageError("--list, --csv and --class-index do not apply to --coco or --manifest")
+        writer_cls = writer_class(format)
+        writer_options = dict(writer_options or {})
+        if run_opts.commit_every is not None:
+            writer_options["commit_every"] = run_opts.commit_every
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+        source = str(coco if coco is not None else manifest)
+        bad: list[InputFailure] = []
+        extra: dict[str, Any] = {}
+        classes: list[str] = []
+        if coco is not None:
+            from packer.conversion.coco import coco_items
+
+            got = coco_items(coco, root, drop_empty=drop_empty, failures=bad)
+            items, schema_obj = got.items, got.schema
+            classes = [c["name"] for c in got.categories]
+            extra = {"coco": {"kind": got.kind, "categories": got.categories}}
+        else:
+            from packer.conversion.inputs import parse_exts
+            from packer.conversion.tables import table_items
+
+            items, schema_obj = table_items(manifest, root, schema=schema, exts=parse_exts(inputs.exts), failures=bad)
+        if not items:
+            raise UsageError(f"{source}: no samples" + (f" ({len(bad)} unusable, e.g. {bad[0]})" if bad else ""))
+        whole = listing(items, bad, {"list": source}) if inputs.num_shards > 1 else None
+        items = partition(items, inputs.num_shards, inputs.shard_index)
+        recorded: dict[str, Any] = {
+            "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
+            "source": "coco" if coco is not None else "manifest", "source_sha256": _sha256(source),
+            "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
+            "shard_index": inputs.shard_index}
+        if coco is not None:
+            recorded["drop_empty"] = bool(drop_empty)
+        if whole is not None:
+            recorded["listing"] = whole
+        if resize is not None:
+            recorded["resize"] = resize.to_dict()
+        writer = writer_cls(out, classes=classes, **writer_options)
+        writer.schema = schema_obj
+        writer.manifest_extra = extra
+        recorded["writer"] = writer_settings(writer, writer_options)
+        writer.created_by = created_by(recorded)
+        job = FieldJob(schema=schema_obj, root=str(root), check=check, resize=resize, coco=coco is not None)
+        workers = run_opts.workers if run_opts.workers is not None else (os.cpu_count() or 1)
+        if workers < 0:
+            raise UsageError("--workers must be >= 0")
+        # every field is made in the worker, so the whole blob crosses back once (the plain pool)
+        ex = make_executor(run_opts.executor, workers=workers, timeout=run_opts.timeout)
+        with ex:
+            return run(items, job, writer, executor=ex, options=run_opts, desc=f"to-{format}",
+                       input_failures=run_failures(bad, inputs.shard_index))

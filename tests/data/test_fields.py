@@ -1,0 +1,65 @@
+"""Field packs on the training side: dict samples, field selection, masks, collate, workers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import packer
+from packer.data.fields import collate_fields
+from packer.errors import UsageError
+from tests.support.coco import make_coco
+
+pytest.importorskip("pycocotools")
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coco")
+    src = make_coco(root, n_images=6)
+    out = root / "out.lmdb"
+    packer.pack(root, out, coco=src["instances"], workers=0, resize=packer.ResizeSpec(size=(32, 24), fit="stretch"))
+    return out
+
+
+def test_only_the_selected_fields_are_returned_in_their_order(pack):
+    ds = packer.PackedDataset(pack, decode="tensor", fields=["labels", "image"])
+    s = ds[1]
+    assert list(s) == ["labels", "image"] and s["image"].shape == (3, 24, 32)
+    with pytest.raises(UsageError, match="no field 'nope'"):
+        packer.PackedDataset(pack, fields=["nope"])
+
+
+def test_masks_decoded_one_per_box_also_for_no_boxes(pack):
+    ds = packer.PackedDataset(pack, decode="bytes", fields=["boxes", "masks"], masks="decode")
+    for s in ds:
+        assert s["masks"].shape == (len(s["boxes"]), 24, 32) and s["masks"].dtype == np.uint8
+    assert any(len(s["boxes"]) == 0 for s in ds)
+
+
+def test_collate_stacks_fixed_fields_and_lists_variable_ones(pack):
+    ds = packer.PackedDataset(pack, decode="tensor", fields=["image", "image_id", "orig_size", "boxes", "masks"])
+    batch = collate_fields([ds[i] for i in range(4)])
+    assert batch["image"].shape == (4, 3, 24, 32) and batch["image_id"].dtype == torch.int64
+    assert batch["orig_size"].shape == (4, 2)
+    assert isinstance(batch["boxes"], list) and len(batch["boxes"]) == 4
+    assert isinstance(batch["masks"], list)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_field_packs(pack, context):
+    ds = packer.PackedDataset(pack, decode="tensor", fields=["image", "image_id", "boxes"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_fields,
+                                         multiprocessing_context=context)
+    ids = [int(v) for batch in loader for v in batch["image_id"]]
+    assert ids == [ds[i]["image_id"] for i in range(len(ds))]
+
+
+def test_a_transform_takes_the_dict_and_image_packs_refuse_field_options(pack, image_folder, tmp_path):
+    ds = packer.PackedDataset(pack, decode="bytes", fields=["boxes"], transform=lambda s: len(s["boxes"]))
+    assert isinstance(ds[1], int)
+    with pytest.raises(UsageError, match="target_transform"):
+        packer.PackedDataset(pack, target_transform=int)
+    packer.pack(image_folder, tmp_path / "img.lmdb", workers=0)
+    with pytest.raises(UsageError, match="field packs"):
+        packer.PackedDataset(tmp_path / "img.lmdb", fields=["image"])

@@ -1,0 +1,212 @@
+"""Field packs under bad inputs and damage: every bad annotation or manifest row is a recorded
+failure naming the image and annotation ids (every other sample packed), and one flipped bit in
+any field of a stored sample is ``CorruptData`` naming the sample, and ``packer verify`` fails
+naming it, in every format."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import packer
+from packer.codecs.protowire import decode_varint
+from packer.commands.inspection import verify_dataset
+from packer.errors import CorruptData
+from packer.formats import FORMATS, open_reader
+from packer.formats.lmdb.env import close_env
+from packer.formats.records.example import feature_name
+from tests.support.coco import make_coco
+
+pytest.importorskip("pycocotools")
+
+ALL = sorted(FORMATS)
+FIELDS = ["image", "image_id", "boxes", "labels", "category_ids", "iscrowd", "area", "annotation_ids", "masks",
+          "orig_size"]
+SAMPLE = 1  # an image with annotations (every field non-empty)
+
+
+def out_path(root: Path, fmt: str, name: str = "out") -> Path:
+    return root / (f"{name}.h5" if FORMATS[fmt][0].single_file else name)
+
+
+@pytest.fixture(scope="module")
+def coco_src(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("coco")
+    return {"root": root, **make_coco(root, n_images=5)}
+
+
+@pytest.fixture(scope="module")
+def packed(coco_src, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("packed")
+    outs = {}
+    for fmt in ALL:
+        outs[fmt] = out_path(root, fmt, fmt)
+        packer.pack(coco_src["root"], outs[fmt], format=fmt, coco=coco_src["instances"], workers=0)
+    return outs
+
+
+def _flip_field(out: Path, fmt: str, field: str) -> None:
+    """Flip one bit inside field ``field`` of sample ``SAMPLE`` where the format stores it."""
+    r = open_reader(out, check_crc=False)
+    schema = r.schema
+    if fmt == "records":
+        shard = out / r.manifest.shards[0]["file"]
+        raw = bytearray(shard.read_bytes())
+        offset, size = (int(v) for v in (out / r.manifest.shards[0]["index"]).read_text().splitlines()[SAMPLE].split())
+        name = feature_name(schema, field).encode()
+        at = raw.index(name, offset, offset + size) + len(name)
+        assert raw[at] == 0x12  # the map entry's Feature value follows its key
+        length, pos = decode_varint(bytes(raw[at + 1:at + 11]), 0)
+        raw[at + 1 + pos + length - 1] ^= 0x04  # the Feature's last byte
+        shard.write_bytes(bytes(raw))
+        return
+    blob = r.read(SAMPLE).data
+    parts = schema.split(blob)
+    start = blob.index(bytes(parts[field]), 4 * (len(schema.fields) + 1)) if field != FIELDS[0] else \
+        4 * (len(schema.fields) + 1)
+    inside = start + len(parts[field]) // 2
+    path = out / "data.mdb" if fmt == "lmdb" else out
+    if fmt == "lmdb":
+        close_env(out)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(blob)
+    assert raw.find(blob, at + 1) == -1
+    raw[at + inside] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_flipped_bit_in_any_field_is_corrupt_data_naming_the_sample(packed, tmp_path, fmt, field):
+    out = out_path(tmp_path, fmt)
+    (shutil.copy if packed[fmt].is_file() else shutil.copytree)(packed[fmt], out)
+    key = open_reader(out).keys[SAMPLE]
+    _flip_field(out, fmt, field)
+    ds = packer.PackedDataset(out, decode="numpy")
+    ds[0]  # the other samples read as before
+    with pytest.raises(CorruptData) as e:
+        ds[SAMPLE]
+    assert f"sample {SAMPLE}" in str(e.value) or f"record {SAMPLE}" in str(e.value)
+    assert key in str(e.value)
+    result = verify_dataset(out)
+    assert not result.ok and any(key in p for p in result.problems), result.problems
+
+
+def _variant(coco_src, tmp_path: Path, change) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(coco_src["root"], src)
+    data = json.loads((src / "instances.json").read_text())
+    change(data, src)
+    (src / "instances.json").write_text(json.dumps(data))
+    return src
+
+
+def _ann(data: dict, image_index: int, k: int = 0) -> dict:
+    iid = data["images"][image_index]["id"]
+    return [a for a in data["annotations"] if a["image_id"] == iid][k]
+
+
+def _set(image_index, key, value, k=0):
+    def change(data, src):
+        _ann(data, image_index, k)[key] = value
+    return change
+
+
+def _missing_file(data, src):
+    (src / data["images"][1]["file_name"]).unlink()
+
+
+def _garbage_file(data, src):
+    (src / data["images"][1]["file_name"]).write_bytes(b"not an image at all")
+
+
+def _wrong_size(data, src):
+    data["images"][3]["width"] += 3  # an image without annotations (no mask of the old size)
+
+
+def _unknown_image(data, src):
+    data["annotations"].append({**data["annotations"][0], "id": 999, "image_id": 424242})
+
+
+def _bad_rle_char(data, src):
+    ann = _ann(data, 1, 2)  # image 1's compressed RLE
+    ann["segmentation"] = {**ann["segmentation"], "counts": ann["segmentation"]["counts"] + "\x7f"}
+
+
+CASES = {
+    "missing image file": (_missing_file, 1, "read", "cannot read file"),
+    "unreadable image": (_garbage_file, 1, "decode", ""),
+    "image size differs from the file": (_wrong_size, 3, "decode", "the annotation file says"),
+    "annotation of an unknown image id": (_unknown_image, None, "input", "annotation 999: unknown image id 424242"),
+    "unknown category": (_set(1, "category_id", 77), 1, "input", "unknown category id 77"),
+    "box outside the image": (_set(1, "bbox", [60.0, 2.0, 30.0, 5.0]), 1, "input", "outside the 80x60 image"),
+    "negative box size": (_set(1, "bbox", [5.0, 2.0, -3.0, 5.0]), 1, "input", "negative size"),
+    "polygon of two points": (_set(1, "segmentation", [[1.0, 1.0, 5.0, 5.0]]), 1, "input", "fewer than 3"),
+    "RLE runs do not cover the image": (_set(0, "segmentation", {"size": [48, 64], "counts": [5, 10]}, k=2), 0,
+                                        "input", "malformed RLE: runs cover 15 pixels"),
+    "RLE of another size": (_set(0, "segmentation", {"size": [4, 4], "counts": [16]}, k=2), 0, "input",
+                            "malformed RLE: size [4, 4]"),
+    "RLE string with a bad character": (_bad_rle_char, 1, "input", "is not an RLE code"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_annotation_is_a_recorded_failure_naming_its_ids(coco_src, tmp_path, case):
+    change, image, stage, reason = CASES[case]
+    src = _variant(coco_src, tmp_path, change)
+    data = json.loads((src / "instances.json").read_text())
+    out = tmp_path / "out"
+    report = packer.pack(src, out, coco=src / "instances.json", workers=0, max_failures=5)
+    assert report.failed == 1, report.failures
+    (failure,) = report.failures
+    assert failure["stage"] == stage and reason in failure["reason"], failure
+    n = len(data["images"])
+    if image is None:
+        assert report.count == n and failure["key"] == "annotation 999"
+    else:
+        bad = data["images"][image]
+        assert report.count == n - 1 and failure["key"] == bad["file_name"]
+        if stage == "input":
+            assert f"image id {bad['id']}: annotation " in failure["reason"]
+        assert bad["file_name"] not in open_reader(out).keys
+    lines = (out / "failures.jsonl").read_text().splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == [failure["reason"]]
+
+
+def _manifest(tmp_path: Path, lines: list[str], suffix: str = ".jsonl") -> Path:
+    from PIL import Image
+
+    for i in range(3):
+        Image.new("RGB", (8, 6), (i * 40, 0, 0)).save(tmp_path / f"p{i}.png")
+    path = tmp_path / f"samples{suffix}"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("suffix, lines, reason", [
+    (".jsonl", ['{"image": "p0.png", "n": 1}', '{"image": "p1.png"}', '{"image": "p2.png", "n": 3}'],
+     "missing column 'n'"),
+    (".jsonl", ['{"image": "p0.png", "n": 1}', '{"image": "p1.png", "n": "two"}', '{"image": "p2.png", "n": 3}'],
+     "column 'n': field 'n': not an integer"),
+    (".jsonl", ['{"image": "p0.png", "n": 1}', '{"image": "p1.png", "n": 2', '{"image": "p2.png", "n": 3}'],
+     "not JSON"),
+    (".csv", ["image,n", "p0.png,1", "p1.png,x2", "p2.png,3"], "column 'n': 'x2' is not a int value"),
+    (".csv", ["image,n", "p0.png,1", "p1.png,", "p2.png,3"], "column 'n': is empty"),
+])
+def test_a_bad_manifest_row_is_a_recorded_failure_naming_its_line(tmp_path, suffix, lines, reason):
+    path = _manifest(tmp_path, lines, suffix)
+    report = packer.pack(tmp_path, tmp_path / "out", manifest=path, workers=0, max_failures=5)
+    (failure,) = report.failures
+    assert failure["stage"] == "input" and failure["line"] == (3 if suffix == ".csv" else 2)
+    assert reason in failure["reason"], failure
+    assert report.count == 2 and list(open_reader(tmp_path / "out").keys) == ["p0.png", "p2.png"]
+
+
+def test_a_manifest_image_that_is_missing_fails_that_row_only(tmp_path):
+    path = _manifest(tmp_path, ['{"image": "p0.png", "n": 1}', '{"image": "gone.png", "n": 2}',
+                                '{"image": "p2.png", "n": 3}'])
+    report = packer.pack(tmp_path, tmp_path / "out", manifest=path, workers=0, max_failures=5)
+    (failure,) = report.failures
+    assert failure["stage"] == "read" and failure["key"] == "gone.png" and report.count == 2

@@ -1,0 +1,53 @@
+"""TensorFlow reads a field pack's records: ``tf.io.parse_single_example`` with the feature spec
+docs/fields.md gives returns every field exactly, and the Object Detection API's features."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import packer
+from packer.formats import open_reader
+from tests.support.coco import make_coco
+
+tf = pytest.importorskip("tensorflow")  # not in the test extra (its wheel is ~270 MB); skips without it
+pytest.importorskip("pycocotools")
+
+
+def test_tensorflow_parses_every_field_exactly(tmp_path):
+    src = make_coco(tmp_path, n_images=4)
+    out = tmp_path / "out"
+    packer.pack(tmp_path, out, format="records", coco=src["instances"], workers=0)
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/height": tf.io.FixedLenFeature([], tf.int64),
+            "image/width": tf.io.FixedLenFeature([], tf.int64),
+            "image_id": tf.io.FixedLenFeature([], tf.int64),
+            "boxes": tf.io.FixedLenFeature([], tf.string), "labels": tf.io.FixedLenFeature([], tf.string),
+            "iscrowd": tf.io.FixedLenFeature([], tf.string), "masks": tf.io.FixedLenFeature([], tf.string),
+            "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+            "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+            "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+            "image/object/is_crowd": tf.io.VarLenFeature(tf.int64),
+            "image/source_id": tf.io.FixedLenFeature([], tf.string)}
+    ds = packer.PackedDataset(out, decode="bytes")
+    files = sorted(str(p) for p in out.glob("*.tfrecord"))
+    n = 0
+    for i, raw in enumerate(tf.data.TFRecordDataset(files)):
+        got = tf.io.parse_single_example(raw, spec)
+        want = ds[i]
+        assert got["image/encoded"].numpy() == want["image"] and int(got["image_id"]) == want["image_id"]
+        boxes = tf.reshape(tf.io.decode_raw(got["boxes"], tf.float32), (-1, 4)).numpy()
+        np.testing.assert_array_equal(boxes, want["boxes"])
+        np.testing.assert_array_equal(tf.io.decode_raw(got["labels"], tf.int64).numpy(), want["labels"])
+        np.testing.assert_array_equal(tf.io.decode_raw(got["iscrowd"], tf.uint8).numpy(), want["iscrowd"])
+        assert got["masks"].numpy().decode() == open_reader(out).schema.split(open_reader(out).read(i).data)[
+            "masks"].tobytes().decode()
+        w, h = int(got["image/width"]), int(got["image/height"])
+        np.testing.assert_allclose(tf.sparse.to_dense(got["image/object/bbox/xmin"]).numpy() * w,
+                                   want["boxes"][:, 0], rtol=1e-5)
+        np.testing.assert_allclose(tf.sparse.to_dense(got["image/object/bbox/ymax"]).numpy() * h,
+                                   want["boxes"][:, 3], rtol=1e-5)
+        assert tf.sparse.to_dense(got["image/object/class/label"]).numpy().tolist() == want["category_ids"].tolist()
+        assert tf.sparse.to_dense(got["image/object/is_crowd"]).numpy().tolist() == want["iscrowd"].tolist()
+        assert got["image/source_id"].numpy() == str(want["image_id"]).encode()
+        n += 1
+    assert n == len(ds)
