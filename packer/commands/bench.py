@@ -1,7 +1,8 @@
 """``packer bench``: is data loading the bottleneck of training, and which ``num_workers`` to use.
 
 For each ``num_workers`` it runs the real ``DataLoader`` (``PackedDataset`` + the chosen decode
-pipeline + ``uint8_collate``) into ``DevicePrefetcher`` and, after one start-up batch, times
+pipeline + ``uint8_collate``; into ``DevicePrefetcher`` on a GPU, iterated as a script does on
+the CPU: ``bench_fresh.child``) and, after one start-up batch, times
 ``steps`` batches, each setting in a fresh process with packer's default settings, as a training
 script starts (``packer.commands.bench_fresh``; so are ``--against`` and the thread scaling). In
 the same run it measures the *ceiling*: the same kind of batches served

@@ -170,8 +170,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         dev = resolve_device(spec.get("device"))
         loader = timed_loader(dataset, num_workers=spec["num_workers"], batch_size=spec["batch_size"],
                               batches=spec["steps"] + 1, seed=spec["seed"], pin=dev.type == "cuda")
+        # On a GPU the batches go through DevicePrefetcher as in the README's loop (normalized on
+        # the GPU). On the CPU they are taken as a script iterating the loader takes them: the
+        # normalization there ran in this process beside the decode, and torch's intra-op threads
+        # it woke competed with it for the CPUs (num_workers=0: 93 samples/s at 6.7 CPU ms each
+        # where the plain loop read 203 at 4.1, issue 43); what the step costs is the ceiling's row.
         out = measure(loader, device=dev, steps=spec["steps"], batch_size=spec["batch_size"],
-                      model_ms=spec["model_ms"], tick=lambda: None)
+                      model_ms=spec["model_ms"], tick=lambda: None, normalize=dev.type == "cuda")
     after = _usage()
     out["window"] = {k: after[k] - before[k] for k in before}
     return out

@@ -63,13 +63,15 @@ def _device_sync(device: Any) -> None:
 
 
 def measure(batches: Iterable[Any], *, device: Any, steps: int, batch_size: int, model_ms: float,
-             tick: Callable[[], None]) -> dict[str, Any]:
-    """Time one epoch of ``batches`` through DevicePrefetcher + a simulated model step."""
+            tick: Callable[[], None], normalize: bool = True) -> dict[str, Any]:
+    """Time one epoch of ``batches`` through a simulated model step of ``model_ms``, each batch
+    first normalized by a ``DevicePrefetcher`` on ``device`` where ``normalize`` (a loader row on
+    the CPU is not: it times what a script iterating the loader gets, see ``child``)."""
     from packer.data.device import DevicePrefetcher
 
     step_s = model_ms / 1000.0
     t0 = time.perf_counter()
-    it = iter(DevicePrefetcher(batches, device=device))
+    it = iter(DevicePrefetcher(batches, device=device) if normalize else batches)
     first = next(it)
     _device_sync(device)
     first_s = time.perf_counter() - t0

@@ -32,6 +32,8 @@ Sections (``--section``, comma-separated, or ``all``):
 * ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
 * ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
   CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
+* ``bench``: ``packer bench``'s loader rows against a plain DataLoader script on the same pack,
+  decode, collate and ``num_workers`` (target: within 10%).
 
 The peers' dependencies clash with packer's (MosaicML Streaming needs a torchvision built for its
 torch), so they live in their own virtual environment: ``--peer-python`` (or
@@ -83,7 +85,7 @@ from scripts.bench.common import (REPO, descendants, fork_rows, image_folder, ma
                                   target, usage_delta, write_result)
 
 MODULE = "scripts.bench.read"
-SECTIONS = ("loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch")
+SECTIONS = ("loaders", "ipc", "training", "formats", "raw", "costs", "shuffle", "crops", "prefetch", "bench")
 OPT_IN = ("stream-baseline",)  # sections ``all`` leaves out: they need an argument
 PEERS = ("webdataset", "litdata", "mds")
 TRAIN_PEERS = ("spdl", "dali", "ffcv", "webdataset")
@@ -564,6 +566,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return child_probe(spec)
     if kind == "build":
         return child_build(spec)
+    if kind == "packer-bench":
+        return child_packer_bench(spec)
     raise ValueError(kind)
 
 
@@ -1330,9 +1334,79 @@ def section_ipc(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -
             "results": results, "targets": t_, "markdown": md}
 
 
+def child_packer_bench(spec: dict[str, Any]) -> dict[str, Any]:
+    """``packer.bench`` on the row's pack as a user runs it (its own fresh processes): each
+    ``num_workers`` row's samples/s and CPU ms per sample."""
+    import packer
+
+    out = packer.bench(spec["path"], batch_size=spec["batch_size"], workers=spec["workers"], steps=spec["steps"],
+                       fidelity=0, progress=False, device="cpu")
+    rows = {}
+    for s in out["settings"]:
+        w = s["window"]
+        rows[str(s["num_workers"])] = {"samples_per_s": s["samples_per_s"],
+                                       "cpu_ms": 1e3 * (w["user_s"] + w["sys_s"]) / (spec["steps"] * spec["batch_size"])}
+    return {"rows": rows}
+
+
+def section_bench(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
+    """``packer bench``'s loader rows against a plain script's: the same pack, decode
+    (``DecodeResizeCrop(256, 224)``), ``uint8_collate`` and ``num_workers``, each a fresh process,
+    rounds interleaved; medians. Target: every row within 10% of the script's samples/s."""
+    from packer.conversion.inputs import image_folder as list_folder
+
+    src = image_folder(work / f"images-{args.count}", count=args.count, classes=args.classes)
+    items, _ = list_folder(src)
+    lmdb = packed(src, work / f"packed-{args.count}" / "data.lmdb", "lmdb", workers=2)
+    base = dict(base_spec(args, items), source="packer/lmdb", pipeline="packer", loader="DataLoader", path=lmdb,
+                collate="uint8")
+    plain: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
+    bench: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
+    runs = [("bench", None)] + [("plain", w) for w in args.workers]
+    for rnd in range(args.repeats):
+        shift = rnd % len(runs)
+        for kind, w in runs[shift:] + runs[:shift]:
+            if kind == "bench":
+                r = run_fresh(MODULE, {"kind": "packer-bench", "path": lmdb, "batch_size": args.batch_size,
+                                       "workers": args.workers, "steps": args.steps}, timeout=1800)
+                for k, row in r.get("rows", {}).items():
+                    bench[int(k)].append(row)
+                msg = r.get("error") or ", ".join(f"{k}: {v['samples_per_s']:.0f}" for k, v in r["rows"].items())
+            else:
+                r = run_fresh(MODULE, dict(base, parallel=w))
+                if "samples_per_s" in r:
+                    plain[w].append({"samples_per_s": r["samples_per_s"], **per_sample(r)})
+                msg = r.get("error") or f"{r['samples_per_s']:.0f}"
+            print(f"[{rnd}] {kind} {'' if w is None else w}: {msg} (load {os.getloadavg()[0]:.1f})",
+                  file=sys.stderr, flush=True)
+
+    def med(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    table, targets, results = [], [], {}
+    for w in args.workers:
+        p, b = med(plain[w], "samples_per_s"), med(bench[w], "samples_per_s")
+        ratio = b / p if p and b else None
+        results[w] = {"plain": plain[w], "bench": bench[w], "ratio": ratio}
+        pc = med([{"cpu": r["user_ms"] + r["sys_ms"]} for r in plain[w] if "user_ms" in r], "cpu")
+        table.append([w, _f(p), _f(b), _f(ratio, ".2f"), _f(pc, ".2f"), _f(med(bench[w], "cpu_ms"), ".2f")])
+        # within 10% either way: the larger of the two rates over the smaller, at most 1.1
+        targets.append(target(f"packer bench num_workers={w} vs a plain script, samples/s (larger / smaller)",
+                              ratio and max(ratio, 1 / ratio), 1.1, at_most=True))
+    head = (f"packer/lmdb of {args.count} photo-like JPEGs, DecodeResizeCrop(256, 224), uint8_collate, batch "
+            f"{args.batch_size}, {args.steps} batches timed; `packer bench --workers "
+            f"{','.join(map(str, args.workers))}` and a plain DataLoader script per num_workers, each a fresh "
+            f"process, {args.repeats} interleaved rounds, medians.")
+    md = "\n\n".join([head, md_table(["num_workers", "plain script samples/s", "packer bench samples/s", "ratio",
+                                        "plain CPU ms/img", "bench CPU ms/img"], table), targets_md(targets)])
+    return {"params": {"count": args.count, "workers": args.workers, "repeats": args.repeats},
+            "results": results, "targets": targets, "markdown": md}
+
+
 SECTION_FUNCS = {"loaders": section_loaders, "ipc": section_ipc, "training": section_training, "formats": section_formats,
                  "raw": section_raw, "costs": section_costs, "shuffle": section_shuffle, "crops": section_crops,
-                 "prefetch": section_prefetch, "stream-baseline": section_stream_baseline}
+                 "prefetch": section_prefetch, "stream-baseline": section_stream_baseline, "bench": section_bench}
 
 
 # == main ===============================================================================================

@@ -63,6 +63,12 @@ def check_ipc(sections: dict, missing: list[str]) -> None:
     assert "pin_memory=True" in sections["ipc"]["skipped"] or "pin_memory=True" in ipc
 
 
+def check_bench(sections: dict, missing: list[str]) -> None:
+    row = sections["bench"]["results"]["0"]  # num_workers=0 (a JSON key)
+    assert row["plain"][0]["samples_per_s"] > 0 and row["bench"][0]["samples_per_s"] > 0 and row["ratio"] > 0
+    assert "packer bench num_workers=0 vs a plain script" in sections["bench"]["targets"][0]["name"]
+
+
 def check_training_formats_raw(sections: dict, missing: list[str]) -> None:
     training = rows_by(sections["training"])
     for loader in ("Loader", "DataLoader"):
@@ -85,7 +91,7 @@ def check_in_process(sections: dict, missing: list[str]) -> None:
 
 # every read section, in groups of about equal CPU (--quick on 2 cores: ~21 s of rows, ~13 s, ~21 s),
 # each group its own run, so xdist spreads them; more groups would each import torch again
-READ_GROUPS = {"loaders": (check_loaders,), "ipc": (check_ipc,),
+READ_GROUPS = {"loaders": (check_loaders,), "ipc,bench": (check_ipc, check_bench),
                "training,formats,raw,costs,shuffle,crops,prefetch": (check_training_formats_raw, check_in_process)}
 
 
