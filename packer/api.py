@@ -161,8 +161,10 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                                strict=strict, timeout=timeout, commit_every=commit_every, force=force,
                                break_lock=break_lock)
 
-        return _checked(_into(out, build_fields, resume=resume, overwrite=overwrite, break_lock=break_lock),
-                        max_failures)
+        # the annotation file or manifest names its images: the root is read, not walked
+        sources = {"walked": [], "read": [src, coco, manifest]}
+        return _checked(_into(out, build_fields, resume=resume, overwrite=overwrite, break_lock=break_lock,
+                              sources=sources), max_failures)
     if schema is not None or drop_empty:
         raise UsageError("schema and drop_empty apply to coco= or manifest= only")
 

@@ -156,3 +156,19 @@ def test_a_walk_leaves_out_packer_outputs_inside_its_tree(inputs, tmp_path):
     ds = packer.PackedDataset(tmp_path / "o.lmdb")
     assert report.count == 4 and ds.classes == ["class_0", "class_1"]
     assert all("partial" not in k for k in ds.keys)
+
+
+def test_an_annotation_file_or_manifest_is_an_input_too(inputs, tmp_path):
+    """A COCO file or a manifest names its images (the root is not walked, so the output may lie
+    inside it), but an output replaced by --overwrite may not hold the file itself."""
+    root = tmp_path / "data"
+    shutil.copytree(inputs["images"], root)
+    out = root / "fields.lmdb"
+    out.mkdir()
+    (out / "packer.json").write_text('{"format": "lmdb"}')
+    (out / "samples.jsonl").write_text('{"image": "class_0/img_0000.jpg", "caption": "a"}\n')
+    for source in ({"manifest": out / "samples.jsonl"}, {"coco": out / "samples.jsonl"}):
+        with pytest.raises(UsageError, match="refusing an output that contains the input"):
+            packer.pack(root, out, overwrite=True, workers=0, **source)
+    (root / "samples.jsonl").write_text('{"image": "class_0/img_0000.jpg", "caption": "a"}\n')
+    assert packer.pack(root, root / "captions.lmdb", manifest=root / "samples.jsonl", workers=0).count == 1

@@ -122,7 +122,7 @@ def test_parse_bytes(text, size):
 @pytest.mark.parametrize("args,message", [
     (["--shard-size", "lots"], "bad size"),
     (["--shard-size", "0"], "positive"),
-    (["--samples-per-shard", "0"], "--samples-per-shard"),
+    (["--samples-per-shard", "0"], "samples_per_shard must be >= 1"),
     (["--name", "../up"], "--name"),
 ])
 def test_bad_arguments_fail_before_any_work(image_folder, tmp_path, args, message):
