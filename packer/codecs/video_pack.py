@@ -328,8 +328,8 @@ def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
 
 
 def to_rgb(frame, dst: Optional[np.ndarray] = None) -> np.ndarray:
-    """A decoded frame as HxWx3 RGB uint8, converted by FFmpeg's swscale as decord, PyAV's
-    ``to_ndarray(format="rgb24")`` and torchcodec convert it (their pixels, bit for bit): a 4:2:0
+    """A decoded frame as HxWx3 RGB uint8, converted by FFmpeg's swscale as decord and PyAV's
+    ``to_ndarray(format="rgb24")`` convert it (their pixels, bit for bit; torchcodec's too): a 4:2:0
     frame of even height takes swscale's unscaled YUV -> RGB path (each chroma sample over its 2x2
     block; the frame's matrix and range, BT.601 limited where untagged, as a re-encoded pack is).
     Through this thread's reformatter (its context kept between frames) on one thread; into
