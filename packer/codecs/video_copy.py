@@ -27,7 +27,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs.video_pack import KEY, NONREF, StreamIndex, _check, _rgb, _run, _sequential, nonref_test, pack_stream
+from packer.codecs.video_pack import (KEY, NONREF, StreamIndex, _check, _run, _sequential, nonref_test, pack_stream,
+                                      to_rgb)
 
 __all__ = ["copy_stream", "check_random_access", "CopyResult", "rotate_upright"]
 
@@ -104,7 +105,7 @@ def _digest_rgb(rgb: np.ndarray) -> bytes:
 
 
 def _digest(frame) -> bytes:
-    return _digest_rgb(_rgb(frame))
+    return _digest_rgb(to_rgb(frame))
 
 
 def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex, list[int]]:

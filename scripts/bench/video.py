@@ -25,6 +25,14 @@ Target: DIS >= 100 flow frames/s per core. Frames: the fixture, else a generated
 Section ``packs``: ``pack-videos`` against ``decode-frames``' JPEG frame pack per ``--gops``
 value; with ``--codecs h264,hevc,av1`` instead each codec at the first ``--gops`` value (bytes,
 PSNR, clips and packing per CPU-second side by side).
+
+Section ``colour``: CPU per clip of ``PackedVideoDataset`` (TSN 8x1 and dense 32x2 clips, ``--to
+files`` and ``--to lmdb`` packs of the fixture) with the conversion to RGB it makes (FFmpeg's
+swscale, ``to_rgb``: decord's pixels) against OpenCV's I420 conversion it replaced, each row a
+fresh process, rows interleaved over rounds; each conversion's |difference| from decord's
+``get_batch`` of the same frames. Target: swscale <= 1.10x OpenCV's CPU per clip.
+
+    python -m scripts.bench.video colour --reps 5
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import resource
 import shutil
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 import cv2
@@ -517,17 +526,150 @@ def flow_main(argv: list[str]) -> None:
         print("TV-L1 skipped: this OpenCV has no contrib optflow module")
 
 
-SECTIONS = {"clips": clips_main, "flow": flow_main, "packs": packs_main}
+# == colour =========================================================================================
+COLOUR_SAMPLERS = {"TSN 8x1 train": dict(clip_len=1, num_clips=8),
+                   "dense 32x2 test": dict(clip_len=32, frame_interval=2, num_clips=1, test_mode=True)}
+
+
+def opencv_i420_rgb(frame, dst=None):
+    """The conversion ``to_rgb`` replaced (packer 8071554): a yuv420p frame's planes copied into one
+    I420 array, then OpenCV's ``COLOR_YUV2RGB_I420`` (its own BT.601 fixed point: not swscale's pixels)."""
+    from packer.codecs import video_pack
+
+    if frame.format.name != "yuv420p":
+        return frame.to_ndarray(format="rgb24")
+    if dst is None or frame.width % 2 or frame.height % 2:
+        return cv2.cvtColor(frame.to_ndarray(), cv2.COLOR_YUV2RGB_I420)
+    h, w = frame.height, frame.width
+    i420 = getattr(video_pack._SCRATCH, "i420", None)
+    if i420 is None or i420.shape != (h * 3 // 2, w):
+        i420 = video_pack._SCRATCH.i420 = np.empty((h * 3 // 2, w), dtype=np.uint8)
+    flat, at = i420.reshape(-1), 0
+    for plane, (ph, pw) in zip(frame.planes, ((h, w), (h // 2, w // 2), (h // 2, w // 2))):
+        flat[at:at + ph * pw].reshape(ph, pw)[:] = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:ph, :pw]
+        at += ph * pw
+    return cv2.cvtColor(i420, cv2.COLOR_YUV2RGB_I420, dst=dst)
+
+
+def _colour_row(pack: str, sampler: str, conversion: str, seconds: float, check: int) -> dict:
+    """CPU per clip of ``PackedVideoDataset`` over ``pack`` in this (fresh) process with
+    ``conversion`` (``swscale``: packer's ``to_rgb``; ``opencv``: the one it replaced, swapped in),
+    clips loaded for ``seconds`` of CPU after one pass of warm-up; and the first ``check`` clips'
+    |difference| from decord's ``get_batch`` of the same indices."""
+    import torch
+
+    from packer.codecs import video_pack
+
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+    if conversion == "opencv":
+        video_pack.to_rgb = opencv_i420_rgb
+    ds = PackedVideoDataset(pack, seed=0, **COLOUR_SAMPLERS[sampler])
+    for i in range(len(ds)):
+        ds[i]
+    n, c = 0, time.process_time()
+    while time.process_time() - c < seconds:
+        ds[n % len(ds)]
+        n += 1
+    cpu = (time.process_time() - c) / n
+    diff = _decord_diff(ds, check) if check else None
+    return {"cpu_ms": cpu * 1e3, "clips": n, "diff": diff}
+
+
+def _decord_diff(ds, clips: int) -> Optional[dict]:
+    """Mean and max |difference| of ``clips`` clips from decord's ``get_batch`` (None without decord)."""
+    import tempfile
+
+    try:
+        import decord
+    except ImportError:
+        return None
+    from packer.codecs.video_pack import unpack_stream
+
+    total = worst = count = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(clips):
+            i = k % len(ds)
+            data = ds.reader.read(ds._videos[i][0]).data
+            mp4 = bytes(data) if ds.plain else bytes(unpack_stream(data)[0])
+            path = Path(tmp) / f"{i}.mp4"
+            path.write_bytes(mp4)
+            inds = ds.clip_indices(i)
+            ours = ds[i][0].permute(0, 2, 3, 1).numpy().astype(np.int16)
+            d = np.abs(ours - decord.VideoReader(str(path)).get_batch(inds.tolist()).asnumpy())
+            total, worst, count = total + int(d.sum()), max(worst, int(d.max())), count + d.size
+    return {"mean": total / count, "max": worst}
+
+
+def colour_main(argv: list[str]) -> dict:
+    """CPU per clip with swscale's conversion (decord's pixels) against OpenCV's I420 one it replaced."""
+    import random
+    import statistics
+
+    from packer.commands.pack_videos import pack_videos
+    from scripts.bench.common import run_call
+
+    ap = argparse.ArgumentParser(prog="video.py colour")
+    ap.add_argument("--videos", type=int, default=6, help="copies of the fixture (H.264 340x256, 300 frames)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="CPU-seconds of clip loading per row")
+    ap.add_argument("--reps", type=int, default=5, help="rounds, rows in a new seeded order each round")
+    ap.add_argument("--formats", default="files,lmdb", help="pack-videos --to values to measure")
+    ap.add_argument("--workdir", default=str(REPO / "bench-out" / "video-colour"))
+    args = ap.parse_args(argv)
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    what = make_input(work / "src", args.videos)
+    packs = {}
+    for fmt in args.formats.split(","):
+        out = work / f"pack-{fmt}"
+        shutil.rmtree(out, ignore_errors=True)
+        pack_videos(work / "src", out, to=fmt, workers=os.cpu_count() or 1)
+        packs[fmt] = str(out)
+    load = os.getloadavg()
+    rows = [(fmt, s, conv) for fmt in packs for s in COLOUR_SAMPLERS for conv in ("opencv", "swscale")]
+    got: dict[tuple, list[dict]] = {}
+    order = random.Random(0)
+    for rep in range(args.reps):
+        order.shuffle(rows)
+        for fmt, s, conv in rows:
+            got.setdefault((fmt, s, conv), []).append(run_call(
+                "scripts.bench.video", "_colour_row",
+                {"pack": packs[fmt], "sampler": s, "conversion": conv, "seconds": args.seconds,
+                 "check": 4 if rep == 0 else 0}))
+    print(f"input: {args.videos} x {what}, packed by pack-videos (defaults); {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in load)} at start, {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end")
+    print(f"\n{args.reps} rounds, each row a fresh process loading clips for {args.seconds:g} CPU-s (one thread)\n")
+    print("| pack | sampler | OpenCV I420 CPU ms/clip (least) | swscale CPU ms/clip (least) | swscale / OpenCV "
+          "(median of rounds) | vs decord: OpenCV, swscale (mean, max abs diff) |")
+    print("|---|---|---:|---:|---:|---|")
+    figures, targets = {}, []
+    for fmt in packs:
+        for s in COLOUR_SAMPLERS:
+            old, new = got[(fmt, s, "opencv")], got[(fmt, s, "swscale")]
+            ratio = statistics.median(n["cpu_ms"] / o["cpu_ms"] for o, n in zip(old, new))
+            diffs = [("n/a" if r[0]["diff"] is None else f"{r[0]['diff']['mean']:.3f}, {r[0]['diff']['max']}")
+                     for r in (old, new)]
+            print(f"| {fmt} | {s} | {min(r['cpu_ms'] for r in old):.2f} | {min(r['cpu_ms'] for r in new):.2f} | "
+                  f"{ratio:.2f}x | {diffs[0]}; {diffs[1]} |")
+            figures[f"{fmt} {s}"] = {"opencv": old, "swscale": new, "ratio": ratio}
+            targets.append(target(f"colour: swscale / OpenCV CPU per clip, {fmt} {s}", ratio, 1.10, at_most=True))
+    return {"input": what, "load_average": load, "rows": figures, "targets": targets}
+
+
+SECTIONS = {"clips": clips_main, "flow": flow_main, "packs": packs_main, "colour": colour_main}
 QUICK = {"clips": ["--videos", "2", "--clips", "10", "--fixture", "mmaction2_part_0.mp4",
                    "--workdir", str(REPO / "bench-out" / "video-quick")],
          "flow": ["--pairs", "4", "--tvl1-pairs", "1", "--size", "128x96"],
          "packs": ["--videos", "3", "--clips", "10", "--gops", "16",
-                   "--workdir", str(REPO / "bench-out" / "video-packs-quick")]}
+                   "--workdir", str(REPO / "bench-out" / "video-packs-quick")],
+         "colour": ["--videos", "2", "--seconds", "0.3", "--reps", "1",
+                    "--workdir", str(REPO / "bench-out" / "video-colour-quick")]}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the section(s) named on the command line and write the JSON."""
-    return run_sections("video", __doc__, SECTIONS, all_sections=("clips", "flow", "packs"), quick=QUICK, argv=argv,
+    return run_sections("video", __doc__, SECTIONS, all_sections=("clips", "flow", "packs", "colour"), quick=QUICK,
+                        argv=argv,
                         notes=["One process (or decode-frames' pool) per section; ratios within one run stand."])
 
 
