@@ -55,22 +55,23 @@ def _sources(src: PathLike, *, list_path: Optional[PathLike] = None, csv_path: O
             "read": [list_path, csv_path, index] + ([src] if listed else [])}
 
 
-def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite: bool,
+def _into(out: PathLike, build: Callable[[str, Any], Any], *, resume: bool, overwrite: bool,
           break_lock: bool, sources: dict[str, list[Optional[PathLike]]],
           extra_outputs: Sequence[Optional[PathLike]] = ()) -> Any:
-    """Run ``build(path)`` into ``out`` under one claim, once ``out`` is known to be apart from
+    """Run ``build(path, claim)`` into ``out`` under the run's one claim (taken here and handed
+    down: ``packer.claim``), once ``out`` is known to be apart from
     the run's ``sources`` (``check_placement``); a URL ``out`` is built in a local
     staging folder, its finished record shards uploaded while it runs, the rest when it is
     done, the manifest last (docs/remote.md); the Report's ``upload`` says what went up."""
-    from packer.claim import ensure_claim
+    from packer.claim import claim_output
     from packer.conversion.placement import check_placement
     from packer.remote.url import is_url
 
     check_placement([out, *extra_outputs], **sources)
 
     if not is_url(out):
-        with ensure_claim(out, takeover=resume or overwrite, break_lock=break_lock):
-            return build(out)
+        with claim_output(out, takeover=resume or overwrite, break_lock=break_lock) as claim:
+            return build(out, claim)
     from packer.conversion.runner import Report
     from packer.remote.upload import staged_output
     from packer.remote.url import redact
@@ -78,9 +79,9 @@ def _into(out: PathLike, build: Callable[[str], Any], *, resume: bool, overwrite
     staged = staged_output(out, resume=resume, overwrite=overwrite)
     if staged.complete:
         return Report(out=redact(str(out)), status="uploaded")
-    with ensure_claim(staged.local, takeover=resume or overwrite, break_lock=break_lock):
+    with claim_output(staged.local, takeover=resume or overwrite, break_lock=break_lock) as claim:
         with staged.uploading_shards():
-            report = build(str(staged.local))
+            report = build(str(staged.local), claim)
         report.upload = staged.upload()
     return report
 
@@ -153,13 +154,13 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
         from packer.commands.pack_fields import pack_fields
 
-        def build_fields(path: str) -> Any:
+        def build_fields(path: str, claim: Any) -> Any:
             return pack_fields(src, path, format=format, coco=coco, manifest=manifest, schema=schema,
                                drop_empty=drop_empty, check=check, resize=resize, writer_options=writer_options,
                                exts=exts, num_shards=num_shards, shard_index=shard_index, workers=workers,
                                executor=executor, max_failures=max_failures, resume=resume, overwrite=overwrite,
                                strict=strict, timeout=timeout, commit_every=commit_every, force=force,
-                               break_lock=break_lock)
+                               break_lock=break_lock, claim=claim)
 
         # the annotation file or manifest names its images: the root is read, not walked
         sources = {"walked": [], "read": [src, coco, manifest]}
@@ -168,12 +169,12 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     if schema is not None or drop_empty:
         raise UsageError("schema and drop_empty apply to coco= or manifest= only")
 
-    def build(path: str) -> Any:
+    def build(path: str, claim: Any) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,
                            writer_options=writer_options, list_path=list_path, class_index=class_index, exts=exts,
                            num_shards=num_shards, shard_index=shard_index, workers=workers, executor=executor,
                            max_failures=max_failures, resume=resume, overwrite=overwrite, strict=strict,
-                           timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock)
+                           timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock, claim=claim)
 
     sources = _sources(src, list_path=list_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
@@ -228,7 +229,7 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
     """
     from packer.commands.decode_frames import decode_frames as decode
 
-    def build(path: str) -> Any:
+    def build(path: str, claim: Any) -> Any:
         return decode(src, path, to=to, list_out=list_out, list_path=list_path, csv_path=csv_path,
                       class_index=class_index, exts=exts, short_side=short_side, size=size,
                       keep_aspect=keep_aspect, fps=fps, stride=stride, max_frames=max_frames, ext=ext,
@@ -236,7 +237,7 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                       flow=flow, bound=bound, flow_tmpl=flow_tmpl, commit_every=commit_every,
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
-                      strict=strict, force=force, break_lock=break_lock)
+                      strict=strict, force=force, break_lock=break_lock, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources,
@@ -289,14 +290,14 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     """
     from packer.commands.pack_videos import pack_videos as pack_v
 
-    def build(path: str) -> Any:
+    def build(path: str, claim: Any) -> Any:
         return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
                       exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
                       codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, copy=copy,
                       commit_every=commit_every,
                       workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                       overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
-                      strict=strict, break_lock=break_lock)
+                      strict=strict, break_lock=break_lock, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
@@ -325,16 +326,16 @@ def resize(src: PathLike, out: PathLike, spec: ResizeSpec, *, list_path: Optiona
     Returns:
         The run's report (``summary()``, ``failed``, ``failures``).
     """
-    from packer.claim import ensure_claim
+    from packer.claim import claim_output
     from packer.commands.resize_tree import resize_tree
     from packer.conversion.placement import check_placement
 
     if spec is None:
         raise UsageError("give a ResizeSpec (short_side=N, max_side=N or size=(W, H))")
     check_placement([out], **_sources(src, list_path=list_path))
-    with ensure_claim(out, takeover=True, break_lock=break_lock):  # incremental: a dead run's claim is taken
+    with claim_output(out, takeover=True, break_lock=break_lock):  # incremental: a dead run's claim is taken
         report = resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
-                             max_failures=max_failures, break_lock=break_lock)
+                             max_failures=max_failures)
     return _checked(report, max_failures)
 
 
@@ -357,7 +358,7 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
     Returns:
         The merge's report (``summary()``).
     """
-    from packer.claim import ensure_claim
+    from packer.claim import claim_output
     from packer.commands.merge import merge_parts
     from packer.remote.url import is_url
 
@@ -368,8 +369,8 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
     check_placement([out], walked=parts)  # a part is a whole folder read, as a walked tree
     if is_url(out):
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
-    with ensure_claim(out, takeover=True, break_lock=break_lock):  # a merge rebuilds: a dead one's claim is taken
-        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
+    with claim_output(out, takeover=True, break_lock=break_lock) as claim:  # a merge rebuilds: a dead one's is taken
+        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
 
 
 @checked

@@ -18,11 +18,12 @@ from scratch (merge, resize, index) take it over. A live holder is never overrid
 ``--break-lock``.
 
 **The run token**. The partial output carries the token of
-the run that wrote it. Before a run touches an existing partial it must be its own, the
-taken-over holder's, or one whose writer is gone (``adopt_partial``); the base Writer's publish
-step (``publish_guard``) renames the partial to OUT only while this run still holds the claim
-and the partial still carries this run's token and inode. A new writer that publishes by any
-other path must call ``publish_guard`` first.
+the run that wrote it. A run takes its claim once, where it starts (``packer.api``), and hands
+the writer a ``PartialGuard`` (``Claim.partial``): before the writer touches an existing partial
+it must be its own, the taken-over holder's, or one whose writer is gone (``adopt``); the base
+Writer's publish step (``before_publish``) renames the partial to OUT only while this run still
+holds the claim and the partial still carries this run's token and inode. A new writer that
+publishes by any other path must call ``before_publish`` first.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ except ImportError:  # pragma: no cover - no POSIX locks here: the lock file alo
 from packer.errors import OutputClaimed, WriteError
 from packer.manifest import atomic_write_bytes
 
-__all__ = ['LEASE_S', 'Holder', 'HEARTBEAT_S', 'Claim', 'lock_path', 'claim_output', 'ensure_claim', 'held', 'check_held', 'holder_of', 'check_part', 'TOKEN_NAME', 'adopt_partial', 'stamp_partial', 'publish_guard']
+__all__ = ['LEASE_S', 'Holder', 'HEARTBEAT_S', 'Claim', 'PartialGuard', 'lock_path', 'claim_output', 'held', 'holder_of',
+           'check_part', 'TOKEN_NAME']
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +279,11 @@ class Claim:
             return False
         return (st.st_dev, st.st_ino) == self._ident
 
+    def partial(self, workdir: Path, journal: Path) -> "PartialGuard":
+        """The guard of the partial output the writer of ``out`` builds in ``workdir`` (its run
+        token goes in ``journal``): what the writer calls to adopt, stamp and publish it."""
+        return PartialGuard(self, workdir, journal)
+
     def check(self) -> None:
         """Raise OutputClaimed when this run no longer holds its claim (``--break-lock`` by another)."""
         if self.lost is None and not self.still_mine():
@@ -309,14 +316,6 @@ class Claim:
 def held(out: str | os.PathLike) -> Claim | None:
     """This process's claim on ``out``, if it holds one."""
     return _HELD.get(os.path.abspath(out))
-
-
-def check_held(out: str | os.PathLike) -> None:
-    """Raise OutputClaimed if this process held a claim on ``out`` and lost it (another run
-    broke it with ``--break-lock``): the runner calls it at each durable commit and on errors."""
-    claim = held(out)
-    if claim is not None:
-        claim.check()
 
 
 def _refusal(out: Path, holder: Holder | None, why: str | None, takeover: bool) -> OutputClaimed:
@@ -445,18 +444,6 @@ def claim_output(out: str | os.PathLike, *, takeover: bool = False, break_lock: 
                 signal.signal(signal.SIGTERM, restore)
 
 
-@contextlib.contextmanager
-def ensure_claim(out: str | os.PathLike, *, takeover: bool = False, break_lock: bool = False) -> Iterator[Claim]:
-    """``claim_output``, or this process's claim on ``out`` if it already holds one (the CLI
-    claims before importing a command's heavy modules, so a second run fails at once)."""
-    claim = held(out)
-    if claim is not None:
-        yield claim
-        return
-    with claim_output(out, takeover=takeover, break_lock=break_lock) as claim:
-        yield claim
-
-
 def check_part(part: Path) -> None:
     """``packer merge``: refuse a part that is claimed (being written, or its writer died
     holding it) or unfinished (a partial beside it), naming it."""
@@ -478,10 +465,6 @@ def check_part(part: Path) -> None:
 TOKEN_NAME = ".run-token"
 
 
-def _token_file(writer: Any) -> Path:
-    return writer._journal_dir() / TOKEN_NAME
-
-
 def _ident(path: Path) -> list[int] | None:
     try:
         st = os.stat(path)
@@ -490,68 +473,72 @@ def _ident(path: Path) -> list[int] | None:
     return [st.st_dev, st.st_ino]
 
 
-def adopt_partial(writer: Any) -> None:
-    """Before a run touches an existing partial output: it must be this run's, the taken-over
-    holder's, or one whose writer is gone; else OutputClaimed names who writes it."""
-    claim = held(writer.out)
-    tf = _token_file(writer)
-    if claim is None or not (writer.workdir.exists() or tf.exists()):
-        return
-    try:
-        data, age = tf.read_bytes(), time.time() - tf.stat().st_mtime
-    except OSError:
-        return  # a partial without a token: written before claims existed
-    owner = Holder.parse(data)
-    if owner is None or owner.token in (claim.token, claim.holder.took_over) or owner.is_me():
-        return
-    why = owner.gone(age)
-    if why is None and not claim.break_lock:
-        raise OutputClaimed(f"{writer.workdir}: being written by another run ({owner.describe()}) "
-                            f"that does not hold the claim on {writer.out}; --break-lock if it is "
-                            "certainly gone")
-    log.info("%s: partial output of %s (%s); this run takes it over", writer.workdir, owner.describe(),
-             why or "--break-lock")
+class PartialGuard:
+    """The guard a claim hands the writer of its output (``Claim.partial``): the writer calls
+    ``adopt`` before it touches an existing partial output, ``stamp`` once it opened it, and
+    ``before_publish`` at its publish (whose result it calls right before the rename), so that
+    only this run's own partial is published, and only while this run holds the claim. The
+    writer knows it only by these three methods (``packer.formats.writer.Writer.guard``)."""
 
+    def __init__(self, claim: "Claim", workdir: Path, journal: Path):
+        self.claim = claim
+        self.workdir = Path(workdir)
+        self.token_file = Path(journal) / TOKEN_NAME
 
-def stamp_partial(writer: Any) -> None:
-    """After the writer opened its partial output: record this run's token in it."""
-    claim = held(writer.out)
-    if claim is None:
-        return
-    data = claim.holder.to_bytes(partial=_ident(writer.workdir))
-    try:
-        atomic_write_bytes(_token_file(writer), data)
-    except OSError as e:
-        raise WriteError(f"{_token_file(writer)}: cannot write the run token ({e.strerror or e})") from e
+    def adopt(self) -> None:
+        """Before the run touches an existing partial output: it must be this run's, the
+        taken-over holder's, or one whose writer is gone; else OutputClaimed names who writes it."""
+        tf = self.token_file
+        if not (self.workdir.exists() or tf.exists()):
+            return
+        try:
+            data, age = tf.read_bytes(), time.time() - tf.stat().st_mtime
+        except OSError:
+            return  # a partial without a token: written before claims existed
+        owner = Holder.parse(data)
+        claim = self.claim
+        if owner is None or owner.token in (claim.token, claim.holder.took_over) or owner.is_me():
+            return
+        why = owner.gone(age)
+        if why is None and not claim.break_lock:
+            raise OutputClaimed(f"{self.workdir}: being written by another run ({owner.describe()}) "
+                                f"that does not hold the claim on {claim.out}; --break-lock if it is "
+                                "certainly gone")
+        log.info("%s: partial output of %s (%s); this run takes it over", self.workdir, owner.describe(),
+                 why or "--break-lock")
 
+    def stamp(self) -> None:
+        """After the writer opened its partial output: record this run's token in it."""
+        data = self.claim.holder.to_bytes(partial=_ident(self.workdir))
+        try:
+            atomic_write_bytes(self.token_file, data)
+        except OSError as e:
+            raise WriteError(f"{self.token_file}: cannot write the run token ({e.strerror or e})") from e
 
-def publish_guard(writer: Any) -> Callable[[], None]:
-    """The publish step's check: this run still holds the claim and the partial carries its
-    token (and is the same file or folder it stamped). Removes the token file and returns a
-    re-check to call right before the rename. No claim held (a Writer used directly): no check."""
-    claim = held(writer.out)
-    if claim is None:
-        return lambda: None
-    claim.check()
-    tf = _token_file(writer)
-    try:
-        stamp = json.loads(tf.read_bytes())
-    except (OSError, ValueError):
-        stamp = {}
-    if stamp.get("token") != claim.token:
-        found = f"run token {stamp['token']}" if stamp.get("token") else "no run token"
-        raise OutputClaimed(f"{writer.workdir}: not published: it carries {found}, not this run's "
-                            f"{claim.token} (another run wrote into it)")
-    ident = _ident(writer.workdir)
-    if stamp.get("partial") != ident:
-        raise OutputClaimed(f"{writer.workdir}: not published: it was replaced since this run "
-                            "created it (another run wrote into it)")
-    tf.unlink(missing_ok=True)
-
-    def recheck() -> None:
+    def before_publish(self) -> Callable[[], None]:
+        """The publish step's check: this run still holds the claim and the partial carries its
+        token (and is the same file or folder it stamped). Removes the token file and returns
+        a re-check to call right before the rename."""
+        claim = self.claim
         claim.check()
-        if _ident(writer.workdir) != ident:
-            raise OutputClaimed(f"{writer.workdir}: not published: it was replaced since this run "
-                                "checked it (another run wrote into it)")
+        try:
+            stamp = json.loads(self.token_file.read_bytes())
+        except (OSError, ValueError):
+            stamp = {}
+        if stamp.get("token") != claim.token:
+            found = f"run token {stamp['token']}" if stamp.get("token") else "no run token"
+            raise OutputClaimed(f"{self.workdir}: not published: it carries {found}, not this run's "
+                                f"{claim.token} (another run wrote into it)")
+        ident = _ident(self.workdir)
+        if stamp.get("partial") != ident:
+            raise OutputClaimed(f"{self.workdir}: not published: it was replaced since this run "
+                                "created it (another run wrote into it)")
+        self.token_file.unlink(missing_ok=True)
 
-    return recheck
+        def recheck() -> None:
+            claim.check()
+            if _ident(self.workdir) != ident:
+                raise OutputClaimed(f"{self.workdir}: not published: it was replaced since this run "
+                                    "checked it (another run wrote into it)")
+
+        return recheck

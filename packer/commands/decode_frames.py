@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 import cv2
 
-from packer.claim import ensure_claim
+from packer.claim import Claim
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -350,7 +350,8 @@ class FrameOptions:
 
 
 def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "frames",
-                  list_out: str | os.PathLike | None = None, **options: Any) -> DecodeReport:
+                  list_out: str | os.PathLike | None = None, claim: Claim | None = None,
+                  **options: Any) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
 
@@ -362,59 +363,58 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
     and recorded with ``stage: "partial"``. Arguments, inputs and the disk space are checked
-    before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``. The run
-    holds an exclusive claim on ``out`` throughout (``packer.claim``).
+    before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``;
+    ``claim``: the run's claim on ``out`` (taken by ``packer.api``), which guards the publish.
     """
     options.setdefault("timeout", 600.0)
     frames, inputs, run_opts, flow_opts = split_options(options, FrameOptions, InputOptions, RunOptions,
                                                         FlowOptions)
-    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        flow = flow_opts.resolved(frames.ext)
-        writer_cls = _writer_for(to)
-        if list_out is not None and to not in VIDEO_FORMATS:
-            raise UsageError("--list-out applies to frame folders (--to frames) only")
-        timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
-        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        items, classes, bad, whole = list_videos(src, inputs)
-        job = dataclasses.replace(frames.job(), flow=flow)
-        out = Path(out)
-        recorded = run_record(to, src, inputs, run_opts, frames.recorded(), commit_every=1000, classes=classes,
-                              whole=whole)
+    flow = flow_opts.resolved(frames.ext)
+    writer_cls = _writer_for(to)
+    if list_out is not None and to not in VIDEO_FORMATS:
+        raise UsageError("--list-out applies to frame folders (--to frames) only")
+    timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    items, classes, bad, whole = list_videos(src, inputs)
+    job = dataclasses.replace(frames.job(), flow=flow)
+    out = Path(out)
+    recorded = run_record(to, src, inputs, run_opts, frames.recorded(), commit_every=1000, classes=classes,
+                          whole=whole)
+    if flow is not None:
+        recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
+    frame_folders = to in VIDEO_FORMATS
+    writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
+    if frame_folders:
+        writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
         if flow is not None:
-            recorded.update(task=flow.task, flow=flow.flow, bound=flow.bound, flow_tmpl=flow.flow_tmpl)
-        frame_folders = to in VIDEO_FORMATS
-        writer_options: dict[str, Any] = {"commit_every": run_opts.commit_every or 1000}
-        if frame_folders:
-            writer_options.update(filename_tmpl=frames.template, start_index=frames.start_index)
-            if flow is not None:
-                writer_options.update(flow_tmpl=flow.flow_tmpl)
-        writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
-                            **writer_options)
-        if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
-            # the workers write the frame files themselves: no frame's bytes cross to this process
-            job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
-                                      owner=os.getpid())
-        ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
-        closing = BackgroundClose(ex)
-        try:
-            estimate = ""
-            if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
-                todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
-                est = _estimate(todo, job, ex, per_file=frame_folders, out=out)
-                estimate = est.describe()
-                log.info("%s: the output needs %s", out, estimate)
-                check_space(out, est, force=run_opts.force)
-            report = run(items, job, writer, executor=ex, options=run_opts, unit="video", desc="decode-frames",
-                         sample_unit="frames", input_failures=run_failures(bad, inputs.shard_index),
-                         all_in=closing.start)
-            report.labels = getattr(classes, "note", "")
-            videos = open_reader(out, check_crc=False).manifest.videos
-            if list_out is not None:
-                _write_lists(Path(list_out), videos, flow)
-            disk = disk_used(out)
-        finally:
-            closing.wait()
-        return video_report(DecodeReport, report, videos, disk, estimate=estimate)
+            writer_options.update(flow_tmpl=flow.flow_tmpl)
+    writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
+                        **writer_options)
+    if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
+        # the workers write the frame files themselves: no frame's bytes cross to this process
+        job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
+                                  owner=os.getpid())
+    ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
+    closing = BackgroundClose(ex)
+    try:
+        estimate = ""
+        if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
+            todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
+            est = _estimate(todo, job, ex, per_file=frame_folders, out=out)
+            estimate = est.describe()
+            log.info("%s: the output needs %s", out, estimate)
+            check_space(out, est, force=run_opts.force)
+        report = run(items, job, writer, executor=ex, options=run_opts, claim=claim, unit="video", desc="decode-frames",
+                     sample_unit="frames", input_failures=run_failures(bad, inputs.shard_index),
+                     all_in=closing.start)
+        report.labels = getattr(classes, "note", "")
+        videos = open_reader(out, check_crc=False).manifest.videos
+        if list_out is not None:
+            _write_lists(Path(list_out), videos, flow)
+        disk = disk_used(out)
+    finally:
+        closing.wait()
+    return video_report(DecodeReport, report, videos, disk, estimate=estimate)
 
 
 def video_report(cls: type, report: Report, videos: list[dict[str, Any]], disk: int, **extra: Any) -> Any:

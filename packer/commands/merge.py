@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.claim import check_part, ensure_claim
+from packer.claim import Claim, check_part, claim_output
 from packer.conversion.runner import check_output_arg
 from packer.errors import CorruptData, OutputClaimed, UsageError
 from packer import formats
@@ -245,7 +245,8 @@ def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
-                any_parts: bool = False, remote: Any = None, break_lock: bool = False) -> MergeReport:
+                any_parts: bool = False, remote: Any = None, break_lock: bool = False,
+                claim: Claim | None = None) -> MergeReport:
     """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
 
     Args:
@@ -256,7 +257,9 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
             not only the parts ``0..N-1`` of one ``--num-shards`` run.
         remote: ``packer.remote.RemoteOptions`` for parts or ``out`` given as URLs (parts are read
             through the node cache; a URL ``out`` is built in a staging folder, then uploaded).
-        break_lock: take the claim on ``out`` even from a run that may be alive.
+        break_lock: take the claim on a URL ``out``'s staging folder even from a run that may be alive.
+        claim: the run's claim on a local ``out`` (``packer.api.merge`` takes it), which guards
+            the publish; None: unclaimed (a library call of this function alone).
     Returns:
         a MergeReport.
     Raises:
@@ -267,13 +270,11 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
     if is_url(out):
         return _merge_to_url(parts, str(out), overwrite=overwrite, any_parts=any_parts, remote=remote,
                              break_lock=break_lock)
-    # A merge rebuilds from the parts: a claim left by a dead merge is taken over.
-    with ensure_claim(out, takeover=True, break_lock=break_lock):
-        return _merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, remote=remote)
+    return _merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, remote=remote, claim=claim)
 
 
 def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool,
-                 any_parts: bool, remote: Any) -> MergeReport:
+                 any_parts: bool, remote: Any, claim: Claim | None) -> MergeReport:
     start = time.monotonic()
     paths = [p if is_url(p) else Path(p) for p in parts]
     out = Path(out)
@@ -304,7 +305,9 @@ def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     try:
         with tqdm(total=total, unit="sample", desc="merge", dynamic_ncols=True, disable=None) as bar:
             manifest = writer_cls.merge_parts(readers, out, created_by=made_by, failures=failures,
-                                              videos=videos, overwrite=overwrite, progress=bar.update)
+                                              videos=videos, overwrite=overwrite, progress=bar.update,
+                                              guard=None if claim is None else
+                                              (lambda w: claim.partial(w.workdir, w.journal_dir)))
     except OutputClaimed:
         raise  # the partial is not (or no longer) this run's to remove
     except BaseException:
@@ -326,8 +329,9 @@ def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bo
         raise UsageError(f"{redact(url)}: is one of the parts; merge into a new path")
     storage = getattr(remote, "storage_options", None)
     staged = staged_output(url, overwrite=overwrite, storage_options=storage, fresh=True)
-    with ensure_claim(staged.local, takeover=True, break_lock=break_lock):  # through the upload
-        report = merge_parts(parts, staged.local, overwrite=True, any_parts=any_parts, remote=remote)
+    # A merge rebuilds from the parts: a claim left by a dead merge is taken over.
+    with claim_output(staged.local, takeover=True, break_lock=break_lock) as claim:  # through the upload
+        report = merge_parts(parts, staged.local, overwrite=True, any_parts=any_parts, remote=remote, claim=claim)
         staged.upload()
     report.out = redact(url)
     return report

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from packer.claim import ensure_claim
+from packer.claim import Claim
 from packer.codecs.fields import BLOB_FMT, Schema
 from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
 from packer.codecs.resize import ResizeSpec
@@ -107,7 +107,7 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
                 coco: str | os.PathLike | None = None, manifest: str | os.PathLike | None = None,
                 schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
                 resize: ResizeSpec | None = None, writer_options: dict[str, Any] | None = None,
-                **options: Any) -> Report:
+                claim: Claim | None = None, **options: Any) -> Report:
     """Pack a COCO annotation file (``coco``) or a sample manifest (``manifest``) over the images
     under ``root`` into ``out`` (see the module doc and docs/fields.md).
 
@@ -116,65 +116,64 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     (``num_shards``, ``shard_index``, ``exts``) and ``RunOptions`` fields as keywords.
     """
     inputs, run_opts = split_options(options, InputOptions, RunOptions)
-    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        if (coco is None) == (manifest is None):
-            raise UsageError("give exactly one of --coco and --manifest")
-        if check not in CHECK_MODES:
-            raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
-        if coco is not None and schema is not None:
-            raise UsageError("a COCO pack's fields are fixed; --schema is for --manifest")
-        if coco is not None and resize is not None and resize.size is not None and resize.fit != "stretch":
-            raise UsageError("a COCO pack resizes with --short-side, --max-side or --size --fit stretch "
-                             "(a crop or pad would cut boxes and masks)")
-        if inputs.list_path or inputs.csv_path or inputs.class_index:
-            raise UsageError("--list, --csv and --class-index do not apply to --coco or --manifest")
-        writer_cls = writer_class(format)
-        writer_options = dict(writer_options or {})
-        if run_opts.commit_every is not None:
-            writer_options["commit_every"] = run_opts.commit_every
-        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        source = str(coco if coco is not None else manifest)
-        bad: list[InputFailure] = []
-        extra: dict[str, Any] = {}
-        classes: list[str] = []
-        if coco is not None:
-            from packer.conversion.coco import coco_items
+    if (coco is None) == (manifest is None):
+        raise UsageError("give exactly one of --coco and --manifest")
+    if check not in CHECK_MODES:
+        raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
+    if coco is not None and schema is not None:
+        raise UsageError("a COCO pack's fields are fixed; --schema is for --manifest")
+    if coco is not None and resize is not None and resize.size is not None and resize.fit != "stretch":
+        raise UsageError("a COCO pack resizes with --short-side, --max-side or --size --fit stretch "
+                         "(a crop or pad would cut boxes and masks)")
+    if inputs.list_path or inputs.csv_path or inputs.class_index:
+        raise UsageError("--list, --csv and --class-index do not apply to --coco or --manifest")
+    writer_cls = writer_class(format)
+    writer_options = dict(writer_options or {})
+    if run_opts.commit_every is not None:
+        writer_options["commit_every"] = run_opts.commit_every
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    source = str(coco if coco is not None else manifest)
+    bad: list[InputFailure] = []
+    extra: dict[str, Any] = {}
+    classes: list[str] = []
+    if coco is not None:
+        from packer.conversion.coco import coco_items
 
-            got = coco_items(coco, root, drop_empty=drop_empty, failures=bad)
-            items, schema_obj = got.items, got.schema
-            classes = [c["name"] for c in got.categories]
-            extra = {"coco": {"kind": got.kind, "categories": got.categories}}
-        else:
-            from packer.conversion.inputs import parse_exts
-            from packer.conversion.tables import table_items
+        got = coco_items(coco, root, drop_empty=drop_empty, failures=bad)
+        items, schema_obj = got.items, got.schema
+        classes = [c["name"] for c in got.categories]
+        extra = {"coco": {"kind": got.kind, "categories": got.categories}}
+    else:
+        from packer.conversion.inputs import parse_exts
+        from packer.conversion.tables import table_items
 
-            items, schema_obj = table_items(manifest, root, schema=schema, exts=parse_exts(inputs.exts), failures=bad)
-        if not items:
-            raise UsageError(f"{source}: no samples" + (f" ({len(bad)} unusable, e.g. {bad[0]})" if bad else ""))
-        whole = listing(items, bad, {"list": source}) if inputs.num_shards > 1 else None
-        items = partition(items, inputs.num_shards, inputs.shard_index)
-        recorded: dict[str, Any] = {
-            "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
-            "source": "coco" if coco is not None else "manifest", "source_sha256": _sha256(source),
-            "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
-            "shard_index": inputs.shard_index}
-        if coco is not None:
-            recorded["drop_empty"] = bool(drop_empty)
-        if whole is not None:
-            recorded["listing"] = whole
-        if resize is not None:
-            recorded["resize"] = resize.to_dict()
-        writer = writer_cls(out, classes=classes, **writer_options)
-        writer.schema = schema_obj
-        writer.manifest_extra = extra
-        recorded["writer"] = writer_settings(writer, writer_options)
-        writer.created_by = created_by(recorded)
-        job = FieldJob(schema=schema_obj, root=str(root), check=check, resize=resize, coco=coco is not None)
-        workers = run_opts.workers if run_opts.workers is not None else (os.cpu_count() or 1)
-        if workers < 0:
-            raise UsageError("--workers must be >= 0")
-        # every field is made in the worker, so the whole blob crosses back once (the plain pool)
-        ex = make_executor(run_opts.executor, workers=workers, timeout=run_opts.timeout)
-        with ex:
-            return run(items, job, writer, executor=ex, options=run_opts, desc=f"to-{format}",
-                       input_failures=run_failures(bad, inputs.shard_index))
+        items, schema_obj = table_items(manifest, root, schema=schema, exts=parse_exts(inputs.exts), failures=bad)
+    if not items:
+        raise UsageError(f"{source}: no samples" + (f" ({len(bad)} unusable, e.g. {bad[0]})" if bad else ""))
+    whole = listing(items, bad, {"list": source}) if inputs.num_shards > 1 else None
+    items = partition(items, inputs.num_shards, inputs.shard_index)
+    recorded: dict[str, Any] = {
+        "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
+        "source": "coco" if coco is not None else "manifest", "source_sha256": _sha256(source),
+        "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
+        "shard_index": inputs.shard_index}
+    if coco is not None:
+        recorded["drop_empty"] = bool(drop_empty)
+    if whole is not None:
+        recorded["listing"] = whole
+    if resize is not None:
+        recorded["resize"] = resize.to_dict()
+    writer = writer_cls(out, classes=classes, **writer_options)
+    writer.schema = schema_obj
+    writer.manifest_extra = extra
+    recorded["writer"] = writer_settings(writer, writer_options)
+    writer.created_by = created_by(recorded)
+    job = FieldJob(schema=schema_obj, root=str(root), check=check, resize=resize, coco=coco is not None)
+    workers = run_opts.workers if run_opts.workers is not None else (os.cpu_count() or 1)
+    if workers < 0:
+        raise UsageError("--workers must be >= 0")
+    # every field is made in the worker, so the whole blob crosses back once (the plain pool)
+    ex = make_executor(run_opts.executor, workers=workers, timeout=run_opts.timeout)
+    with ex:
+        return run(items, job, writer, executor=ex, options=run_opts, claim=claim, desc=f"to-{format}",
+                   input_failures=run_failures(bad, inputs.shard_index))

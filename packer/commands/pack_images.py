@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.claim import ensure_claim
+from packer.claim import Claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -68,7 +68,7 @@ class ImageJob:
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
                 writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
-                **options: Any) -> Report:
+                claim: Claim | None = None, **options: Any) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
 
     ``options``: ``InputOptions`` and ``RunOptions`` objects and/or their fields as keywords
@@ -79,66 +79,64 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     ``shuffle`` (a seed) stores the samples in a seeded permutation of the sorted inputs
     (``shuffle_items``; keys still name the sources), so that even reading in stored order
     mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
-    Arguments are validated before any work starts. The run holds an exclusive claim on
-    ``out`` throughout (``packer.claim``; ``break_lock=True``: even from a holder
-    that may be alive).
+    Arguments are validated before any work starts. ``claim``: the run's claim on ``out``
+    (taken by ``packer.api``), which guards the publish; None: unclaimed.
     """
     inputs, run_opts = split_options(options, InputOptions, RunOptions)
-    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        if check not in CHECK_MODES:
-            raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
-        writer_cls = writer_class(format)
-        writer_options = dict(writer_options or {})
-        if run_opts.commit_every is not None:
-            writer_options["commit_every"] = run_opts.commit_every
-        if raw:
-            if format != "hdf5":
-                raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
-            if resize is None or resize.size is None:
-                raise UsageError("--raw needs --size WIDTHxHEIGHT (every stored image has one shape)")
-            if resize.format != "keep":
-                raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
-            writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
-        items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
-                                     class_index=inputs.class_index, failures=bad)
-        if not items:
-            raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
-        # a part of a split run records the whole listing it was cut from (merge compares them)
-        whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
-        if shuffle is not None:  # before partition: the parts of a split pack share one permutation
-            items = shuffle_items(items, shuffle)
-        items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
-        recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
-                    "list": str(inputs.list_path) if inputs.list_path else None,
-                    "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
-                    "ext": list(parse_exts(inputs.exts))}
-        if getattr(classes, "label_map", None) is not None:  # --class-index (else as always)
-            recorded["label_map"] = classes.label_map
-        if whole is not None:
-            recorded["listing"] = whole
-        if resize is not None:
-            recorded["resize"] = resize.to_dict()
-        if raw:
-            recorded["raw"] = True
-        if shuffle is not None:
-            recorded["shuffle"] = int(shuffle)
-        writer = writer_cls(out, classes=classes, **writer_options)
-        # every writer option (shard sizes, names, commit sizes) as the writer holds it is part of the
-        # record and of the resume fingerprint (packer.conversion.fingerprint)
-        recorded["writer"] = writer_settings(writer, writer_options)
-        writer.created_by = created_by(recorded)
-        job = ImageJob(check=check, resize=resize, raw=raw)
-        if run_opts.workers is not None and run_opts.workers < 0:
-            raise UsageError("--workers must be >= 0")
-        plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers,
-                           resizing=resize is not None or raw, executor=run_opts.executor,
-                           fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
-        log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-        ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
-        with ex:
-            report = run(items, job_for(plan, job), writer, executor=ex, options=run_opts,
-                         desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
-        report.labels = getattr(classes, "note", "")
-        return report
+    if check not in CHECK_MODES:
+        raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
+    writer_cls = writer_class(format)
+    writer_options = dict(writer_options or {})
+    if run_opts.commit_every is not None:
+        writer_options["commit_every"] = run_opts.commit_every
+    if raw:
+        if format != "hdf5":
+            raise UsageError(f"--raw (decoded pixels) is for hdf5 output, not {format}")
+        if resize is None or resize.size is None:
+            raise UsageError("--raw needs --size WIDTHxHEIGHT (every stored image has one shape)")
+        if resize.format != "keep":
+            raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
+        writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
+    items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
+                                 class_index=inputs.class_index, failures=bad)
+    if not items:
+        raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
+    # a part of a split run records the whole listing it was cut from (merge compares them)
+    whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
+    if shuffle is not None:  # before partition: the parts of a split pack share one permutation
+        items = shuffle_items(items, shuffle)
+    items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
+    recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
+                "list": str(inputs.list_path) if inputs.list_path else None,
+                "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
+                "ext": list(parse_exts(inputs.exts))}
+    if getattr(classes, "label_map", None) is not None:  # --class-index (else as always)
+        recorded["label_map"] = classes.label_map
+    if whole is not None:
+        recorded["listing"] = whole
+    if resize is not None:
+        recorded["resize"] = resize.to_dict()
+    if raw:
+        recorded["raw"] = True
+    if shuffle is not None:
+        recorded["shuffle"] = int(shuffle)
+    writer = writer_cls(out, classes=classes, **writer_options)
+    # every writer option (shard sizes, names, commit sizes) as the writer holds it is part of the
+    # record and of the resume fingerprint (packer.conversion.fingerprint)
+    recorded["writer"] = writer_settings(writer, writer_options)
+    writer.created_by = created_by(recorded)
+    job = ImageJob(check=check, resize=resize, raw=raw)
+    if run_opts.workers is not None and run_opts.workers < 0:
+        raise UsageError("--workers must be >= 0")
+    plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers,
+                       resizing=resize is not None or raw, executor=run_opts.executor,
+                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
+    ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
+    with ex:
+        report = run(items, job_for(plan, job), writer, executor=ex, options=run_opts, claim=claim,
+                     desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
+    report.labels = getattr(classes, "note", "")
+    return report

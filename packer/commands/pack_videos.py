@@ -20,7 +20,7 @@ from typing import Any, Optional
 import cv2
 import numpy as np
 
-from packer.claim import ensure_claim
+from packer.claim import Claim
 from packer.codecs.video import BACKENDS, FrameSelection, Resize, probe_video, read_video
 from packer.codecs.video_copy import check_random_access, copy_stream
 from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
@@ -244,7 +244,7 @@ class VideoPackReport(DecodeReport):
 
 
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
-                **options: Any) -> VideoPackReport:
+                claim: Claim | None = None, **options: Any) -> VideoPackReport:
     """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
     format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: plain MP4 files in a tree mirroring the
     inputs plus the mmaction2 video list ``videos.txt``, ``packer.formats.videofiles``).
@@ -253,36 +253,35 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     fields as keywords (``short_side=``, ``gop=``, ``csv_path=``, ``workers=``, ``timeout=``, ...);
     the per-video ``timeout`` defaults to 600 s. Bad videos, and videos whose re-encoded stream
     does not decode to its indexed frame count, are recorded in ``failures.jsonl``; partial
-    decodes of the source are kept and recorded with ``stage: "partial"``. The run holds an
-    exclusive claim on ``out`` throughout (``packer.claim``).
+    decodes of the source are kept and recorded with ``stage: "partial"``. ``claim``: the run's
+    claim on ``out`` (taken by ``packer.api``), which guards the publish.
     """
     options.setdefault("timeout", 600.0)
     pack, inputs, run_opts = split_options(options, VideoPackOptions, InputOptions, RunOptions)
-    with ensure_claim(out, takeover=run_opts.resume or run_opts.overwrite, break_lock=run_opts.break_lock):
-        if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
-            raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
-        writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)
-        if pack.copy and to in VIDEO_FILE_FORMATS:
-            raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
-        timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
-        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-        items, classes, bad, whole = list_videos(src, inputs)
-        out = Path(out)
-        recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100, classes=classes,
-                              whole=whole)
-        writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
-                            commit_every=run_opts.commit_every or 100)
-        ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
-        closing = BackgroundClose(ex)
-        try:
-            job = dataclasses.replace(pack.job(), plain=to in VIDEO_FILE_FORMATS)
-            report = run(items, job, writer, executor=ex, options=run_opts, unit="video",
-                         desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
-                         all_in=closing.start)
-            report.labels = getattr(classes, "note", "")
-            videos = open_reader(out, check_crc=False).manifest.videos
-            disk = disk_used(out)
-        finally:
-            closing.wait()
-        return video_report(VideoPackReport, report, videos, disk)
+    if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
+        raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
+    writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)
+    if pack.copy and to in VIDEO_FILE_FORMATS:
+        raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
+    timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
+    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    items, classes, bad, whole = list_videos(src, inputs)
+    out = Path(out)
+    recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100, classes=classes,
+                          whole=whole)
+    writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
+                        commit_every=run_opts.commit_every or 100)
+    ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
+    closing = BackgroundClose(ex)
+    try:
+        job = dataclasses.replace(pack.job(), plain=to in VIDEO_FILE_FORMATS)
+        report = run(items, job, writer, executor=ex, options=run_opts, claim=claim, unit="video",
+                     desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
+                     all_in=closing.start)
+        report.labels = getattr(classes, "note", "")
+        videos = open_reader(out, check_crc=False).manifest.videos
+        disk = disk_used(out)
+    finally:
+        closing.wait()
+    return video_report(VideoPackReport, report, videos, disk)
 

@@ -23,7 +23,6 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from packer.claim import ensure_claim
 from packer.conversion.runner import Report
 from packer.errors import CorruptSample, UsageError, WriteError
 from packer.conversion.executors import make_executor
@@ -166,26 +165,16 @@ def _load_state(out: Path) -> dict[str, Any] | None:
 
 def resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec, *,
                 list_path: str | os.PathLike | None = None, exts: str | Sequence[str] | None = None,
-                workers: int | None = None, executor: str = "local", max_failures: int = 0,
-                break_lock: bool = False) -> MirrorReport:
+                workers: int | None = None, executor: str = "local", max_failures: int = 0) -> MirrorReport:
     """Mirror the images under ``src`` (any tree, or the ``list_path`` entries) into ``out``, resized.
 
     Incremental: an output made with the same options from the very source file there now (its
     size, mtime and ctime as recorded in ``{out}/.packer-resize.json``, compared for equality,
     never by age) is left alone, so a rerun does no work and changes no byte. Each output is
     written under a temporary name and renamed; unreadable inputs are listed in
-    ``{out}/failures.jsonl`` (rewritten each run). The run holds an exclusive claim on ``out``
-    (``OUT.lock`` beside it); one left by a dead run is taken over (the mirror is incremental),
-    a live one only with ``break_lock``.
+    ``{out}/failures.jsonl`` (rewritten each run). ``packer.api.resize`` holds the claim on
+    ``out`` meanwhile (one left by a dead run is taken over: the mirror is incremental).
     """
-    with ensure_claim(out, takeover=True, break_lock=break_lock):
-        return _resize_tree(src, out, spec, list_path=list_path, exts=exts, workers=workers,
-                            executor=executor, max_failures=max_failures)
-
-
-def _resize_tree(src: str | os.PathLike, out: str | os.PathLike, spec: ResizeSpec, *,
-                 list_path: str | os.PathLike | None, exts: str | Sequence[str] | None,
-                 workers: int | None, executor: str, max_failures: int) -> MirrorReport:
     src, out = Path(src), Path(out)
     if max_failures < 0:
         raise UsageError("--max-failures must be >= 0")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
-from packer import claim
+from packer.claim import Claim
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.placement import is_packer_output
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
@@ -239,7 +239,7 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
         unit: str = "img", sample_unit: str | None = None, input_failures: Sequence[InputFailure] = (),
-        all_in: Callable[[], None] | None = None, **run_fields: Any) -> Report:
+        all_in: Callable[[], None] | None = None, claim: Claim | None = None, **run_fields: Any) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -258,20 +258,25 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
             recorded in ``failures.jsonl`` with stage ``input`` and counted like any failure).
         all_in: called once every item's outcome is in, before the final commit: the caller
             may start shutting ``executor`` down there (it is not used again).
+        claim: the run's claim on ``writer.out`` (``packer.claim``, taken where the run
+            started): handed to the writer as the guard of its partial output and checked at
+            each durable commit. None: an unclaimed run (a Writer used directly).
     Returns:
         a Report.
     """
     (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
     tune_heap()  # freed buffers reused, not faulted in again per sample (packer.heap)
-    # (the command's own claim when it took one before listing its inputs)
-    with claim.ensure_claim(writer.out, takeover=opts.resume or opts.overwrite, break_lock=opts.break_lock):
-        return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures, all_in)
+    if claim is not None:
+        writer.guard = claim.partial(writer.workdir, writer.journal_dir)
+    return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures, all_in, claim)
 
 
 def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
          opts: RunOptions, desc: str, unit: str, sample_unit: str | None,
-         input_failures: Sequence[InputFailure] = (), all_in: Callable[[], None] | None = None) -> Report:
-    """``run`` under an exclusive claim on ``writer.out`` (``packer.claim``)."""
+         input_failures: Sequence[InputFailure] = (), all_in: Callable[[], None] | None = None,
+         claim: Claim | None = None) -> Report:
+    """``run``'s work, under ``claim`` when there is one."""
+    check_claim = claim.check if claim is not None else (lambda: None)
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
@@ -288,7 +293,6 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines) if opts.resume
           else _State(failures=bad_lines))
-    claim.adopt_partial(writer)  # a partial another live run writes is never touched
     writer.open(resume_samples=st.samples if st.resumed else None)
     writer.fingerprint = fp.to_dict()
     try:
@@ -301,7 +305,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     cp = _Checkpointer(writer.resume_state_path(), fp.to_dict(), st.items_done, st.samples, st.failures, st.entries,
                        overwrite, stats=seen)
     def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
-        claim.check_held(out)
+        check_claim()
         cp.durable(n)
 
     writer.on_durable = durable
@@ -345,7 +349,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                                 counted=counted_failures(st.failures, strict=opts.strict))
     except BaseException:
         writer.abort()
-        claim.check_held(out)  # a write that failed because another run took the output says so
+        check_claim()  # a write that failed because another run took the output says so
         raise
     return Report(str(out), count=manifest.count, items=n_inputs,
                   failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,

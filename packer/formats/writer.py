@@ -53,14 +53,19 @@ class Segments:
     per_worker: int = 2
 
 
+def _no_check() -> None:
+    """The publish re-check of an unclaimed writer: nothing to check."""
+
+
 class Writer(abc.ABC):
     """Base writer: a context manager; ``add(sample)`` in packed order, ``close() -> Manifest``.
 
-    Publishing is ``close()``'s rename of ``{out}.partial`` to ``out``, and only there: under a
-    claim (``packer.claim``) ``open`` stamps the partial with the run token and
-    ``close`` renames it only while the run still holds the claim and the partial still carries
-    its token. A writer that publishes by another path (per-worker shard writers included) must
-    call ``packer.claim.publish_guard(self)`` before its rename.
+    Publishing is ``close()``'s rename of ``{out}.partial`` to ``out``, and only there. A run
+    that holds a claim on ``out`` sets ``guard`` before ``open`` (``packer.claim.PartialGuard``;
+    a format knows it only by its three methods): ``open`` has it ``adopt()`` an existing
+    partial before touching it and ``stamp()`` the run token into it, and ``close`` calls
+    ``before_publish()`` and the re-check it returns right before the rename. A writer that
+    publishes by another path (per-worker shard writers included) must do the same.
 
     Args:
         out: the output path (a directory, or a file for single-file formats).
@@ -75,6 +80,8 @@ class Writer(abc.ABC):
     # The output is one file (HDF5), not a folder: where the partial and journals go (a layout
     # fact, not a speed hook).
     single_file: ClassVar[bool] = False
+    # The guard of the partial output under the run's claim (see the class docstring), or None.
+    guard: Any = None
     # Whether ``add`` may keep a reference to ``sample.data`` / ``sample.prepared`` after it
     # returns (a batch held until the commit). A writer that copies them during ``add`` says
     # False and may be handed views into shared memory (``packer.conversion.executors.shm``).
@@ -126,19 +133,21 @@ class Writer(abc.ABC):
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, resume_samples: int | None = None) -> None:
         """Start fresh (``None``) or continue a partial output keeping its first ``resume_samples``."""
+        if self.guard is not None:
+            self.guard.adopt()  # a partial another live run writes is never touched
         try:
             if not resume_samples:  # nothing durable yet: a clean start is the exact resume
                 self._remove(self.workdir)
                 if self.single_file:
-                    self._remove(self._journal_dir())
+                    self._remove(self.journal_dir)
                 if not self.single_file:
                     self.workdir.mkdir(parents=True)
                 else:
                     self.workdir.parent.mkdir(parents=True, exist_ok=True)
-                self._journal_dir().mkdir(parents=True, exist_ok=True)
+                self.journal_dir.mkdir(parents=True, exist_ok=True)
                 self._open(0)
             else:
-                for stale in self._journal_dir().glob(".*.tmp-*"):  # a write cut short by a kill
+                for stale in self.journal_dir.glob(".*.tmp-*"):  # a write cut short by a kill
                     stale.unlink()
                 self.keys = self._read_keys_journal(resume_samples)
                 self.crcs = self._read_crc_journal(resume_samples)
@@ -146,9 +155,8 @@ class Writer(abc.ABC):
                 self.count = self.durable = resume_samples
         except OSError as e:
             raise WriteError(f"{self.workdir}: cannot open output ({e.strerror or e})") from e
-        from packer import claim  # the token of the claim held on self.out, if any
-
-        claim.stamp_partial(self)
+        if self.guard is not None:
+            self.guard.stamp()
         self._opened = True
 
     def __enter__(self) -> "Writer":
@@ -181,7 +189,7 @@ class Writer(abc.ABC):
             self._commit()
             new_keys = self.keys[self.durable:self.count]
             new_crcs = self.crcs[self.durable:self.count]
-            jd = self._journal_dir()
+            jd = self.journal_dir
             fsync_append(jd / KEYS_JOURNAL, ("\n".join(map(_json_str, new_keys)) + "\n").encode())
             fsync_append(jd / CRC_JOURNAL, struct.pack(f"<{len(new_crcs)}I", *new_crcs))
         except OSError as e:
@@ -215,12 +223,10 @@ class Writer(abc.ABC):
             self._finish(manifest)
             self._close_handles()
             write_failures(self.failures_path(self.workdir), failures)
-            self._remove(self._journal_dir() / KEYS_JOURNAL)
-            self._remove(self._journal_dir() / CRC_JOURNAL)
+            self._remove(self.journal_dir / KEYS_JOURNAL)
+            self._remove(self.journal_dir / CRC_JOURNAL)
             self._remove(self.resume_state_path())  # a finished output holds no resume marker
-            from packer import claim  # publish only our own partial, under our claim
-
-            recheck = claim.publish_guard(self)
+            recheck = self.guard.before_publish() if self.guard is not None else _no_check
             self._remove_journal_dir()
             if self.out.exists() or self.out.is_symlink():
                 if not overwrite:
@@ -250,7 +256,8 @@ class Writer(abc.ABC):
     def merge_parts(cls, parts: Sequence["Reader"], out: str | os.PathLike, *,
                     created_by: dict[str, Any], failures: list[dict[str, Any]],
                     videos: list[dict[str, Any]], overwrite: bool = False,
-                    progress: Callable[[int], None] | None = None, **writer_options: Any) -> Manifest:
+                    progress: Callable[[int], None] | None = None,
+                    guard: Callable[["Writer"], Any] | None = None, **writer_options: Any) -> Manifest:
         """Combine complete outputs of this format, in order, into one output at ``out``.
 
         ``packer.commands.merge`` has already checked the parts and combined ``failures`` and ``videos``
@@ -258,11 +265,14 @@ class Writer(abc.ABC):
         through a new writer, so it works for any format (the data is read CRC-checked on the
         way), with the layout options ``merge_options`` takes from the parts; a format may
         override it and call this one (no format merges without rewriting the data yet).
-        ``progress(n)`` is called as samples are written.
+        ``progress(n)`` is called as samples are written; ``guard(writer)`` builds the new
+        writer's ``guard`` (the run's claim on ``out``).
         """
         first = parts[0]
         writer = cls(out, classes=first.classes, kind=first.manifest.kind, created_by=created_by,
                      **{**writer_options, **cls.merge_options(parts)})
+        if guard is not None:
+            writer.guard = guard(writer)
         writer.schema = getattr(first, "schema", None)  # field packs merge into a field pack
         if writer.schema is not None:
             writer.manifest_extra = dict(first.manifest.extra)
@@ -290,9 +300,10 @@ class Writer(abc.ABC):
     def segment_dir(self) -> Path:
         """Where workers write part files (``Segments``): the working folder, or for a
         single-file format the journal folder beside it (gone with it at the publish)."""
-        return self._journal_dir() if self.single_file else self.workdir
+        return self.journal_dir if self.single_file else self.workdir
 
-    def _journal_dir(self) -> Path:
+    @property
+    def journal_dir(self) -> Path:
         """Where journals and the resume checkpoint live (inside the partial dir, or beside the file)."""
         if self.single_file:
             return self.workdir.with_name(self.workdir.name + ".journal")
@@ -300,11 +311,11 @@ class Writer(abc.ABC):
 
     def _remove_journal_dir(self) -> None:
         if self.single_file:
-            shutil.rmtree(self._journal_dir(), ignore_errors=True)
+            shutil.rmtree(self.journal_dir, ignore_errors=True)
 
     def resume_state_path(self) -> Path:
         """The checkpoint file the converter writes after each durable commit."""
-        return self._journal_dir() / ".resume.json"
+        return self.journal_dir / ".resume.json"
 
     @classmethod
     def failures_path(cls, out: Path) -> Path:
@@ -316,7 +327,7 @@ class Writer(abc.ABC):
     _remove = staticmethod(remove_path)
 
     def _read_keys_journal(self, n: int) -> list[str]:
-        p = self._journal_dir() / KEYS_JOURNAL
+        p = self.journal_dir / KEYS_JOURNAL
         keys = []
         with open(p, "rb") as f:
             for _ in range(n):
@@ -329,7 +340,7 @@ class Writer(abc.ABC):
         return keys
 
     def _read_crc_journal(self, n: int) -> list[int]:
-        p = self._journal_dir() / CRC_JOURNAL
+        p = self.journal_dir / CRC_JOURNAL
         raw = p.read_bytes()
         if len(raw) < 4 * n:
             raise CorruptData(str(p), f"journal holds fewer than {n} checksums")

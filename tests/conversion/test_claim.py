@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer import claim as claims
-from packer import claim as run_token
 from packer.claim import Holder, claim_output, holder_of, lock_path
 from packer.claim import TOKEN_NAME
 from packer.errors import OutputClaimed, WriteError
@@ -198,8 +197,10 @@ def _sample(i: int) -> Sample:
     return Sample(f"k{i}", bytes([i]) * 10, "jpeg", 0, 1, 1, 3)
 
 
-def _writer(out: Path) -> LmdbWriter:
+def _writer(out: Path, claim) -> LmdbWriter:
+    """An open writer of ``out`` guarded by ``claim``, as ``runner.run`` hands it over."""
     w = LmdbWriter(out, classes=["a"])
+    w.guard = claim.partial(w.workdir, w.journal_dir)
     w.open()
     for i in range(3):
         w.add(_sample(i))
@@ -209,23 +210,23 @@ def _writer(out: Path) -> LmdbWriter:
 def test_publish_checks_the_token(tmp_path):
     out = tmp_path / "o.lmdb"
     with claim_output(out) as c:
-        w = _writer(out)
+        w = _writer(out, c)
         stamp = json.loads((w.workdir / TOKEN_NAME).read_text())
         assert stamp["token"] == c.token
         (w.workdir / TOKEN_NAME).write_text(json.dumps({**stamp, "token": "other"}))
         with pytest.raises(OutputClaimed, match="carries run token other"):
             w.close()
     assert not out.exists()
-    with claim_output(out, takeover=True):
-        w = _writer(out)
+    with claim_output(out, takeover=True) as c:
+        w = _writer(out, c)
         w.close()
     assert out.exists() and not (out / TOKEN_NAME).exists()
 
 
 def test_publish_refuses_a_replaced_partial(tmp_path):
     out = tmp_path / "o.lmdb"
-    with claim_output(out):
-        w = _writer(out)
+    with claim_output(out) as c:
+        w = _writer(out, c)
         stamp = (w.workdir / TOKEN_NAME).read_bytes()
         moved = tmp_path / "elsewhere"
         w.workdir.rename(moved)
@@ -246,15 +247,15 @@ def test_adopt_refuses_a_partial_a_live_run_writes(tmp_path):
         w.workdir.mkdir()
         other = json.loads(lock_path(tmp_path / "unrelated").read_text())
         (w.workdir / TOKEN_NAME).write_text(json.dumps(other))
-        with claim_output(out, takeover=True):
+        with claim_output(out, takeover=True) as c:
             with pytest.raises(OutputClaimed, match="being written by another run"):
-                run_token.adopt_partial(w)
-        with claim_output(out, break_lock=True):
-            run_token.adopt_partial(w)  # taken over, said so
+                c.partial(w.workdir, w.journal_dir).adopt()
+        with claim_output(out, break_lock=True) as c:
+            c.partial(w.workdir, w.journal_dir).adopt()  # taken over, said so
     finally:
         proc.kill()
         proc.wait()
-    run_token.adopt_partial(w)  # no claim held: nothing to check
+    assert w.guard is None  # a writer used directly, outside a claimed run: nothing to check
 
 
 def test_cli_exit_2_and_help(tmp_path, image_folder):

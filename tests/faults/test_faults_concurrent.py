@@ -114,7 +114,7 @@ def test_changed_token_is_never_published(conv, sources, tmp_path):
     src, out = sources[conv.source], conv.out(tmp_path)
     a = start_paused(conv.argv(src, out, "--workers", 0), "close", tmp_path / "flags")
     try:
-        token_file = conv.writer(out, classes=[])._journal_dir() / TOKEN_NAME
+        token_file = conv.writer(out, classes=[]).journal_dir / TOKEN_NAME
         stamp = json.loads(token_file.read_text())
         token_file.write_text(json.dumps({**stamp, "token": "someone-else"}))
     finally:

@@ -21,7 +21,7 @@ import pytest
 av = pytest.importorskip("av")
 
 import packer  # noqa: E402
-from packer.claim import ensure_claim  # noqa: E402
+from packer.claim import claim_output  # noqa: E402
 from packer.codecs.video_pack import (KEY, NONREF, count_frames, decode_all, decode_frames_at,  # noqa: E402
                                       index_mp4, pack_stream, unpack_stream)
 from packer.data.video import PackedVideoDataset  # noqa: E402
@@ -66,7 +66,7 @@ def republish(good: Path, out: Path, blob: bytes) -> Path:
     manifest, claim; the same manifest entries."""
     reader = open_reader(good)
     rec = reader.read(0)
-    with ensure_claim(out):
+    with claim_output(out):
         w = FORMATS["records"][0](out, classes=reader.classes, kind="videos",
                                   created_by=reader.manifest.created_by)
         w.open()
