@@ -7,6 +7,7 @@ import sys
 import click
 
 from packer.cli.options import PATH_OR_URL, break_lock_option, library_call, main
+from packer.formats import FORMATS
 
 
 @main.command()
@@ -144,7 +145,7 @@ def _bench_help() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
-@click.option("--write", "write_to", type=click.Choice(["records", "lmdb", "hdf5"]), default=None,
+@click.option("--write", "write_to", type=click.Choice(list(FORMATS)), default=None,
               help="Bench the write path instead: PATH is an image folder, packed into a scratch output "
                    "of this format once per --workers value; prints the writer's ceiling (samples/s one "
                    "writer absorbs), the 1 -> 2 worker scaling and the model for N cores.")
