@@ -105,7 +105,7 @@ def merge(paths, overwrite, any_parts, break_lock):
 
 
 def _bench_help() -> str:
-    from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS
+    from packer.benchmark.run import JSON_FIELDS, SETTING_FIELDS
 
     fields = "; ".join(f"{k}: {v}" for k, v in JSON_FIELDS.items())
     per = "; ".join(f"{k}: {v}" for k, v in SETTING_FIELDS.items())
@@ -166,17 +166,17 @@ def _bench_help() -> str:
 @library_call
 def bench(path, against, as_json, plot, workers_text, write_to, check, **option_fields):
     from packer.api import bench as run_bench
-    from packer.commands.bench import format_report, parse_workers, plot_bench
+    from packer.benchmark.run import format_report, parse_workers, plot_bench
 
     result = run_bench(path, workers=parse_workers(workers_text), against=against, write=write_to, check=check,
                        **option_fields)  # every other flag is a parameter of the same name
     if write_to is not None:
-        from packer.commands.bench_write import format_write_report
+        from packer.benchmark.write import format_write_report
 
         click.echo(json.dumps(result, indent=1) if as_json else format_write_report(result))
         return
     if "rows" in result:  # a pack-videos output: video or frames
-        from packer.commands.bench_video import format_video_report
+        from packer.benchmark.video import format_video_report
 
         click.echo(json.dumps(result, indent=1) if as_json else format_video_report(result))
         return
