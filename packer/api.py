@@ -450,7 +450,7 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
     thread scaling and the fidelity of the fast decodes. On a ``pack-videos`` output it answers
     another question instead: for these sampling settings, read the videos or a frame pack of them?
     (clips/s, CPU ms per clip and bytes per video of both, and which to use:
-    ``packer.commands.bench_video``).
+    ``packer.benchmark.video``).
 
     Args:
         path: a packed output (or, with ``write``, an image folder).
@@ -477,20 +477,20 @@ def bench(path: PathLike, *, batch_size: int = 64, workers: Sequence[int] = (0, 
     Returns:
         A dict (the fields ``packer bench --json`` prints).
     """
-    from packer.commands.bench_video import is_video_pack
+    from packer.benchmark.video import is_video_pack
 
     if write is None and is_video_pack(path):
-        from packer.commands.bench_video import run_video_bench
+        from packer.benchmark.video import run_video_bench
 
         return run_video_bench(path, frames=frames, clips=clips, seed=seed, clip_len=clip_len,
                                frame_interval=frame_interval, num_clips=num_clips, test_mode=test_mode)
     if frames is not None:
         raise UsageError(f"{path}: --frames is for a pack-videos output")
     if write is not None:
-        from packer.commands.bench_write import run_write_bench
+        from packer.benchmark.write import run_write_bench
 
         return run_write_bench(path, to=write, check=check, workers=list(workers))
-    from packer.commands.bench import BenchOptions, run_bench
+    from packer.benchmark.run import BenchOptions, run_bench
 
     options = BenchOptions(batch_size=batch_size, workers=tuple(workers), decode=decode, resize=resize, crop=crop,
                            steps=steps, model_ms=model_ms, device=device, seed=seed, transform=transform,
@@ -507,6 +507,6 @@ def demo(workdir: PathLike = "packer-demo", *, count: int = 200, workers: Option
     Returns:
         What was made and the read throughput (``output``, ``pack``, ``read_samples_per_s``, ...).
     """
-    from packer.commands.demo import run_demo
+    from packer.benchmark.demo import run_demo
 
     return run_demo(workdir, count=count, workers=workers)

@@ -67,12 +67,19 @@ def _one_of(*choices: str) -> Callable[[Any], Optional[str]]:
     return rule
 
 
+def _registered(value: Any) -> Optional[str]:
+    """A ``format`` names a registered image format (``packer.formats.FORMATS``)."""
+    from packer.formats import FORMATS
+
+    return None if value in FORMATS else f"must be one of {', '.join(FORMATS)}"
+
+
 # What a parameter of this name must hold beyond its type (None values are not checked: a None
 # means "the default" wherever a parameter may be None). Enumerations checked deeper with their
 # own UsageError (``to``, ``backend``, ``codec``, ...) are not repeated here.
 RULES: dict[str, Callable[[Any], Optional[str]]] = {
     "out": _names_a_path,
-    "format": _one_of("lmdb", "hdf5", "records"),
+    "format": _registered,
     "check": _one_of("full", "header", "none"),
     "workers": _at_least(0),
     "max_failures": _at_least(0),

@@ -59,10 +59,10 @@ LONGEST_FIRST = (
     "tests/scripts/test_bench_scripts.py", "tests/conversion/test_executors_ray.py",
     "tests/faults/test_faults_crash.py", "tests/faults/test_faults_concurrent.py",
     "tests/faults/test_faults_resume.py", "tests/data/test_video_packs.py", "tests/data/test_video_copy.py",
-    "tests/commands/test_bench.py", "tests/conversion/test_resume.py", "tests/faults/test_faults_workers.py",
+    "tests/benchmark/test_run.py", "tests/conversion/test_resume.py", "tests/faults/test_faults_workers.py",
     "tests/conversion/test_parallel_write.py", "tests/faults/test_faults_disk.py", "tests/data/test_multigrid.py",
     "tests/remote/test_remote_pinning.py", "tests/data/test_elastic_samplers.py",
-    "tests/commands/test_bench_video.py",
+    "tests/benchmark/test_video.py",
 )
 
 

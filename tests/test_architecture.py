@@ -44,3 +44,30 @@ def test_every_command_has_a_library_function():
 
     for fn in set(commands_to_api.values()):
         assert callable(getattr(packer, fn)) and getattr(packer, fn).__doc__
+
+
+def test_public_classes_show_their_parameters():
+    """No public class hides parameters behind ``**kwargs``: its constructor and its class-level
+    builders name every keyword they take (``help()`` lists them all)."""
+    import inspect
+
+    import packer
+    import packer.data
+
+    hidden = []
+    for module in (packer, packer.data):
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if not inspect.isclass(cls) or issubclass(cls, BaseException):
+                continue
+            members = {"__init__": cls.__init__}
+            members.update({k: getattr(cls, k) for k, v in vars(cls).items()
+                            if isinstance(v, (classmethod, staticmethod)) and not k.startswith("_")})
+            for attr, fn in members.items():
+                try:
+                    params = inspect.signature(fn).parameters.values()
+                except (TypeError, ValueError):
+                    continue
+                if any(p.kind is p.VAR_KEYWORD for p in params) and fn is not object.__init__:
+                    hidden.append(f"{module.__name__}.{name}.{attr}")
+    assert hidden == [], f"public classes taking **kwargs: {sorted(set(hidden))}"

@@ -259,6 +259,34 @@ def test_scripts_and_tests_named_exist():
     assert missing == [], "\n".join(missing)
 
 
+def test_scripts_readme_names_every_script():
+    """Every file under scripts/ is named in scripts/README.md (as ``scripts/x/y.py`` or as the
+    module ``scripts.x.y`` it runs as), so none is there without a word on what it is for."""
+    readme = (REPO / "scripts" / "README.md").read_text()
+    unnamed = []
+    for path in sorted((REPO / "scripts").rglob("*")):
+        rel = path.relative_to(REPO)
+        if not path.is_file() or "__pycache__" in rel.parts or path.name in ("__init__.py", "README.md"):
+            continue
+        module = ".".join(rel.with_suffix("").parts)
+        if rel.as_posix() not in readme and not re.search(rf"{re.escape(module)}\b", readme):
+            unnamed.append(rel.as_posix())
+    assert unnamed == [], f"scripts/README.md does not name: {unnamed}"
+
+
+def test_scripts_import_nothing_from_tests():
+    """The benchmarks and checks stand on packer and scripts/ alone: what they share with the tests
+    lives in scripts/ (or packer.synth), and the tests import it from there."""
+    importing = []
+    for path in sorted((REPO / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "tests" or n.startswith("tests.") for n in names):
+                importing.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert importing == [], f"scripts import tests: {importing}"
+
+
 def test_contracts_are_in_the_repository():
     readme = (REPO / "README.md").read_text()
     assert "docs/contracts.md" in readme and (REPO / "docs" / "contracts.md").is_file()

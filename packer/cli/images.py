@@ -1,4 +1,8 @@
-"""Image commands: ``to-lmdb``, ``to-hdf5``, ``to-records``, ``resize`` and ``index``."""
+"""Image commands: ``to-{format}`` for each registered image format, ``resize`` and ``index``.
+
+``to-lmdb``, ``to-hdf5`` and ``to-records`` are written out (each has its own flags); any other
+format in ``packer.formats.FORMATS`` gets a ``to-{name}`` with the common flags.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,6 +11,7 @@ import click
 
 from packer.cli.options import (break_lock_option, commit_option, conversion_call, image_pack_options,
                                 library_call, main, resize_options, split_paths)
+from packer.formats import FORMATS
 
 
 def _pack(format: str, paths: tuple[str, ...], list_file: str | None, root: str | None, ext: str,
@@ -93,3 +98,23 @@ def index(paths, break_lock):
 
     for path, count in index_files(paths, break_lock=break_lock):
         click.echo(f"{path}.idx: {count} records")
+
+
+def format_command(group: click.Group, name: str) -> click.Command:
+    """Add ``to-{name}`` to ``group``: pack an image folder into format ``name`` with the common
+    flags (a format whose writer takes more gets a command of its own above)."""
+
+    @group.command(f"to-{name}", help=f"Pack an image folder into the {name} format.")
+    @click.argument("paths", nargs=-1, required=True, metavar="SRC OUT")
+    @image_pack_options
+    @commit_option
+    @library_call
+    def to_format(paths, **options):
+        _pack(name, paths, **options)
+
+    return to_format
+
+
+for _name in FORMATS:  # a registered image format without a command above
+    if f"to-{_name}" not in main.commands:
+        format_command(main, _name)

@@ -7,6 +7,7 @@ import sys
 import click
 
 from packer.cli.options import PATH_OR_URL, break_lock_option, library_call, main
+from packer.formats import FORMATS
 
 
 @main.command()
@@ -104,7 +105,7 @@ def merge(paths, overwrite, any_parts, break_lock):
 
 
 def _bench_help() -> str:
-    from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS
+    from packer.benchmark.run import JSON_FIELDS, SETTING_FIELDS
 
     fields = "; ".join(f"{k}: {v}" for k, v in JSON_FIELDS.items())
     per = "; ".join(f"{k}: {v}" for k, v in SETTING_FIELDS.items())
@@ -144,7 +145,7 @@ def _bench_help() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of samples/s against num_workers (needs packer[plot]).")
-@click.option("--write", "write_to", type=click.Choice(["records", "lmdb", "hdf5"]), default=None,
+@click.option("--write", "write_to", type=click.Choice(list(FORMATS)), default=None,
               help="Bench the write path instead: PATH is an image folder, packed into a scratch output "
                    "of this format once per --workers value; prints the writer's ceiling (samples/s one "
                    "writer absorbs), the 1 -> 2 worker scaling and the model for N cores.")
@@ -165,17 +166,17 @@ def _bench_help() -> str:
 @library_call
 def bench(path, against, as_json, plot, workers_text, write_to, check, **option_fields):
     from packer.api import bench as run_bench
-    from packer.commands.bench import format_report, parse_workers, plot_bench
+    from packer.benchmark.run import format_report, parse_workers, plot_bench
 
     result = run_bench(path, workers=parse_workers(workers_text), against=against, write=write_to, check=check,
                        **option_fields)  # every other flag is a parameter of the same name
     if write_to is not None:
-        from packer.commands.bench_write import format_write_report
+        from packer.benchmark.write import format_write_report
 
         click.echo(json.dumps(result, indent=1) if as_json else format_write_report(result))
         return
     if "rows" in result:  # a pack-videos output: video or frames
-        from packer.commands.bench_video import format_video_report
+        from packer.benchmark.video import format_video_report
 
         click.echo(json.dumps(result, indent=1) if as_json else format_video_report(result))
         return

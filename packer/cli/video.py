@@ -6,6 +6,7 @@ import click
 
 from packer.cli.options import commit_option, conversion_call, conversion_options, library_call, main
 from packer.conversion.options import DEFAULT_VIDEO_EXTS
+from packer.formats import FORMATS
 
 
 @main.command("decode-frames")
@@ -27,7 +28,7 @@ from packer.conversion.options import DEFAULT_VIDEO_EXTS
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="frames", show_default=True, metavar="FORMAT",
-              help="frames (mmaction2 frame folders) or a packed format: lmdb, hdf5, records.")
+              help=f"frames (mmaction2 frame folders) or a packed format: {', '.join(FORMATS)}.")
 @click.option("--short-side", type=int, default=None, help="Rescale frames so the short side is N.")
 @click.option("--size", default=None, help="Rescale frames to fit WxH (0 on a side: from the aspect).")
 @click.option("--keep-aspect/--no-keep-aspect", default=True, show_default=True,
@@ -84,7 +85,7 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 @click.option("--video-exts", "exts", default=",".join(DEFAULT_VIDEO_EXTS), show_default=True,
               help="Comma-separated video file extensions to take.")
 @click.option("--to", "to", default="records", show_default=True, metavar="FORMAT",
-              help="A packed format: records, lmdb or hdf5; or files: plain MP4 files in a tree mirroring "
+              help=f"A packed format: {', '.join(FORMATS)}; or files: plain MP4 files in a tree mirroring "
                    "the inputs plus the mmaction2 video list OUT/videos.txt (its VideoDataset reads them).")
 @click.option("--short-side", type=int, default=256, show_default=True,
               help="Rescale so the short side is N (sides rounded down to even).")

@@ -18,7 +18,7 @@ With a bilinear downscale the two agree: its taps stay inside the box. The area 
 reference does.
 
 Quality settings (chosen by median PSNR against a full-decode Lanczos reference, measured
-with ``packer.commands.fidelity`` on generated photo-like images):
+with ``packer.benchmark.fidelity`` on generated photo-like images):
 
 * remaining scale <= 2 (the DCT-reduced decode, or the source, is at most 2x the output):
   bilinear interpolation (OpenCV, 1/32-pixel coordinate precision). A fractional box

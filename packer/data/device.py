@@ -404,16 +404,8 @@ class DevicePrefetcher:
             raise failed[0]
 
     # -- small datasets: one uint8 tensor on the device -------------------------------------
-    @staticmethod
-    def cache(dataset: Any, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-              **kwargs: Any):
-        """Decode ``dataset`` once into one uint8 tensor on the device; iterate shuffled batches.
-
-        Returns a ``packer.data.device.DeviceCache`` (see it for the keyword arguments:
-        ``batch_size``, ``shuffle``, ``drop_last``, ``seed``, ``device``, ``dtype``,
-        ``channels_last``, ``layout``, ``num_workers``, ``progress``).
-        """
-        return DeviceCache.build(dataset, mean, std, **kwargs)
+    # ``DevicePrefetcher.cache(dataset, ...)`` is ``DeviceCache.build`` (assigned below it).
+    cache: Callable[..., "DeviceCache"]
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +450,9 @@ class CacheBatches:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
+_BATCHES = CacheBatches()
+
+
 class DeviceCache:
     """Every sample of a dataset as one uint8 tensor on a device, served in shuffled batches.
 
@@ -481,18 +476,22 @@ class DeviceCache:
     def build(cls, dataset: Any, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
               *, batches: CacheBatches | None = None, device: str | torch.device | None = None,
               dtype: torch.dtype = torch.float32, channels_last: bool = False, layout: str | None = None,
-              num_workers: int = 0, progress: bool = True, **batch_fields: Any) -> "DeviceCache":
+              num_workers: int = 0, progress: bool = True, batch_size: int = _BATCHES.batch_size,
+              shuffle: bool = _BATCHES.shuffle, drop_last: bool = _BATCHES.drop_last,
+              seed: int = _BATCHES.seed) -> "DeviceCache":
         """Decode ``dataset`` (``(image, label)`` samples of one shape) into a cache on ``device``.
 
         ``batches`` (a ``CacheBatches``: ``batch_size``, ``shuffle``, ``drop_last``, ``seed``)
-        says how the cache is served; its fields may also be given as keywords. ``mean``,
+        says how the cache is served; its fields may also be given as keywords (one not left at
+        its default overrides the object's). ``mean``,
         ``std``, ``dtype``, ``channels_last`` and ``layout`` are ``Normalize``'s. Decoding runs
         once through a DataLoader with ``num_workers`` workers. Raises ``UsageError`` when the
         cache would not fit in the device's free memory and ValueError when samples differ in shape.
         """
         normalize = Normalize(mean, std, dtype=dtype, channels_last=channels_last, layout=layout)
-        batches = (dataclasses.replace(batches, **batch_fields) if batches is not None
-                   else CacheBatches(**batch_fields))
+        given = dict(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+        batches = dataclasses.replace(batches or _BATCHES, **{k: v for k, v in given.items()
+                                                              if v != getattr(_BATCHES, k)})
         device = resolve_device(device)
         n = len(dataset)
         if n == 0:
@@ -555,3 +554,8 @@ class DeviceCache:
             idx = order[start:start + self.batch_size]
             yield self.normalize(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
         self.epoch += 1
+
+
+# Decode a dataset once into one uint8 tensor on the device and iterate shuffled batches, where
+# users of the prefetcher look for it: the same call as ``DeviceCache.build``.
+DevicePrefetcher.cache = staticmethod(DeviceCache.build)  # type: ignore[assignment]

@@ -489,14 +489,17 @@ class LoaderOptions:
             raise UsageError("num_threads and chunk must be >= 1, prefetch >= 0")
 
 
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LoaderOptions)}
+
+
 class Loader:
     """Batches from any packer dataset, loaded by threads in this process.
 
     Args:
         dataset: any map-style dataset (``PackedDataset``, ``FrameDataset``,
             ``PackedVideoDataset``, your own); samples are tuples/lists/dicts or one image.
-        options: a ``LoaderOptions``; its fields may also be given as keywords (below), which
-            override its own.
+        options: a ``LoaderOptions``; its fields may also be given as keywords (below): one not
+            left at its default overrides the object's.
         batch_size: samples per batch.
         shuffle: a seeded permutation per epoch (the epoch from ``set_epoch``; without it the
             epochs of successive passes are 0, 1, 2, ...).
@@ -526,8 +529,20 @@ class Loader:
     """
 
     def __init__(self, dataset: Any, options: LoaderOptions | None = None, *, sampler: Any = None,
-                 collate: Callable[[list], Any] | None = None, **option_fields: Any):
-        opts = dataclasses.replace(options, **option_fields) if options is not None else LoaderOptions(**option_fields)
+                 collate: Callable[[list], Any] | None = None, batch_size: int | None = None,
+                 shuffle: bool = False, seed: int = 0, num_threads: int | None = None, drop_last: bool = False,
+                 prefetch: int = 2, chunk: int | None = None, pin_memory: bool | None = None,
+                 rank: int | None = None, world_size: int | None = None, on_corrupt: str = "raise",
+                 max_skipped: int | float = 0):
+        given = dict(shuffle=shuffle, seed=seed, num_threads=num_threads, drop_last=drop_last, prefetch=prefetch,
+                     chunk=chunk, pin_memory=pin_memory, rank=rank, world_size=world_size, on_corrupt=on_corrupt,
+                     max_skipped=max_skipped)
+        fields = {k: v for k, v in given.items() if v != _FIELD_DEFAULTS[k]}  # left at its default: options' own
+        if batch_size is not None:
+            fields["batch_size"] = batch_size
+        if options is None and "batch_size" not in fields:
+            raise UsageError("Loader needs batch_size (or a LoaderOptions)")
+        opts = dataclasses.replace(options, **fields) if options is not None else LoaderOptions(**fields)
         if sampler is not None and opts.shuffle:
             raise UsageError("give shuffle or a sampler, not both (the sampler decides the order)")
         num_threads = opts.num_threads

@@ -295,7 +295,7 @@ class StreamOrder:
             raise UsageError("buffer_size, block_size and batch_size must be >= 1")
 
 
-_ORDER_FIELDS = frozenset(f.name for f in dataclasses.fields(StreamOrder))
+_DEFAULT_ORDER = StreamOrder()
 
 
 class StreamingDataset(IterableDataset):
@@ -330,7 +330,8 @@ class StreamingDataset(IterableDataset):
         max_skipped: with ``on_corrupt="skip"``, the most samples skipped per rank and epoch:
             a count (int) or a fraction of ``len(dataset)`` (float in [0, 1]); the next one
             raises ``CorruptData`` naming it.
-        order: a ``StreamOrder`` (its fields may also be given as keywords, which win):
+        order: a ``StreamOrder`` (its fields may also be given as keywords: one not left at its
+            default wins over ``order``'s):
         shuffle: shuffle shard order per epoch, then samples (block shuffle or buffer).
         seed: the seed of every shuffle (the same on every rank).
         block_size: samples per shuffle block (sizes vary +-25% per block); a block spans
@@ -342,9 +343,9 @@ class StreamingDataset(IterableDataset):
             rank's order (what makes a resume exact with several workers).
         decode, transform, target_transform, check_crc: as ``PackedDataset``.
         rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
-        options: the ``StreamOrder`` fields above, and ``cache_dir``, ``cache_limit``,
-            ``remote``: for a URL ``path``, as ``PackedDataset``; each worker
-            prefetches the next shards of its own order (``remote.prefetch`` of them).
+        cache_dir, cache_limit, remote: for a URL ``path`` (each path of a mix), as
+            ``PackedDataset``; each worker prefetches the next shards of its own order
+            (``remote.prefetch`` of them).
     """
 
     def __init__(self, path: Any, order: StreamOrder | None = None, *, decode: str = "pil",
@@ -352,9 +353,17 @@ class StreamingDataset(IterableDataset):
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
                  rank: int | None = None, world_size: int | None = None, epoch_size: int | None = None,
                  mix_by: str = "proportion", label_map: Mapping[str, int] | None = None,
-                 on_corrupt: str = "raise", max_skipped: int | float = 0, **options: Any):
-        order_fields = {k: options.pop(k) for k in list(options) if k in _ORDER_FIELDS}
-        self.options = dataclasses.replace(order or StreamOrder(), **order_fields)
+                 on_corrupt: str = "raise", max_skipped: int | float = 0,
+                 shuffle: bool = _DEFAULT_ORDER.shuffle, seed: int = _DEFAULT_ORDER.seed,
+                 block_size: int | None = _DEFAULT_ORDER.block_size, buffer_size: int = _DEFAULT_ORDER.buffer_size,
+                 drop_last: bool = _DEFAULT_ORDER.drop_last, batch_size: int = _DEFAULT_ORDER.batch_size,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 remote: Any = None):
+        given = dict(shuffle=shuffle, seed=seed, block_size=block_size, buffer_size=buffer_size,
+                     drop_last=drop_last, batch_size=batch_size)
+        order_fields = {k: v for k, v in given.items() if v != getattr(_DEFAULT_ORDER, k)}
+        self.options = dataclasses.replace(order or _DEFAULT_ORDER, **order_fields)
+        options = dict(cache_dir=cache_dir, cache_limit=cache_limit, remote=remote)  # each source's URL options
         self.target_transform = target_transform
         if isinstance(path, Mapping):
             self._open_mix(path, decode=decode, transform=transform, check_crc=check_crc, epoch_size=epoch_size,

@@ -361,10 +361,15 @@ def assemble_clip(frames: list[np.ndarray], order: np.ndarray, *, clip_len: int,
 _CLIP_FIELDS = frozenset(f.name for f in dataclasses.fields(ClipOptions))
 
 
+# The fields both video datasets also take as keywords: ClipOptions' and the common sampling ones.
+_SHORTHANDS = _CLIP_FIELDS | {"clip_len", "frame_interval", "num_clips", "test_mode"}
+
+
 def _split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Keywords -> (``ClipOptions`` fields, the sampler's fields)."""
-    return ({k: v for k, v in fields.items() if k in _CLIP_FIELDS},
-            {k: v for k, v in fields.items() if k not in _CLIP_FIELDS})
+    """The shorthand keywords given (not None) -> (``ClipOptions`` fields, the sampler's fields)."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    return ({k: v for k, v in given.items() if k in _CLIP_FIELDS},
+            {k: v for k, v in given.items() if k not in _CLIP_FIELDS})
 
 
 def _clip_options(options: Optional[ClipOptions], fields: dict[str, Any]) -> ClipOptions:
@@ -496,13 +501,15 @@ class FrameDataset(_ClipDataset):
         list_file: the rawframes list (default ``root/rawframes.txt``, or
             ``root/rawframes_flow.txt`` for ``modality="Flow"``).
         sampling: a ``ClipSampling`` (mmaction2 ``SampleFrames`` options) or a sampler of
-            ``packer.data.samplers``; its fields may also be given as keywords (``clip_len``,
-            ``frame_interval``, ``num_clips``, ``test_mode``, ...), which override its own.
+            ``packer.data.samplers``; ``clip_len``, ``frame_interval``, ``num_clips`` and
+            ``test_mode`` may also be given as keywords, which override its own (the other
+            fields, ``out_of_bound_opt``, ``twice_sample``, ..., are set on the object).
             Rawframe lists carry no frame rate: ``SampleFrames(target_fps=...)`` samples with
             the ratio 1, as mmaction2's ``RawframeDataset`` does.
         options: a ``ClipOptions`` (``layout``, ``crop_size``, ``seed``, ``modality``,
             ``multi_class``, ``num_classes``, described below); its fields may also be given as
-            keywords, which override its own.
+            keywords, which override its own. A shorthand keyword left at None keeps the
+            object's value (or the default).
         filename_tmpl: frame file names (mmaction2 defaults ``img_{:05}.jpg``, and
             ``{}_{:05d}.jpg`` for flow: direction ``x``/``y``, then number).
         start_index: the number of each folder's first frame file (mmaction2 default 1).
@@ -529,8 +536,11 @@ class FrameDataset(_ClipDataset):
                  sampling: Any = None, options: Optional[ClipOptions] = None, filename_tmpl: Optional[str] = None,
                  start_index: int = 1, with_offset: bool = False,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, check_crc: bool = True,
-                 **fields: Any):
-        clip_fields, sampling_fields = _split_fields(fields)
+                 clip_len: Optional[int] = None, frame_interval: Optional[int] = None,
+                 num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
+                 crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
+                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None):
+        clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
         super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
         modality = self.modality
         self.root = Path(root)
@@ -668,8 +678,11 @@ class PackedVideoDataset(_ClipDataset):
 
     def __init__(self, path: str | os.PathLike, *, sampling: Any = None, options: Optional[ClipOptions] = None,
                  transform: Optional[Callable[[torch.Tensor], Any]] = None, check_crc: bool = True,
-                 remote: Any = None, **fields: Any):
-        clip_fields, sampling_fields = _split_fields(fields)
+                 remote: Any = None, clip_len: Optional[int] = None, frame_interval: Optional[int] = None,
+                 num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
+                 crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
+                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None):
+        clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc, remote=remote)
         given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}

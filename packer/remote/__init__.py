@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from packer.formats.lazy import lazy_exports
+from packer.formats.lazy import lazy_exports, resolve
 from packer.remote.url import is_url, redact
 
 __all__ = ["open_reader", "NodeCache", "cache_events", "default_cache_dir", "RemoteError", "RemoteMissing",
@@ -33,7 +33,8 @@ def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = Tru
 
 
 def open_remote(url: str, *, check_crc: bool = True, options: Any = None) -> Any:
-    """A Reader over the packed output at ``url`` (records, lmdb or hdf5), through the cache."""
+    """A Reader over the packed output at ``url`` (a format whose spec says how it is fetched),
+    through the cache."""
     from packer.errors import OutputChanged
 
     tries = 0
@@ -47,11 +48,11 @@ def open_remote(url: str, *, check_crc: bool = True, options: Any = None) -> Any
 
 
 def _open_remote(url: str, *, check_crc: bool, options: Any) -> Any:
+    """The manifest's format says how its files are fetched (its ``FormatSpec.fetch``)."""
     from packer.errors import FormatError, UsageError
-    from packer.formats import FORMATS
+    from packer.formats import format_spec, format_specs
     from packer.manifest import MANIFEST_NAME, Manifest
     from packer.remote.fetch import RemoteMissing
-    from packer.remote.records import RemoteRecordsReader
     from packer.remote.source import SUMS_NAME, RemoteOptions, RemoteSource, parse_sums
 
     options = options or RemoteOptions()
@@ -62,20 +63,27 @@ def _open_remote(url: str, *, check_crc: bool, options: Any) -> Any:
         return _open_single_file(source, check_crc=check_crc)
     manifest = Manifest.from_json(text, redact(source.name_url(MANIFEST_NAME)))
     source.sums = parse_sums(source.optional_text(SUMS_NAME) or "")
-    if manifest.format == "records":
+    try:
+        spec = format_spec(manifest.format)
+    except FormatError:
+        raise FormatError(f"{redact(url)}: format {manifest.format!r} is not read over URLs") from None
+    if spec.fetch == "shards":
+        from packer.remote.records import RemoteRecordsReader
+
         if manifest.created_by.get("foreign"):
             raise FormatError(f"{redact(url)}: foreign TFRecord folders are read locally only")
         return RemoteRecordsReader(source, check_crc=check_crc)
-    if options.access == "range":
-        raise UsageError(f"{redact(url)}: access='range' is for records outputs, this one is {manifest.format}")
-    if manifest.format == "lmdb":
-        for name in ("keys.json", "checksums.bin", "data.mdb"):
+    if options.access == "range" and not spec.ranged:
+        ranged = " or ".join(s.name for s in format_specs() if s.ranged)
+        raise UsageError(f"{redact(url)}: access='range' is for {ranged} outputs, this one is {manifest.format}")
+    if spec.fetch == "whole":
+        for name in (*spec.sidecars, *spec.data):
             source.fetch(name)
-        _fetch_optional(source, "failures.jsonl")
-        return FORMATS.reader("lmdb")(source.local_root, check_crc=check_crc)
-    if manifest.format == "frames":
-        raise UsageError(f"{redact(url)}: frame folders are not read over URLs (thousands of small files); "
-                         "pack the frames as records (`packer decode-frames --to records`) and read that")
+        for name in spec.optional:
+            _fetch_optional(source, name)
+        return resolve(spec.reader)(source.local_root, check_crc=check_crc)
+    if spec.refusal:
+        raise UsageError(f"{redact(url)}: {spec.refusal}")
     raise FormatError(f"{redact(url)}: format {manifest.format!r} is not read over URLs")
 
 
@@ -89,16 +97,19 @@ def _fetch_optional(source: Any, name: str) -> None:
 
 
 def _open_single_file(source: Any, *, check_crc: bool):
-    """An HDF5 output is one file: fetched whole (hash from ``{file}.sha256`` when uploaded by packer)."""
-    from packer.formats import FORMATS
+    """A single-file output (HDF5) has no manifest beside it: fetched whole, the optional files
+    its format names beside it when there (hash from ``{file}.sha256`` when uploaded by packer)."""
+    from packer.formats import format_specs, single_file_spec
     from packer.manifest import MANIFEST_NAME
     from packer.remote.fetch import RemoteMissing
     from packer.remote.source import RemoteSource, parse_sums
 
     base, name = source.url.rsplit("/", 1)
-    if not name.lower().endswith((".h5", ".hdf5", ".hdf", ".he5")):
+    spec = single_file_spec(name)
+    if spec is None:
+        files = " or ".join(f"{s.suffixes[0]}" for s in format_specs() if s.single_file)
         raise RemoteMissing(f"{redact(source.name_url(MANIFEST_NAME))}: not found (and {redact(source.url)} "
-                            "is no .h5 file): not a packed dataset")
+                            f"is no {files} file): not a packed dataset")
     parent = RemoteSource(base, source.options)
     sums = parent.optional_text(f"{name}.sha256")
     parent.sums = parse_sums(sums or "")
@@ -106,8 +117,9 @@ def _open_single_file(source: Any, *, check_crc: bool):
     # file at this URL is still the one cached; a rewritten file is fetched again, never reused.
     parent.refresh_identity(f"{name}.identity", sums if sums is not None else parent.stamp(name))
     path = parent.fetch(name)
-    _fetch_optional(parent, f"{name}.failures.jsonl")
-    return FORMATS.reader("hdf5")(path, check_crc=check_crc)
+    for beside in spec.beside(name):
+        _fetch_optional(parent, beside)
+    return resolve(spec.reader)(path, check_crc=check_crc)
 
 
 __getattr__ = lazy_exports(__name__, {

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -32,17 +33,31 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from packer.errors import UsageError
+from packer.manifest import MANIFEST_NAME
 from packer.remote.fetch import FetchStats
 
-__all__ = ["NodeCache", "cache_events", "default_cache_dir", "METADATA_NAMES", "file_identity",
+__all__ = ["NodeCache", "cache_events", "default_cache_dir", "file_identity",
            "read_verified", "write_verified"]
 
 log = logging.getLogger(__name__)
 
 EVENTS = ".events.jsonl"
 LOCKS = ".locks"
-METADATA_NAMES = ("packer.json", "keys.json", "failures.jsonl", "checksums.bin", "packer.sha256")
-METADATA_SUFFIXES = (".idx", ".failures.jsonl", ".sha256")
+
+
+@functools.cache
+def _metadata() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(names, endings) of the files eviction keeps: the manifest and hash lists, and the
+    sidecars each format read over URLs declares (``FormatSpec``)."""
+    from packer.formats import format_specs
+
+    specs = [s for s in format_specs() if s.fetch is not None]
+    names = {MANIFEST_NAME, "packer.sha256"}
+    names.update(n for s in specs if not s.single_file for n in (*s.sidecars, *s.optional))
+    endings = {".sha256"}
+    endings.update(x for s in specs for x in s.sidecar_suffixes)
+    endings.update(f".{n}" for s in specs if s.single_file for n in s.optional)
+    return frozenset(names), tuple(sorted(endings))
 
 
 def default_cache_dir() -> Path:
@@ -54,7 +69,8 @@ def default_cache_dir() -> Path:
 
 
 def _is_metadata(path: Path) -> bool:
-    return path.name in METADATA_NAMES or path.name.endswith(METADATA_SUFFIXES)
+    names, endings = _metadata()
+    return path.name in names or path.name.endswith(endings)
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:

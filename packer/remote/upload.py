@@ -12,8 +12,9 @@ The staging copy is deleted after a complete upload; a marker records that it wa
 
 Order: data files, then the per-file hash list (``packer.sha256`` inside a folder output,
 ``{file}.sha256`` beside a single file, in ``sha256sum`` format, so readers check every
-download), then ``packer.json`` (folder outputs) or the ``.h5`` file itself (its manifest is
-inside it).
+download), then ``packer.json`` (folder outputs) or the single file itself (an ``.h5``: its
+manifest is inside it). Which URLs name a single file, which files sit beside one and which
+shards a running writer completes are the formats' own declarations (``FormatSpec``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from packer.errors import UsageError
 from packer.fileio import visible_files
+from packer.formats import FormatSpec, ShardFiles, single_file_spec
 from packer.manifest import MANIFEST_NAME, atomic_write_bytes
 from packer.remote.cache import default_cache_dir
 from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy, file_sha256, retrying
@@ -40,7 +42,11 @@ __all__ = ["StagedOutput", "staged_output", "upload_output", "UploadReport", "re
 
 log = logging.getLogger(__name__)
 
-_SINGLE_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def _single(url: str) -> FormatSpec | None:
+    """The single-file format ``url`` names an output of (by its ending); None: a folder output."""
+    return single_file_spec(url.rsplit("/", 1)[-1])
 
 
 @dataclass
@@ -71,13 +77,13 @@ def _files(local: Path) -> list[tuple[str, Path]]:
 
 def _main_name(url: str) -> str:
     """The file whose arrival makes the output a dataset: the manifest, or the single file."""
-    return url.rstrip("/").rsplit("/", 1)[-1] if url.lower().endswith(_SINGLE_SUFFIXES) else MANIFEST_NAME
+    return url.rstrip("/").rsplit("/", 1)[-1] if _single(url) else MANIFEST_NAME
 
 
 def remote_exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
     """True when a finished packed output is at ``url`` (its manifest, or the single file)."""
     fs, path = url_filesystem(url, storage_options)
-    target = path if url.lower().endswith(_SINGLE_SUFFIXES) else join_url(path, MANIFEST_NAME)
+    target = path if _single(url) else join_url(path, MANIFEST_NAME)
     try:
         fs.info(target)  # not exists(): fsspec's HTTP exists() answers False for a server it cannot reach
     except FileNotFoundError as e:
@@ -98,7 +104,8 @@ class _Uploader:
 
     def __init__(self, local: Path, url: str, storage_options: dict[str, Any] | None, policy: RetryPolicy):
         self.url = url.rstrip("/")
-        self.single = self.url.lower().endswith(_SINGLE_SUFFIXES)
+        self.spec = _single(self.url)  # a single-file format's spec; None: a folder output
+        self.single = self.spec is not None
         self.udir = self.url.rsplit("/", 1)[0] if self.single else self.url
         fs, rbase = url_filesystem(url, storage_options, timeout=policy.timeout)
         self.fs = fs
@@ -167,9 +174,8 @@ def upload_output(local: str | os.PathLike, url: str, *, storage_options: dict[s
     if not local.exists():
         raise UsageError(f"{local}: nothing to upload")
     up = _Uploader(local, url, storage_options, policy)
-    if up.single:
-        fail = local.with_name(local.name + ".failures.jsonl")
-        data = [(fail.name, fail)] if fail.is_file() else []
+    if up.spec is not None:
+        data = [(name, local.with_name(name)) for name in up.spec.beside(local.name) if local.with_name(name).is_file()]
         main_name, main_path = local.name, local
         sums_name, sums_path = f"{local.name}.sha256", local.with_name(f"{local.name}.sha256")
         known: dict[str, str] = {}
@@ -206,9 +212,11 @@ class ShardUploader:
     is written), polling every ``interval`` seconds in a background thread."""
 
     def __init__(self, staged: "StagedOutput", *, interval: float = 1.0, policy: RetryPolicy = RetryPolicy()):
+        from packer.formats import format_specs
         from packer.formats.sidecars import partial_path
 
         self.work = partial_path(staged.local)
+        self.shards = [s.shards for s in format_specs() if s.shards is not None]
         self.up = _Uploader(staged.local, staged.url, staged.storage_options, policy)
         self.interval = interval
         self.seen: dict[str, tuple[int, int]] = {}
@@ -235,17 +243,21 @@ class ShardUploader:
             self._stop.wait(self.interval)
 
     def scan(self) -> None:
-        """Upload every completed shard not uploaded yet."""
+        """Upload every completed shard not uploaded yet (shards as their formats declare them)."""
         if not self.work.is_dir():
             return
-        try:  # the records writer's journal of completed shards already has their sha256
-            journal = json.loads((self.work / ".shards.json").read_text())
+        for files in self.shards:
+            self._scan(files)
+
+    def _scan(self, files: ShardFiles) -> None:
+        try:  # the writer's journal of completed shards already has their sha256
+            journal = json.loads((self.work / files.journal).read_text())
             known = {e["file"]: (e["bytes"], e["sha256"]) for e in journal.get("shards", []) if "sha256" in e}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             known = {}
-        for shard in sorted(self.work.glob("*.tfrecord")):
-            idx = shard.with_name(shard.name + ".idx")
-            if shard.name.startswith(".") or not idx.is_file() or self._stop.is_set():
+        for shard in sorted(self.work.glob(files.glob)):
+            companions = [shard.with_name(shard.name + suffix) for suffix in files.companions]
+            if shard.name.startswith(".") or not all(c.is_file() for c in companions) or self._stop.is_set():
                 continue
             try:
                 st = shard.stat()
@@ -253,7 +265,8 @@ class ShardUploader:
                 continue
             if self.seen.get(shard.name) == (st.st_size, st.st_mtime_ns):
                 continue
-            self.up.put(idx.name, idx)
+            for companion in companions:
+                self.up.put(companion.name, companion)
             size, sha = known.get(shard.name, (None, None))
             self.up.put(shard.name, shard, sha if size == st.st_size else None)
             self.seen[shard.name] = (st.st_size, st.st_mtime_ns)
@@ -282,8 +295,9 @@ class StagedOutput:
             return None
         report = upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
         atomic_write_bytes(self.local.parent / ".uploaded", json.dumps({"url": redact(self.url)}).encode())
-        for p in (self.local, self.local.with_name(self.local.name + ".failures.jsonl"),
-                  self.local.with_name(self.local.name + ".sha256")):
+        spec = _single(self.url)
+        beside = (*spec.beside(self.local.name), f"{self.local.name}.sha256") if spec is not None else ()
+        for p in (self.local, *(self.local.with_name(name) for name in beside)):
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():

@@ -1125,7 +1125,7 @@ def _crop_set(label: str, data: list[bytes], rounds: int, seed: int) -> tuple[st
     import torch
 
     from packer.codecs.image import decode
-    from packer.commands.fidelity import fidelity_rows, format_fidelity
+    from packer.benchmark.fidelity import fidelity_rows, format_fidelity
     from packer.data.decode import DecodeRandomResizedCrop, PilRandomResizedCrop
     from packer.data.decode import resample_box, to_chw3
     from packer.data.decode import DecodeResizeCrop, PilResizeCrop
@@ -1168,7 +1168,7 @@ def _pre_resize_md(seed: int, per_size: int = 3) -> str:
 
     from packer.codecs.resize import ResizeSpec, resize_pixels
     from packer.codecs.video import Resize
-    from packer.commands.fidelity import measure_shift, psnr
+    from packer.benchmark.fidelity import measure_shift, psnr
     from packer.synth import jpeg_bytes, natural_image
 
     rng = np.random.default_rng(seed)

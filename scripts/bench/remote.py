@@ -2,7 +2,7 @@
 in one run, with ratios.
 
 One generated set of natural-looking JPEGs packed once as records shards and served by a
-local nginx (Debian's, started here on 127.0.0.1; see tests/support/servers.py). Then, for a
+local nginx (Debian's, started here on 127.0.0.1; see scripts/servers.py). Then, for a
 real DataLoader epoch of ``StreamingDataset`` at ``--workers`` workers, decoding every sample
 to a uint8 CHW tensor (what training does):
 
@@ -49,7 +49,7 @@ from packer.data import StreamingDataset
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from packer.synth import natural_image
 from scripts.bench.common import run_sections, target
-from tests.support.servers import start_nginx
+from scripts.servers import start_nginx
 
 
 BUFFER = 256  # sample shuffle buffer: a few 100-sample shards

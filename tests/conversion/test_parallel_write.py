@@ -277,21 +277,6 @@ def test_frame_folders_written_by_the_workers_equal_in_process_ones(video_folder
     assert CliRunner().invoke(main, ["verify", str(outs[2])]).exit_code == 0
 
 
-# -- packer bench --write ------------------------------------------------------------------------
-def test_bench_write_prints_the_ceiling_scaling_and_model(image_folder):
-    r = CliRunner().invoke(main, ["bench", str(image_folder), "--write", "records", "--workers", "0,1,2"])
-    assert r.exit_code == 0, r.output
-    for text in ("writer ceiling:", "1 -> 2 workers:", "model rate(N)", "| 2 | sharded |", "| 0 | inline |"):
-        assert text in r.output
-    r = CliRunner().invoke(main, ["bench", str(image_folder), "--write", "lmdb", "--check", "full",
-                                  "--workers", "1,2", "--json"])
-    assert r.exit_code == 0, r.output
-    import json
-
-    result = json.loads(r.output)
-    assert result["plans"] == {"1": "inline", "2": "shm"} and result["writer_ceiling"] > 0
-
-
 @pytest.mark.slow
 def test_workers_of_a_killed_run_stop_instead_of_writing_beside_the_resume(src, tmp_path):
     """Only the writer is killed (an OOM kill): its workers must exit, not write on."""

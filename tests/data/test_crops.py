@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from packer.codecs import jpeg_region
 from packer.codecs.image import decode_pil
-from packer.commands.fidelity import fidelity_rows
+from packer.benchmark.fidelity import fidelity_rows
 from packer.data import DecodeRandomResizedCrop, PilRandomResizedCrop
 from packer.data.decode import sample_box
 from packer.synth import jpeg_bytes, natural_image

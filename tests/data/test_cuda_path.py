@@ -15,7 +15,7 @@ runs this file first whenever a GPU is lent. The CUDA branches covered (packer/d
   per-epoch ``randperm`` with a device generator and ``index_select`` there.
 * loader.py / batchbuf.py: ``pin_memory=None`` pins when CUDA is present (``BufferPool(pin=True)``
   hands out pinned buffers from PyTorch's caching host allocator).
-* commands/bench.py: ``packer bench`` on the device (pinned timed loaders, the device's name).
+* bench/run.py: ``packer bench`` on the device (pinned timed loaders, the device's name).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from packer.commands.bench import run_bench
+from packer.benchmark.run import run_bench
 from packer.commands.decode_frames import decode_frames
 from packer.commands.pack_images import pack_images
 from packer.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceCache, DevicePrefetcher, FrameDataset, Loader,

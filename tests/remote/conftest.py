@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from tests.support.servers import ServerUnavailable, start_moto, start_nginx
+from scripts.servers import ServerUnavailable, start_moto, start_nginx
 
 
 

@@ -1,6 +1,7 @@
 """Helpers shared by the tests (none of them a test): generated inputs (``inputs``), output
 snapshots (``outputs``), the fault suite's conversions (``faults``), real SIGKILLs (``killing``),
-paused concurrent runs (``concurrency``), real HTTP/S3 servers (``servers``, ``served``), the
+paused concurrent runs (``concurrency``), served outputs (``served``; the servers themselves are
+``scripts/servers.py``, shared with the benchmark), the
 normalization reference (``normalize``), the protobuf Datum (``protobuf``); data: the
 worker-death hook (``worker_death/``) and the mmaction2 sampler reference (``reference/``)."""
 from __future__ import annotations

@@ -23,9 +23,18 @@ from __future__ import annotations
 from packer.formats.frames.layout import (DEFAULT_TEMPLATE, FLOW_LIST_NAME, LIST_NAME, check_template, list_files,
                                          rawframes_lines, video_streams)
 from packer.formats.lazy import lazy_exports
+from packer.formats.sidecars import CHECKSUMS_FILE
+from packer.formats.spec import FormatSpec
+from packer.manifest import FAILURES_NAME
 
-__all__ = ["FramesWriter", "FramesReader", "LIST_NAME", "FLOW_LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
+__all__ = ["FORMAT", "FramesWriter", "FramesReader", "LIST_NAME", "FLOW_LIST_NAME", "DEFAULT_TEMPLATE", "check_template",
            "rawframes_lines", "video_streams", "list_files"]
+
+FORMAT = FormatSpec(name="frames", writer="packer.formats.frames.writer:FramesWriter",
+                    reader="packer.formats.frames.reader:FramesReader",
+                    sidecars=(CHECKSUMS_FILE, LIST_NAME), optional=(FLOW_LIST_NAME, FAILURES_NAME),
+                    refusal="frame folders are not read over URLs (thousands of small files); pack the "
+                            "frames as records (`packer decode-frames --to records`) and read that")
 
 __getattr__ = lazy_exports(__name__, {"FramesWriter": "packer.formats.frames.writer",
                                       "FramesReader": "packer.formats.frames.reader"})

@@ -21,10 +21,15 @@ positioned read of its own bytes.
 """
 from __future__ import annotations
 
-from packer.formats.hdf5.layout import HDF5_SIGNATURE, MANIFEST_ATTR
+from packer.formats.hdf5.layout import HDF5_SIGNATURE, HDF5_SUFFIXES, MANIFEST_ATTR
 from packer.formats.lazy import lazy_exports
+from packer.formats.spec import FormatSpec
 
-__all__ = ["HDF5Writer", "HDF5Reader", "MANIFEST_ATTR", "HDF5_SIGNATURE"]
+__all__ = ["FORMAT", "HDF5Writer", "HDF5Reader", "MANIFEST_ATTR", "HDF5_SIGNATURE"]
+
+# One file, its manifest inside it: at a URL it is fetched whole (docs/remote.md says why).
+FORMAT = FormatSpec(name="hdf5", writer="packer.formats.hdf5.writer:HDF5Writer",
+                    reader="packer.formats.hdf5.reader:HDF5Reader", suffixes=HDF5_SUFFIXES, fetch="file")
 
 __getattr__ = lazy_exports(__name__, {"HDF5Writer": "packer.formats.hdf5.writer",
                                       "HDF5Reader": "packer.formats.hdf5.reader"})

@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 
 from packer.errors import CorruptData
+from packer.formats.hdf5 import FORMAT
 from packer.formats.hdf5.layout import BLOB_CHUNK, H5_ERRORS, MANIFEST_ATTR, TABLE_CHUNK
 from packer.formats.hdf5.parts import Deleter, PartBytes, part_record, stored_size
 from packer.formats.reader import Reader
@@ -45,8 +46,8 @@ class HDF5Writer(Writer):
         (and the base Writer's arguments)
     """
 
-    format_name = "hdf5"
-    single_file = True
+    format_name = FORMAT.name
+    single_file = FORMAT.single_file
     # workers may store the samples into part files; each commit copies them into the file. A
     # part is extra disk space until then: <= 1,024 inputs each; a part ends no commit and is
     # never fsynced, so inputs split into ~8 parts per worker (>= 64 inputs a part)

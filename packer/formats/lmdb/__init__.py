@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from packer.formats.lazy import lazy_exports
 from packer.formats.lmdb.env import close_env, lmdb_key, open_env
-from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE  # noqa: F401 (kept importable from here)
+from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE
+from packer.formats.spec import FormatSpec
 
-__all__ = ["LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env"]
+__all__ = ["FORMAT", "LmdbWriter", "LmdbReader", "lmdb_key", "open_env", "close_env"]
+
+# At a URL the whole folder is fetched: LMDB memory-maps data.mdb, so it must be local.
+FORMAT = FormatSpec(name="lmdb", writer="packer.formats.lmdb.writer:LmdbWriter",
+                    reader="packer.formats.lmdb.reader:LmdbReader",
+                    sidecars=(KEYS_FILE, CHECKSUMS_FILE), data=("data.mdb",), fetch="whole")
 
 __getattr__ = lazy_exports(__name__, {"LmdbWriter": "packer.formats.lmdb.writer",
                                       "LmdbReader": "packer.formats.lmdb.reader"})

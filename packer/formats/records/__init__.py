@@ -27,11 +27,20 @@ from packer.codecs.tfrecord import (FRAMING, INDEX_SUFFIX, frame_record, index_p
                                     looks_like_tfrecord, read_index, scan_tfrecord, unframe_record, write_index)  # noqa: F401
 from packer.formats.lazy import lazy_exports
 from packer.formats.records.example import sample_features
-from packer.formats.records.layout import DEFAULT_SHARD_SIZE, shard_name
+from packer.formats.records.layout import DEFAULT_SHARD_SIZE, SHARDS_JOURNAL, shard_name
+from packer.formats.sidecars import KEYS_FILE
+from packer.formats.spec import FormatSpec, ShardFiles
 
-__all__ = ["RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "shard_name",
+__all__ = ["FORMAT", "RecordsWriter", "RecordsReader", "DEFAULT_SHARD_SIZE", "shard_name",
            "index_path", "frame_record", "unframe_record", "scan_tfrecord", "write_index",
            "read_index", "index_tfrecords", "looks_like_tfrecord", "sample_features"]
+
+# At a URL the sidecars and every shard's .idx are fetched at open, each shard when first read
+# (or one record per ranged request); an upload sends each shard once its writer completes it.
+FORMAT = FormatSpec(name="records", writer="packer.formats.records.writer:RecordsWriter",
+                    reader="packer.formats.records.reader:RecordsReader",
+                    sidecars=(KEYS_FILE,), sidecar_suffixes=(INDEX_SUFFIX,), fetch="shards", ranged=True,
+                    shards=ShardFiles(glob="*.tfrecord", companions=(INDEX_SUFFIX,), journal=SHARDS_JOURNAL))
 
 __getattr__ = lazy_exports(__name__, {"RecordsWriter": "packer.formats.records.writer",
                                       "RecordsReader": "packer.formats.records.reader"})

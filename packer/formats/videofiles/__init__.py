@@ -14,8 +14,10 @@ index: a reader builds it from the MP4's packets (``packer.codecs.video_pack.ind
 from __future__ import annotations
 
 from packer.formats.lazy import lazy_exports
+from packer.formats.sidecars import CHECKSUMS_FILE
+from packer.formats.spec import FormatSpec
 
-__all__ = ["VideoFilesWriter", "VideoFilesReader", "LIST_NAME", "MP4_FMT", "list_text"]
+__all__ = ["FORMAT", "VideoFilesWriter", "VideoFilesReader", "LIST_NAME", "MP4_FMT", "list_text"]
 
 LIST_NAME = "videos.txt"
 MP4_FMT = "mp4"  # the Record.fmt of a plain video file
@@ -25,6 +27,10 @@ def list_text(videos: list) -> str:
     """The mmaction2 video list: ``{file} {label}`` per video (every label of a multi-label one)."""
     return "".join(f"{v['file']} {' '.join(str(x) for x in v.get('labels') or [v['label']])}\n" for v in videos)
 
+
+FORMAT = FormatSpec(name="files", writer="packer.formats.videofiles.writer:VideoFilesWriter",
+                    reader="packer.formats.videofiles.reader:VideoFilesReader",
+                    sidecars=(CHECKSUMS_FILE, LIST_NAME))
 
 __getattr__ = lazy_exports(__name__, {"VideoFilesWriter": "packer.formats.videofiles.writer",
                                       "VideoFilesReader": "packer.formats.videofiles.reader"})

@@ -92,7 +92,7 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"recommended: num_workers={rec['num_workers']}, persistent_workers={rec['persistent_workers']}"
                  + (f", prefetch_factor={rec['prefetch_factor']}" if rec["prefetch_factor"] else ""))
     lines += [f"  - {reason}" for reason in rec["reasons"]]
-    from packer.commands.bench_threads import format_extras
+    from packer.benchmark.threads import format_extras
 
     lines += format_extras(r)
     c = r["cache"]
@@ -102,7 +102,7 @@ def format_report(result: dict[str, Any]) -> str:
                      f"{c['bytes'] / 2**30:.2f} GiB; {c['device']} has {free}: "
                      f"{'fits' if c['fits'] else 'does not fit (needs <= half the free memory)'}")
     if r.get("fidelity"):
-        from packer.commands.fidelity import format_fidelity
+        from packer.benchmark.fidelity import format_fidelity
 
         lines += [f"fidelity on {r['fidelity'][0]['images']} samples (reference: full decode + Lanczos "
                   "from the exact box; shift in output pixels):", format_fidelity(r["fidelity"])]

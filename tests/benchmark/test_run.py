@@ -7,8 +7,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from packer.commands.bench import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
-from packer.commands.bench_fresh import USAGE_FIELDS
+from packer.benchmark.run import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
+from packer.benchmark.fresh import USAGE_FIELDS
 from packer.cli import main
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
@@ -153,7 +153,7 @@ def test_threads_and_mixing_fields(packed, cli_json):
 
 
 def test_gil_verdict_rule():
-    from packer.commands.bench_threads import gil_verdict
+    from packer.benchmark.threads import gil_verdict
 
     assert gil_verdict(1.05, cpus=2, threads=2, available=1.9)["holds_gil"] is True
     assert "DataLoader" in gil_verdict(1.05, cpus=2, threads=2, available=1.9)["advice"]

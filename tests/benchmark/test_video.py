@@ -14,8 +14,8 @@ pytest.importorskip("av")
 
 import packer  # noqa: E402
 from packer.cli import main  # noqa: E402
-from packer.commands.bench_fresh import USAGE_FIELDS  # noqa: E402
-from packer.commands.bench_video import (DEFAULT_SAMPLINGS, ROW_FIELDS, VIDEO_JSON_FIELDS,  # noqa: E402
+from packer.benchmark.fresh import USAGE_FIELDS  # noqa: E402
+from packer.benchmark.video import (DEFAULT_SAMPLINGS, ROW_FIELDS, VIDEO_JSON_FIELDS,  # noqa: E402
                                          advise, is_video_pack, samplings)
 from packer.errors import UsageError  # noqa: E402
 

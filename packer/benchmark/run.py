@@ -2,9 +2,9 @@
 
 For each ``num_workers`` it runs the real ``DataLoader`` (``PackedDataset`` + the chosen decode
 pipeline + ``uint8_collate``; into ``DevicePrefetcher`` on a GPU, iterated as a script does on
-the CPU: ``bench_fresh.child``) and, after one start-up batch, times
+the CPU: ``packer.benchmark.fresh.child``) and, after one start-up batch, times
 ``steps`` batches, each setting in a fresh process with packer's default settings, as a training
-script starts (``packer.commands.bench_fresh``; so are ``--against`` and the thread scaling). In
+script starts (``packer.benchmark.fresh``; so are ``--against`` and the thread scaling). In
 the same run it measures the *ceiling*: the same kind of batches served
 from memory through the same consumer (prefetcher normalization + the simulated model step of
 ``model_ms``), i.e. what the training loop could take if loading were free. A setting is
@@ -44,7 +44,7 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
   the exact iid expectation (ratio = median / iid); null for one class.
 * ``fidelity``: per fast decode path and its torchvision pipeline, median PSNR against a
   full-decode Lanczos reference and the measured shift over ``--fidelity`` samples
-  (``packer.commands.fidelity``; rows ``pipeline, kind, images, psnr_median, psnr_p10,
+  (``packer.benchmark.fidelity``; rows ``pipeline, kind, images, psnr_median, psnr_p10,
   shift_median, shift_max``); empty with ``--fidelity 0``.
 """
 from __future__ import annotations
@@ -59,9 +59,9 @@ from typing import Any, Optional, Sequence
 
 from packer.errors import PackerError, UsageError
 # the measuring loop and the report live beside this module; their public names stay importable here
-from packer.commands.bench_measure import (DECODES, FolderDataset, Replay, make_decode, measure, sample_bytes,
+from packer.benchmark.measure import (DECODES, FolderDataset, Replay, make_decode, measure, sample_bytes,
                                            timed_loader)
-from packer.commands.bench_report import DATA_BOUND_BELOW, format_report, plot_bench, recommend, verdict
+from packer.benchmark.report import DATA_BOUND_BELOW, format_report, plot_bench, recommend, verdict
 
 __all__ = ["DECODES", "JSON_FIELDS", "SETTING_FIELDS", "FolderDataset", "make_decode", "run_bench",
            "format_report", "plot_bench", "parse_workers"]
@@ -155,11 +155,11 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     if against is not None and not Path(against).is_dir():
         raise UsageError(f"--against {against}: not a folder")
     pipeline = make_decode(decode, resize, crop)
-    from packer.commands.bench_threads import load_transform, order_mixing, thread_scaling
+    from packer.benchmark.threads import load_transform, order_mixing, thread_scaling
 
     user_transform = load_transform(o.transform)
 
-    from packer.commands.bench_fresh import FreshProcesses  # here: `packer --help` imports this module
+    from packer.benchmark.fresh import FreshProcesses  # here: `packer --help` imports this module
 
     # the fresh processes' server imports torch and packer while this process does the same
     fresh = FreshProcesses().start()
@@ -201,7 +201,7 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
         shape = tuple(held[0][0].shape[1:]) if isinstance(held[0][0], torch.Tensor) else None
         del held
         settings = []
-        # every loader configuration in a fresh process with default settings (bench_fresh)
+        # every loader configuration in a fresh process with default settings (fresh)
         base = {"path": os.path.abspath(path), "decode": decode, "resize": resize, "crop": crop,
                 "transform": o.transform, "device": device, "seed": seed, "steps": steps,
                 "batch_size": batch_size, "model_ms": model_ms, "sys_path": [p for p in sys.path if p]}
@@ -238,7 +238,7 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
     result["recommended"] = recommend(result)
     pick = next(s for s in settings if s["num_workers"] == result["recommended"]["num_workers"])
     result["verdict"] = f"num_workers={pick['num_workers']}: {pick['verdict']}"
-    from packer.commands.fidelity import dataset_fidelity
+    from packer.benchmark.fidelity import dataset_fidelity
 
     result["fidelity"] = dataset_fidelity(dataset.reader, count=o.fidelity, short_side=resize,
                                           crop=crop) if o.fidelity else []

@@ -146,7 +146,7 @@ def _cpu_s() -> float:
 
 def clip_rate(spec: dict[str, Any]) -> dict[str, Any]:
     """Time ``spec["clips"]`` clips of ``spec["path"]`` with ``spec["sampling"]`` in this process on
-    one thread (a fresh process's side of ``packer.commands.bench_video``): clips/s, CPU ms per clip."""
+    one thread (a fresh process's side of ``packer.benchmark.video``): clips/s, CPU ms per clip."""
     import cv2
     import numpy as np
     import torch

@@ -1,7 +1,7 @@
 """``packer bench`` extras: does the pipeline scale with threads, and how well do orders mix classes.
 
 Thread scaling: the same samples loaded by ``packer.Loader`` with 1 thread and with N threads,
-each in a fresh process (``packer.commands.bench_fresh``), as a training script would load them.
+each in a fresh process (``packer.benchmark.fresh``), as a training script would load them.
 JPEG decode, resize and copies release the GIL, so a packer pipeline scales with threads; a
 Python-heavy transform holds the GIL and does not (then worker processes, the DataLoader, are
 the right tool). Mixing: distinct classes per batch of the orders a training run would read
@@ -86,9 +86,9 @@ def _gil_free_scaling(threads: int, seconds: float = 0.25) -> float:
 def thread_scaling(spec: dict[str, Any], *, runner: Any, batch_size: int, batches: int = 8,
                    threads: int | None = None) -> dict[str, Any]:
     """samples/s of ``packer.Loader`` with 1 and with ``threads`` threads over the same samples,
-    each in a fresh process of ``runner`` (a ``packer.commands.bench_fresh.FreshProcesses``;
+    each in a fresh process of ``runner`` (a ``packer.benchmark.fresh.FreshProcesses``;
     ``spec``: the dataset's ``path``, ``decode``, ``resize``, ``crop``, ``transform``, as
-    ``bench_fresh.child`` takes them), next to the scaling GIL-free work gets on this machine at
+    ``fresh.child`` takes them), next to the scaling GIL-free work gets on this machine at
     the same time (``available``). ``process``: what each of the two processes cost, keyed by
     thread count (``FreshProcesses.run``'s figures with the ``window``)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

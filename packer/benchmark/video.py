@@ -12,8 +12,8 @@ the same videos), else one made into a temporary folder from the video pack's ow
 stored MP4 written out and run through ``decode_frames(to="records")`` at its own size (no
 resize), JPEG q95 as ``decode-frames`` writes frames by default, so both packs hold the same
 frames at the same size. Each (pack, sampling) pair is timed in a fresh process
-(``packer.commands.bench_fresh``, as every ``packer bench`` configuration; the loop is
-``bench_measure.clip_rate``): ``clips`` clips of
+(``packer.benchmark.fresh``, as every ``packer bench`` configuration; the loop is
+``measure.clip_rate``): ``clips`` clips of
 seeded random videos through ``PackedVideoDataset`` with torch and OpenCV on one thread, as one
 DataLoader worker reads them, after one warm-up clip.
 
@@ -148,7 +148,7 @@ def run_video_bench(path: str | os.PathLike, *, frames: str | os.PathLike | None
     """Compare clip loading from the video pack ``path`` with a frame pack of the same videos
     (``frames``, or one made from ``path`` in a temporary folder with ``workers`` processes) for
     the sampling given (or TSN and dense): the dict described in this module's docstring."""
-    from packer.commands.bench_fresh import FreshProcesses
+    from packer.benchmark.fresh import FreshProcesses
     from packer.conversion.diskspace import disk_used
     from packer.formats import open_reader
     from packer.formats.frames import video_streams

@@ -9,11 +9,11 @@ process with packer's default settings, which builds the dataset and the loader 
 script does.
 
 ``FreshProcesses`` starts one new interpreter per ``packer bench`` run
-(``python -m packer.commands.bench_fresh``) that imports torch and packer's loading modules and
+(``python -m packer.benchmark.fresh``) that imports torch and packer's loading modules and
 nothing else, then forks one child per configuration: each child starts from the state a training
 script has after its imports (no dataset, no loader, no heap the bench process warmed), and
 imports are paid once, not per configuration (the first version started an interpreter per
-configuration: tests/test_bench.py went from 14 s to 243 s). The server reaps each child with
+configuration: tests/benchmark/test_run.py went from 14 s to 243 s). The server reaps each child with
 ``os.wait4``, so ``process`` is the child's whole life (its DataLoader workers included, the
 interpreter's start-up and imports not); the child records the epoch it timed (``window``: from
 building the loader to the end of the timed batches, reaped workers included).
@@ -37,8 +37,8 @@ from packer.errors import PackerError
 
 __all__ = ["FreshProcesses", "child", "serve", "USAGE_FIELDS"]
 
-MODULE = "packer.commands.bench_fresh"
-PRELOAD = ("torch", "packer.commands.bench_measure", "packer.commands.bench_threads", "packer.data.datasets",
+MODULE = "packer.benchmark.fresh"
+PRELOAD = ("torch", "packer.benchmark.measure", "packer.benchmark.threads", "packer.data.datasets",
            "packer.data.device", "packer.data.loader")
 USAGE_FIELDS = ("wall_s", "user_s", "sys_s", "minflt", "majflt", "maxrss_mb")
 
@@ -142,18 +142,18 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     ``kind``: ``loader`` (the packed dataset through the DataLoader with ``num_workers``),
     ``folder`` (the same over the image folder ``path``) or ``threads`` (``packer.Loader`` with
-    ``threads`` threads) or ``clips`` (clips of a video or frame pack, ``bench_measure.clip_rate``).
+    ``threads`` threads) or ``clips`` (clips of a video or frame pack, ``measure.clip_rate``).
     Returns the measured figures and ``window``.
     """
     if spec["kind"] == "clips":
-        from packer.commands.bench_measure import clip_rate
+        from packer.benchmark.measure import clip_rate
 
         before = _usage()
         out = clip_rate(spec)
         after = _usage()
         return {**out, "window": {k: after[k] - before[k] for k in before}}
-    from packer.commands.bench_measure import FolderDataset, make_decode, measure, timed_loader
-    from packer.commands.bench_threads import load_transform, loader_rate
+    from packer.benchmark.measure import FolderDataset, make_decode, measure, timed_loader
+    from packer.benchmark.threads import load_transform, loader_rate
     from packer.data.datasets import PackedDataset
     from packer.data.device import resolve_device
 
