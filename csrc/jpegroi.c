@@ -7,10 +7,8 @@
  * builds with a C compiler and Python's headers only (the struct layouts come from
  * libjpeg-turbo 3.2.0's headers in csrc/libjpeg, the libjpeg v6.2 ABI). Errors longjmp back
  * here; a warning stops the decode too: the caller then takes the full decoders' route.
- *
- * Unlike TurboJPEG's tj3Decompress8, which entropy-decodes the rows below a cropping region
- * and the rest of the file (jpeg_skip_scanlines + jpeg_finish_decompress), the decode stops
- * after the rectangle's last row (jpeg_abort_decompress).
+ * The rows go straight into the caller's buffer, and the decode stops after the rectangle's
+ * last row (jpeg_abort_decompress): nothing below it is read.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
