@@ -16,11 +16,10 @@ inside a DALI pipeline only). Two backends, tried in this order:
 * ``libjpeg``: packer's own small extension ``packer.codecs._jpegroi`` (``csrc/jpegroi.c``,
   built by ``pip install``; it needs a C compiler and Python's headers, nothing else) on the
   libjpeg-turbo that Pillow's wheels bundle (``pillow.libs/libjpeg-*.so.62.4.0``; Pillow 13
-  ships libjpeg-turbo 3.2.0), found from the ``pillow`` distribution's file list without
-  importing anything. It parses the header once and writes rows straight into the result,
-  and is the faster of the two (on ~500x375 JPEGs: a whole image 0.72 ms against
-  TurboJPEG's 0.77 ms per image). JPEGs with a sampling TurboJPEG has no name for are left
-  to the full decoders;
+  ships libjpeg-turbo 3.2.0), found beside the ``PIL`` package without importing it. It
+  parses the header once and writes rows straight into the result, and is the faster of
+  the two (on ~500x375 JPEGs: a whole image 0.72 ms against TurboJPEG's 0.77 ms per image).
+  JPEGs with a sampling TurboJPEG has no name for are left to the full decoders;
 * ``turbojpeg``: the TurboJPEG 3 API (``tj3SetCroppingRegion``) through ctypes, on the
   system's ``libturbojpeg`` when it is 3.x (Fedora 40+, Arch, Homebrew, conda-forge; Debian
   12/13 and Ubuntu 24.04 ship 2.1, which lacks the API), then on libjpeg-turbo's own packages
@@ -45,10 +44,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
-import importlib.metadata
+import importlib.util
 import logging
 import os
-import re
 import sys
 import threading
 from typing import NamedTuple, Optional, Union
@@ -67,8 +65,6 @@ _TJPF_RGB, _TJPF_RGBX = 0, 2
 _MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)  # by TJSAMP_444, 422, 420, GRAY, 440, 411, 441
 _TJCS_RGB, _TJCS_YCBCR, _TJCS_GRAY = 0, 1, 2
 _SLACK = 40  # columns a libjpeg-backend region may be decoded wider than asked (see _Libjpeg)
-# the libjpeg-turbo in Pillow's wheels (auditwheel's pillow.libs, delocate's PIL/.dylibs)
-_PILLOW_LIBJPEG = re.compile(r"^(pillow\.libs|PIL/\.dylibs)/libjpeg[^/]*\.(so[.0-9]*|dylib)$")
 
 
 class _Region(ctypes.Structure):
@@ -208,13 +204,18 @@ def _turbojpeg(path: str) -> Optional[_TurboJPEG]:
 
 
 def _pillow_libjpeg() -> list[str]:
-    """The libjpeg-turbo shared libraries the installed Pillow wheel ships (read from its
-    RECORD: nothing is imported)."""
+    """The libjpeg-turbo shared libraries the installed Pillow wheel ships beside ``PIL``
+    (auditwheel's ``pillow.libs``, delocate's ``PIL/.dylibs``), found without importing PIL
+    (~10 ms; reading the distribution's RECORD took ~75 ms)."""
     try:
-        files = importlib.metadata.files("pillow") or []
-    except importlib.metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec("PIL")
+    except (ImportError, ValueError):
         return []
-    return sorted(str(f.locate()) for f in files if _PILLOW_LIBJPEG.match(f.as_posix()))
+    if spec is None or not spec.origin:
+        return []
+    pkg = os.path.dirname(spec.origin)
+    return sorted(glob.glob(os.path.join(os.path.dirname(pkg), "pillow.libs", "libjpeg*.so*"))
+                  + glob.glob(os.path.join(pkg, ".dylibs", "libjpeg*.dylib")))
 
 
 def _libjpeg() -> Optional[_Libjpeg]:
