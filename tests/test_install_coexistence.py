@@ -8,7 +8,8 @@ session, installs PyTurboJPEG and then all of those into ONE fresh ``--target`` 
 system site-packages between them, so nothing already installed here hides a clash), and runs a
 fresh interpreter with only that directory in front of the standard library's and this Python's
 site-packages: PyTurboJPEG must still import, and the installed packer must pick simplejpeg and
-give the pixels this checkout's reference decode gives.
+give the pixels this checkout's reference decode gives; where this checkout decodes regions
+through its extension on Pillow's libjpeg-turbo, the installed wheel must too, at the same pixels.
 
 It needs PyPI (``pip download``): without it, it skips and says so.
 """
@@ -52,6 +53,14 @@ def _extra_requirements(wheel: Path, extras: tuple[str, ...]) -> list[str]:
             req.marker = None
             out.append(str(req))
     return out
+
+
+def _region_expected() -> bool:
+    """Whether region decoding must be on in the installed packer: the wheel built its
+    extension and this Python's Pillow is a wheel that bundles libjpeg-turbo."""
+    from packer.codecs import jpeg_region
+
+    return jpeg_region.backend() == "libjpeg" and bool(jpeg_region._pillow_libjpeg())
 
 
 @pytest.fixture(scope="session")
@@ -98,11 +107,15 @@ from turbojpeg import TurboJPEG, TJPF_RGB
 import turbojpeg, packer
 from packer.codecs import image, jpeg_region
 out = {{"turbojpeg": turbojpeg.__file__, "packer": packer.__file__, "decoder": image.DECODER,
-       "region": jpeg_region.available()}}
+       "region": jpeg_region.available(), "backend": jpeg_region.backend()}}
 for i in range({len(images)}):
-    np.save(r"{tmp_path}/{{}}.npy".format(i), image.decode(open(r"{tmp_path}/{{}}.jpg".format(i), "rb").read()))
+    data = open(r"{tmp_path}/{{}}.jpg".format(i), "rb").read()
+    np.save(r"{tmp_path}/{{}}.npy".format(i), image.decode(data))
+    if out["region"]:  # the whole image through region decoding, and a box of it
+        np.save(r"{tmp_path}/{{}}-roi.npy".format(i), jpeg_region.decode_region(data, 0, 0, *jpeg_region.read_header(data)[:2]))
+        np.save(r"{tmp_path}/{{}}-box.npy".format(i), jpeg_region.decode_region(data, 17, 9, 40, 30))
 lib = out["lib"] = jpeg_region.library_path()
-if lib:  # PyTurboJPEG works on the library packer's region decoding found
+if out["backend"] == "turbojpeg":  # PyTurboJPEG works on the libturbojpeg packer found
     np.save(r"{tmp_path}/tj.npy", TurboJPEG(lib).decode(open(r"{tmp_path}/0.jpg", "rb").read(), pixel_format=TJPF_RGB))
 print(json.dumps(out))
 """
@@ -119,5 +132,13 @@ print(json.dumps(out))
     assert seen["decoder"] == "simplejpeg"
     for i, data in enumerate(images):
         np.testing.assert_array_equal(np.load(tmp_path / f"{i}.npy"), imaging.decode_pil(data))
-    if seen["lib"]:
+    if _region_expected():  # the wheel built packer.codecs._jpegroi: Pillow's libjpeg-turbo serves it
+        assert seen["region"] and seen["backend"] == "libjpeg", seen
+        assert "pillow.libs" in seen["lib"] or ".dylibs" in seen["lib"], seen
+    if seen["region"]:
+        for i, data in enumerate(images):
+            ref = imaging.decode_pil(data)
+            np.testing.assert_array_equal(np.load(tmp_path / f"{i}-roi.npy"), ref)
+            np.testing.assert_array_equal(np.load(tmp_path / f"{i}-box.npy"), ref[9:39, 17:57])
+    if seen["backend"] == "turbojpeg":
         np.testing.assert_array_equal(np.load(tmp_path / "tj.npy"), imaging.decode_pil(images[0]))

@@ -9,7 +9,7 @@ from typing import Any
 
 from packer.errors import UsageError
 
-__all__ = ["DATA_BOUND_BELOW", "recommend", "verdict", "format_report", "plot_bench"]
+__all__ = ["DATA_BOUND_BELOW", "recommend", "verdict", "decoders_line", "format_report", "plot_bench"]
 
 DATA_BOUND_BELOW = 0.95
 
@@ -64,12 +64,22 @@ def verdict(s: dict[str, Any], ceiling: float) -> str:
     return f"not data-bound: loader keeps up ({100 * s['ratio_to_ceiling']:.0f}% of the ceiling)"
 
 
+def decoders_line(d: dict[str, Any] | None) -> str:
+    """Which JPEG decoder runs and whether region decoding is active (``result["decoders"]``)."""
+    if not d:
+        return "JPEG decoders: not recorded"
+    region = f"on ({d['backend']}: {d['library']})" if d["region"] else \
+        "off: the crops decode whole images (docs/loading.md, region decoding)"
+    return f"JPEG decoder: {d['full']}; region decoding: {region}"
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The human-readable table of a ``run_bench`` result."""
     r = result
     lines = [f"{r['path']}: {r['format']}, {r['count']} samples, {r['sample_bytes'] / 1e3:.1f} KB/sample stored; "
              f"batch {r['batch_size']}, decode {r['decode']} ({r['resize']} -> {r['crop']}), "
              f"device {r['device']}, {r['cpu_count']} CPUs, model step {r['model_ms']:g} ms",
+             decoders_line(r.get("decoders")),
              f"ceiling (same batches from memory, same consumer): {r['ceiling']['samples_per_s']:.0f} samples/s"]
     against = any(s["against"] for s in r["settings"])
     lines.append("each setting in a fresh process with default settings; CPU and page faults per sample "

@@ -16,6 +16,10 @@ JSON fields (``packer bench --json``; also ``JSON_FIELDS`` / ``SETTING_FIELDS``)
 * ``batch_size``, ``steps``, ``decode``, ``resize``, ``crop``, ``model_ms``: what was run.
 * ``device``: where batches went (``"cpu"`` or the CUDA device with its name); ``cpu_count``.
 * ``sample_bytes``: mean stored (encoded) bytes per sample; MB/s = samples/s x this.
+* ``decoders``: ``{full, region, backend, library}``: the JPEG decoder of whole images
+  (``simplejpeg``, ``opencv`` or ``pillow``: ``packer.codecs.image``) and whether region
+  decoding is active (``DecodeRandomResizedCrop`` and ``DecodeResizeCrop`` decode only the
+  box), through which backend and library (``packer.codecs.jpeg_region``; null when off).
 * ``ceiling``: ``{samples_per_s, mb_per_s}`` of in-memory batches through the same consumer.
 * ``settings``: one object per ``num_workers``:
   ``num_workers``, ``samples_per_s``, ``mb_per_s``, ``ratio_to_ceiling`` (loader / ceiling),
@@ -64,7 +68,7 @@ from packer.benchmark.measure import (DECODES, FolderDataset, Replay, make_decod
 from packer.benchmark.report import DATA_BOUND_BELOW, format_report, plot_bench, recommend, verdict
 
 __all__ = ["DECODES", "JSON_FIELDS", "SETTING_FIELDS", "FolderDataset", "make_decode", "run_bench",
-           "format_report", "plot_bench", "parse_workers"]
+           "format_report", "plot_bench", "parse_workers", "jpeg_decoders"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ JSON_FIELDS = {
     "crop": "centre crop side", "model_ms": "simulated training step (ms)",
     "device": "where batches went", "cpu_count": "CPUs of this machine",
     "sample_bytes": "mean stored bytes per sample", "ceiling": "{samples_per_s, mb_per_s} from memory",
+    "decoders": "{full, region, backend, library}: the JPEG decoder and whether region decoding is active",
     "settings": "one object per num_workers", "recommended": "{num_workers, persistent_workers, "
     "prefetch_factor, reasons}", "cache": "{sample_shape, bytes, free_bytes, fits, device} or null",
     "verdict": "one line for the recommended setting",
@@ -96,6 +101,14 @@ SETTING_FIELDS = {
     "process": "the setting's fresh process: {wall_s, user_s, sys_s, minflt, majflt, maxrss_mb}",
     "window": "the timed epoch in it, workers included: {user_s, sys_s, minflt}",
 }
+
+
+def jpeg_decoders() -> dict[str, Any]:
+    """The JPEG decoders of this install: whole images, and region decoding (on or off)."""
+    from packer.codecs import image, jpeg_region
+
+    return {"full": image.DECODER, "region": jpeg_region.available(), "backend": jpeg_region.backend(),
+            "library": jpeg_region.library_path()}
 
 
 def parse_workers(text: str) -> list[int]:
@@ -180,6 +193,7 @@ def run_bench(path: str | os.PathLike, options: BenchOptions | None = None, *,
             "batch_size": batch_size, "steps": steps, "decode": decode, "resize": resize, "crop": crop,
             "model_ms": model_ms, "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if pin else ""),
             "cpu_count": os.cpu_count() or 1, "sample_bytes": sample_bytes(dataset.reader),
+            "decoders": jpeg_decoders(),
         }
     except BaseException:
         fresh.close()

@@ -9,7 +9,8 @@ the decoder it picks by default (header parsing and EXIF handling included).
     python -m scripts.bench.jpeg_decoders decoders            # ~1 min on 2 cores
     python -m scripts.bench.jpeg_decoders --quick decoders    # smoke run, seconds
 
-Region decoding and PyTurboJPEG need a libturbojpeg >= 3.0: set ``PACKER_TURBOJPEG`` to one.
+PyTurboJPEG needs a libturbojpeg >= 3.0: set ``PACKER_TURBOJPEG`` to one (region decoding does
+not: ``packer.codecs.jpeg_region`` uses the libjpeg-turbo inside Pillow's wheel).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
+from packer.codecs import image as imaging, jpeg_region
 from packer.benchmark.run import JSON_FIELDS, SETTING_FIELDS, parse_workers, run_bench
 from packer.benchmark.fresh import USAGE_FIELDS
 from packer.cli import main
@@ -27,6 +28,8 @@ def check_result(r: dict, workers: list[int], count: int) -> None:
     assert set(r) == set(JSON_FIELDS)
     assert r["count"] == count and r["format"] == "lmdb"
     assert r["ceiling"]["samples_per_s"] > 0 and r["sample_bytes"] > 0
+    assert r["decoders"] == {"full": imaging.DECODER, "region": jpeg_region.available(),
+                             "backend": jpeg_region.backend(), "library": jpeg_region.library_path()}
     assert [s["num_workers"] for s in r["settings"]] == workers
     for s in r["settings"]:
         assert set(s) == set(SETTING_FIELDS)
@@ -86,6 +89,7 @@ def test_cli_table(packed):
     assert "recommended: num_workers=" in res.stdout
     assert "device cache: 24 x 3x32x32 uint8" in res.stdout
     assert "| DecodeRandomResizedCrop(32) |" in res.stdout
+    assert "JPEG decoder: " in res.stdout and "region decoding: " in res.stdout
 
 
 def test_cli_plot(packed, tmp_path):

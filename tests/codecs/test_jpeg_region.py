@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -14,8 +17,8 @@ from PIL import Image
 from packer.codecs import jpeg_region
 from packer.synth import natural_image
 
-# CI (.ci/run) points $PACKER_TURBOJPEG at a libturbojpeg 3 and sets PACKER_REQUIRE_TURBO: there
-# these tests never skip (test_library_found says why they fail instead)
+# CI (.ci/run) sets PACKER_REQUIRE_TURBO (and no $PACKER_TURBOJPEG: region decoding as a plain
+# install gets it): there these tests never skip (test_library_found says why they fail instead)
 pytestmark = pytest.mark.skipif(not jpeg_region.available() and not os.environ.get("PACKER_REQUIRE_TURBO"),
                                 reason="no libturbojpeg >= 3.0 (docs/loading.md: region decoding)")
 
@@ -23,6 +26,28 @@ pytestmark = pytest.mark.skipif(not jpeg_region.available() and not os.environ.g
 def test_library_found():
     assert jpeg_region.available(), "PACKER_REQUIRE_TURBO is set but no libturbojpeg >= 3.0 was found"
     assert jpeg_region.library_path()
+
+
+def test_a_plain_install_decodes_regions():
+    """``pip install`` builds ``packer.codecs._jpegroi``; with a Pillow wheel that bundles
+    libjpeg-turbo (Linux, macOS) region decoding is then on in a fresh interpreter, with no
+    ``$PACKER_TURBOJPEG`` and no system library: through Pillow's copy."""
+    if not jpeg_region._pillow_libjpeg():
+        pytest.skip("this Pillow ships no libjpeg-turbo shared library (a source build, Windows)")
+    try:
+        from packer.codecs import _jpegroi  # noqa: F401
+    except ImportError:
+        pytest.skip("packer.codecs._jpegroi is not built here (pip install -e . builds it)")
+    env = {k: v for k, v in os.environ.items() if k != "PACKER_TURBOJPEG"}
+    code = ("import json; from packer.codecs import jpeg_region as j; "
+            "print(json.dumps([j.backend(), j.library_path(), j.describe()]))")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    backend, path, line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert backend == "libjpeg" and path in jpeg_region._pillow_libjpeg(), line
+    assert line.startswith("on (libjpeg: ")
 
 
 def jpeg(h: int, w: int, *, subsampling: int = 2, mode: str = "RGB", seed: int = 0, **save) -> bytes:
@@ -120,3 +145,13 @@ def test_every_thin_region_is_bit_exact(subsampling):
                 if x + width <= w:
                     out = jpeg_region.decode_region(data, x, 3, width, h - 5, scale=k)
                     assert np.array_equal(out, ref[3:h - 2, x:x + width]), (k, x, width)
+
+
+def test_rows_below_the_region_are_never_decoded():
+    """A JPEG cut short below the region still gives the region (bit-exact); one cut inside it
+    gives None (the full decoders decide)."""
+    data = jpeg(160, 120, seed=4)
+    ref = full(data, 1)
+    cut = data[: len(data) * 3 // 5]  # about the first 90 rows left
+    assert np.array_equal(jpeg_region.decode_region(cut, 10, 4, 100, 40), ref[4:44, 10:110])
+    assert jpeg_region.decode_region(cut, 10, 100, 100, 40) is None
