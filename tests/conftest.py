@@ -1,19 +1,24 @@
 """Shared fixtures: small generated datasets and the real-world files in ``tests/fixtures``
 (inside the repository, see its README.md for provenance and licences). The helpers behind
-them live in ``tests/support``."""
+them live in ``tests/support``. At the end of a session the suite checks that it left no
+process behind (``pytest_sessionfinish`` below)."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-from PIL import Image
+from tests.support import processes
 
-from packer.synth import natural_image
-from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO  # noqa: F401
-from tests.support.inputs import write_image_folder, write_video_folder
+processes.mark_session()  # before anything starts a process: every one carries the session's mark
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from packer.synth import natural_image  # noqa: E402
+from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO, zygote  # noqa: E402,F401
+from tests.support.inputs import write_image_folder, write_video_folder  # noqa: E402
 
 # Compiled modules are cached in __pycache__ even where the environment says not to (this
 # project's development machines set PYTHONDONTWRITEBYTECODE=1): otherwise every xdist worker
@@ -73,6 +78,46 @@ def pytest_collection_modifyitems(config, items) -> None:
     config.stash[COLLECTED] = [(i.nodeid, i.get_closest_marker("slow") is not None) for i in items]
     rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda i: rank.get(i.nodeid.split("::", 1)[0], len(rank)))  # stable: order within a module
+
+
+#: what the xdist workers found left behind, for the controller's report
+LEFT_BEHIND = pytest.StashKey[list]()
+
+
+def pytest_testnodedown(node, error) -> None:
+    """(xdist controller) keep what a worker found left behind below it, for the report."""
+    left = getattr(node, "workeroutput", {}).get("packer_left_behind", [])
+    node.config.stash.setdefault(LEFT_BEHIND, []).extend(f"[{node.gateway.id}] {p}" for p in left)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves no process behind. After the session's own teardown (fixtures, and in
+    an xdist controller its workers), every pytest process ends its test zygotes and SIGKILLs
+    what still runs below it; the session's first process also ends whatever carries the
+    session's mark (tests/support/processes.py: what lost its parent too) and fails the run
+    naming each process found, its own and its workers'."""
+    result = yield
+    zygote.close_all()
+    left = [str(p) for p in processes.end(lambda: processes.descendants(os.getpid()))]
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller reports
+        config.workeroutput["packer_left_behind"] = left
+        return result
+    mark = os.environ[processes.MARK]
+    left += [str(p) for p in processes.end(lambda: processes.marked(mark))]
+    found = config.stash.get(LEFT_BEHIND, []) + left
+    if found:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["the suite left processes behind (now SIGKILLed):", *found]
+        if reporter is not None:
+            reporter.write_sep("=", "processes left behind", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
 
 
 @pytest.fixture(scope="session")

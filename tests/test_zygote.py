@@ -61,12 +61,15 @@ def _alive(pid: int) -> bool:
         time.sleep(0.02)
 
 
+SLEEPER = "import time; time.sleep(600)"  # a run that is still there when the test acts on it
+
+
 def test_a_run_has_its_own_session_when_its_pid_is_known(tmp_path):
     """killpg(pid) reaches a run from the moment start() returns: a SIGSTOP sent at once used to
     land before the run's setsid(), leaving it stopped in its zygote's group, out of killpg's reach."""
-    z = zygote._Zygote(KILL_PROGRAM, BASE_ENV)
+    z = zygote._Zygote(SLEEPER, BASE_ENV)
     try:
-        run = zygote.ForkedRun(z, ["--version"], {**BASE_ENV, "PACKER_TEST_KILL": ""}, None, capture=False)
+        run = zygote.ForkedRun(z, [], BASE_ENV, None, capture=False)
         assert os.getpgid(run.pid) == os.getsid(run.pid) == run.pid
         os.kill(run.pid, signal.SIGSTOP)
         os.killpg(run.pid, signal.SIGKILL)
@@ -77,8 +80,8 @@ def test_a_run_has_its_own_session_when_its_pid_is_known(tmp_path):
 
 def test_closing_a_zygote_ends_its_runs(tmp_path):
     """A run still there when its zygote closes (the session ends), stopped or not, is SIGKILLed."""
-    z = zygote._Zygote(KILL_PROGRAM, BASE_ENV)
-    run = zygote.ForkedRun(z, ["--version"], {**BASE_ENV, "PACKER_TEST_KILL": ""}, None, capture=False)
+    z = zygote._Zygote(SLEEPER, BASE_ENV)
+    run = zygote.ForkedRun(z, [], BASE_ENV, None, capture=False)
     os.kill(run.pid, signal.SIGSTOP)
     z.close()
     assert not _alive(run.pid)
@@ -90,9 +93,9 @@ def test_a_zygote_whose_test_process_is_gone_ends_with_its_runs(tmp_path):
     pids = tmp_path / "pids"
     code = (f"import os, signal, sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from tests.support import zygote\n"
-            "from tests.support.killing import BASE_ENV, KILL_PROGRAM\n"
-            "z = zygote._Zygote(KILL_PROGRAM, BASE_ENV)\n"
-            "run = zygote.ForkedRun(z, ['--version'], {**BASE_ENV, 'PACKER_TEST_KILL': ''}, None, capture=False)\n"
+            "from tests.support.killing import BASE_ENV\n"
+            f"z = zygote._Zygote({SLEEPER!r}, BASE_ENV)\n"
+            "run = zygote.ForkedRun(z, [], BASE_ENV, None, capture=False)\n"
             "os.kill(run.pid, signal.SIGSTOP)\n"
             "if os.fork() == 0:\n"  # a fork holding the zygote's stdin open, as a pool worker would
             "    signal.pause()\n"
