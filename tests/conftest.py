@@ -19,6 +19,7 @@ from PIL import Image  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO, zygote  # noqa: E402,F401
 from tests.support.inputs import write_image_folder, write_video_folder  # noqa: E402
+from tests.support.timing import scaled  # noqa: E402
 
 # Compiled modules are cached in __pycache__ even where the environment says not to (this
 # project's development machines set PYTHONDONTWRITEBYTECODE=1): otherwise every xdist worker
@@ -43,10 +44,15 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
     return cores + 1
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config) -> None:
-    """In an xdist worker, torch computes on one thread: the workers already outnumber the
-    cores, and torch's intra-op threads on top of them spin for CPU the other workers need
-    (about a fifth of the CPU time of the model-training tests). Serial runs keep torch's default."""
+    """The per-test timeout (pyproject's, pytest-timeout's) stretched with the machine's load
+    (tests/support/timing.py; after pytest-timeout has read it). In an xdist worker, torch
+    computes on one thread: the workers already outnumber the cores, and torch's intra-op
+    threads on top of them spin for CPU the other workers need (about a fifth of the CPU time of
+    the model-training tests). Serial runs keep torch's default."""
+    if getattr(config, "_env_timeout", None):
+        config._env_timeout = scaled(config._env_timeout)
     if hasattr(config, "workerinput"):
         import torch
 
@@ -74,8 +80,14 @@ LONGEST_FIRST = (
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the run's whole collection (tests/test_docs.py counts the fault suites from it
-    instead of collecting them again in a subprocess), then start the longest modules first."""
+    instead of collecting them again in a subprocess), stretch the tests' own timeouts with the
+    machine's load, then start the longest modules first."""
     config.stash[COLLECTED] = [(i.nodeid, i.get_closest_marker("slow") is not None) for i in items]
+    for item in items:  # a test's own timeout marker, stretched as the default one is
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args and marker.args[0]:
+            item.add_marker(pytest.mark.timeout(scaled(marker.args[0]), *marker.args[1:], **marker.kwargs),
+                            append=False)
     rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda i: rank.get(i.nodeid.split("::", 1)[0], len(rank)))  # stable: order within a module
 
