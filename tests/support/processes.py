@@ -19,6 +19,9 @@ __all__ = ["MARK", "Proc", "mark_session", "descendants", "marked", "end"]
 
 MARK = "TESTSUITE_ROOT_PID"
 PROC = Path("/proc")
+#: helpers of a Python process that live exactly as long as it does (they exit on its end):
+#: not left behind by a test
+SERVICES = ("from multiprocessing.resource_tracker import main", "from multiprocessing.forkserver import main")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ def _all() -> list[Proc]:
     if not PROC.is_dir():
         return []
     procs = (_read(int(p.name)) for p in PROC.iterdir() if p.name.isdigit())
-    return [p for p in procs if p is not None and p.state not in ("Z", "X")]
+    return [p for p in procs if p is not None and p.state not in ("Z", "X")
+            and not any(service in p.command for service in SERVICES)]
 
 
 def descendants(root: int) -> list[Proc]:
