@@ -28,6 +28,16 @@ from tests.support.timing import scaled
 # journal append), "rename:0" (before the final rename), "renamed:0" (right after it).
 KILL_PROGRAM = r"""
 import os, signal, sys
+hold = os.environ.get("PACKER_TEST_HOLD", "")
+if hold:  # past N samples the writer waits for the kill: the run cannot end before it lands
+    import time
+    import packer.formats.writer as held
+    held_add, held_at = held.Writer.add, int(hold)
+    def wait_for_the_kill(self, sample):
+        held_add(self, sample)
+        while self.count >= held_at:
+            time.sleep(3600)
+    held.Writer.add = wait_for_the_kill
 spec = os.environ.get("PACKER_TEST_KILL", "")
 if spec:
     where, n = spec.split(":"); n = int(n)
@@ -75,12 +85,16 @@ def packer_cmd(*args) -> list[str]:
     return [sys.executable, "-c", KILL_PROGRAM, *map(str, args)]
 
 
-def packer_env(kill_at: str | None = None, **extra: str) -> dict[str, str]:
-    """The environment of a packer subprocess, running this checkout, optionally armed to die."""
+def packer_env(kill_at: str | None = None, *, hold_at: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a packer subprocess, running this checkout, optionally armed to die
+    (``kill_at``) or to wait for a kill from outside once ``hold_at`` samples are added."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
     env.pop("PACKER_TEST_KILL", None)
+    env.pop("PACKER_TEST_HOLD", None)
     if kill_at:
         env["PACKER_TEST_KILL"] = kill_at
+    if hold_at is not None:
+        env["PACKER_TEST_HOLD"] = str(hold_at)
     return env
 
 
@@ -116,9 +130,13 @@ def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Ca
 
 
 def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float | None = None,
-                 env: dict[str, str] | None = None) -> bool:
+                 env: dict[str, str] | None = None, hold_at: int | None = None) -> bool:
     """Start ``cmd``; SIGKILL its process group once ``until()`` holds (or after ``timeout``,
-    default 60 s scaled to the machine's load). True if it was killed."""
+    default 60 s scaled to the machine's load). True if it was killed. ``hold_at`` (packer
+    itself): past that many samples the run waits for the kill, so that on a busy machine it
+    cannot finish between two looks at ``until`` (pick it past the point ``until`` waits for)."""
+    if hold_at is not None:
+        env = {**(env or packer_env()), "PACKER_TEST_HOLD": str(hold_at)}
     if cmd[:3] == packer_cmd():  # packer itself: from the zygote where it can
         proc = zygote.start(KILL_PROGRAM, cmd[3:], env or packer_env(), BASE_ENV, capture=False)
     else:

@@ -297,9 +297,9 @@ class ForkedRun:
 #: changing a run (``import decord`` appends to PATH, Ray sets RAY_*, an AV1 encode SVT_LOG).
 _AT_START = ("PACKER_", "PYTHON", "LD_", "MALLOC_", "GLIBC_", "OMP_", "MKL_", "OPENBLAS_", "OPENCV_", "HDF5_",
              "CUDA_")
-#: read later, from the child's environment: the kill or pause point (armed after the fork) and
+#: read later, from the child's environment: the kill, hold or pause point (armed after the fork) and
 #: the breakpoint hook (read by breakpoint(); Ray sets it)
-_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_PAUSE", "PYTHONBREAKPOINT")
+_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_HOLD", "PACKER_TEST_PAUSE", "PYTHONBREAKPOINT")
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
