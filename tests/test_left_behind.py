@@ -31,8 +31,9 @@ def test_a_session_that_leaves_processes_fails_and_ends_them(tmp_path):
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     pids = tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": str(REPO), "LEFT_PIDS": str(pids)}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "2", "-q", "-p", "no:cacheprovider",
-                        "test_leaky.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "2", "-q",
+                        "-p", "no:cacheprovider", "test_leaky.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 passed" in r.stdout and "processes left behind" in r.stdout, r.stdout
     for pid in pids.read_text().split():
