@@ -21,11 +21,14 @@ from tests.support.timing import scaled
 __all__ = ["late_acknowledgements", "die_on"]
 
 
-def die_on(pidfile: Path, key: str, item: str) -> str:
-    """The work of one item: for ``key``, write this worker's pid to ``pidfile`` and SIGKILL it;
-    any other item takes a second (it is still running when the dying worker goes)."""
+def die_on(pidfile: Path, key: str, how: str, item: str) -> str:
+    """The work of one item: for ``key``, write this worker's pid to ``pidfile`` and end it
+    (``how``: "SIGKILL", or "exit" with status 3); any other item takes a second (it is still
+    running when the dying worker goes)."""
     if item == key:
         pidfile.write_text(str(os.getpid()))
+        if how == "exit":
+            os._exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(1.0)
     return item

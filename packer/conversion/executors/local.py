@@ -41,6 +41,10 @@ __all__ = ["LocalExecutor", "make_pool", "chunk_outcomes"]
 log = logging.getLogger(__name__)
 
 
+#: deaths in a row before any acknowledgement after which workers are taken to die on start-up
+_IDLE_DEATHS = 16
+
+
 class _Manager(pebble_process.PoolManager):
     """pebble's pool manager, where a worker killed by a signal before its acknowledgement was
     read still fails the task it took (see the module docstring)."""
@@ -50,17 +54,20 @@ class _Manager(pebble_process.PoolManager):
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
         self._dead: dict[int, tuple[int, int]] = {}  # pid -> (exit code, sequence number of the death)
+        self._idle_deaths = 0  # deaths matched to no task since the last acknowledgement
 
     def handle_worker_expiration(self, expiration: tuple) -> None:
         pid, code = expiration
-        if code is None or code >= 0:  # an exit (an initializer that failed): pebble's own handling
-            return super().handle_worker_expiration(expiration)
         with self._lock:
             task = next((t for t in pebble_process.dictionary_values(self.task_manager.tasks)
                          if t.worker_id == pid), None)
-            if task is None:  # its acknowledgement, if any, is not read yet
-                self._dead[pid] = (code, next(self._seq))
-                return
+            if task is None:
+                self._idle_deaths += 1
+                if self._idle_deaths <= _IDLE_DEATHS:  # its acknowledgement, if any, is not read yet
+                    self._dead[pid] = (code, next(self._seq))
+                    return
+        if task is None:  # workers keep dying before they take a task (an initializer that fails)
+            return super().handle_worker_expiration(expiration)  # pebble's verdict: a broken pool
         self._expire(task.id, pid, code)
 
     def process_next_message(self, timeout: float) -> None:
@@ -72,6 +79,7 @@ class _Manager(pebble_process.PoolManager):
         elif isinstance(message, pebble_process.Acknowledgement):
             with self._lock:
                 self.task_manager.task_start(message.task, message.worker)
+                self._idle_deaths = 0
         elif isinstance(message, pebble_process.TaskResult):
             self.task_manager.task_done(message.task, message.result)
         elif isinstance(message, pebble_process.TaskProblem):
