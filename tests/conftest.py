@@ -1,19 +1,25 @@
 """Shared fixtures: small generated datasets and the real-world files in ``tests/fixtures``
 (inside the repository, see its README.md for provenance and licences). The helpers behind
-them live in ``tests/support``."""
+them live in ``tests/support``. At the end of a session the suite checks that it left no
+process behind (``pytest_sessionfinish`` below)."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-from PIL import Image
+from tests.support import processes
 
-from packer.synth import natural_image
-from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO  # noqa: F401
-from tests.support.inputs import write_image_folder, write_video_folder
+processes.mark_session()  # before anything starts a process: every one carries the session's mark
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from packer.synth import natural_image  # noqa: E402
+from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO, zygote  # noqa: E402,F401
+from tests.support.inputs import write_image_folder, write_video_folder  # noqa: E402
+from tests.support.timing import scaled  # noqa: E402
 
 # Compiled modules are cached in __pycache__ even where the environment says not to (this
 # project's development machines set PYTHONDONTWRITEBYTECODE=1): otherwise every xdist worker
@@ -38,10 +44,15 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
     return cores + 1
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config) -> None:
-    """In an xdist worker, torch computes on one thread: the workers already outnumber the
-    cores, and torch's intra-op threads on top of them spin for CPU the other workers need
-    (about a fifth of the CPU time of the model-training tests). Serial runs keep torch's default."""
+    """The per-test timeout (pyproject's, pytest-timeout's) stretched with the machine's load
+    (tests/support/timing.py; after pytest-timeout has read it). In an xdist worker, torch
+    computes on one thread: the workers already outnumber the cores, and torch's intra-op
+    threads on top of them spin for CPU the other workers need (about a fifth of the CPU time of
+    the model-training tests). Serial runs keep torch's default."""
+    if getattr(config, "_env_timeout", None):
+        config._env_timeout = scaled(config._env_timeout)
     if hasattr(config, "workerinput"):
         import torch
 
@@ -69,10 +80,56 @@ LONGEST_FIRST = (
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the run's whole collection (tests/test_docs.py counts the fault suites from it
-    instead of collecting them again in a subprocess), then start the longest modules first."""
+    instead of collecting them again in a subprocess), stretch the tests' own timeouts with the
+    machine's load, then start the longest modules first."""
     config.stash[COLLECTED] = [(i.nodeid, i.get_closest_marker("slow") is not None) for i in items]
+    for item in items:  # a test's own timeout marker, stretched as the default one is
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args and marker.args[0]:
+            item.add_marker(pytest.mark.timeout(scaled(marker.args[0]), *marker.args[1:], **marker.kwargs),
+                            append=False)
     rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda i: rank.get(i.nodeid.split("::", 1)[0], len(rank)))  # stable: order within a module
+
+
+#: what the xdist workers found left behind, for the controller's report
+LEFT_BEHIND = pytest.StashKey[list]()
+
+
+def pytest_testnodedown(node, error) -> None:
+    """(xdist controller) keep what a worker found left behind below it, for the report."""
+    left = getattr(node, "workeroutput", {}).get("packer_left_behind", [])
+    node.config.stash.setdefault(LEFT_BEHIND, []).extend(f"[{node.gateway.id}] {p}" for p in left)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves no process behind. After the session's own teardown (fixtures, and in
+    an xdist controller its workers), every pytest process ends its test zygotes and SIGKILLs
+    what still runs below it; the session's first process also ends whatever carries the
+    session's mark (tests/support/processes.py: what lost its parent too) and fails the run
+    naming each process found, its own and its workers'."""
+    result = yield
+    zygote.close_all()
+    left = [str(p) for p in processes.end(lambda: processes.descendants(os.getpid()))]
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller reports
+        config.workeroutput["packer_left_behind"] = left
+        return result
+    mark = os.environ[processes.MARK]
+    left += [str(p) for p in processes.end(lambda: processes.marked(mark))]
+    found = config.stash.get(LEFT_BEHIND, []) + left
+    if found:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["the suite left processes behind (now SIGKILLed):", *found]
+        if reporter is not None:
+            reporter.write_sep("=", "processes left behind", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from packer.conversion.diskspace import Estimate, check_space
 from tests.support import FIXTURE_VIDEOS, REPO
 from tests.support.inputs import write_video, write_video_folder
 from tests.support.killing import checkpoint_at_least, run_and_kill
+from tests.support.timing import scaled
 
 PACKED = sorted(FORMATS)
 ALL_OUTPUTS = ["frames"] + PACKED
@@ -341,7 +342,7 @@ def test_killed_run_resumes_to_the_same_output(tmp_path, to):
         journal = journal.with_name(journal.name + ".journal")
     # the converter and its decoding worker, mid-run
     assert run_and_kill([sys.executable, "-c", code], checkpoint_at_least(journal / ".resume.json", 3, "items_done"),
-                        timeout=120), "the run finished before it could be killed"
+                        timeout=scaled(120)), "the run finished before it could be killed"
     assert not killed.exists()
     r = cli("decode-frames", src, killed, "--to", to, "--workers", 2, "--resume", "--max-failures", 9,
             "--commit-every", 20)

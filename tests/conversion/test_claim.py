@@ -21,6 +21,7 @@ from packer.errors import OutputClaimed, WriteError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.sample import Sample
 from tests.support.killing import REPO
+from tests.support.timing import scaled
 
 HOLD = """
 import os, sys, time
@@ -170,7 +171,7 @@ def test_heartbeat_renews_the_lease(tmp_path):
     try:
         old = time.time() - 1000
         os.utime(lock_path(out), (old, old))
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while lock_path(out).stat().st_mtime < time.time() - 100 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert lock_path(out).stat().st_mtime > time.time() - 100

@@ -24,6 +24,7 @@ from tests.support import REPO
 from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from tests.support.outputs import packed_snapshot
+from tests.support.timing import scaled
 
 
 # -- the choice --------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ def test_workers_of_a_killed_run_stop_instead_of_writing_beside_the_resume(src, 
                                        "--shard-size", "20KB"), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     kids: list[int] = []
     while time.monotonic() < deadline and len(kids) < 2 and proc.poll() is None:
         kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
@@ -295,9 +296,15 @@ def test_workers_of_a_killed_run_stop_instead_of_writing_beside_the_resume(src, 
         time.sleep(0.01)
     proc.kill()
     proc.wait()
-    time.sleep(3)
-    alive = [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in
-             Path(f"/proc/{k}/stat").read_text().split()[2]]
+
+    def running() -> list[int]:
+        return [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in
+                Path(f"/proc/{k}/stat").read_text().split()[2]]
+
+    deadline = time.monotonic() + scaled(30)  # they notice the writer's end at their next task
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = running()
     for k in alive:
         os.kill(k, signal.SIGKILL)
     assert alive == []

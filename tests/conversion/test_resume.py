@@ -45,7 +45,9 @@ def test_kill_then_resume_is_identical(src, reference, tmp_path, at, workers):
     out = tmp_path / "out.lmdb"
     state = partial_path(out) / ".resume.json"
     base = ("to-lmdb", src, out, "--workers", workers, "--commit-every", 4, "--max-failures", 1)
-    assert run_and_kill(packer_cmd(*base), checkpoint_at_least(state, at)), "the run ended before the kill"
+    # held past the next commit after `at`: on a busy machine it could otherwise finish between polls
+    assert run_and_kill(packer_cmd(*base), checkpoint_at_least(state, at), hold_at=at + 8), \
+        "the run ended before the kill"
     assert not out.exists()  # nothing half-written is presented as a dataset
     # kill the resumed run too, once, a little further on: at its 12th sample past the first
     # kill's checkpoint, from inside (polling the checkpoint from here, a run resumed at 100 of

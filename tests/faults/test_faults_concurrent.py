@@ -22,6 +22,7 @@ from packer.formats.sidecars import partial_path
 from tests.support.concurrency import error_lines, release, start_paused, stop
 from tests.support.faults import CONVERSIONS, leftovers, one_fast, snapshot
 from tests.support.killing import run_packer
+from tests.support.timing import scaled
 
 
 def assert_refused(r, out, holder_pid: int | None = None) -> str:
@@ -81,7 +82,7 @@ def test_two_runs_started_together(fmt, tmp_path):
     for _ in range(2):
         procs.append(zygote.start(KILL_PROGRAM, argv, packer_env(), BASE_ENV, capture=True))
         time.sleep(0.3)
-    results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    results = [(p.wait(timeout=scaled(300)), p.communicate()[1]) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes[0] == 0 and codes[1] in (1, 2), results
     assert verifies(out)
@@ -235,7 +236,7 @@ def test_sigterm_releases_the_claim(sources, references, tmp_path):
     a = start_paused(conv.argv(src, out, "--workers", 0), "add", tmp_path / "flags")
     try:
         a.send_signal(signal.SIGTERM)
-        a.wait(timeout=60)
+        a.wait(timeout=scaled(60))
     finally:
         stop(a)
     assert a.returncode == 128 + signal.SIGTERM

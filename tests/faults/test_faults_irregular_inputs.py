@@ -16,17 +16,18 @@ import pytest
 
 from tests.support.inputs import write_image_folder, write_video_folder
 from tests.support.killing import packer_env, run_packer
+from tests.support.timing import scaled
 from packer.formats import FORMATS
 
 pytestmark = pytest.mark.timeout(240)
 
-DEADLINE = 90  # seconds one packer command may take here (each takes a few)
+DEADLINE = 90  # seconds one packer command may take on an idle machine (each takes a few; scaled)
 
 
 def run(*args, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``packer ARGS`` in a process of its own; a hang past DEADLINE is a failure, not a stuck suite."""
     try:
-        return run_packer(*args, timeout=DEADLINE, env=env)
+        return run_packer(*args, timeout=scaled(DEADLINE), env=env)
     except subprocess.TimeoutExpired:  # run_packer has killed its process group
         pytest.fail(f"packer {' '.join(map(str, args))} hung (killed after {DEADLINE}s)")
 

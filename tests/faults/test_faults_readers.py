@@ -24,6 +24,7 @@ from packer.errors import OutputChanged
 from packer.formats import open_reader
 from tests.support.inputs import write_image_folder, write_video_folder
 from tests.support.killing import run_packer
+from tests.support.timing import scaled
 
 
 def _images(tmp_path):
@@ -161,7 +162,7 @@ def test_reading_while_an_overwrite_runs(fmt, tmp_path):
         seen.extend(_reads(ds, len(old)))
         if len(seen) > 20000:
             break
-    proc.wait(timeout=120)
+    proc.wait(timeout=scaled(120))
     assert proc.returncode == 0
     assert _old_or_named_error(seen, old * (len(seen) // len(old) + 1), [b""] * len(seen), out) >= 0
 

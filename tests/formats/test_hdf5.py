@@ -152,7 +152,11 @@ import sys, time
 import packer.commands.pack_images as pack
 from packer.codecs.resize import ResizeSpec
 call = pack.ImageJob.__call__
+done = [0]
 def slow(self, item):  # slow the work down so the kill lands mid-run
+    done[0] += 1
+    while done[0] > 20:  # and past 20 inputs wait for it: the run cannot end before the kill
+        time.sleep(3600)
     time.sleep(0.03)
     return call(self, item)
 pack.ImageJob.__call__ = slow

@@ -36,6 +36,7 @@ from packer.conversion.inputs import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
 from tests.support import FIXTURE_IMAGES, REPO
 from tests.support.inputs import write_image_folder
+from tests.support.timing import scaled
 
 
 def cli(*args: str, ok: bool = True):
@@ -307,7 +308,7 @@ def test_kill_then_resume_equals_an_uninterrupted_run(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     partial = tmp_path / "out.partial"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     try:
         while len(list(partial.glob("train-*.tfrecord"))) < 3:
             assert proc.poll() is None, "the conversion ended before it could be killed"

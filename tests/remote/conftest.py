@@ -35,6 +35,15 @@ def s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _servers_up(request):
+    """Before each test, the servers it uses are up: a server that died (or whose port another
+    process took) is started again (tests/support/servers.py)."""
+    for name in ("nginx", "s3"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).ensure()
+
+
 _buckets = itertools.count()
 
 

@@ -17,6 +17,7 @@ from packer.remote import open_reader
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from tests.support.inputs import write_image_folder
 from tests.support.served import pack, records_dataset
+from tests.support.timing import scaled
 
 # xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
 pytestmark = pytest.mark.xdist_group("nginx")
@@ -76,7 +77,7 @@ def test_altered_download_is_caught_by_the_hash_and_fetched_again(nginx, tmp_pat
     uri = "/d/altered/train-00001.tfrecord"
 
     def restore_after_first_download():  # the server's copy is fixed once the bad one was served
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while time.monotonic() < deadline and not nginx.downloads().get(uri):
             time.sleep(0.005)
         tmp = shard.with_name(".restore")
@@ -205,7 +206,7 @@ def test_a_stalled_transfer_times_out_and_the_retries_are_bounded(nginx, tmp_pat
     start = time.monotonic()
     with pytest.raises(PackerError, match="gave up after 3 attempts") as e:
         PackedDataset(nginx.url("stalled", location="slow"), remote=opts)  # 1 KB/s: stalls > 0.3 s
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < scaled(15)  # bounded: not retrying without end
     assert "Timeout" in str(e.value) and nginx.url("stalled/packer.json", location="slow") in str(e.value)
 
 
@@ -222,7 +223,7 @@ def test_prefetch_fetches_the_next_shards_of_the_epoch_order_and_no_further(ngin
 
     it = iter(ds)
     next(it)  # reading shard seq[0]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while not (cached(seq[1]) and cached(seq[2])) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert cached(seq[1]) and cached(seq[2])

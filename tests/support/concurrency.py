@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tests.support import zygote
 from tests.support.killing import BASE_ENV, packer_env
+from tests.support.timing import scaled
 
 
 PAUSE_PROGRAM = r"""
@@ -55,7 +56,7 @@ def start_paused(argv, at: str, flags: Path) -> subprocess.Popen | zygote.Forked
     flags.mkdir(parents=True, exist_ok=True)
     env = {**packer_env(), "PACKER_TEST_PAUSE": f"{at};{flags}"}
     proc = zygote.start(PAUSE_PROGRAM, list(argv), env, BASE_ENV, capture=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while not (flags / "ready").exists():
         if proc.poll() is not None:
             out, err = proc.communicate()
@@ -67,11 +68,11 @@ def start_paused(argv, at: str, flags: Path) -> subprocess.Popen | zygote.Forked
     return proc
 
 
-def release(proc: subprocess.Popen, flags: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Let a paused process go on; wait for it and return its outcome."""
+def release(proc: subprocess.Popen, flags: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Let a paused process go on; wait for it (``timeout``: 120 s scaled) and return its outcome."""
     (flags / "go").touch()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=scaled(120) if timeout is None else timeout)
     finally:
         stop(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

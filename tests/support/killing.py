@@ -21,12 +21,23 @@ from pathlib import Path
 from typing import Callable
 
 from tests.support import REPO, zygote
+from tests.support.timing import scaled
 
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
 # journal append), "rename:0" (before the final rename), "renamed:0" (right after it).
 KILL_PROGRAM = r"""
 import os, signal, sys
+hold = os.environ.get("PACKER_TEST_HOLD", "")
+if hold:  # past N samples the writer waits for the kill: the run cannot end before it lands
+    import time
+    import packer.formats.writer as held
+    held_add, held_at = held.Writer.add, int(hold)
+    def wait_for_the_kill(self, sample):
+        held_add(self, sample)
+        while self.count >= held_at:
+            time.sleep(3600)
+    held.Writer.add = wait_for_the_kill
 spec = os.environ.get("PACKER_TEST_KILL", "")
 if spec:
     where, n = spec.split(":"); n = int(n)
@@ -74,12 +85,16 @@ def packer_cmd(*args) -> list[str]:
     return [sys.executable, "-c", KILL_PROGRAM, *map(str, args)]
 
 
-def packer_env(kill_at: str | None = None, **extra: str) -> dict[str, str]:
-    """The environment of a packer subprocess, running this checkout, optionally armed to die."""
+def packer_env(kill_at: str | None = None, *, hold_at: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a packer subprocess, running this checkout, optionally armed to die
+    (``kill_at``) or to wait for a kill from outside once ``hold_at`` samples are added."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
     env.pop("PACKER_TEST_KILL", None)
+    env.pop("PACKER_TEST_HOLD", None)
     if kill_at:
         env["PACKER_TEST_KILL"] = kill_at
+    if hold_at is not None:
+        env["PACKER_TEST_HOLD"] = str(hold_at)
     return env
 
 
@@ -87,14 +102,16 @@ def packer_env(kill_at: str | None = None, **extra: str) -> dict[str, str]:
 BASE_ENV = packer_env()
 
 
-def run_packer(*args, kill_at: str | None = None, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+def run_packer(*args, kill_at: str | None = None, timeout: float | None = None,
+               **popen) -> subprocess.CompletedProcess:
     """Run ``packer ARGS`` to the end (or to its armed SIGKILL); reaps any orphaned workers.
+    ``timeout`` (default: 120 s scaled to the machine's load) ends a run that hangs.
     A real process of its own, forked from the test zygote where that is the same run
     (tests/support/zygote.py), else a fresh interpreter."""
     env = popen.pop("env", None) or packer_env(kill_at)
     proc = zygote.start(KILL_PROGRAM, list(args), env, BASE_ENV, capture=True, **popen)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=scaled(120) if timeout is None else timeout)
     finally:
         _kill_group(proc)
     return subprocess.CompletedProcess(packer_cmd(*args), proc.returncode, out, err)
@@ -112,15 +129,20 @@ def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Ca
     return reached
 
 
-def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float = 60,
-                 env: dict[str, str] | None = None) -> bool:
-    """Start ``cmd``; SIGKILL its process group once ``until()`` holds. True if it was killed."""
+def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float | None = None,
+                 env: dict[str, str] | None = None, hold_at: int | None = None) -> bool:
+    """Start ``cmd``; SIGKILL its process group once ``until()`` holds (or after ``timeout``,
+    default 60 s scaled to the machine's load). True if it was killed. ``hold_at`` (packer
+    itself): past that many samples the run waits for the kill, so that on a busy machine it
+    cannot finish between two looks at ``until`` (pick it past the point ``until`` waits for)."""
+    if hold_at is not None:
+        env = {**(env or packer_env()), "PACKER_TEST_HOLD": str(hold_at)}
     if cmd[:3] == packer_cmd():  # packer itself: from the zygote where it can
         proc = zygote.start(KILL_PROGRAM, cmd[3:], env or packer_env(), BASE_ENV, capture=False)
     else:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env or packer_env(), start_new_session=True)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (scaled(60) if timeout is None else timeout)
     while proc.poll() is None and time.monotonic() < deadline:
         if until():
             break
@@ -131,8 +153,10 @@ def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float = 60,
 
 
 def _kill_group(proc: subprocess.Popen | zygote.ForkedRun) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """SIGKILL the run's process group (its workers) and the run itself, then reap it."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()

@@ -15,6 +15,15 @@ the zygote's in a variable read at start-up (``_AT_START``: packer reads some at
 ``PACKER_CLAIM_LEASE``, ``PACKER_DECODER``, ``PACKER_TURBOJPEG``), or that asks for Popen
 options beyond ``cwd``, starts a real ``subprocess.Popen``. ``PACKER_TEST_ZYGOTE=0`` turns the
 zygote off.
+
+Nothing it starts outlives the test process. A run is in its own session before its pid is
+reported (``killpg(pid)`` reaches it from the first instant, as after ``Popen``), and is
+SIGKILLed when its zygote ends (``PR_SET_PDEATHSIG``). The zygote ends when its stdin closes
+(``close``, ``close_all`` at the session's end: tests/conftest.py) or, checked every second,
+when its test process is gone (its stdin may stay open in that process's own forks); either
+way it SIGKILLs and reaps the runs still there, stopped ones included. (A run SIGSTOPped
+before it had its own session was out of ``killpg``'s reach and outlived everything, stopped:
+the "zygote" in state T of issue 40.)
 """
 from __future__ import annotations
 
@@ -31,13 +40,29 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.timing import scaled
+
 PRELOAD = ("numpy", "cv2", "PIL.Image", "h5py", "lmdb", "pebble", "click", "packer.cli", "packer.formats",
            "packer.formats.writer", "packer.formats.sidecars", "packer.commands.pack_images",
            "packer.commands.decode_frames", "packer.commands.merge", "packer.commands.inspection",
            "packer.commands.resize_tree", "packer.conversion.runner", "packer.conversion.executors")
 
 SERVER = r"""
-import atexit, importlib, json, os, select, signal, sys, traceback
+import atexit, ctypes, importlib, json, os, select, signal, sys, traceback
+parent = int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+def die_with(pid):
+    # SIGKILL this process when its parent (single-threaded: the zygote) ends, or has already
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != pid:
+        os._exit(1)
+
+# The zygote itself watches its test process (below) rather than take PDEATHSIG from it: that
+# fires when the *thread* that started it ends, and a test may start the first run on a thread.
+if os.getppid() != parent:
+    sys.exit(1)
 reply = os.dup(1)
 os.dup2(2, 1)
 for name in json.loads(sys.argv[1]):
@@ -47,12 +72,32 @@ r, w = os.pipe()
 os.set_blocking(w, False)
 signal.set_wakeup_fd(w)
 signal.signal(signal.SIGCHLD, lambda *a: None)
+me = os.getpid()
+kids = set()
 
 def say(msg):
     os.write(reply, (json.dumps(msg) + "\n").encode())
 
-def child(req):
+def end_kids():
+    # a run of a test process that is gone (or of a zygote being closed) has no one to report to:
+    # SIGKILL it, whatever its state (stopped ones too), with its process group, and reap it
+    for pid in kids:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    for pid in kids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+def child(req, started):
     os.setsid()
+    die_with(me)  # a run never outlives its zygote
+    os.write(started, b"s")  # its own session now: the zygote reports its pid only after this
+    os.close(started)
     signal.set_wakeup_fd(-1)
     for s in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
@@ -90,9 +135,9 @@ def child(req):
 
 say({"ready": os.getpid()})
 buf = b""
-while True:
+while os.getppid() == parent:  # the test process still runs (its pipe may stay open in its own forks)
     try:
-        ready, _, _ = select.select([0, r], [], [])
+        ready, _, _ = select.select([0, r], [], [], 1.0)
     except InterruptedError:
         continue
     if r in ready:
@@ -107,6 +152,7 @@ while True:
             break
         if pid == 0:
             break
+        kids.discard(pid)
         say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
     if 0 in ready:
         data = os.read(0, 65536)
@@ -116,10 +162,17 @@ while True:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
+            started_r, started_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                child(req)
+                os.close(started_r)
+                child(req, started_w)
+            os.close(started_w)
+            os.read(started_r, 1)  # b"" if it died first: its exit is reported as usual
+            os.close(started_r)
+            kids.add(pid)
             say({"pid": pid})
+end_kids()
 """
 
 
@@ -128,7 +181,7 @@ class _Zygote:
 
     def __init__(self, program: str, env: dict[str, str]) -> None:
         self.env = env
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(PRELOAD), program],
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(PRELOAD), program, str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.cond = threading.Condition()
         self.codes: dict[int, int] = {}
@@ -142,13 +195,13 @@ class _Zygote:
         atexit.register(self.close)
 
     def close(self) -> None:
-        """End the server (its stdin closes) and reap it, so its CPU time counts as this process's;
-        remove the output files of runs nobody read."""
+        """End the server (its stdin closes; it SIGKILLs the runs it still has) and reap it, so its
+        CPU time counts as this process's; remove the output files of runs nobody read. Again: nothing."""
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
+            self.proc.wait(timeout=scaled(10))
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()  # its runs die with it (PR_SET_PDEATHSIG)
             self.proc.wait()
         shutil.rmtree(self.runs, ignore_errors=True)
 
@@ -170,7 +223,7 @@ class _Zygote:
         with self.cond:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
-            if not self.cond.wait_for(lambda: self.pids or not self.alive, timeout=60) or not self.pids:
+            if not self.cond.wait_for(lambda: self.pids or not self.alive, timeout=scaled(60)) or not self.pids:
                 raise RuntimeError("the test zygote did not fork")
             return self.pids.pop(0)
 
@@ -244,9 +297,9 @@ class ForkedRun:
 #: changing a run (``import decord`` appends to PATH, Ray sets RAY_*, an AV1 encode SVT_LOG).
 _AT_START = ("PACKER_", "PYTHON", "LD_", "MALLOC_", "GLIBC_", "OMP_", "MKL_", "OPENBLAS_", "OPENCV_", "HDF5_",
              "CUDA_")
-#: read later, from the child's environment: the kill or pause point (armed after the fork) and
+#: read later, from the child's environment: the kill, hold or pause point (armed after the fork) and
 #: the breakpoint hook (read by breakpoint(); Ray sets it)
-_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_PAUSE", "PYTHONBREAKPOINT")
+_PER_RUN = ("PACKER_TEST_KILL", "PACKER_TEST_HOLD", "PACKER_TEST_PAUSE", "PYTHONBREAKPOINT")
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:
@@ -255,6 +308,15 @@ def _comparable(env: dict[str, str]) -> dict[str, str]:
 
 _ZYGOTE: dict[str, _Zygote] = {}
 _LOCK = threading.Lock()
+
+
+def close_all() -> None:
+    """End every zygote of this process and the runs they still have (the session's end)."""
+    with _LOCK:
+        zygotes = list(_ZYGOTE.values())
+        _ZYGOTE.clear()
+    for z in zygotes:
+        z.close()
 
 
 def start(program: str, args: list[Any], env: dict[str, str], base_env: dict[str, str], *, capture: bool,
