@@ -143,7 +143,14 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``).
     """
     from packer.commands.pack_images import pack_images
+    from packer.conversion.options import InputOptions, RunOptions
 
+    # the option objects, built (and so checked) once, here, and handed down as they are
+    inputs = InputOptions(list_path=list_path, class_index=class_index, exts=exts, num_shards=num_shards,
+                          shard_index=shard_index)
+    run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
+                     overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
+                     break_lock=break_lock)
     records = {"shard_size": shard_size, "samples_per_shard": samples_per_shard, "name": name}
     if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
@@ -157,10 +164,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         def build_fields(path: str, claim: Any) -> Any:
             return pack_fields(src, path, format=format, coco=coco, manifest=manifest, schema=schema,
                                drop_empty=drop_empty, check=check, resize=resize, writer_options=writer_options,
-                               exts=exts, num_shards=num_shards, shard_index=shard_index, workers=workers,
-                               executor=executor, max_failures=max_failures, resume=resume, overwrite=overwrite,
-                               strict=strict, timeout=timeout, commit_every=commit_every, force=force,
-                               break_lock=break_lock, claim=claim)
+                               input_options=inputs, run_options=run, claim=claim)
 
         # the annotation file or manifest names its images: the root is read, not walked
         sources = {"walked": [], "read": [src, coco, manifest]}
@@ -171,10 +175,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
     def build(path: str, claim: Any) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,
-                           writer_options=writer_options, list_path=list_path, class_index=class_index, exts=exts,
-                           num_shards=num_shards, shard_index=shard_index, workers=workers, executor=executor,
-                           max_failures=max_failures, resume=resume, overwrite=overwrite, strict=strict,
-                           timeout=timeout, commit_every=commit_every, force=force, break_lock=break_lock, claim=claim)
+                           writer_options=writer_options, input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
@@ -227,17 +228,23 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
     Returns:
         The run's ``DecodeReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
     """
-    from packer.commands.decode_frames import decode_frames as decode
+    from packer.commands.decode_frames import FlowOptions, FrameOptions, decode_frames as decode
+    from packer.conversion.options import InputOptions, RunOptions
+
+    # the option objects, built (and so checked) once, here, and handed down as they are
+    frames = FrameOptions(short_side=short_side, size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
+                          max_frames=max_frames, ext=ext, quality=quality, tmpl=tmpl, start_index=start_index,
+                          backend=backend)
+    flows = FlowOptions(task=task, flow=flow, bound=bound, flow_tmpl=flow_tmpl)
+    inputs = InputOptions(list_path=list_path, csv_path=csv_path, class_index=class_index, exts=exts,
+                          num_shards=num_shards, shard_index=shard_index)
+    run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
+                     overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
+                     break_lock=break_lock)
 
     def build(path: str, claim: Any) -> Any:
-        return decode(src, path, to=to, list_out=list_out, list_path=list_path, csv_path=csv_path,
-                      class_index=class_index, exts=exts, short_side=short_side, size=size,
-                      keep_aspect=keep_aspect, fps=fps, stride=stride, max_frames=max_frames, ext=ext,
-                      quality=quality, tmpl=tmpl, start_index=start_index, backend=backend, task=task,
-                      flow=flow, bound=bound, flow_tmpl=flow_tmpl, commit_every=commit_every,
-                      workers=workers, executor=executor, max_failures=max_failures, resume=resume,
-                      overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
-                      strict=strict, force=force, break_lock=break_lock, claim=claim)
+        return decode(src, path, to=to, list_out=list_out, frame_options=frames, flow_options=flows,
+                      input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources,
@@ -288,16 +295,20 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     Returns:
         The run's ``VideoPackReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
     """
-    from packer.commands.pack_videos import pack_videos as pack_v
+    from packer.commands.pack_videos import VideoPackOptions, pack_videos as pack_v
+    from packer.conversion.options import InputOptions, RunOptions
+
+    # the option objects, built (and so checked) once, here, and handed down as they are
+    pack = VideoPackOptions(short_side=short_side, fps=fps, stride=stride, max_frames=max_frames, codec=codec,
+                            gop=gop, crf=crf, preset=preset, backend=backend, copy=copy)
+    inputs = InputOptions(list_path=list_path, csv_path=csv_path, class_index=class_index, exts=exts,
+                          num_shards=num_shards, shard_index=shard_index)
+    run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
+                     overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every,
+                     break_lock=break_lock)
 
     def build(path: str, claim: Any) -> Any:
-        return pack_v(src, path, to=to, list_path=list_path, csv_path=csv_path, class_index=class_index,
-                      exts=exts, short_side=short_side, fps=fps, stride=stride, max_frames=max_frames,
-                      codec=codec, gop=gop, crf=crf, preset=preset, backend=backend, copy=copy,
-                      commit_every=commit_every,
-                      workers=workers, executor=executor, max_failures=max_failures, resume=resume,
-                      overwrite=overwrite, num_shards=num_shards, shard_index=shard_index, timeout=timeout,
-                      strict=strict, break_lock=break_lock, claim=claim)
+        return pack_v(src, path, to=to, pack_options=pack, input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),

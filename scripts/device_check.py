@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from packer.conversion.options import RunOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -234,7 +235,7 @@ def synthetic_lmdb(root: Path, sizes: dict) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{i:05d}.jpg").write_bytes(distinct[i % len(distinct)])
     out = root / "lmdb"
-    pack_images(src, out, format="lmdb", workers=0)  # in this process: no fork after CUDA started
+    pack_images(src, out, format="lmdb", run_options=RunOptions(workers=0))  # in this process: no fork after CUDA started
     return out
 
 

@@ -23,7 +23,7 @@ from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
-from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.options import VIDEO_RUN, InputOptions, RunOptions
 from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import partial_path
@@ -350,15 +350,17 @@ class FrameOptions:
 
 
 def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "frames",
-                  list_out: str | os.PathLike | None = None, claim: Claim | None = None,
-                  **options: Any) -> DecodeReport:
+                  list_out: str | os.PathLike | None = None, frame_options: FrameOptions = FrameOptions(),
+                  flow_options: FlowOptions = FlowOptions(), input_options: InputOptions = InputOptions(),
+                  run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
 
-    ``options``: ``FrameOptions``, ``InputOptions``, ``RunOptions`` and ``FlowOptions`` (``--task
-    flow|both``: optical flow too, listed in ``rawframes_flow.txt``) objects and/or their
-    fields as keywords (``short_side=``, ``csv_path=``, ``workers=``, ``timeout=``, ...); the
-    per-video ``timeout`` defaults to 600 s here. ``list_out`` also writes the rawframes list there.
+    ``frame_options``: what each video becomes; ``flow_options`` (``task="flow"|"both"``: optical
+    flow too, listed in ``rawframes_flow.txt``); ``input_options``: which inputs; ``run_options``:
+    how the run goes (the per-video ``timeout`` defaults to 600 s here), all built where the
+    library call is made (``packer.api.decode_frames``). ``list_out`` also writes the rawframes
+    list there.
 
     Bad videos are skipped and recorded in ``failures.jsonl`` (hangs and crashes included:
     each video runs in a worker process with ``timeout`` seconds); partial decodes are kept
@@ -366,9 +368,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     before any work starts. See ``conversion.runner.run`` for ``resume``/``overwrite``;
     ``claim``: the run's claim on ``out`` (taken by ``packer.api``), which guards the publish.
     """
-    options.setdefault("timeout", 600.0)
-    frames, inputs, run_opts, flow_opts = split_options(options, FrameOptions, InputOptions, RunOptions,
-                                                        FlowOptions)
+    frames, inputs, run_opts, flow_opts = frame_options, input_options, run_options, flow_options
     flow = flow_opts.resolved(frames.ext)
     writer_cls = _writer_for(to)
     if list_out is not None and to not in VIDEO_FORMATS:

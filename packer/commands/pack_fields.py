@@ -24,7 +24,7 @@ from packer.commands.pack_images import ImageJob
 from packer.conversion.executors import make_executor
 from packer.conversion.fingerprint import writer_settings
 from packer.conversion.inputs import FieldItem, InputFailure, Item, listing, partition, read_item, run_failures
-from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import CorruptSample, UsageError
 from packer.formats import writer_class
@@ -107,15 +107,16 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
                 coco: str | os.PathLike | None = None, manifest: str | os.PathLike | None = None,
                 schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
                 resize: ResizeSpec | None = None, writer_options: dict[str, Any] | None = None,
-                claim: Claim | None = None, **options: Any) -> Report:
+                input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
+                claim: Claim | None = None) -> Report:
     """Pack a COCO annotation file (``coco``) or a sample manifest (``manifest``) over the images
     under ``root`` into ``out`` (see the module doc and docs/fields.md).
 
     ``schema``: a manifest's ``{column: type}`` (inferred from its first row when None);
-    ``drop_empty``: leave out COCO images without annotations. ``options``: ``InputOptions``
-    (``num_shards``, ``shard_index``, ``exts``) and ``RunOptions`` fields as keywords.
+    ``drop_empty``: leave out COCO images without annotations. ``input_options``: ``num_shards``,
+    ``shard_index``, ``exts``; ``run_options``: how the run goes (``packer.api.pack`` builds both).
     """
-    inputs, run_opts = split_options(options, InputOptions, RunOptions)
+    inputs, run_opts = input_options, run_options
     if (coco is None) == (manifest is None):
         raise UsageError("give exactly one of --coco and --manifest")
     if check not in CHECK_MODES:

@@ -11,7 +11,7 @@ from packer.claim import Claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
-from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.parallel_write import choose_plan, job_for
 from packer.formats import writer_class
 from packer.formats.sample import Sample
@@ -68,11 +68,13 @@ class ImageJob:
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
                 writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
-                claim: Claim | None = None, **options: Any) -> Report:
-    """Pack the images under ``src`` (ImageFolder, or ``list_path`` lines) into ``out``.
+                input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
+                claim: Claim | None = None) -> Report:
+    """Pack the images under ``src`` (ImageFolder, or ``input_options.list_path`` lines) into ``out``.
 
-    ``options``: ``InputOptions`` and ``RunOptions`` objects and/or their fields as keywords
-    (``list_path=``, ``exts=``, ``workers=``, ``resume=``, ...).
+    ``input_options``: which inputs (a list file, extensions, the part of a split run);
+    ``run_options``: how the run goes (workers, failures tolerated, resume or overwrite), both
+    built where the library call is made (``packer.api.pack``).
     Bad images are skipped and recorded in ``failures.jsonl``; see ``conversion.runner.run``.
     ``resize`` resizes every image while packing (recorded in the manifest's ``created_by``);
     ``raw`` (HDF5 only, needs ``resize.size``) stores fixed-size decoded pixels.
@@ -82,7 +84,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     Arguments are validated before any work starts. ``claim``: the run's claim on ``out``
     (taken by ``packer.api``), which guards the publish; None: unclaimed.
     """
-    inputs, run_opts = split_options(options, InputOptions, RunOptions)
+    inputs, run_opts = input_options, run_options
     if check not in CHECK_MODES:
         raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
     writer_cls = writer_class(format)

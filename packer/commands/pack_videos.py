@@ -26,7 +26,7 @@ from packer.codecs.video_copy import check_random_access, copy_stream
 from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEncoder, count_frames, pack_stream
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
-from packer.conversion.options import InputOptions, RunOptions, split_options
+from packer.conversion.options import VIDEO_RUN, InputOptions, RunOptions
 from packer.conversion.runner import WorkResult, check_output_arg, run
 from packer.conversion.video_inputs import VideoItem
 from packer.commands.decode_frames import (DecodeReport, list_videos, partial_note, run_record, source_entry,
@@ -244,20 +244,20 @@ class VideoPackReport(DecodeReport):
 
 
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
-                claim: Claim | None = None, **options: Any) -> VideoPackReport:
+                pack_options: VideoPackOptions = VideoPackOptions(), input_options: InputOptions = InputOptions(),
+                run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None) -> VideoPackReport:
     """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
     format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: plain MP4 files in a tree mirroring the
     inputs plus the mmaction2 video list ``videos.txt``, ``packer.formats.videofiles``).
 
-    ``options``: ``VideoPackOptions``, ``InputOptions`` and ``RunOptions`` objects and/or their
-    fields as keywords (``short_side=``, ``gop=``, ``csv_path=``, ``workers=``, ``timeout=``, ...);
-    the per-video ``timeout`` defaults to 600 s. Bad videos, and videos whose re-encoded stream
+    ``pack_options``: the re-encode; ``input_options``: which inputs; ``run_options``: how the run
+    goes (the per-video ``timeout`` defaults to 600 s), all built where the library call is made
+    (``packer.api.pack_videos``). Bad videos, and videos whose re-encoded stream
     does not decode to its indexed frame count, are recorded in ``failures.jsonl``; partial
     decodes of the source are kept and recorded with ``stage: "partial"``. ``claim``: the run's
     claim on ``out`` (taken by ``packer.api``), which guards the publish.
     """
-    options.setdefault("timeout", 600.0)
-    pack, inputs, run_opts = split_options(options, VideoPackOptions, InputOptions, RunOptions)
+    pack, inputs, run_opts = pack_options, input_options, run_options
     if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
         raise UsageError(f"--to must be one of {', '.join(output_formats())}, not {to!r}")
     writer_cls = (FORMATS if to in FORMATS else VIDEO_FILE_FORMATS).writer(to)

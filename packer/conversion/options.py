@@ -1,9 +1,9 @@
 """Option objects shared by the conversion commands: one small frozen dataclass per concern.
 
-The CLI builds them from its flags and the library functions take them, so a command's
-signature stays short however many flags it has. Each library call also accepts the fields as
-keywords (``pack_images(src, out, workers=2)``) for scripts and tests: ``split_options`` routes
-each keyword to the dataclass that declares it and refuses names none declares.
+The library call (``packer.pack``, ``packer.decode_frames``, ...) builds them once from its
+keywords, which validates them, and hands them down: a command takes the objects it uses
+(``pack_images(src, out, input_options=..., run_options=...)``), ``conversion.runner.run`` its
+``RunOptions``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from packer.errors import UsageError
 
-__all__ = ["InputOptions", "RunOptions", "split_options", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "EXECUTORS"]
+__all__ = ["InputOptions", "RunOptions", "VIDEO_RUN", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "EXECUTORS"]
 
 # Option defaults and choices, here so that the CLI and packer.api show them without importing
 # the engine (``packer --help`` stays fast).
@@ -85,25 +85,5 @@ class RunOptions:
             object.__setattr__(self, "timeout", None)
 
 
-def split_options(given: dict[str, Any], *classes: type) -> list[Any]:
-    """One instance of each dataclass in ``classes`` from the keywords in ``given``.
-
-    A value that already is an instance of one of the classes (keyed by any name) is used as
-    that class's base, and the loose keywords for it are applied on top. A keyword that no
-    class declares is a ``TypeError``, as for any function.
-    """
-    given = dict(given)
-    bases: dict[type, Any] = {}
-    for name, value in list(given.items()):
-        if isinstance(value, classes):
-            bases[type(value)] = given.pop(name)
-    fields = {cls: {f.name for f in dataclasses.fields(cls)} for cls in classes}
-    unknown = set(given) - set().union(*fields.values())
-    if unknown:
-        raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
-    out = []
-    for cls in classes:
-        mine = {k: v for k, v in given.items() if k in fields[cls]}
-        base = bases.get(cls)
-        out.append(dataclasses.replace(base, **mine) if base is not None else cls(**mine))
-    return out
+# The video commands' run: each video in a worker with a 600 s limit unless told otherwise.
+VIDEO_RUN = RunOptions(timeout=600.0)

@@ -28,7 +28,7 @@ from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Finger
                                            differences, file_stat, input_rows, input_stats, load_inputs,
                                            save_inputs)
 from packer.conversion.executors.base import WorkResult, as_result
-from packer.conversion.options import RunOptions, split_options
+from packer.conversion.options import RunOptions
 from packer.formats import Writer, open_reader
 from packer.formats.sample import Sample
 from packer.formats.sidecars import partial_path
@@ -239,7 +239,7 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
         unit: str = "img", sample_unit: str | None = None, input_failures: Sequence[InputFailure] = (),
-        all_in: Callable[[], None] | None = None, claim: Claim | None = None, **run_fields: Any) -> Report:
+        all_in: Callable[[], None] | None = None, claim: Claim | None = None) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -248,7 +248,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
             ``CorruptSample`` (or anything) records a failure for that item.
         writer: an unopened Writer; ``run`` opens and closes it.
         executor: where work runs (inline when None).
-        options: a ``RunOptions`` (or its fields as keywords): ``max_failures`` (the Report
+        options: the run's ``RunOptions`` (default: the defaults): ``max_failures`` (the Report
             counts as failed past it; every good sample is packed either way), ``resume``
             (continue a partial output, or check a finished one and do nothing), ``overwrite``
             (replace an existing output when done), ``strict`` (partial decodes count as failures).
@@ -264,7 +264,7 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     Returns:
         a Report.
     """
-    (opts,) = split_options({**({"options": options} if options else {}), **run_fields}, RunOptions)
+    opts = options if options is not None else RunOptions()
     tune_heap()  # freed buffers reused, not faulted in again per sample (packer.heap)
     if claim is not None:
         writer.guard = claim.partial(writer.workdir, writer.journal_dir)

@@ -100,14 +100,14 @@ CROP = (368, 496)  # formats: every ~432x576 image is at least 378x504 (1/8 jitt
 # == the data (parent) ================================================================================
 def packed(src: Path, out: Path, fmt: str, **options: Any) -> str:
     """Pack ``src`` as ``fmt`` once (kept while the image set is unchanged)."""
-    from packer.commands.pack_images import pack_images
+    import packer
 
     stamp = out.parent / f"{out.name}.done"
     marker = src.parent / f"{src.name}.json"
     key = json.dumps({"images": marker.read_text() if marker.exists() else "", "options": repr(sorted(options.items()))})
     if not (stamp.exists() and stamp.read_text() == key):
         t = time.perf_counter()
-        report = pack_images(src, out, format=fmt, overwrite=True, **options)
+        report = packer.pack(src, out, format=fmt, overwrite=True, **options)
         stamp.write_text(key)
         print(f"packed {out.name}: {report.summary()} ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     return str(out)
@@ -984,6 +984,7 @@ def sorted_pack(args: argparse.Namespace, work: Path, fmt: str) -> Path:
     """The shuffle section's class-sorted images (``--shuffle-classes`` x ``--shuffle-per-class``
     32x32 JPEGs) packed as ``fmt`` (records in ``--shuffle-shard``-sample shards); made once."""
     from packer.commands.pack_images import pack_images
+    from packer.conversion.options import RunOptions
     from packer.synth import jpeg_bytes, natural_image
 
     classes, per, shard = args.shuffle_classes, args.shuffle_per_class, args.shuffle_shard
@@ -999,8 +1000,9 @@ def sorted_pack(args: argparse.Namespace, work: Path, fmt: str) -> Path:
         (src / ".complete").write_text("ok")
     out = work / (f"sorted-{classes}x{per}-{shard}.records" if fmt == "records" else f"sorted-{classes}x{per}.{fmt}")
     if not (out / "manifest.json").exists():
-        pack_images(src, out, format=fmt, workers=2, overwrite=True, check="header",
-                    writer_options={"samples_per_shard": shard} if fmt == "records" else {})
+        pack_images(src, out, format=fmt, check="header",
+                    writer_options={"samples_per_shard": shard} if fmt == "records" else {},
+                    run_options=RunOptions(workers=2, overwrite=True))
     return out
 
 

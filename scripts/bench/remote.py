@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader
 from packer.data import StreamingDataset
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from packer.synth import natural_image
+from packer.conversion.options import RunOptions
 from scripts.bench.common import run_sections, target
 from scripts.servers import start_nginx
 
@@ -76,7 +77,8 @@ def make_dataset(work: Path, count: int, side: int, per_shard: int) -> Path:
         (d / f"{i:06d}.jpg").write_bytes(buf.getvalue())
     from packer.commands.pack_images import pack_images
 
-    pack_images(src, out, format="records", workers=2, writer_options={"samples_per_shard": per_shard})
+    pack_images(src, out, format="records", writer_options={"samples_per_shard": per_shard},
+                run_options=RunOptions(workers=2))
     params.write_text(f"{count} {side} {per_shard}")
     return out
 
@@ -152,7 +154,7 @@ def hdf5_access(work: Path, server, reads: int = 200) -> dict:
     h5 = work / "www" / "img.h5"
     if not h5.is_file():
         shutil.rmtree(h5, ignore_errors=True)
-        pack_images(work / "src", h5, format="hdf5", workers=2)
+        pack_images(work / "src", h5, format="hdf5", run_options=RunOptions(workers=2))
     n = len(open_reader(h5))
     picks = np.random.default_rng(0).choice(n, size=min(reads, n), replace=False).tolist()
     url = server.url("img.h5")

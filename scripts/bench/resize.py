@@ -34,6 +34,7 @@ from PIL import Image
 from packer.commands.pack_images import pack_images
 from packer.codecs.resize import DRAFT_GAP, ResizeSpec, plan_resize, resize_image, resize_pixels
 from packer.synth import jpeg_bytes, natural_image
+from packer.conversion.options import RunOptions
 from scripts.bench.common import run_sections, target
 
 cv2.setNumThreads(1)
@@ -180,11 +181,11 @@ def bench_loader(paths: list[Path], work: Path, images: int, workers: int, short
         shutil.copyfile(paths[i % len(paths)], d / f"img_{i:05d}.jpg")
     orig, small = work / "original.lmdb", work / f"resized{short_side}.lmdb"
     t = time.perf_counter()
-    pack_images(src, orig, format="lmdb", workers=workers, overwrite=True)
+    pack_images(src, orig, format="lmdb", run_options=RunOptions(workers=workers, overwrite=True))
     t_orig = time.perf_counter() - t
     t = time.perf_counter()
-    pack_images(src, small, format="lmdb", workers=workers, overwrite=True,
-                resize=ResizeSpec(short_side=short_side))
+    pack_images(src, small, format="lmdb", resize=ResizeSpec(short_side=short_side),
+                run_options=RunOptions(workers=workers, overwrite=True))
     t_small = time.perf_counter() - t
     size = lambda p: sum(f.stat().st_size for f in p.iterdir()) / 1e6  # noqa: E731
     print(f"\n== loader: 224-px training pipeline, {images} images, DataLoader batch {batch}, {workers} workers ==")

@@ -56,7 +56,10 @@ from packer.conversion.video_inputs import video_items
 from packer.synth import natural_image
 from packer.codecs.flow import FlowEstimator, encode_grey, quantize, tvl1_available
 from packer.codecs.video import Resize, read_video
+from packer.commands.decode_frames import FrameOptions
 from scripts.bench.common import REPO, run_sections, target
+from packer.commands.pack_videos import VideoPackOptions
+from packer.conversion.options import RunOptions
 
 FIXTURE = REPO / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
 
@@ -105,7 +108,8 @@ def bench_conversion(src: Path, work: Path, short_side: int) -> dict:
         out = work / f"frames_w{workers}"
         shutil.rmtree(out, ignore_errors=True)
         t, c = time.perf_counter(), cpu_seconds()
-        r = decode_frames(src, out, workers=workers, short_side=short_side)
+        r = decode_frames(src, out, frame_options=FrameOptions(short_side=short_side),
+                          run_options=RunOptions(workers=workers, timeout=600.0))
         res[f"workers{workers}_fps"] = r.count / (time.perf_counter() - t)
         res[f"workers{workers}_fps_cpu"] = r.count / (cpu_seconds() - c)
     res["per_worker_vs_bare"] = res["workers1_fps"] / res["bare_loop_fps"]
@@ -120,13 +124,13 @@ def bench_loading(src: Path, work: Path, clips: int) -> dict:
     torch.set_num_threads(1)
     frames = work / "frames_full"
     shutil.rmtree(frames, ignore_errors=True)
-    decode_frames(src, frames, workers=2)  # full size (340x256): the same pixels decord returns
+    decode_frames(src, frames, run_options=RunOptions(workers=2, timeout=600.0))  # full size (340x256): the same pixels decord returns
     packed = {}
     for fmt in sorted(FORMATS):
         out = work / (f"packed_{fmt}.h5" if FORMATS[fmt][0].single_file else f"packed_{fmt}")
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
-        decode_frames(src, out, to=fmt, workers=2)
+        decode_frames(src, out, to=fmt, run_options=RunOptions(workers=2, timeout=600.0))
         packed[fmt] = out
     kw = dict(clip_len=1, num_clips=8, seed=0)
     sources = {"frame folders": FrameDataset(frames, **kw)}
@@ -298,7 +302,8 @@ def packs_main(argv: list[str]) -> dict:
     frames_out = work / "frames.rec"
     shutil.rmtree(frames_out, ignore_errors=True)
     t = time.perf_counter()
-    fr = decode_frames(src, frames_out, to="records", short_side=args.short_side, workers=workers)
+    fr = decode_frames(src, frames_out, to="records", frame_options=FrameOptions(short_side=args.short_side),
+                       run_options=RunOptions(workers=workers, timeout=600.0))
     frames_s = time.perf_counter() - t
     res: dict = {"input": what, "load_average": load, "frames": fr.count,
                  "frame_pack": {"bytes": disk_used(frames_out), "seconds": frames_s}, "video_packs": {}}
@@ -327,7 +332,8 @@ def packs_main(argv: list[str]) -> dict:
         out = work / f"video_g{gop}.rec"
         shutil.rmtree(out, ignore_errors=True)
         t, c = time.perf_counter(), cpu_seconds()
-        r = pack_videos(src, out, to="records", gop=gop, short_side=args.short_side, workers=workers)
+        r = pack_videos(src, out, to="records", pack_options=VideoPackOptions(gop=gop, short_side=args.short_side),
+                        run_options=RunOptions(workers=workers, timeout=600.0))
         sec, cpu = time.perf_counter() - t, cpu_seconds() - c
         frames = sum(v["video_frames"] for v in open_reader(out).manifest.videos)
         entry = {"bytes": disk_used(out), "seconds": sec, "frames": frames, "failures": len(r.failures),
@@ -414,7 +420,8 @@ def codecs_run(args, src: Path, what: str, load: float, workers: int) -> dict:
                 "tsn": dict(clip_len=1, num_clips=8)}
     frames_out = work / "frames.rec"
     shutil.rmtree(frames_out, ignore_errors=True)
-    decode_frames(src, frames_out, to="records", short_side=args.short_side, workers=workers)
+    decode_frames(src, frames_out, to="records", frame_options=FrameOptions(short_side=args.short_side),
+                  run_options=RunOptions(workers=workers, timeout=600.0))
     res: dict = {"input": what, "load_average_start": load, "gop": gop,
                  "frame_pack": {"bytes": disk_used(frames_out),
                                 "clips": {k: _rate(PackedVideoDataset(frames_out, seed=0, **kw), args.clips)
@@ -432,8 +439,9 @@ def codecs_run(args, src: Path, what: str, load: float, workers: int) -> dict:
         out = work / f"video_{codec}_{opts.crf}.rec"
         shutil.rmtree(out, ignore_errors=True)
         t, c = time.perf_counter(), cpu_seconds()
-        r = pack_videos(src, out, to="records", gop=gop, codec=codec, crf=opts.crf, short_side=args.short_side,
-                        workers=workers)
+        r = pack_videos(src, out, to="records",
+                        pack_options=VideoPackOptions(gop=gop, codec=codec, crf=opts.crf, short_side=args.short_side),
+                        run_options=RunOptions(workers=workers, timeout=600.0))
         sec, cpu = time.perf_counter() - t, cpu_seconds() - c
         frames = sum(v["video_frames"] for v in open_reader(out).manifest.videos)
         res["codecs"][spec] = {"crf": opts.crf, "preset": opts.preset, "bytes": disk_used(out), "frames": frames,
@@ -623,7 +631,7 @@ def colour_main(argv: list[str]) -> dict:
     for fmt in args.formats.split(","):
         out = work / f"pack-{fmt}"
         shutil.rmtree(out, ignore_errors=True)
-        pack_videos(work / "src", out, to=fmt, workers=os.cpu_count() or 1)
+        pack_videos(work / "src", out, to=fmt, run_options=RunOptions(workers=os.cpu_count() or 1, timeout=600.0))
         packs[fmt] = str(out)
     load = os.getloadavg()
     rows = [(fmt, s, conv) for fmt in packs for s in COLOUR_SAMPLERS for conv in ("opencv", "swscale")]

@@ -82,6 +82,7 @@ from PIL import Image
 from packer.fileio import remove_path
 from packer.integrity import crc32c, masked_crc32c
 from packer.synth import jpeg_bytes, natural_image
+from packer.conversion.options import RunOptions
 from scripts.bench.common import REPO, image_folder, run_call, run_sections
 from scripts.bench.common import target as bench_target
 
@@ -158,9 +159,9 @@ def bare_decode(files: list[str], procs: int, luma: bool = False) -> None:
 
 # -- packer rows ---------------------------------------------------------------------------------
 def pack(src: Path, out: Path, fmt: str, **options) -> None:
-    from packer.commands.pack_images import pack_images
+    import packer
 
-    report = pack_images(str(src), str(out), format=fmt, overwrite=True, **options)
+    report = packer.pack(str(src), str(out), format=fmt, overwrite=True, **options)
     assert report.count > 0 and report.failed == 0, report.summary()
 
 
@@ -421,9 +422,9 @@ def bare_frames(videos: list[str], out: Path, backend: str, procs: int) -> int:
 
 
 def packer_frames(src: Path, out: Path, **options) -> None:
-    from packer.commands.decode_frames import decode_frames
+    import packer
 
-    report = decode_frames(str(src), str(out), short_side=256, overwrite=True, **options)
+    report = packer.decode_frames(str(src), str(out), short_side=256, overwrite=True, **options)
     assert report.failed == 0, report.summary()
 
 
@@ -827,7 +828,7 @@ def frame_crc_main(argv: list[str]) -> None:
             (src / f"class_{i % 2}").mkdir(parents=True, exist_ok=True)
             shutil.copy(FIXTURE, src / f"class_{i % 2}" / f"v{i}.mp4")
         out = Path(tmp) / "frames"
-        decode_frames(src, out, workers=0)
+        decode_frames(src, out, run_options=RunOptions(workers=0, timeout=600.0))
         sets = {True: FrameDataset(out, clip_len=1, num_clips=8, test_mode=True, check_crc=True),
                 False: FrameDataset(out, clip_len=1, num_clips=8, test_mode=True, check_crc=False)}
         for ds in sets.values():
@@ -926,13 +927,13 @@ def convert(mode: str, src: Path, out: Path, **kw) -> tuple[float, object]:
     shutil.rmtree(out, ignore_errors=True)
     c, t = cpu_seconds(), time.perf_counter()
     if mode == "videos":
-        from packer.commands.decode_frames import decode_frames
+        import packer
 
-        report = decode_frames(src, out, to="lmdb", **kw)
+        report = packer.decode_frames(src, out, to="lmdb", **kw)
     else:
-        from packer.commands.pack_images import pack_images
+        import packer
 
-        report = pack_images(src, out, format="lmdb", **kw)
+        report = packer.pack(src, out, format="lmdb", **kw)
     wall = time.perf_counter() - t
     CPU[out.name] = cpu_seconds() - c
     return wall, report

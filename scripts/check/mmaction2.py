@@ -55,7 +55,10 @@ import numpy as np
 from packer import FrameDataset, PackedVideoDataset
 from packer.codecs.flow import tvl1_available
 from packer.commands.decode_frames import decode_frames
+from packer.commands.decode_frames import FlowOptions, FrameOptions
 from scripts.bench.common import REPO, write_video
+from packer.commands.pack_videos import VideoPackOptions
+from packer.conversion.options import InputOptions, RunOptions
 
 
 def check(name: str, ok: bool) -> None:
@@ -123,7 +126,9 @@ def check_video_list() -> None:
                 write_video(src / f"class {c}" / f"v_{c}_{k}.{ext}", frames=37 + 11 * k + 5 * c,
                             size=(72, 96), seed=c * 2 + k)
         out = tmp / "videos"
-        report = pack_videos(src, out, to="files", short_side=64, gop=8, workers=1, backend="opencv")
+        report = pack_videos(src, out, to="files",
+                             pack_options=VideoPackOptions(short_side=64, gop=8, backend="opencv"),
+                             run_options=RunOptions(workers=1, timeout=600.0))
         check(f"pack-videos --to files: {report.videos} videos, {len(report.failures)} failures",
               report.videos == 4 and not report.failures)
         ann = out / "videos.txt"
@@ -259,10 +264,13 @@ def main() -> None:
             for k in range(2):
                 write_video(src / f"class {c}" / f"v_{c}_{k}.avi", frames=9 + 3 * k, size=(48, 64), seed=c * 2 + k)
         out = tmp / "frames"
-        decode_frames(src, out, workers=1, backend="opencv", task="both", flow=method)
+        decode_frames(src, out, frame_options=FrameOptions(backend="opencv"),
+                      flow_options=FlowOptions(task="both", flow=method),
+                      run_options=RunOptions(workers=1, timeout=600.0))
         packed = tmp / "frames.lmdb"
-        decode_frames(src, packed, to="lmdb", workers=1, backend="opencv",
-                      task="both", flow=method)
+        decode_frames(src, packed, to="lmdb", frame_options=FrameOptions(backend="opencv"),
+                      flow_options=FlowOptions(task="both", flow=method),
+                      run_options=RunOptions(workers=1, timeout=600.0))
         print(f"decoded 4 videos with --task both --flow {method}")
 
         rgb_pipe = [SampleFrames(clip_len=2, frame_interval=2, num_clips=2), RawFrameDecode()]
@@ -280,7 +288,8 @@ def main() -> None:
         lst = tmp / "multi.txt"
         lst.write_text("class 0/v_0_0.avi 0 2\nclass 1/v_1_1.avi 1\n")
         multi = tmp / "multi"
-        decode_frames(src, multi, list_path=lst, workers=1, backend="opencv")
+        decode_frames(src, multi, frame_options=FrameOptions(backend="opencv"),
+                      input_options=InputOptions(list_path=lst), run_options=RunOptions(workers=1, timeout=600.0))
         check("a multi-label list keeps every label", (multi / "rawframes.txt").read_text().splitlines()[0]
               == "class_0/v_0_0 9 0 2")
         compare("multi-label (multi_class=True, num_classes=3)",

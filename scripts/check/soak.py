@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from packer import PackedDataset
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -102,7 +103,7 @@ def main() -> int:
             make_images(src, args.images)
         path = root / ("data.h5" if args.format == "hdf5" else f"data.{args.format}")
         if not path.exists():
-            pack_images(src, path, format=args.format, workers=0)
+            pack_images(src, path, format=args.format, run_options=RunOptions(workers=0))
     ds = PackedDataset(path, decode="tensor")
     loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.persistent)  # default: fresh workers every epoch

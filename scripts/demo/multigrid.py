@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from packer.commands.decode_frames import FrameOptions
+from packer.conversion.options import RunOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -221,8 +223,9 @@ def main() -> None:
         described = make_sources(args.videos, work / "src")
         out = work / ("packed.h5" if args.format in FORMATS and FORMATS[args.format][0].single_file
                       else args.format)
-        rep = decode_frames(work / "src", out, to=args.format, short_side=round(args.crop * 1.25),
-                            max_frames=64, workers=2, max_failures=1_000_000)
+        rep = decode_frames(work / "src", out, to=args.format,
+                            frame_options=FrameOptions(short_side=round(args.crop * 1.25), max_frames=64),
+                            run_options=RunOptions(workers=2, max_failures=1_000_000, timeout=600.0))
         print(f"decoded {described}:\n  {rep.summary()}")
         for f in rep.failures:
             print(f"  {f['stage']}: {f['key']}: {f['reason']}")

@@ -13,6 +13,7 @@ from packer.benchmark.fresh import USAGE_FIELDS
 from packer.cli import main
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 
 TINY = ["--batch-size", "8", "--steps", "2", "--resize", "32", "--crop", "32"]
 
@@ -20,7 +21,7 @@ TINY = ["--batch-size", "8", "--steps", "2", "--resize", "32", "--crop", "32"]
 @pytest.fixture(scope="module")
 def packed(image_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "tiny.lmdb"
-    pack_images(image_folder, out, format="lmdb", workers=0)
+    pack_images(image_folder, out, format="lmdb", run_options=RunOptions(workers=0))
     return out
 
 

@@ -21,7 +21,9 @@ from packer.codecs.flow import FlowEstimator, quantize, tvl1_available
 from packer.commands.decode_frames import decode_frames
 from packer.commands.inspection import verify_dataset
 from packer.formats import FORMATS, open_reader
+from packer.commands.decode_frames import FlowOptions, FrameOptions
 from tests.support.inputs import write_video, write_video_folder
+from packer.conversion.options import InputOptions, RunOptions
 
 PACKED = sorted(FORMATS)
 needs_tvl1 = pytest.mark.skipif(not tvl1_available(), reason="OpenCV without contrib (cv2.optflow)")
@@ -60,8 +62,9 @@ def test_quantize_known_values():
 def test_tvl1_is_bit_identical_to_opencv_run_directly(tmp_path):
     video = write_video(tmp_path / "v" / "c" / "a.avi", frames=5, size=(40, 56), seed=3)
     out = tmp_path / "flow"
-    decode_frames(tmp_path / "v", out, ext="png", backend="opencv", workers=1,
-                  task="flow", flow="tvl1", flow_tmpl="{}_{:05d}.png")
+    decode_frames(tmp_path / "v", out, frame_options=FrameOptions(ext="png", backend="opencv"),
+                  flow_options=FlowOptions(task="flow", flow="tvl1", flow_tmpl="{}_{:05d}.png"),
+                  run_options=RunOptions(workers=1, timeout=600.0))
     grey = [cv2.cvtColor(f, cv2.COLOR_BGR2GRAY) for f in opencv_frames(video)]
     tvl1 = cv2.optflow.DualTVL1OpticalFlow_create()
     for k in range(len(grey) - 1):
@@ -86,8 +89,9 @@ def test_a_static_video_gives_flow_images_of_127_128(tmp_path, method):
         w.write(frame)
     w.release()
     out = tmp_path / "out"
-    decode_frames(tmp_path / "v", out, workers=1, backend="opencv",
-                  task="flow", flow=method)
+    decode_frames(tmp_path / "v", out, frame_options=FrameOptions(backend="opencv"),
+                  flow_options=FlowOptions(task="flow", flow=method),
+                  run_options=RunOptions(workers=1, timeout=600.0))
     images = [cv2.imread(str(p), cv2.IMREAD_GRAYSCALE) for p in sorted(out.glob("*/*.jpg"))]
     assert len(images) == 6
     assert all(set(np.unique(im).tolist()) <= {127, 128} for im in images)
@@ -97,8 +101,9 @@ def test_flow_follows_a_moving_pattern(tmp_path):
     # write_video rolls its image 2 pixels right per frame: x flow ~ +2 px -> (22 * 6.375) = 140
     write_video(tmp_path / "v" / "c" / "m.avi", frames=4, size=(64, 96), seed=1)
     out = tmp_path / "out"
-    decode_frames(tmp_path / "v", out, workers=1, backend="opencv", ext="png",
-                  task="flow", flow="farneback", flow_tmpl="{}_{:05d}.png")
+    decode_frames(tmp_path / "v", out, frame_options=FrameOptions(backend="opencv", ext="png"),
+                  flow_options=FlowOptions(task="flow", flow="farneback", flow_tmpl="{}_{:05d}.png"),
+                  run_options=RunOptions(workers=1, timeout=600.0))
     x = cv2.imread(str(out / "c" / "m" / "x_00001.png"), cv2.IMREAD_GRAYSCALE)[16:-16, 16:-16]
     y = cv2.imread(str(out / "c" / "m" / "y_00001.png"), cv2.IMREAD_GRAYSCALE)[16:-16, 16:-16]
     assert 133 <= np.median(x) <= 147 and 124 <= np.median(y) <= 130
@@ -112,8 +117,9 @@ def both_outputs(tmp_path_factory):
     outs = {}
     for to in ["frames"] + PACKED:
         outs[to] = out_path(base, to)
-        decode_frames(src, outs[to], to=to, workers=1, short_side=40,
-                      task="both", flow="dis")
+        decode_frames(src, outs[to], to=to, frame_options=FrameOptions(short_side=40),
+                      flow_options=FlowOptions(task="both", flow="dis"),
+                      run_options=RunOptions(workers=1, timeout=600.0))
     return src, outs
 
 
@@ -168,7 +174,7 @@ def test_flow_clips_are_equal_in_every_format(both_outputs):
 def test_flow_needs_flow_in_the_output(both_outputs, tmp_path):
     src, _ = both_outputs
     out = tmp_path / "rgb"
-    decode_frames(src, out, workers=1)
+    decode_frames(src, out, run_options=RunOptions(workers=1, timeout=600.0))
     with pytest.raises(Exception, match="no Flow frames"):
         PackedVideoDataset(out, modality="Flow")
     with pytest.raises(Exception, match="modality"):
@@ -180,8 +186,9 @@ def test_repeated_frames_get_zero_flow_and_a_one_frame_video_fails(tmp_path):
     write_video(src / "c" / "a.avi", frames=4, fps=10.0)
     write_video(src / "c" / "one.avi", frames=1)
     out = tmp_path / "out"
-    report = decode_frames(src, out, workers=1, backend="opencv", fps=20.0, max_failures=1,
-                           task="flow", flow="dis")
+    report = decode_frames(src, out, frame_options=FrameOptions(backend="opencv", fps=20.0),
+                           flow_options=FlowOptions(task="flow", flow="dis"),
+                           run_options=RunOptions(workers=1, max_failures=1, timeout=600.0))
     (fail,) = [f for f in report.failures if f.get("stage") != "partial"]
     assert fail["stage"] == "flow" and "one.avi" in fail["key"]
     v = json.loads((out / "packer.json").read_text())["videos"][0]
@@ -231,8 +238,10 @@ def test_flow_does_not_depend_on_how_videos_are_spread_over_jobs(both_outputs, t
     parts = []
     for i in range(2):
         parts.append(tmp_path / f"part{i}")
-        decode_frames(src, parts[-1], workers=1, short_side=40, task="both", flow="dis", num_shards=2,
-                      shard_index=i)
+        decode_frames(src, parts[-1], frame_options=FrameOptions(short_side=40),
+                      flow_options=FlowOptions(task="both", flow="dis"),
+                      input_options=InputOptions(num_shards=2, shard_index=i),
+                      run_options=RunOptions(workers=1, timeout=600.0))
     merge_parts(parts, tmp_path / "merged")
     a, b = packed_snapshot(tmp_path / "merged"), packed_snapshot(outs["frames"])
     assert a["records"] == b["records"] and a["keys"] == b["keys"] and a["videos"] == b["videos"]

@@ -17,6 +17,7 @@ from packer.formats import FORMATS, open_reader
 from packer.codecs.image import decode
 from packer.commands.inspection import inspect_dataset, verify_dataset
 from packer.conversion.diskspace import Estimate, check_space
+from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_VIDEOS, REPO
 from tests.support.inputs import write_video, write_video_folder
 from tests.support.killing import checkpoint_at_least, run_and_kill
@@ -301,7 +302,8 @@ def test_space_bound_from_headers_is_above_what_is_written(tmp_path, ext):
     for frame in np.random.default_rng(0).integers(0, 256, (12, 40, 56, 3), dtype=np.uint8):
         vw.write(frame)
     vw.release()
-    report = decode_frames(src, tmp_path / "out", ext=ext, quality=100, workers=1)
+    report = decode_frames(src, tmp_path / "out", frame_options=FrameOptions(ext=ext, quality=100),
+                           run_options=RunOptions(workers=1, timeout=600.0))
     assert report.failed == 0 and report.count == 24
     assert report.estimate.startswith("at most") and "bounded from the headers of 2 of 2 videos" in report.estimate
     job = FrameOptions(ext=ext, quality=100).job()

@@ -23,6 +23,7 @@ from packer.commands.merge import merge_parts, part_of
 from packer.commands.pack_images import ImageJob, pack_images
 from packer.conversion.inputs import image_folder as list_image_folder
 from packer.conversion.inputs import partition
+from packer.conversion.options import InputOptions, RunOptions
 from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
 from tests.support.outputs import packed_snapshot
@@ -52,11 +53,12 @@ def src(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("num_shards", [3, 30])  # 30 > inputs: some parts are empty
 def test_merge_equals_single_run(src, tmp_path, fmt, num_shards):
     single = out_path(tmp_path, fmt, "single")
-    pack_images(src, single, format=fmt, workers=0, max_failures=3)
+    pack_images(src, single, format=fmt, run_options=RunOptions(workers=0, max_failures=3))
     parts = []
     for i in range(num_shards):
         part = out_path(tmp_path / "parts", fmt, f"part-{i}")
-        pack_images(src, part, format=fmt, workers=0, max_failures=3, num_shards=num_shards, shard_index=i)
+        pack_images(src, part, format=fmt, input_options=InputOptions(num_shards=num_shards, shard_index=i),
+                    run_options=RunOptions(workers=0, max_failures=3))
         assert part_of(open_reader(part)) == (i, num_shards)  # each part says which it is
         parts.append(part)
     random.Random(num_shards).shuffle(parts)  # given in any order: sorted by shard index
@@ -72,10 +74,11 @@ def test_merged_files_byte_identical_with_same_commits(src, tmp_path, fmt):
     """With the same commit batches the merged data files equal a single run's byte for byte
     (directory formats: a single-file format carries its manifest, created_by and all, inside)."""
     single = out_path(tmp_path, fmt, "single")
-    pack_images(src, single, format=fmt, workers=2, max_failures=3)
+    pack_images(src, single, format=fmt, run_options=RunOptions(workers=2, max_failures=3))
     parts = [out_path(tmp_path, fmt, f"p{i}") for i in range(2)]
     for i, part in enumerate(parts):
-        pack_images(src, part, format=fmt, workers=2, max_failures=3, num_shards=2, shard_index=i)
+        pack_images(src, part, format=fmt, input_options=InputOptions(num_shards=2, shard_index=i),
+                    run_options=RunOptions(workers=2, max_failures=3))
     merged = out_path(tmp_path, fmt, "merged")
     merge_parts(parts, merged)
     assert _files(merged) == _files(single)
@@ -93,11 +96,12 @@ def test_merge_raw_pixel_hdf5(src, tmp_path):
 
     spec = ResizeSpec.from_options(size="32x24")
     single = tmp_path / "single.h5"
-    pack_images(src, single, format="hdf5", workers=0, max_failures=3, resize=spec, raw=True)
+    pack_images(src, single, format="hdf5", resize=spec, raw=True, run_options=RunOptions(workers=0, max_failures=3))
     parts = [tmp_path / f"p{i}.h5" for i in range(3)]
     for i, part in enumerate(parts):
-        pack_images(src, part, format="hdf5", workers=0, max_failures=3, resize=spec, raw=True,
-                    num_shards=3, shard_index=i)
+        pack_images(src, part, format="hdf5", resize=spec, raw=True,
+                    input_options=InputOptions(num_shards=3, shard_index=i),
+                    run_options=RunOptions(workers=0, max_failures=3))
     merge_parts(parts, tmp_path / "merged.h5")
     assert packed_snapshot(tmp_path / "merged.h5") == packed_snapshot(single)
     assert open_reader(tmp_path / "merged.h5").read(0).fmt == "raw"
@@ -166,7 +170,8 @@ def lmdb_parts(src, tmp_path_factory) -> list[Path]:
     base = tmp_path_factory.mktemp("parts")
     parts = [base / f"part-{i}" for i in range(3)]
     for i, part in enumerate(parts):
-        pack_images(src, part, workers=0, max_failures=3, num_shards=3, shard_index=i)
+        pack_images(src, part, input_options=InputOptions(num_shards=3, shard_index=i),
+                    run_options=RunOptions(workers=0, max_failures=3))
     return parts
 
 
@@ -190,7 +195,8 @@ def test_refuses_duplicate_part(lmdb_parts, tmp_path):
 def test_refuses_mismatched_classes(lmdb_parts, tmp_path):
     other = write_image_folder(tmp_path / "other", count=6, classes=2)
     odd = tmp_path / "odd"
-    pack_images(other, odd, workers=0, num_shards=3, shard_index=1)
+    pack_images(other, odd, input_options=InputOptions(num_shards=3, shard_index=1),
+                run_options=RunOptions(workers=0))
     _refused([lmdb_parts[0], odd, lmdb_parts[2]], tmp_path / "m", r"classes differ")
 
 
@@ -204,13 +210,15 @@ def test_refuses_mismatched_kind(src, lmdb_parts, tmp_path):
 def test_refuses_mismatched_format(src, lmdb_parts, tmp_path):
     fmt = next(f for f in IMAGE_FORMATS if f != "lmdb")
     part = out_path(tmp_path, fmt, "part-1")
-    pack_images(src, part, format=fmt, workers=0, max_failures=3, num_shards=3, shard_index=1)
+    pack_images(src, part, format=fmt, input_options=InputOptions(num_shards=3, shard_index=1),
+                run_options=RunOptions(workers=0, max_failures=3))
     _refused([lmdb_parts[0], part, lmdb_parts[2]], tmp_path / "m", r"format .* differs")
 
 
 def test_refuses_other_options_unless_any_parts(src, lmdb_parts, tmp_path):
     part = tmp_path / "header-checked"
-    pack_images(src, part, workers=0, max_failures=3, check="header", num_shards=3, shard_index=1)
+    pack_images(src, part, check="header", input_options=InputOptions(num_shards=3, shard_index=1),
+                run_options=RunOptions(workers=0, max_failures=3))
     _refused([lmdb_parts[0], part, lmdb_parts[2]], tmp_path / "m", r"other options .*\(check differ\)")
     merged = tmp_path / "m"
     merge_parts([lmdb_parts[0], part, lmdb_parts[2]], merged, any_parts=True)
@@ -244,10 +252,11 @@ def test_killed_part_rerun_with_resume_then_merge(src, tmp_path):
     """A part SIGKILLed halfway is rerun alone with --resume; the merge equals a single run."""
     big = write_image_folder(tmp_path / "big", count=90, classes=3, size=(120, 160))
     single = tmp_path / "single"
-    pack_images(big, single, workers=0)
+    pack_images(big, single, run_options=RunOptions(workers=0))
     parts = [tmp_path / f"part-{i}" for i in range(3)]
     for i in (0, 2):
-        pack_images(big, parts[i], workers=0, num_shards=3, shard_index=i)
+        pack_images(big, parts[i], input_options=InputOptions(num_shards=3, shard_index=i),
+                    run_options=RunOptions(workers=0))
     cmd = packer_cmd("to-lmdb", big, parts[1], "--workers", 2, "--commit-every", 3,
                      "--num-shards", 3, "--shard-index", 1)
     assert run_and_kill(cmd, checkpoint_at_least(partial_path(parts[1]) / ".resume.json", 9))

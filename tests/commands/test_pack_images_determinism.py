@@ -9,6 +9,7 @@ import pytest
 
 from packer.commands.pack_images import pack_images
 from packer.formats import FORMATS
+from packer.conversion.options import RunOptions
 from tests.support.outputs import packed_snapshot
 
 BYTE_IDENTICAL = {"lmdb"}
@@ -23,7 +24,7 @@ def test_workers_do_not_change_the_output(fmt, image_folder, tmp_path):
     outs = []
     for workers in (0, 2):
         out = tmp_path / (f"w{workers}.h5" if FORMATS[fmt][0].single_file else f"w{workers}")
-        pack_images(image_folder, out, format=fmt, workers=workers)
+        pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=workers))
         outs.append(out)
     a, b = (packed_snapshot(o) for o in outs)
     assert len(a["records"]) == len(b["records"]) > 0

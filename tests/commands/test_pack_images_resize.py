@@ -12,6 +12,7 @@ from packer.cli import main
 from packer.formats import FORMATS, open_reader
 from packer.commands.pack_images import pack_images
 from packer.codecs.resize import ResizeSpec, resize_image
+from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES
 
 CLI_COMMAND = {"lmdb": "to-lmdb", "hdf5": "to-hdf5", "records": "to-records"}
@@ -25,7 +26,7 @@ def out_path(tmp_path, name):
 def test_pack_with_resize_round_trips_every_format(name, image_folder, tmp_path):
     spec = ResizeSpec(short_side=20, format="png")
     out = out_path(tmp_path, name)
-    report = pack_images(image_folder, out, format=name, workers=0, resize=spec)
+    report = pack_images(image_folder, out, format=name, resize=spec, run_options=RunOptions(workers=0))
     assert report.count == 24 and not report.failures
     ds = PackedDataset(out, decode="numpy")
     files = sorted(image_folder.rglob("*.jpg"), key=lambda p: (p.parent.name, p.name))
@@ -59,13 +60,14 @@ def test_cli_resize_options(name, image_folder, tmp_path):
 
 
 def test_without_resize_the_manifest_is_unchanged(image_folder, tmp_path):
-    pack_images(image_folder, tmp_path / "o", format="lmdb", workers=0)
+    pack_images(image_folder, tmp_path / "o", format="lmdb", run_options=RunOptions(workers=0))
     assert "resize" not in open_reader(tmp_path / "o").manifest.created_by["options"]
 
 
 def test_small_images_are_packed_as_they_are(image_folder, tmp_path):
     out = tmp_path / "o"
-    pack_images(image_folder, out, format="lmdb", workers=0, resize=ResizeSpec(short_side=4000))
+    pack_images(image_folder, out, format="lmdb", resize=ResizeSpec(short_side=4000),
+                run_options=RunOptions(workers=0))
     ds = PackedDataset(out, decode="bytes")
     files = sorted(image_folder.rglob("*.jpg"), key=lambda p: (p.parent.name, p.name))
     assert [ds[i][0] for i in range(len(ds))] == [p.read_bytes() for p in files]
@@ -74,8 +76,8 @@ def test_small_images_are_packed_as_they_are(image_folder, tmp_path):
 def test_fixture_images_pack_upright_with_failures(tmp_path):
     shutil.copytree(FIXTURE_IMAGES, tmp_path / "src" / "only")
     out = tmp_path / "fx.h5"
-    report = pack_images(tmp_path / "src", out, format="hdf5", workers=0, max_failures=5, raw=True,
-                         resize=ResizeSpec(size=(32, 32)))
+    report = pack_images(tmp_path / "src", out, format="hdf5", raw=True, resize=ResizeSpec(size=(32, 32)),
+                         run_options=RunOptions(workers=0, max_failures=5))
     assert [f["key"] for f in report.failures] == ["only/pillow_truncated_jpeg.jpg"]
     ds = PackedDataset(out, decode="numpy")
     key = "only/pillow_hopper_orientation_6.jpg"

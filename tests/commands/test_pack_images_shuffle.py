@@ -13,6 +13,7 @@ from packer.conversion.inputs import image_items, shuffle_items
 from packer.data.mixing import distinct_per_batch
 from packer.errors import UsageError
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 
 COMMANDS = {"lmdb": ("to-lmdb", "o.lmdb"), "hdf5": ("to-hdf5", "o.h5"),
             "records": ("to-records", "o.records")}
@@ -47,7 +48,7 @@ def fingerprint(items) -> dict:
 
 
 def test_no_shuffle_keeps_sorted_order_and_the_seed_changes_the_resume_fingerprint(image_folder, tmp_path):
-    pack_images(image_folder, tmp_path / "plain", format="lmdb", workers=0)
+    pack_images(image_folder, tmp_path / "plain", format="lmdb", run_options=RunOptions(workers=0))
     reader = open_reader(tmp_path / "plain")
     assert list(reader.keys) == sorted(reader.keys) and "shuffle" not in reader.manifest.created_by["options"]
     items, _ = image_items(image_folder)

@@ -16,6 +16,7 @@ from packer.errors import CorruptSample, UsageError
 from packer.conversion.executors import InlineExecutor, LocalExecutor, make_executor
 from packer.formats.sidecars import partial_path
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support import REPO
 from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill
@@ -117,8 +118,8 @@ def test_ray_timeout_and_crash_cost_one_item(ray_cluster):
 @pytest.mark.slow
 def test_ray_output_byte_identical_to_local_pool(ray_cluster, mixed_folder, tmp_path):
     local, on_ray = tmp_path / "local", tmp_path / "ray"
-    pack_images(mixed_folder, local, workers=2, max_failures=3)
-    report = pack_images(mixed_folder, on_ray, workers=2, max_failures=3, executor="ray")
+    pack_images(mixed_folder, local, run_options=RunOptions(workers=2, max_failures=3))
+    report = pack_images(mixed_folder, on_ray, run_options=RunOptions(workers=2, max_failures=3, executor="ray"))
     assert report.count == 7 and report.failed == 3
     files = lambda out: {p.name: p.read_bytes() for p in sorted(out.iterdir())  # noqa: E731
                          if p.name not in ("packer.json", "lock.mdb")}
@@ -132,7 +133,7 @@ def test_cli_executor_ray_resumes_a_killed_local_run(ray_cluster, tmp_path):
     src = write_image_folder(tmp_path / "src", count=60, classes=2, size=(120, 160))
     (src / "class_1" / "img_0031.jpg").write_bytes(b"broken")
     ref = tmp_path / "ref"
-    pack_images(src, ref, workers=0, max_failures=1)
+    pack_images(src, ref, run_options=RunOptions(workers=0, max_failures=1))
     out = tmp_path / "out"
     base = ["to-lmdb", src, out, "--commit-every", 4, "--max-failures", 1]
     assert run_and_kill(packer_cmd(*base, "--workers", 2), checkpoint_at_least(partial_path(out) / ".resume.json", 12))
@@ -153,7 +154,7 @@ def test_cli_ray_address_joins_a_running_cluster(ray_cluster, tmp_path, image_fo
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"on the cluster at {address} (2 CPUs)" in done.stderr
     ref = tmp_path / "ref"
-    pack_images(image_folder, ref, workers=0)
+    pack_images(image_folder, ref, run_options=RunOptions(workers=0))
     assert packed_snapshot(out) == packed_snapshot(ref)
 
 
@@ -167,7 +168,8 @@ def test_decode_frames_on_ray_matches_local(ray_cluster, tmp_path):
     src = write_video_folder(tmp_path / "videos", per_class=2, classes=2, frames=9)
     (src / "class_0" / "broken.mp4").write_bytes(b"not a video")
     local, on_ray = tmp_path / "local.lmdb", tmp_path / "ray.lmdb"
-    decode_frames(src, local, to="lmdb", workers=2, max_failures=1)
-    report = decode_frames(src, on_ray, to="lmdb", workers=2, max_failures=1, executor="ray", timeout=60)
+    decode_frames(src, local, to="lmdb", run_options=RunOptions(workers=2, max_failures=1, timeout=600.0))
+    report = decode_frames(src, on_ray, to="lmdb",
+                           run_options=RunOptions(workers=2, max_failures=1, executor="ray", timeout=60))
     assert report.failed == 1 and report.videos == 4
     assert packed_snapshot(on_ray) == packed_snapshot(local)

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from packer.conversion.fingerprint import Fingerprint, input_stats
 from packer.formats.writer import _json_str
+from packer.conversion.options import RunOptions
 
 
 def _reference(rows):
@@ -57,12 +58,12 @@ def test_a_fresh_runs_fingerprint_equals_one_from_stating_every_input_first(tmp_
     (src / "class_1" / "img_0005.jpg").write_bytes(b"not a jpeg")
     os.utime(src / "class_0" / "img_0002.jpg", ns=(5, 1_700_000_000_123_456_789))
     out = tmp_path / f"out.{fmt}"
-    report = pack_images(src, out, format=fmt, check=check, workers=workers)
+    report = pack_images(src, out, format=fmt, check=check, run_options=RunOptions(workers=workers))
     assert report.failed == 1
     items, _ = image_items(src)
     expected = Fingerprint(format=fmt, classes=["class_0", "class_1"], options={}, stats=input_stats(items))
     assert open_reader(out).manifest.fingerprint["inputs"] == expected.inputs
-    again = pack_images(src, out, format=fmt, check=check, workers=workers, resume=True)
+    again = pack_images(src, out, format=fmt, check=check, run_options=RunOptions(workers=workers, resume=True))
     assert again.status == "complete"
 
 
@@ -86,7 +87,7 @@ def _interrupt(tmp_path, count=10):
     LmdbWriter._write = stop_at_seven
     try:
         with pytest.raises(KeyboardInterrupt):
-            pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3)
+            pack_images(src, out, format="lmdb", check="header", run_options=RunOptions(workers=0, commit_every=3))
     finally:
         LmdbWriter._write = real
     return src, out
@@ -123,13 +124,15 @@ def test_a_damaged_stat_journal_refuses_the_resume_and_a_torn_tail_does_not(tmp_
     journal = partial_path(out) / INPUT_STATS_NAME
     journal.write_bytes(journal.read_bytes()[:16])  # one entry left of the durable ones
     with pytest.raises(ResumeRefused, match="no size and mtime for .* stored inputs"):
-        pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3, resume=True)
+        pack_images(src, out, format="lmdb", check="header",
+                    run_options=RunOptions(workers=0, commit_every=3, resume=True))
 
     src, out = _interrupt(tmp_path / "b")
     journal = partial_path(out) / INPUT_STATS_NAME
     with open(journal, "ab") as f:
         f.write(b"\x01\x02\x03")  # a torn entry behind the fsync'ed ones
-    done = pack_images(src, out, format="lmdb", check="header", workers=0, commit_every=3, resume=True)
+    done = pack_images(src, out, format="lmdb", check="header",
+                       run_options=RunOptions(workers=0, commit_every=3, resume=True))
     assert done.status == "resumed" and open_reader(out).manifest.count == 10
 
 

@@ -20,6 +20,8 @@ from packer.conversion.inputs import image_items
 from packer.conversion.parallel_write import VerdictJob, choose_plan
 from packer.errors import CorruptSample
 from packer.formats import open_reader, writer_class
+from packer.commands.decode_frames import FrameOptions
+from packer.conversion.options import InputOptions, RunOptions
 from tests.support import REPO
 from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
@@ -86,8 +88,8 @@ def test_byte_identical_whatever_the_workers(src, tmp_path, fmt, name, check):
     outs = {}
     for workers in (0, None, 2):
         out = tmp_path / str(workers) / name
-        pack_images(src, out, format=fmt, check=check, workers=workers, max_failures=2,
-                    writer_options={"commit_every": 16})
+        pack_images(src, out, format=fmt, check=check, writer_options={"commit_every": 16},
+                    run_options=RunOptions(workers=workers, max_failures=2))
         outs[workers] = out
     assert _files(outs[0]) == _files(outs[None]) == _files(outs[2])
     failures = [writer_class(fmt).failures_path(out).read_text() for out in outs.values()]
@@ -107,8 +109,9 @@ def test_hdf5_parts_with_new_bytes_equal_a_single_writers_file(src, tmp_path, mo
     outs = {}
     for workers in (0, 2):
         outs[workers] = tmp_path / f"w{workers}" / "o.h5"
-        report = pack_images(src, outs[workers], format="hdf5", check="full", workers=workers, max_failures=2,
-                             resize=spec, raw=raw, writer_options={"commit_every": 16})
+        report = pack_images(src, outs[workers], format="hdf5", check="full", resize=spec, raw=raw,
+                             writer_options={"commit_every": 16},
+                             run_options=RunOptions(workers=workers, max_failures=2))
         assert report.count == 88
     assert outs[0].read_bytes() == outs[2].read_bytes()
     assert sorted(p.name for p in (tmp_path / "w2").iterdir()) == ["o.h5", "o.h5.failures.jsonl"]
@@ -116,9 +119,10 @@ def test_hdf5_parts_with_new_bytes_equal_a_single_writers_file(src, tmp_path, mo
 
 
 def test_records_written_by_the_workers_hold_the_same_dataset(src, tmp_path):
-    one = pack_images(src, tmp_path / "one", format="records", check="full", workers=0, max_failures=2)
-    two = pack_images(src, tmp_path / "two", format="records", check="full", workers=2, max_failures=2,
-                      writer_options={"shard_size": "30KB"})
+    one = pack_images(src, tmp_path / "one", format="records", check="full",
+                      run_options=RunOptions(workers=0, max_failures=2))
+    two = pack_images(src, tmp_path / "two", format="records", check="full", writer_options={"shard_size": "30KB"},
+                      run_options=RunOptions(workers=2, max_failures=2))
     assert one.count == two.count == 88 and one.failed == two.failed == 2
     assert packed_snapshot(tmp_path / "one") == packed_snapshot(tmp_path / "two")
     manifest = open_reader(tmp_path / "two").manifest
@@ -133,8 +137,9 @@ def test_parallel_written_parts_merge_like_single_writer_ones(src, tmp_path):
         parts = []
         for i in range(2):
             part = tmp_path / f"w{workers}" / f"part{i}"
-            pack_images(src, part, format="records", check="full", workers=workers, max_failures=2,
-                        num_shards=2, shard_index=i)
+            pack_images(src, part, format="records", check="full",
+                        input_options=InputOptions(num_shards=2, shard_index=i),
+                        run_options=RunOptions(workers=workers, max_failures=2))
             parts.append(part)
         merged[workers] = tmp_path / f"merged{workers}"
         merge_parts(parts, merged[workers])
@@ -160,10 +165,11 @@ def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_o
             writer = RecordsWriter(part, classes=classes, shard_size="60KB")
             if workers:
                 with ShardedExecutor(workers=2, writer=writer, segment=6) as ex:  # 8 segments a part
-                    run(partition(items, 2, i), ImageJob(check="full"), writer, executor=ex, max_failures=2)
+                    run(partition(items, 2, i), ImageJob(check="full"), writer, executor=ex,
+                        options=RunOptions(max_failures=2))
                 assert len(open_reader(part).manifest.shards) >= 8  # a segment's end ends a shard
             else:
-                run(partition(items, 2, i), ImageJob(check="full"), writer, max_failures=2)
+                run(partition(items, 2, i), ImageJob(check="full"), writer, options=RunOptions(max_failures=2))
             assert CliRunner().invoke(main, ["verify", str(part)]).exit_code == 0
             parts.append(part)
         merged[workers] = tmp_path / f"merged{workers}"
@@ -175,7 +181,7 @@ def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_o
 
 def test_a_shard_changed_after_it_was_written_fails_verify(src, tmp_path):
     out = tmp_path / "r"
-    pack_images(src, out, format="records", check="full", workers=2, max_failures=2)
+    pack_images(src, out, format="records", check="full", run_options=RunOptions(workers=2, max_failures=2))
     shard = out / open_reader(out).manifest.shards[0]["file"]
     data = bytearray(shard.read_bytes())
     data[-20] ^= 0xFF  # inside the last record's payload: CRC and sha256 both catch it
@@ -192,7 +198,7 @@ def test_a_shard_changed_after_it_was_written_fails_verify(src, tmp_path):
 ])
 def test_kill_then_resume_with_parallel_writers_is_exact(src, tmp_path, fmt, name, points):
     ref = tmp_path / f"ref-{name}"
-    pack_images(src, ref, format=fmt, check="full", workers=0, max_failures=2)
+    pack_images(src, ref, format=fmt, check="full", run_options=RunOptions(workers=0, max_failures=2))
     extra = ("--shard-size", "30KB") if fmt == "records" else ("--commit-every", "8")
     for point in points:
         out = tmp_path / point.replace(":", "") / name
@@ -234,7 +240,7 @@ def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt, mode):
     writer = writer_class(fmt)(tmp_path / "o", classes=classes)
     victim = items[30].key
     with make_executor(workers=2, mode=mode, writer=writer) as ex:
-        report = run(items, _DiesOn(victim), writer, executor=ex, max_failures=1)
+        report = run(items, _DiesOn(victim), writer, executor=ex, options=RunOptions(max_failures=1))
     assert report.count == len(items) - 1
     assert [(f["key"], f["stage"]) for f in report.failures] == [(victim, "crash")]
     r = open_reader(tmp_path / "o")
@@ -270,7 +276,8 @@ def test_frame_folders_written_by_the_workers_equal_in_process_ones(video_folder
     outs = {}
     for workers in (0, 2):
         outs[workers] = tmp_path / f"f{workers}"
-        decode_frames(video_folder, outs[workers], short_side=32, workers=workers)
+        decode_frames(video_folder, outs[workers], frame_options=FrameOptions(short_side=32),
+                      run_options=RunOptions(workers=workers, timeout=600.0))
     assert packed_snapshot(outs[0]) == packed_snapshot(outs[2])
     files = {w: sorted(p.relative_to(o).as_posix() for p in o.rglob("*") if p.name != "packer.json")
              for w, o in outs.items()}

@@ -16,6 +16,7 @@ from packer.cli import main
 from packer.commands.decode_frames import decode_frames
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
+from packer.conversion.options import InputOptions, RunOptions
 from tests.support.inputs import write_video
 
 PACKED = sorted(FORMATS)
@@ -71,18 +72,22 @@ def test_ucf101_split_files_with_class_index(ucf, tmp_path):
 
 def test_ucf101_lists_without_class_index_say_what_they_are(ucf, tmp_path, caplog):
     lists = ucf / "ucfTrainTestlist"
-    report = decode_frames(ucf / "UCF-101", tmp_path / "t", list_path=lists / "testlist01.txt", workers=1)
+    report = decode_frames(ucf / "UCF-101", tmp_path / "t",
+                           input_options=InputOptions(list_path=lists / "testlist01.txt"),
+                           run_options=RunOptions(workers=1, timeout=600.0))
     assert report.videos == 2 and (tmp_path / "t" / "rawframes.txt").read_text().split("\n")[0].endswith(" -1")
     with caplog.at_level("WARNING"):
-        decode_frames(ucf / "UCF-101", tmp_path / "tr", list_path=lists / "trainlist01.txt", workers=1)
+        decode_frames(ucf / "UCF-101", tmp_path / "tr",
+                      input_options=InputOptions(list_path=lists / "trainlist01.txt"),
+                      run_options=RunOptions(workers=1, timeout=600.0))
     assert "labels start at 1" in caplog.text
 
 
 def test_a_list_label_that_contradicts_its_folder_is_refused(ucf, tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"YoYo/v_YoYo_g01_c01.avi 1\r\n")
     with pytest.raises(UsageError, match="folder 'YoYo'"):
-        decode_frames(ucf / "UCF-101", tmp_path / "o", list_path=tmp_path / "bad.txt",
-                      class_index=ucf / "ucfTrainTestlist" / "classInd.txt")
+        decode_frames(ucf / "UCF-101", tmp_path / "o",
+                      input_options=InputOptions(list_path=tmp_path / "bad.txt", class_index=ucf / "ucfTrainTestlist" / "classInd.txt"))
 
 
 K400_MAP = ["abseiling", "air drumming", "passing American football (in game)",
@@ -121,7 +126,8 @@ def test_kinetics_validation_labels_come_from_the_label_map(kinetics, tmp_path, 
 
 def test_kinetics_validation_csv_alone_is_refused(kinetics, tmp_path):
     with pytest.raises(UsageError, match="may miss classes"):
-        decode_frames(kinetics / "val", tmp_path / "o", csv_path=kinetics / "validate.csv")
+        decode_frames(kinetics / "val", tmp_path / "o",
+                      input_options=InputOptions(csv_path=kinetics / "validate.csv"))
 
 
 def test_multi_label_list_in_every_format(tmp_path):
@@ -132,7 +138,8 @@ def test_multi_label_list_in_every_format(tmp_path):
     outs = {}
     for to in ["frames"] + PACKED:
         outs[to] = out_path(tmp_path, to)
-        decode_frames(src, outs[to], to=to, list_path=tmp_path / "list.txt", workers=1)
+        decode_frames(src, outs[to], to=to, input_options=InputOptions(list_path=tmp_path / "list.txt"),
+                      run_options=RunOptions(workers=1, timeout=600.0))
     assert (outs["frames"] / "rawframes.txt").read_text() == "a 6 0 2\nb 7 1\nc 8 3 1 0\n"
     want = [[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 1]]
     frames = FrameDataset(outs["frames"], multi_class=True, num_classes=4, seed=0)
@@ -154,7 +161,7 @@ def test_flat_folder_packs_with_label_minus_one(tmp_path, caplog):
     for i, name in enumerate(["x.mp4", "y.avi"]):
         write_video(tmp_path / "flat" / name, frames=5, size=(32, 40), seed=i)
     with caplog.at_level("WARNING"):
-        report = decode_frames(tmp_path / "flat", tmp_path / "o", workers=1)
+        report = decode_frames(tmp_path / "flat", tmp_path / "o", run_options=RunOptions(workers=1, timeout=600.0))
     assert "no class folders" in caplog.text and report.videos == 2
     assert (tmp_path / "o" / "rawframes.txt").read_text() == "x 5 -1\ny 5 -1\n"
     m = json.loads((tmp_path / "o" / "packer.json").read_text())
@@ -165,6 +172,6 @@ def test_flat_folder_packs_with_label_minus_one(tmp_path, caplog):
 def test_class_folders_are_numbered_in_mmaction2_order(tmp_path):
     for i, cls in enumerate(["a b", "a(b)"]):
         write_video(tmp_path / "src" / cls / "v.mp4", frames=4, size=(32, 40), seed=i)
-    decode_frames(tmp_path / "src", tmp_path / "o", workers=1)
+    decode_frames(tmp_path / "src", tmp_path / "o", run_options=RunOptions(workers=1, timeout=600.0))
     assert open_reader(tmp_path / "o").classes == ["a(b)", "a b"]
     assert (tmp_path / "o" / "rawframes.txt").read_text() == "a(b)/v 4 0\na_b/v 4 1\n"

@@ -17,6 +17,7 @@ from packer.benchmark.fidelity import fidelity_rows
 from packer.data import DecodeRandomResizedCrop, PilRandomResizedCrop
 from packer.data.decode import sample_box
 from packer.synth import jpeg_bytes, natural_image
+from packer.conversion.options import RunOptions
 
 
 def jpeg(h: int, w: int, seed: int = 0, **save) -> bytes:
@@ -204,7 +205,8 @@ def test_raw_hdf5_samples_are_cut_from_the_array(image_folder, tmp_path):
     from packer.commands.pack_images import pack_images
 
     out = tmp_path / "raw.h5"
-    pack_images(image_folder, out, format="hdf5", workers=0, resize=ResizeSpec(size=(40, 30)), raw=True)
+    pack_images(image_folder, out, format="hdf5", resize=ResizeSpec(size=(40, 30)), raw=True,
+                run_options=RunOptions(workers=0))
     t = DecodeRandomResizedCrop(24, seed=0)
     ds, plain = PackedDataset(out, decode=t), PackedDataset(out, decode="numpy")
     image, _ = ds[0]

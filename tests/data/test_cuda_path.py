@@ -35,6 +35,7 @@ from packer.data.device import free_memory
 from packer.data.device import resolve_device
 from packer.data.decode import DecodeResizeCrop
 from packer.errors import UsageError
+from packer.conversion.options import RunOptions
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -122,7 +123,7 @@ def assert_filled(images: torch.Tensor, labels: torch.Tensor) -> None:
 @pytest.fixture(scope="module")
 def packed_lmdb(image_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_lmdb") / "lmdb"
-    pack_images(image_folder, out, format="lmdb", workers=0)
+    pack_images(image_folder, out, format="lmdb", run_options=RunOptions(workers=0))
     return out
 
 
@@ -363,8 +364,8 @@ def test_device_cache_refuses_more_than_the_device_holds(device):
 @pytest.fixture(scope="module")
 def video_outputs(video_folder, tmp_path_factory):
     base = tmp_path_factory.mktemp("cuda_video")
-    decode_frames(video_folder, base / "frames", workers=0)
-    decode_frames(video_folder, base / "lmdb", to="lmdb", workers=0)
+    decode_frames(video_folder, base / "frames", run_options=RunOptions(workers=0, timeout=600.0))
+    decode_frames(video_folder, base / "lmdb", to="lmdb", run_options=RunOptions(workers=0, timeout=600.0))
     return base
 
 

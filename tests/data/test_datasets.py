@@ -12,6 +12,7 @@ from packer.errors import UsageError
 from packer.formats import FORMATS
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES
 
 
@@ -19,7 +20,7 @@ from tests.support import FIXTURE_IMAGES
 def packed(request, image_folder, tmp_path_factory):
     fmt = request.param
     out = tmp_path_factory.mktemp(fmt) / ("ds.h5" if FORMATS[fmt][0].single_file else "ds")
-    pack_images(image_folder, out, format=fmt, workers=0)
+    pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=0))
     return out
 
 
@@ -69,10 +70,10 @@ def test_spawn_workers_reopen_every_format(image_folder, tmp_path):
     parts = []
     for fmt in sorted(FORMATS):
         out = tmp_path / ("ds.h5" if FORMATS[fmt][0].single_file else f"ds-{fmt}")
-        pack_images(image_folder, out, format=fmt, workers=0)
+        pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=0))
         parts.append(PackedDataset(out, decode="tensor"))
-    pack_images(image_folder, tmp_path / "raw.h5", format="hdf5", workers=0, raw=True,
-                resize=ResizeSpec(size=(40, 32)))
+    pack_images(image_folder, tmp_path / "raw.h5", format="hdf5", raw=True, resize=ResizeSpec(size=(40, 32)),
+                run_options=RunOptions(workers=0))
     parts.append(PackedDataset(tmp_path / "raw.h5", decode="tensor"))
     first = [d[0] for d in parts]  # the parent opens every file before the workers start
     ds = ConcatDataset(parts)
@@ -89,7 +90,7 @@ def test_every_fixture_image(tmp_path):
     for p in FIXTURE_IMAGES.iterdir():
         (src / p.name).write_bytes(p.read_bytes())
     out = tmp_path / "fx.lmdb"
-    report = pack_images(tmp_path / "src", out, format="lmdb", workers=2)
+    report = pack_images(tmp_path / "src", out, format="lmdb", run_options=RunOptions(workers=2))
     assert [f["key"] for f in report.failures] == ["fixtures/pillow_truncated_jpeg.jpg"]
     assert "truncated" in report.failures[0]["reason"]
     ds = PackedDataset(out, decode="numpy")

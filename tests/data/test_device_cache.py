@@ -11,6 +11,7 @@ from packer.data.device import DevicePrefetcher
 from packer.data.decode import DecodeResizeCrop
 from packer.errors import UsageError
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.normalize import MEAN, STD, reference
 
 
@@ -77,7 +78,7 @@ def test_half_precision_channels_last():
 
 
 def test_packed_dataset_cache(image_folder, tmp_path):
-    pack_images(image_folder, tmp_path / "p.lmdb", format="lmdb", workers=0)
+    pack_images(image_folder, tmp_path / "p.lmdb", format="lmdb", run_options=RunOptions(workers=0))
     ds = PackedDataset(tmp_path / "p.lmdb", decode=DecodeResizeCrop(24, 16))
     cache = DevicePrefetcher.cache(ds, batch_size=8, progress=False, device="cpu")
     images, labels = next(iter(cache))

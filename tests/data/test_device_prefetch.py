@@ -13,6 +13,7 @@ from packer.data.device import DevicePrefetcher, uint8_collate
 from packer.data.decode import DecodeResizeCrop
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.normalize import MEAN, STD, reference
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -220,7 +221,7 @@ def test_public_name():
 def test_packed_dataset_end_to_end(fmt, image_folder, tmp_path):
     """Every format -> PackedDataset(fast decode) -> worker DataLoader -> prefetcher."""
     out = tmp_path / ("data." + fmt if FORMATS[fmt][0].single_file else fmt)
-    pack_images(image_folder, out, format=fmt, workers=0)
+    pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=0))
     ds = packer.PackedDataset(out, decode=DecodeResizeCrop(40, 32))
     loader = DataLoader(ds, batch_size=5, num_workers=2, collate_fn=uint8_collate)
     images, labels = collect(DevicePrefetcher(loader, MEAN, STD, device="cpu"))

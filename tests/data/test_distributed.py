@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder
 
 # xdist: these tests share one worker, so the 2-rank spawn (a module fixture) runs once
@@ -47,7 +48,7 @@ class DistCase:
 
 def _pack_images(data: Path, fmt: str) -> None:
     src = write_image_folder(data / "src", count=25, classes=3)  # odd: the sampler pads a rank
-    pack_images(src, data / "packed", format=fmt, workers=0)
+    pack_images(src, data / "packed", format=fmt, run_options=RunOptions(workers=0))
 
 
 def _open_packed(data: Path) -> PackedDataset:
@@ -61,8 +62,8 @@ def _decode_videos(data: Path) -> None:
 
     for i in range(7):
         write_video(data / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
-    decode_frames(data / "src", data / "frames", workers=0)
-    decode_frames(data / "src", data / "packed", to="lmdb", workers=0)
+    decode_frames(data / "src", data / "frames", run_options=RunOptions(workers=0, timeout=600.0))
+    decode_frames(data / "src", data / "packed", to="lmdb", run_options=RunOptions(workers=0, timeout=600.0))
 
 
 def _frame_dataset(data: Path) -> FrameDataset:

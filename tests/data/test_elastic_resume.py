@@ -18,6 +18,7 @@ from packer.commands.pack_images import pack_images
 from packer.data.streaming import elastic_slots, split_by_rank
 from packer.errors import PackerError
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 from tests.support.elastic import STAGES, no_collate, stream_stage
 from tests.support.inputs import write_image_folder
 
@@ -30,7 +31,7 @@ def packs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for fmt, name in FORMATS.items():
         opts = {"samples_per_shard": 7} if fmt == "records" else {}
-        pack_images(src, root / name, format=fmt, workers=0, writer_options=opts)
+        pack_images(src, root / name, format=fmt, writer_options=opts, run_options=RunOptions(workers=0))
         out[fmt] = root / name
     return out
 
@@ -163,7 +164,7 @@ def test_a_state_of_another_pack_with_the_same_count_is_refused(tmp_path):
 
     for seed in (1, 2):
         pack_images(write_image_folder(tmp_path / f"src{seed}", count=12, classes=2, size=(8, 8), seed=seed),
-                    tmp_path / f"p{seed}", format="records", workers=0)
+                    tmp_path / f"p{seed}", format="records", run_options=RunOptions(workers=0))
     state = StreamingDataset(tmp_path / "p1", seed=3, rank=0, world_size=1).state_dict(num_samples=4)
     with pytest.raises(PackerError, match="cannot resume: the state was taken on other packs"):
         StreamingDataset(tmp_path / "p2", seed=3, rank=0, world_size=1).load_state_dict(state)
@@ -186,7 +187,7 @@ def test_loader_over_video_clips_resumes_3_2_1(tmp_path):
 
     for i in range(9):
         write_video(tmp_path / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
-    decode_frames(tmp_path / "src", tmp_path / "packed", to="lmdb", workers=0)
+    decode_frames(tmp_path / "src", tmp_path / "packed", to="lmdb", run_options=RunOptions(workers=0, timeout=600.0))
     ds = PackedVideoDataset(tmp_path / "packed", test_mode=True, clip_len=2)
 
     def digest(sample) -> str:

@@ -26,8 +26,10 @@ from packer.data import DistributedSampler
 from packer.data.multigrid import MultigridBatchSampler, MultigridSchedule
 from packer.errors import PackerError
 from packer.synth import write_video
+from packer.commands.pack_videos import VideoPackOptions
 from tests.support.elastic import no_collate
 from tests.support.inputs import write_image_folder
+from packer.conversion.options import RunOptions
 
 pytestmark = pytest.mark.xdist_group("elastic_samplers")
 
@@ -51,8 +53,10 @@ def packs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("elastic_samplers")
     for i in range(NUM_VIDEOS):
         write_video(root / "src" / f"c{i:02d}" / f"v{i:02d}.mp4", frames=8 + i % 5, size=(32, 32), seed=i)
-    pack_videos(root / "src", root / "videos.records", to="records", short_side=32, gop=4, workers=0)
-    decode_frames(root / "src", root / "frames.lmdb", to="lmdb", workers=0)
+    pack_videos(root / "src", root / "videos.records", to="records",
+                pack_options=VideoPackOptions(short_side=32, gop=4),
+                run_options=RunOptions(workers=0, timeout=600.0))
+    decode_frames(root / "src", root / "frames.lmdb", to="lmdb", run_options=RunOptions(workers=0, timeout=600.0))
     return {"video pack": root / "videos.records", "frame pack": root / "frames.lmdb"}
 
 
@@ -239,7 +243,7 @@ def test_foreign_and_mismatched_states_are_refused(tmp_path):
         s.state_dict(num_samples=-1)
     # another order's state: a Loader's has the same fields and would resume in the wrong order
     pack_images(write_image_folder(tmp_path / "imgs", count=40, classes=2, size=(8, 8)), tmp_path / "p.lmdb",
-                format="lmdb", workers=0)
+                format="lmdb", run_options=RunOptions(workers=0))
     loader = Loader(PackedDataset(tmp_path / "p.lmdb", decode="bytes"), batch_size=4, seed=3, shuffle=True,
                     rank=0, world_size=4)
     with pytest.raises(ValueError, match="the state is a Loader's or StreamingDataset's, not a packer.data.Distri"):

@@ -21,6 +21,7 @@ from packer.errors import UsageError
 from packer.data import DecodeResizeCrop, LoaderError, uint8_collate
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder
 
 
@@ -52,7 +53,7 @@ def packed(tmp_path_factory) -> dict[str, Path]:
     src = write_image_folder(root / "src", count=30, classes=3)
     out = {}
     for fmt in sorted(f for f in FORMATS if f != "frames"):
-        pack_images(src, root / fmt, format=fmt, workers=0)
+        pack_images(src, root / fmt, format=fmt, run_options=RunOptions(workers=0))
         out[fmt] = root / fmt
     return out
 
@@ -150,10 +151,11 @@ def test_video_datasets(tmp_path, kind):
     for i in range(5):
         write_video(tmp_path / "src" / f"c{i % 2}" / f"v{i}.mp4", frames=6 + i, seed=i)
     if kind == "FrameDataset":
-        decode_frames(tmp_path / "src", tmp_path / "frames", workers=0)
+        decode_frames(tmp_path / "src", tmp_path / "frames", run_options=RunOptions(workers=0, timeout=600.0))
         ds = FrameDataset(tmp_path / "frames", test_mode=True, clip_len=2, crop_size=32)
     else:
-        decode_frames(tmp_path / "src", tmp_path / "packed", to="records", workers=0)
+        decode_frames(tmp_path / "src", tmp_path / "packed", to="records",
+                      run_options=RunOptions(workers=0, timeout=600.0))
         ds = PackedVideoDataset(tmp_path / "packed", test_mode=True, clip_len=2, crop_size=32)
     got = list(Loader(ds, batch_size=2, num_threads=2))
     ref = list(DataLoader(ds, batch_size=2, collate_fn=uint8_collate))

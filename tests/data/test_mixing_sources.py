@@ -17,6 +17,7 @@ from packer.commands.pack_images import pack_images
 from packer.data.sources import mix_counts, mix_stream, source_picks
 from packer.errors import UsageError
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def packs(tmp_path_factory) -> list[Path]:
     for i, (fmt, name, count) in enumerate([("records", "a", 40), ("lmdb", "b.lmdb", 25), ("hdf5", "c.h5", 15)]):
         src = write_image_folder(root / f"src{i}", count=count, classes=3 + i, size=(8, 8), seed=i)
         opts = {"samples_per_shard": 6} if fmt == "records" else {}
-        pack_images(src, root / name, format=fmt, workers=0, writer_options=opts)
+        pack_images(src, root / name, format=fmt, writer_options=opts, run_options=RunOptions(workers=0))
         out.append(root / name)
     return out
 

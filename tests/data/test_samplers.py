@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from packer.data.samplers import (DenseSampleFrames, SampleFrames, UntrimmedSampleFrames,
+from packer.conversion.options import RunOptions
                                   dense_sample_frames, fps_sample_frames)
 from tests.support import SUPPORT
 
@@ -101,8 +102,8 @@ def decoded(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("smp")
     src = write_video_folder(base / "src", frames=30, size=(32, 40))
-    decode_frames(src, base / "frames", workers=1)
-    decode_frames(src, base / "packed", to="lmdb", workers=1)
+    decode_frames(src, base / "frames", run_options=RunOptions(workers=1, timeout=600.0))
+    decode_frames(src, base / "packed", to="lmdb", run_options=RunOptions(workers=1, timeout=600.0))
     return base / "frames", base / "packed"
 
 

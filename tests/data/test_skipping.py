@@ -17,6 +17,7 @@ from packer.data import LoaderError
 from packer.commands.pack_images import pack_images
 from packer.errors import CorruptData, UsageError
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 
 DAMAGED = [(0, 3), (1, 5), (2, 1)]  # (shard, record): 3 records with a flipped byte
 
@@ -27,7 +28,8 @@ def damaged(tmp_path_factory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("skip")
     src = write_image_folder(root / "src", count=30, classes=3, size=(8, 8))
     out = root / "rec"
-    pack_images(src, out, format="records", workers=0, writer_options={"samples_per_shard": 10})
+    pack_images(src, out, format="records", writer_options={"samples_per_shard": 10},
+                run_options=RunOptions(workers=0))
     keys = open_reader(out).keys
     shards = sorted(out.glob("*.tfrecord"))
     bad = []

@@ -23,6 +23,7 @@ from packer.data.streaming import (DEFAULT_BLOCK_SIZE, DEFAULT_BUFFER_SIZE, Stre
 from packer.errors import UsageError
 from packer.formats import open_reader
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder
 
 
@@ -32,7 +33,8 @@ def shards(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("stream")
     src = write_image_folder(root / "src", count=25, classes=5, size=(12, 16))
     out = root / "rec"
-    pack_images(src, out, format="records", workers=0, writer_options={"samples_per_shard": 4})
+    pack_images(src, out, format="records", writer_options={"samples_per_shard": 4},
+                run_options=RunOptions(workers=0))
     return out
 
 
@@ -177,7 +179,7 @@ def test_state_dict_resumes_with_the_same_remaining_order(shards, workers):
 def test_any_packed_format_streams(tmp_path, shards):
     src = write_image_folder(tmp_path / "src", count=9, classes=3, size=(12, 16))
     out = tmp_path / "l.lmdb"
-    pack_images(src, out, format="lmdb", workers=0)
+    pack_images(src, out, format="lmdb", run_options=RunOptions(workers=0))
     ds = StreamingDataset(out, decode="tensor", buffer_size=4)
     images = [img for img, _ in ds]
     assert len(images) == 9 and images[0].dtype == torch.uint8 and images[0].shape[0] == 3

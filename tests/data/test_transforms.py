@@ -18,6 +18,7 @@ from packer.errors import CorruptData
 from packer.formats import FORMATS
 from packer.commands.pack_images import pack_images
 from packer.synth import jpeg_bytes, natural_image
+from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES
 
 
@@ -150,7 +151,7 @@ def test_picklable_for_workers():
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_packed_dataset_takes_the_pipeline(fmt, image_folder, tmp_path):
     out = tmp_path / ("data." + fmt if FORMATS[fmt][0].single_file else fmt)
-    pack_images(image_folder, out, format=fmt, workers=0)
+    pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=0))
     ds = PackedDataset(out, decode=DecodeResizeCrop(40, 32))
     plain = PackedDataset(out, decode="numpy")
     for i in range(len(ds)):
@@ -161,7 +162,7 @@ def test_packed_dataset_takes_the_pipeline(fmt, image_folder, tmp_path):
 
 
 def test_packed_dataset_names_bad_samples(image_folder, tmp_path):
-    pack_images(image_folder, tmp_path / "p.lmdb", format="lmdb", workers=0)
+    pack_images(image_folder, tmp_path / "p.lmdb", format="lmdb", run_options=RunOptions(workers=0))
 
     def broken(data):
         raise ValueError("cannot decode image: boom")

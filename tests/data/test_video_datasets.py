@@ -17,6 +17,7 @@ from packer.commands.decode_frames import decode_frames
 from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS
 from packer.codecs.image import decode
+from packer.conversion.options import RunOptions
 
 
 # -- sampling, against expectations worked out by hand from the rules ------------------------
@@ -90,7 +91,7 @@ def test_indices_always_inside_the_video(total, clip_len, interval, clips, test_
 @pytest.fixture(scope="module")
 def frames_out(video_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("dv") / "frames"
-    decode_frames(video_folder, out, workers=0)
+    decode_frames(video_folder, out, run_options=RunOptions(workers=0, timeout=600.0))
     return out
 
 
@@ -100,7 +101,7 @@ def packed_out(request, video_folder, frames_out, tmp_path_factory):
         return frames_out
     single = FORMATS[request.param][0].single_file
     out = tmp_path_factory.mktemp("dp") / ("p.h5" if single else "p")
-    decode_frames(video_folder, out, to=request.param, workers=0)
+    decode_frames(video_folder, out, to=request.param, run_options=RunOptions(workers=0, timeout=600.0))
     return out
 
 
@@ -201,7 +202,7 @@ def test_dataloader_fork_workers(frames_out, packed_out):
 @pytest.mark.slow
 def test_dataloader_spawn_workers(video_folder, frames_out, tmp_path):
     packed = tmp_path / "p"
-    decode_frames(video_folder, packed, to=sorted(FORMATS)[0], workers=0)
+    decode_frames(video_folder, packed, to=sorted(FORMATS)[0], run_options=RunOptions(workers=0, timeout=600.0))
     kw = dict(clip_len=1, num_clips=8, seed=5, crop_size=32)
     both = torch.utils.data.ConcatDataset([FrameDataset(frames_out, **kw), PackedVideoDataset(packed, **kw)])
     expected = torch.stack([both[i][0] for i in range(len(both))])

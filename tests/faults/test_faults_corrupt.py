@@ -24,6 +24,7 @@ from packer.formats import FORMATS, VIDEO_FORMATS, open_reader
 from packer.formats.lmdb import close_env, lmdb_key, open_env
 from packer.commands.inspection import verify_dataset
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder, write_video_folder
 
 OPS = ("flip", "zero", "truncate")
@@ -42,11 +43,11 @@ def _build(kind: str, fmt: str, root: Path) -> Path:
     if kind == "images":
         src = write_image_folder(root / "src", count=12, classes=3, size=(32, 40))
         out = root / ("out.h5" if FORMATS[fmt][0].single_file else f"out.{fmt}")
-        pack_images(src, out, format=fmt, workers=0, writer_options={"commit_every": 5})
+        pack_images(src, out, format=fmt, writer_options={"commit_every": 5}, run_options=RunOptions(workers=0))
     else:
         src = write_video_folder(root / "src", per_class=1, classes=2, frames=6, size=(32, 40))
         out = root / ("out.h5" if fmt == "hdf5" else f"out.{fmt}")
-        decode_frames(src, out, to=fmt, workers=0)
+        decode_frames(src, out, to=fmt, run_options=RunOptions(workers=0, timeout=600.0))
     return out
 
 
@@ -177,7 +178,8 @@ def test_damage_is_caught_or_harmless(packed, pick, op, where, n):
 def test_a_repacked_lmdb_is_not_read_through_the_old_map(tmp_path):
     """Pack, read, re-pack other images into the same path, read again in the same process."""
     out = tmp_path / "out.lmdb"
-    pack_images(write_image_folder(tmp_path / "a", count=4, classes=1), out, workers=0)
+    pack_images(write_image_folder(tmp_path / "a", count=4, classes=1), out, run_options=RunOptions(workers=0))
     first = open_reader(out).read(0).data
-    pack_images(write_image_folder(tmp_path / "b", count=4, classes=1, seed=7), out, workers=0, overwrite=True)
+    pack_images(write_image_folder(tmp_path / "b", count=4, classes=1, seed=7), out,
+                run_options=RunOptions(workers=0, overwrite=True))
     assert open_reader(out).read(0).data != first

@@ -20,6 +20,7 @@ from packer.errors import PackerError
 from packer.formats import open_reader
 from packer.formats.hdf5.layout import MANIFEST_ATTR
 from packer.formats.lmdb.env import close_env, lmdb_key
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder, write_video_folder
 
 OUTPUTS = ["lmdb", "hdf5", "records", "frames", "frames-hdf5"]
@@ -35,9 +36,10 @@ def built(tmp_path_factory):
     for name in OUTPUTS:
         out = root / (f"{name}.h5" if name.endswith("hdf5") else name)
         if name.startswith("frames"):
-            decode_frames(videos, out, to="hdf5" if name.endswith("hdf5") else "frames", workers=0)
+            decode_frames(videos, out, to="hdf5" if name.endswith("hdf5") else "frames",
+                          run_options=RunOptions(workers=0, timeout=600.0))
         else:
-            pack_images(images, out, format=name, workers=0)
+            pack_images(images, out, format=name, run_options=RunOptions(workers=0))
         outs[name] = out
     return outs
 

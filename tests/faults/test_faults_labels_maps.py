@@ -23,6 +23,7 @@ from packer.commands.pack_images import pack_images
 from packer.conversion.labelmaps import KNOWN
 from packer.errors import UsageError
 from packer.formats import open_reader
+from packer.conversion.options import InputOptions, RunOptions
 
 DECODES = [c for c in CONVERSIONS if c.id.startswith("decode-frames")]
 # UCF-101's classInd.txt, 0-based: byte order gives Hammering 35, HammerThrow 34, JumpingJack 47, JumpRope 46
@@ -88,7 +89,7 @@ def test_a_kinetics_validation_tree_lacking_classes_is_refused_then_numbered_lik
     src = class_tree(tmp_path / "val", val, dict.fromkeys(val[:4]))  # abseiling, applauding, ...
     with pytest.raises(UsageError, match="part of the classes of Kinetics-400's 400 .lacking air drumming, "
                                          "answering questions.*--class-index"):
-        decode_frames(src, tmp_path / "refused", workers=0)
+        decode_frames(src, tmp_path / "refused", run_options=RunOptions(workers=0, timeout=600.0))
     assert not (tmp_path / "refused").exists()
     r = cli("decode-frames", src, tmp_path / "out", "--workers", 0)  # the command says the same
     assert r.exit_code != 0 and "--class-index" in r.output and not (tmp_path / "out").exists()
@@ -97,7 +98,8 @@ def test_a_kinetics_validation_tree_lacking_classes_is_refused_then_numbered_lik
     assert list(expected.values()) == [0, 3, 4, 5]
     for given in ("kinetics400", train_csv):
         out = tmp_path / f"out-{Path(str(given)).stem}"
-        decode_frames(src, out, workers=0, class_index=given)
+        decode_frames(src, out, input_options=InputOptions(class_index=given),
+                      run_options=RunOptions(workers=0, timeout=600.0))
         assert labels_by_class(out) == expected
         assert created_by(out)["label_map"] == ("kinetics400" if given == "kinetics400" else str(train_csv))
 
@@ -105,11 +107,14 @@ def test_a_kinetics_validation_tree_lacking_classes_is_refused_then_numbered_lik
 def test_a_class_index_lacking_a_folder_is_refused(tmp_path):
     src = class_tree(tmp_path / "videos", ["abseiling", "yoga", "my own class"], {"yoga": 0})
     with pytest.raises(UsageError, match="classes not in kinetics400: my own class"):
-        decode_frames(src, tmp_path / "out", workers=0, class_index="kinetics400")
+        decode_frames(src, tmp_path / "out", input_options=InputOptions(class_index="kinetics400"),
+                      run_options=RunOptions(workers=0, timeout=600.0))
     images = write_image_folder(tmp_path / "images", count=4, classes=2, size=(16, 16))
     (tmp_path / "train_classes.txt").write_text("class_0\nclass_9\n")
     with pytest.raises(UsageError, match="classes not in .*train_classes.txt: class_1"):
-        pack_images(images, tmp_path / "out.lmdb", workers=0, class_index=tmp_path / "train_classes.txt")
+        pack_images(images, tmp_path / "out.lmdb",
+                    input_options=InputOptions(class_index=tmp_path / "train_classes.txt"),
+                    run_options=RunOptions(workers=0))
 
 
 def test_something_something_folders_get_the_label_ids(tmp_path):
@@ -118,7 +123,7 @@ def test_something_something_folders_get_the_label_ids(tmp_path):
     sthv2 = KNOWN["sthv2"].classes
     chosen = {sthv2[27]: 27, sthv2[28]: 28}
     src = class_tree(tmp_path / "sthv2", sthv2, chosen)
-    decode_frames(src, tmp_path / "out", workers=0)
+    decode_frames(src, tmp_path / "out", run_options=RunOptions(workers=0, timeout=600.0))
     assert labels_by_class(tmp_path / "out") == {c.replace(" ", "_"): x for c, x in chosen.items()}
     assert created_by(tmp_path / "out")["label_map"] == "sthv2"
 
@@ -145,19 +150,20 @@ def test_an_image_validation_tree_is_numbered_from_the_training_classes(tmp_path
 def test_the_training_data_itself_numbers_a_validation_tree(tmp_path):
     train = write_image_folder(tmp_path / "train", count=6, classes=3, size=(16, 16))
     (train / "class_0").rename(train / "Zebra")  # byte order: Zebra 0, class_1 1, class_2 2
-    pack_images(train, tmp_path / "train.h5", format="hdf5", workers=0)
+    pack_images(train, tmp_path / "train.h5", format="hdf5", run_options=RunOptions(workers=0))
     val = write_image_folder(tmp_path / "val", count=4, classes=3, size=(16, 16))
     shutil.rmtree(val / "class_0")
     for given in (train, tmp_path / "train.h5"):  # the training tree, or what it was packed into
         out = tmp_path / f"val-{given.name}.lmdb"
-        pack_images(val, out, workers=0, class_index=given)
+        pack_images(val, out, input_options=InputOptions(class_index=given), run_options=RunOptions(workers=0))
         reader = open_reader(out)
         assert {reader.keys[i].split("/")[0]: reader.read(i).label for i in range(len(reader))} \
             == {"class_1": 1, "class_2": 2}
     k400 = KNOWN["kinetics400"].classes
     videos = class_tree(tmp_path / "k400_train", k400, {})  # a Kinetics training tree numbers its part
     val = class_tree(tmp_path / "k400_val", ["yoga", "abseiling"], {"yoga": 0, "abseiling": 1})
-    decode_frames(val, tmp_path / "frames", workers=0, class_index=videos)
+    decode_frames(val, tmp_path / "frames", input_options=InputOptions(class_index=videos),
+                  run_options=RunOptions(workers=0, timeout=600.0))
     assert labels_by_class(tmp_path / "frames") == {"abseiling": 0, "yoga": 398}
 
 

@@ -13,7 +13,9 @@ from packer.commands.pack_images import pack_images
 from packer.commands.pack_videos import pack_videos
 from packer.errors import UsageError
 from packer.manifest import Manifest
+from packer.commands.pack_videos import VideoPackOptions
 from tests.support.inputs import write_image_folder, write_video
+from packer.conversion.options import RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +23,14 @@ def packs(tmp_path_factory) -> dict[str, Path]:
     """An image pack, a video pack (pack-videos), frame folders and a packed frame output."""
     root = tmp_path_factory.mktemp("kinds")
     pack_images(write_image_folder(root / "imgs", count=6, classes=2, size=(8, 8)), root / "images.lmdb",
-                format="lmdb", workers=0)
+                format="lmdb", run_options=RunOptions(workers=0))
     for i in range(2):
         write_video(root / "src" / f"c{i}" / f"v{i}.mp4", frames=6, size=(32, 32), seed=i)
-    pack_videos(root / "src", root / "videos.records", to="records", short_side=32, gop=4, workers=0)
-    decode_frames(root / "src", root / "frames", workers=0)
-    decode_frames(root / "src", root / "frames.lmdb", to="lmdb", workers=0)
+    pack_videos(root / "src", root / "videos.records", to="records",
+                pack_options=VideoPackOptions(short_side=32, gop=4),
+                run_options=RunOptions(workers=0, timeout=600.0))
+    decode_frames(root / "src", root / "frames", run_options=RunOptions(workers=0, timeout=600.0))
+    decode_frames(root / "src", root / "frames.lmdb", to="lmdb", run_options=RunOptions(workers=0, timeout=600.0))
     return {"images": root / "images.lmdb", "videos": root / "videos.records", "frames": root / "frames",
             "frames.lmdb": root / "frames.lmdb"}
 

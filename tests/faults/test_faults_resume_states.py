@@ -28,6 +28,7 @@ from packer import Loader, PackedDataset, StreamingDataset
 from packer.commands.pack_images import pack_images
 from packer.errors import UsageError
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 from tests.support.elastic import no_collate
 from tests.support.faults import flip_record_byte
 from tests.support.inputs import write_image_folder
@@ -51,9 +52,9 @@ def packs(tmp_path_factory) -> Packs:
     root = tmp_path_factory.mktemp("resume_states")
     damaged, clean = root / "damaged", root / "clean"
     pack_images(write_image_folder(root / "src", count=60, classes=3, size=(8, 8)), damaged, format="records",
-                workers=0, writer_options={"samples_per_shard": PER_SHARD})
+                writer_options={"samples_per_shard": PER_SHARD}, run_options=RunOptions(workers=0))
     pack_images(write_image_folder(root / "src2", count=12, classes=2, size=(8, 8), seed=7), clean,
-                format="records", workers=0)
+                format="records", run_options=RunOptions(workers=0))
     shards = sorted(damaged.glob("*.tfrecord"))
     for shard, record in DAMAGED:
         flip_record_byte(shards[shard], record)

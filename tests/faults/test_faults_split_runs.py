@@ -19,6 +19,8 @@ from packer.commands.merge import merge_parts, read_failures
 from packer.commands.pack_images import pack_images
 from packer.errors import ResumeRefused, UsageError
 from packer.formats import FORMATS, open_reader
+from packer.commands.decode_frames import FrameOptions
+from packer.conversion.options import InputOptions, RunOptions
 
 IMAGE_FORMATS = sorted(FORMATS)
 
@@ -46,9 +48,11 @@ def change(root: Path, how: str) -> None:
 def test_parts_cut_from_different_trees_are_refused(tmp_path, fmt, how):
     src = write_image_folder(tmp_path / "src", count=12, classes=3, size=(24, 32))
     p0, p1 = out_path(tmp_path, fmt, "p0"), out_path(tmp_path, fmt, "p1")
-    pack_images(src, p0, format=fmt, workers=0, num_shards=2, shard_index=0)
+    pack_images(src, p0, format=fmt, input_options=InputOptions(num_shards=2, shard_index=0),
+                run_options=RunOptions(workers=0))
     change(src, how)
-    pack_images(src, p1, format=fmt, workers=0, num_shards=2, shard_index=1)
+    pack_images(src, p1, format=fmt, input_options=InputOptions(num_shards=2, shard_index=1),
+                run_options=RunOptions(workers=0))
     with pytest.raises(UsageError, match="different listings") as err:
         merge_parts([p0, p1], out_path(tmp_path, fmt, "merged"))
     message = str(err.value)
@@ -64,11 +68,12 @@ def test_unchanged_parts_still_merge_and_name_their_listing(tmp_path, fmt):
     no listing (its manifest stays as it was)."""
     src = write_image_folder(tmp_path / "src", count=9, classes=3, size=(24, 32))
     single = out_path(tmp_path, fmt, "single")
-    pack_images(src, single, format=fmt, workers=0)
+    pack_images(src, single, format=fmt, run_options=RunOptions(workers=0))
     assert "listing" not in open_reader(single).manifest.created_by["options"]
     parts = [out_path(tmp_path, fmt, f"p{i}") for i in range(3)]
     for i, part in enumerate(parts):
-        pack_images(src, part, format=fmt, workers=0, num_shards=3, shard_index=i)
+        pack_images(src, part, format=fmt, input_options=InputOptions(num_shards=3, shard_index=i),
+                    run_options=RunOptions(workers=0))
     listings = [open_reader(p).manifest.created_by["options"]["listing"] for p in parts]
     assert listings[0] == listings[1] == listings[2] and listings[0]["listed_inputs"] == 9
     merged = out_path(tmp_path, fmt, "merged")
@@ -97,10 +102,12 @@ def test_input_line_failures_are_recorded_once_across_parts(tmp_path, fmt):
     src = write_image_folder(tmp_path / "src", count=12, classes=3, size=(24, 32))
     lst = write_list(src, tmp_path / "list.txt", list_lines(src))
     single = out_path(tmp_path, fmt, "single")
-    pack_images(src, single, format=fmt, workers=0, list_path=lst, max_failures=9)
+    pack_images(src, single, format=fmt, input_options=InputOptions(list_path=lst),
+                run_options=RunOptions(workers=0, max_failures=9))
     parts = [out_path(tmp_path, fmt, f"p{i}") for i in range(3)]
     for i, part in enumerate(parts):
-        pack_images(src, part, format=fmt, workers=0, list_path=lst, max_failures=9, num_shards=3, shard_index=i)
+        pack_images(src, part, format=fmt, input_options=InputOptions(list_path=lst, num_shards=3, shard_index=i),
+                    run_options=RunOptions(workers=0, max_failures=9))
     merged = out_path(tmp_path, fmt, "merged")
     report = merge_parts(parts, merged)
     want = read_failures(open_reader(single))
@@ -118,7 +125,8 @@ def test_parts_cut_from_different_lists_are_refused(tmp_path, edit):
     src = write_image_folder(tmp_path / "src", count=12, classes=3, size=(24, 32))
     lines = list_lines(src)
     lst = write_list(src, tmp_path / "list.txt", lines)
-    pack_images(src, tmp_path / "p0", workers=0, list_path=lst, max_failures=9, num_shards=2, shard_index=0)
+    pack_images(src, tmp_path / "p0", input_options=InputOptions(list_path=lst, num_shards=2, shard_index=0),
+                run_options=RunOptions(workers=0, max_failures=9))
     if edit == "label":
         lines[0] = lines[0].rsplit(" ", 1)[0] + " 2"
     elif edit == "bad line":
@@ -126,7 +134,8 @@ def test_parts_cut_from_different_lists_are_refused(tmp_path, edit):
     else:
         lines.insert(0, "# edited")
     write_list(src, lst, lines)
-    pack_images(src, tmp_path / "p1", workers=0, list_path=lst, max_failures=9, num_shards=2, shard_index=1)
+    pack_images(src, tmp_path / "p1", input_options=InputOptions(list_path=lst, num_shards=2, shard_index=1),
+                run_options=RunOptions(workers=0, max_failures=9))
     with pytest.raises(UsageError, match="different listings"):
         merge_parts([tmp_path / "p0", tmp_path / "p1"], tmp_path / "merged")
 
@@ -135,10 +144,12 @@ def test_resuming_a_part_over_a_changed_tree_is_refused(tmp_path):
     """The listing is one of the part's options: ``--resume`` of a finished part over a tree
     that changed since is refused, naming it (what it stores would not match its siblings)."""
     src = write_image_folder(tmp_path / "src", count=9, classes=3, size=(24, 32))
-    pack_images(src, tmp_path / "p0", workers=0, num_shards=2, shard_index=0)
+    pack_images(src, tmp_path / "p0", input_options=InputOptions(num_shards=2, shard_index=0),
+                run_options=RunOptions(workers=0))
     change(src, "added")
     with pytest.raises(ResumeRefused, match="--listed-inputs: 9 -> 10"):
-        pack_images(src, tmp_path / "p0", workers=0, num_shards=2, shard_index=0, resume=True)
+        pack_images(src, tmp_path / "p0", input_options=InputOptions(num_shards=2, shard_index=0),
+                    run_options=RunOptions(workers=0, resume=True))
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +162,11 @@ def videos(tmp_path_factory) -> Path:
 def test_decode_frames_parts_cut_from_different_trees_are_refused(videos, tmp_path, how):
     src = tmp_path / "src"
     shutil.copytree(videos, src)
-    kw = dict(to="lmdb", workers=0, max_frames=2, num_shards=2)
-    decode_frames(src, tmp_path / "p0", shard_index=0, **kw)
+    def part(i: int) -> None:
+        decode_frames(src, tmp_path / f"p{i}", to="lmdb", frame_options=FrameOptions(max_frames=2),
+                      input_options=InputOptions(num_shards=2, shard_index=i), run_options=RunOptions(workers=0))
+
+    part(0)
     victim = src / "class_0" / "clip_0_0.mp4"
     if how == "removed":
         victim.unlink()
@@ -160,7 +174,7 @@ def test_decode_frames_parts_cut_from_different_trees_are_refused(videos, tmp_pa
         victim.rename(victim.with_name("clip_0_0_renamed.mp4"))
     else:
         shutil.copy(victim, victim.with_name("clip_0_00.mp4"))
-    decode_frames(src, tmp_path / "p1", shard_index=1, **kw)
+    part(1)
     with pytest.raises(UsageError, match="different listings") as err:
         merge_parts([tmp_path / "p0", tmp_path / "p1"], tmp_path / "merged")
     assert "part 0" in str(err.value) and "part 1" in str(err.value)

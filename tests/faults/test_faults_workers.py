@@ -16,6 +16,7 @@ import pytest
 
 from packer.conversion.executors import IsolatedExecutor, LocalExecutor
 from packer.formats import open_reader
+from packer.conversion.options import RunOptions
 from tests.support import SUPPORT
 from tests.support.acks import die_on, late_acknowledgements
 from tests.support.faults import CONVERSIONS
@@ -148,7 +149,7 @@ def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, 
     writer = HDF5Writer(out, classes=classes, commit_every=4)
     with Damaging(workers=2, writer=writer) as ex:
         with pytest.raises(CorruptData) as e:
-            run(items, ImageJob(check="header"), writer, executor=ex, max_failures=9)
+            run(items, ImageJob(check="header"), writer, executor=ex, options=RunOptions(max_failures=9))
     key, part = damaged[0]
     assert e.value.path == part and e.value.key == key and "changed after it was written" in str(e.value)
     assert not out.exists()
@@ -156,8 +157,9 @@ def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, 
     # the commits before it stand; the one holding the damaged sample is not among them
     assert 0 < done <= [i.key for i in items].index(key)
     resumed = HDF5Writer(out, classes=classes, commit_every=4)
-    run(items, ImageJob(check="header"), resumed, max_failures=9, resume=True)
+    run(items, ImageJob(check="header"), resumed, options=RunOptions(max_failures=9, resume=True))
     ref = tmp_path / "ref.h5"
-    run(items, ImageJob(check="header"), HDF5Writer(ref, classes=classes, commit_every=4), max_failures=9)
+    run(items, ImageJob(check="header"), HDF5Writer(ref, classes=classes, commit_every=4),
+        options=RunOptions(max_failures=9))
     assert packed_snapshot(out) == packed_snapshot(ref)
     assert list(open_reader(out).verify()) == []

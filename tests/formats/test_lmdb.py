@@ -14,13 +14,14 @@ from packer.formats.lmdb import LmdbReader, LmdbWriter, lmdb_key
 from packer.commands.inspection import verify_dataset
 from packer.integrity import crc32c
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from tests.support.protobuf import Datum
 
 
 @pytest.fixture
 def packed(image_folder, tmp_path):
     out = tmp_path / "ds.lmdb"
-    pack_images(image_folder, out, format="lmdb", workers=0)
+    pack_images(image_folder, out, format="lmdb", run_options=RunOptions(workers=0))
     return out
 
 
@@ -106,8 +107,8 @@ def test_deleted_output_releases_its_cached_environment(image_folder, tmp_path):
     from packer.formats.lmdb import env as lmdb_env
 
     gone, other = tmp_path / "gone.lmdb", tmp_path / "other.lmdb"
-    pack_images(image_folder, gone, format="lmdb", workers=0)
-    pack_images(image_folder, other, format="lmdb", workers=0)
+    pack_images(image_folder, gone, format="lmdb", run_options=RunOptions(workers=0))
+    pack_images(image_folder, other, format="lmdb", run_options=RunOptions(workers=0))
     LmdbReader(gone).read(0)
     assert str(gone) in {path for path, _ in lmdb_env._ENVS}
     shutil.rmtree(gone)

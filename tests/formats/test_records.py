@@ -34,6 +34,7 @@ from packer.commands.inspection import verify_dataset
 from packer.commands.pack_images import ImageJob
 from packer.conversion.inputs import image_folder as walk_folder
 from packer.synth import jpeg_bytes, natural_image
+from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES, REPO
 from tests.support.inputs import write_image_folder
 from tests.support.timing import scaled
@@ -236,7 +237,7 @@ def test_resume_after_a_retried_failure_and_a_second_interrupt(tmp_path):
 
     def go(job):
         writer = RecordsWriter(out, classes=classes, samples_per_shard=4)
-        return run(items, job, writer, resume=True, max_failures=5)
+        return run(items, job, writer, options=RunOptions(resume=True, max_failures=5))
 
     with pytest.raises(KeyboardInterrupt):
         go(_InterruptAt(items[10].key))  # shards 0, 1 complete; item 3 recorded as failed

@@ -7,6 +7,7 @@ from packer.formats import FORMATS, open_reader
 from packer.commands.inspection import verify_dataset
 from packer.commands.pack_images import pack_images
 from packer.conversion.inputs import image_folder
+from packer.conversion.options import RunOptions
 
 ALL = sorted(FORMATS)
 
@@ -18,7 +19,7 @@ def out_path(tmp_path, fmt):
 @pytest.mark.parametrize("fmt", ALL)
 def test_round_trip_bytes_labels_keys(image_folder, tmp_path, fmt):
     out = out_path(tmp_path, fmt)
-    report = pack_images(image_folder, out, format=fmt, workers=0)
+    report = pack_images(image_folder, out, format=fmt, run_options=RunOptions(workers=0))
     items, classes = image_folder_items = image_folder_listing(image_folder)
     assert report.count == len(items) and report.failed == 0
     r = open_reader(out)
@@ -40,8 +41,8 @@ def image_folder_listing(root):
 @pytest.mark.parametrize("fmt", ALL)
 def test_output_identical_whatever_workers(image_folder, tmp_path, fmt):
     a, b = out_path(tmp_path / "a", fmt), out_path(tmp_path / "b", fmt)
-    pack_images(image_folder, a, format=fmt, workers=0)
-    pack_images(image_folder, b, format=fmt, workers=2)
+    pack_images(image_folder, a, format=fmt, run_options=RunOptions(workers=0))
+    pack_images(image_folder, b, format=fmt, run_options=RunOptions(workers=2))
     ra, rb = open_reader(a), open_reader(b)
     assert ra.keys == rb.keys
     assert all(ra.read(i).data == rb.read(i).data for i in range(len(ra)))
@@ -50,7 +51,7 @@ def test_output_identical_whatever_workers(image_folder, tmp_path, fmt):
 @pytest.mark.parametrize("fmt", ALL)
 def test_bad_inputs_recorded_not_fatal(mixed_folder, tmp_path, fmt):
     out = out_path(tmp_path, fmt)
-    report = pack_images(mixed_folder, out, format=fmt, workers=2)
+    report = pack_images(mixed_folder, out, format=fmt, run_options=RunOptions(workers=2))
     failed = sorted(f["key"] for f in report.failures)
     assert failed == ["class_1/text.jpg", "class_1/truncated.jpg", "class_1/zero.jpg"]
     assert report.count == 7  # 6 generated JPEGs + 1 PNG; hidden and .txt files skipped

@@ -13,6 +13,7 @@ from packer.errors import PackerError
 from packer.remote import open_reader
 from packer.remote import RemoteOptions
 from packer.remote.upload import remote_exists, staged_output
+from packer.conversion.options import RunOptions
 from tests.support.inputs import write_image_folder
 
 # xdist: these tests share one worker, so the moto S3 server (a session fixture) starts once
@@ -34,7 +35,8 @@ def test_convert_to_s3_then_read_inspect_verify(bucket, tmp_path, s3):
     assert r.exit_code == 0, r.output
     assert "uploaded" in r.output
     local = tmp_path / "local"
-    pack_images(src, local, format="records", workers=0, writer_options={"samples_per_shard": 8})
+    pack_images(src, local, format="records", writer_options={"samples_per_shard": 8},
+                run_options=RunOptions(workers=0))
     opts = RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c")
     assert _all(PackedDataset(url, decode="bytes", remote=opts)) == _all(PackedDataset(local, decode="bytes"))
     r = _cli("verify", url)
@@ -52,7 +54,7 @@ def test_hdf5_and_lmdb_to_s3_and_back(bucket, tmp_path, s3, fmt):
     r = _cli(f"to-{fmt}", src, url, "--workers", 0)
     assert r.exit_code == 0, r.output
     local = tmp_path / f"local.{fmt}"
-    pack_images(src, local, format=fmt, workers=0)
+    pack_images(src, local, format=fmt, run_options=RunOptions(workers=0))
     got = PackedDataset(url, decode="bytes", remote=RemoteOptions(storage_options=s3.storage_options,
                                                                   cache_dir=tmp_path / "c"))
     assert _all(got) == _all(PackedDataset(local, decode="bytes"))
@@ -62,7 +64,8 @@ def test_interrupted_upload_is_never_a_dataset_and_resume_finishes_it(bucket, tm
     src = write_image_folder(tmp_path / "src", count=40)
     url = f"{bucket}/cut"
     staged = staged_output(url)
-    pack_images(src, staged.local, format="records", workers=0, writer_options={"samples_per_shard": 5})
+    pack_images(src, staged.local, format="records", writer_options={"samples_per_shard": 5},
+                run_options=RunOptions(workers=0))
     done = []
 
     def killed_after_three(name):
@@ -81,7 +84,8 @@ def test_interrupted_upload_is_never_a_dataset_and_resume_finishes_it(bucket, tm
     assert r.exit_code == 0, r.output
     assert "3 already there" in r.output
     local = tmp_path / "local"
-    pack_images(src, local, format="records", workers=0, writer_options={"samples_per_shard": 5})
+    pack_images(src, local, format="records", writer_options={"samples_per_shard": 5},
+                run_options=RunOptions(workers=0))
     remote = PackedDataset(url, decode="bytes", remote=RemoteOptions(storage_options=s3.storage_options,
                                                                      cache_dir=tmp_path / "c2"))
     assert _all(remote) == _all(PackedDataset(local, decode="bytes"))
@@ -97,7 +101,8 @@ def test_merge_remote_parts_into_a_remote_output(bucket, tmp_path, s3):
     assert r.exit_code == 0, r.output
     assert "merged 2 parts, 30 samples" in r.output
     whole = tmp_path / "whole"
-    pack_images(src, whole, format="records", workers=0, writer_options={"samples_per_shard": 6})
+    pack_images(src, whole, format="records", writer_options={"samples_per_shard": 6},
+                run_options=RunOptions(workers=0))
     merged = PackedDataset(f"{bucket}/merged", decode="bytes",
                            remote=RemoteOptions(storage_options=s3.storage_options, cache_dir=tmp_path / "c"))
     assert _all(merged) == _all(PackedDataset(whole, decode="bytes"))
@@ -175,7 +180,8 @@ def test_sigkill_during_the_upload_then_resume(bucket, tmp_path, s3):
     skipped = int(r.output.split(" already there")[0].rsplit(", ", 1)[-1])
     assert skipped >= 5
     local = tmp_path / "local"
-    pack_images(src, local, format="records", workers=0, writer_options={"samples_per_shard": 2})
+    pack_images(src, local, format="records", writer_options={"samples_per_shard": 2},
+                run_options=RunOptions(workers=0))
     remote = PackedDataset(url, decode="bytes", remote=RemoteOptions(storage_options=s3.storage_options,
                                                                      cache_dir=tmp_path / "c"))
     assert _all(remote) == _all(PackedDataset(local, decode="bytes"))

@@ -10,6 +10,7 @@ from torch.utils.data import Subset
 from packer import PackedDataset
 from packer.commands.pack_images import pack_images
 from packer.data import DecodeResizeCrop
+from packer.conversion.options import RunOptions
 
 #: the batch-buffer tests need Linux's memfd_create
 needs_memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
@@ -20,5 +21,5 @@ def batch_dataset(image_folder: Path, root: Path) -> Subset:
     of 8 are 1.2 MB (above ``batch_memory.MIN_BYTES``), 24 of them, 12 per worker of 2 (more
     than a worker's ``MAX_BUFFERS``)."""
     out = root / "ds"
-    pack_images(image_folder, out, format="lmdb", workers=0)
+    pack_images(image_folder, out, format="lmdb", run_options=RunOptions(workers=0))
     return Subset(PackedDataset(out, decode=DecodeResizeCrop(256, 224)), list(range(24)) * 8)
