@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from packer.data.samplers import (DenseSampleFrames, SampleFrames, UntrimmedSampleFrames,
 from packer.conversion.options import RunOptions
+from packer.data.samplers import (DenseSampleFrames, SampleFrames, UntrimmedSampleFrames,
                                   dense_sample_frames, fps_sample_frames)
 from tests.support import SUPPORT
 
