@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 __all__ = ["ServerUnavailable", "Nginx", "start_nginx", "MotoS3", "start_moto", "free_port"]
 

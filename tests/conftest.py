@@ -19,7 +19,7 @@ from PIL import Image  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO, zygote  # noqa: E402,F401
 from tests.support.inputs import write_image_folder, write_video_folder  # noqa: E402
-from tests.support.timing import scaled  # noqa: E402
+from scripts.timing import scaled  # noqa: E402
 
 # Compiled modules are cached in __pycache__ even where the environment says not to (this
 # project's development machines set PYTHONDONTWRITEBYTECODE=1): otherwise every xdist worker
@@ -47,7 +47,7 @@ def pytest_xdist_auto_num_workers(config) -> int | None:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config) -> None:
     """The per-test timeout (pyproject's, pytest-timeout's) stretched with the machine's load
-    (tests/support/timing.py; after pytest-timeout has read it). In an xdist worker, torch
+    (scripts/timing.py; after pytest-timeout has read it). In an xdist worker, torch
     computes on one thread: the workers already outnumber the cores, and torch's intra-op
     threads on top of them spin for CPU the other workers need (about a fifth of the CPU time of
     the model-training tests). Serial runs keep torch's default."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.support import REPO
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 LEAKY = '''
 import os, subprocess, sys, time

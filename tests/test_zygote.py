@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import REPO, zygote
 from tests.support.killing import BASE_ENV, KILL_PROGRAM, packer_env, run_packer
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 def test_a_forked_run_says_what_a_fresh_one_says(tmp_path):

@@ -21,7 +21,7 @@ from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_VIDEOS, REPO
 from tests.support.inputs import write_video, write_video_folder
 from tests.support.killing import checkpoint_at_least, run_and_kill
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 PACKED = sorted(FORMATS)
 ALL_OUTPUTS = ["frames"] + PACKED
@@ -336,8 +336,9 @@ def test_killed_run_resumes_to_the_same_output(tmp_path, to):
     shutil.copy(FIXTURE_VIDEOS / "decord_corrupted.mp4", src / "class_0" / "corrupted.mp4")
     killed, whole = out_path(tmp_path, to, "killed"), out_path(tmp_path, to, "whole")
     code = ("import sys; from packer.commands.decode_frames import decode_frames; "
-            f"decode_frames({str(src)!r}, {str(killed)!r}, to={to!r}, workers=1, commit_every=20, "
-            "max_failures=9)")
+            "from packer.conversion.options import RunOptions; "
+            f"decode_frames({str(src)!r}, {str(killed)!r}, to={to!r}, "
+            "run_options=RunOptions(workers=1, commit_every=20, max_failures=9, timeout=600.0))")
     writer_cls = FORMATS[to][0] if to in FORMATS else None
     journal = killed.with_name(killed.name + ".partial")
     if writer_cls is not None and writer_cls.single_file:

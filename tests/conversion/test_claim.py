@@ -21,7 +21,7 @@ from packer.errors import OutputClaimed, WriteError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.sample import Sample
 from tests.support.killing import REPO
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 HOLD = """
 import os, sys, time

@@ -10,7 +10,7 @@ import pytest
 
 from packer.errors import UsageError
 from packer.conversion.executors import InlineExecutor, IsolatedExecutor, LocalExecutor, make_executor
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 def work(x):

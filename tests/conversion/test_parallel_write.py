@@ -26,7 +26,7 @@ from tests.support import REPO
 from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 from tests.support.outputs import packed_snapshot
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 # -- the choice --------------------------------------------------------------------------------

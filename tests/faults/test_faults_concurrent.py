@@ -22,7 +22,7 @@ from packer.formats.sidecars import partial_path
 from tests.support.concurrency import error_lines, release, start_paused, stop
 from tests.support.faults import CONVERSIONS, leftovers, one_fast, snapshot
 from tests.support.killing import run_packer
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 def assert_refused(r, out, holder_pid: int | None = None) -> str:

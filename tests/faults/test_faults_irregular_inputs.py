@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.inputs import write_image_folder, write_video_folder
 from tests.support.killing import packer_env, run_packer
-from tests.support.timing import scaled
+from scripts.timing import scaled
 from packer.formats import FORMATS
 
 pytestmark = pytest.mark.timeout(240)

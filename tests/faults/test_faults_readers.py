@@ -24,7 +24,7 @@ from packer.errors import OutputChanged
 from packer.formats import open_reader
 from tests.support.inputs import write_image_folder, write_video_folder
 from tests.support.killing import run_packer
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 def _images(tmp_path):

@@ -21,7 +21,7 @@ from tests.support import SUPPORT
 from tests.support.acks import die_on, late_acknowledgements
 from tests.support.faults import CONVERSIONS
 from tests.support.killing import packer_env, run_packer
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 HOOK = SUPPORT / "worker_death"  # sitecustomize.py: the worker given KEY kills itself
 BOUND_S = 120  # on an idle machine (scaled with its load): a hang would hit this; a run takes a few seconds

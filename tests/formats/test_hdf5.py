@@ -151,6 +151,7 @@ KILLED_RUN = """
 import sys, time
 import packer.commands.pack_images as pack
 from packer.codecs.resize import ResizeSpec
+from packer.conversion.options import RunOptions
 call = pack.ImageJob.__call__
 done = [0]
 def slow(self, item):  # slow the work down so the kill lands mid-run
@@ -161,8 +162,8 @@ def slow(self, item):  # slow the work down so the kill lands mid-run
     return call(self, item)
 pack.ImageJob.__call__ = slow
 raw = sys.argv[3] == "raw"
-pack.pack_images(sys.argv[1], sys.argv[2], format="hdf5", workers=0, max_failures=99, raw=raw,
-                 resize=ResizeSpec(size=(24, 20)) if raw else None, writer_options={"commit_every": 3})
+pack.pack_images(sys.argv[1], sys.argv[2], format="hdf5", run_options=RunOptions(workers=0, max_failures=99),
+                 raw=raw, resize=ResizeSpec(size=(24, 20)) if raw else None, writer_options={"commit_every": 3})
 """
 
 

@@ -37,7 +37,7 @@ from packer.synth import jpeg_bytes, natural_image
 from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES, REPO
 from tests.support.inputs import write_image_folder
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 def cli(*args: str, ok: bool = True):

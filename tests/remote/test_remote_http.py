@@ -17,7 +17,7 @@ from packer.remote import open_reader
 from packer.remote import RemoteOptions, RetryPolicy, cache_events
 from tests.support.inputs import write_image_folder
 from tests.support.served import pack, records_dataset
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 # xdist: the nginx tests share one worker, so nginx (a session fixture) starts once
 pytestmark = pytest.mark.xdist_group("nginx")

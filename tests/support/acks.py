@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 __all__ = ["late_acknowledgements", "die_on"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.support import zygote
 from tests.support.killing import BASE_ENV, packer_env
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 PAUSE_PROGRAM = r"""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from tests.support import REPO, zygote
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 __all__ = ["MARK", "Proc", "mark_session", "descendants", "marked", "end"]
 

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.timing import scaled
+from scripts.timing import scaled
 
 PRELOAD = ("numpy", "cv2", "PIL.Image", "h5py", "lmdb", "pebble", "click", "packer.cli", "packer.formats",
            "packer.formats.writer", "packer.formats.sidecars", "packer.commands.pack_images",

@@ -5,7 +5,7 @@ pytest timeout) is written for an idle machine and passed through :func:`scaled`
 multiplies it by :func:`factor`: ``PACKER_TEST_TIME_FACTOR`` when set (>= 1), else the
 one-minute load average per usable core (never below 1, at most ``MAX_FACTOR``). A bound only
 decides when a wait that would never end is called a failure; no test asserts that something
-was fast. CONTRIBUTING.md says how to run the suite under load.
+was fast. CONTRIBUTING.md says how to run the suite under load. It lives in scripts/ because the test servers (`scripts/servers.py`) scale their waits the same way, and scripts import nothing from tests.
 """
 from __future__ import annotations
 
