@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.commands.pack_images import pack_images
+from packer.conversion.options import RunOptions
 from packer.synth import make_image_folder
 
 __all__ = ["run_demo"]
@@ -24,7 +25,7 @@ def run_demo(workdir: str | os.PathLike, *, count: int = 200, workers: int | Non
     out = workdir / "images.lmdb"
     if not src.exists():
         make_image_folder(src, count=count, classes=4, seed=0)
-    report = pack_images(src, out, format="lmdb", workers=workers, overwrite=True)
+    report = pack_images(src, out, format="lmdb", run_options=RunOptions(workers=workers, overwrite=True))
     ds = PackedDataset(out, decode="tensor")
     loader = DataLoader(ds, batch_size=32, num_workers=0, collate_fn=lambda batch: batch)
     t = time.perf_counter()

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from packer.errors import UsageError
+from packer.conversion.options import InputOptions, RunOptions
 
 __all__ = ["VIDEO_JSON_FIELDS", "ROW_FIELDS", "DEFAULT_SAMPLINGS", "VIDEO_AS_FAST", "VIDEO_SLOWER_OK",
            "VIDEO_SMALL", "is_video_pack", "samplings", "make_frame_pack", "advise",
@@ -116,8 +117,9 @@ def make_frame_pack(video_pack: str | os.PathLike, out: str | os.PathLike, *, wo
         lines.append(f"{name} {max(int(labels[0]), 0)}\n")
     (src / "videos.txt").write_text("".join(lines), encoding="utf-8")
     frames = out / "frames.rec"
-    report = decode_frames(src, frames, to="records", list_path=src / "videos.txt",
-                           workers=workers if workers is not None else os.cpu_count() or 1)
+    run = RunOptions(workers=workers if workers is not None else os.cpu_count() or 1, timeout=600.0)
+    report = decode_frames(src, frames, to="records", input_options=InputOptions(list_path=src / "videos.txt"),
+                           run_options=run)
     if report.failures:
         raise UsageError(f"{video_pack}: {len(report.failures)} stored streams did not decode to frames "
                          f"(e.g. {report.failures[0].get('reason')})")

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from packer.commands.pack_images import pack_images
 from packer.conversion.parallel_write import choose_plan
 from packer.formats import writer_class
+from packer.conversion.options import RunOptions
 
 __all__ = ["run_write_bench", "format_write_report"]
 
@@ -47,8 +48,8 @@ def run_write_bench(src: str | os.PathLike, *, to: str = "records", check: str =
                 out = root / f"out-{w}"
                 own0, kids0 = _cpu()
                 t = time.perf_counter()
-                report = pack_images(src, out, format=to, check=check, workers=w, overwrite=True,
-                                     max_failures=10**9)
+                report = pack_images(src, out, format=to, check=check,
+                                     run_options=RunOptions(workers=w, overwrite=True, max_failures=10**9))
                 wall = time.perf_counter() - t
                 own1, kids1 = _cpu()
                 n = max(1, report.count)

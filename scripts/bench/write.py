@@ -567,7 +567,8 @@ def breakdown_main(argv: list[str]) -> None:
     print(f"{n} JPEGs; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     def pack() -> None:
-        pim.pack_images(str(src), str(out / "p.lmdb"), format="lmdb", check="header", overwrite=True)
+        pim.pack_images(str(src), str(out / "p.lmdb"), format="lmdb", check="header",
+                        run_options=RunOptions(overwrite=True))
 
     cached = pim.image_items(str(src))
 

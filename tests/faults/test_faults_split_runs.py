@@ -187,10 +187,12 @@ def test_decode_frames_list_bad_lines_recorded_once(videos, tmp_path):
              for p in sorted(videos.rglob("*.*")) if p.suffix in (".mp4", ".avi")]
     lines.insert(1, lines[0])  # listed twice: an unusable line
     lst = write_list(videos, tmp_path / "videos.txt", lines)
-    kw = dict(to="lmdb", workers=0, max_frames=2, list_path=str(lst), max_failures=9)
-    decode_frames(videos, tmp_path / "single", **kw)
+    run, frames = RunOptions(workers=0, max_failures=9, timeout=600.0), FrameOptions(max_frames=2)
+    decode_frames(videos, tmp_path / "single", to="lmdb", frame_options=frames,
+                  input_options=InputOptions(list_path=str(lst)), run_options=run)
     for i in range(2):
-        decode_frames(videos, tmp_path / f"p{i}", num_shards=2, shard_index=i, **kw)
+        decode_frames(videos, tmp_path / f"p{i}", to="lmdb", frame_options=frames,
+                      input_options=InputOptions(list_path=str(lst), num_shards=2, shard_index=i), run_options=run)
     merge_parts([tmp_path / "p0", tmp_path / "p1"], tmp_path / "merged")
     want = read_failures(open_reader(tmp_path / "single"))
     assert len(want) == 1 and read_failures(open_reader(tmp_path / "merged")) == want
