@@ -12,7 +12,7 @@ from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions
-from packer.conversion.parallel_write import choose_plan, job_for
+from packer.conversion.plans import choose_plan, job_for
 from packer.formats import writer_class
 from packer.formats.sample import Sample
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe

@@ -43,7 +43,7 @@ def make_executor(name: str = "local", *, workers: int | None = None, timeout: f
                   isolate: bool = False, mode: str = "pool", writer: Any = None, **options: Any) -> Executor:
     """The one executor factory: by name, ``local`` (process pool; inline when workers <= 1) or
     ``ray`` (``ray:ADDRESS`` or ``address=`` joins a cluster; workers None or 0 = the cluster's
-    CPUs); or, for a pack command, the ``mode`` its ``parallel_write.Plan`` chose, for ``writer``
+    CPUs); or, for a pack command, the ``mode`` its ``plans.Plan`` chose, for ``writer``
     (an unopened Writer): ``inline``, ``staged`` (verdict workers), ``sharded`` (workers store
     the writer's segments), ``shm`` (workers encode into shared memory) or ``pool`` (by name).
 
@@ -93,15 +93,15 @@ def _plan_executor(mode: str, workers: int, writer: Any) -> Executor:
     if mode == "inline":
         return InlineExecutor()
     if mode == "staged":
-        from packer.conversion.executors.staged import StagedExecutor
+        from packer.conversion.plans.staged import StagedExecutor
 
         return StagedExecutor(workers=workers)
     if mode == "sharded":
-        from packer.conversion.executors.sharded import ShardedExecutor
+        from packer.conversion.plans.sharded import ShardedExecutor
 
         return ShardedExecutor(workers=workers, writer=writer)
     if mode == "shm":
-        from packer.conversion.executors.shm import SharedMemoryExecutor
+        from packer.conversion.plans.shm import SharedMemoryExecutor
 
         return SharedMemoryExecutor(workers=workers, prepare=type(writer).prepare, views=True)
     raise UsageError(f"unknown executor mode {mode!r} (inline, staged, sharded, shm, pool)")

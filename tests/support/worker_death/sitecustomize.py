@@ -33,7 +33,7 @@ if _spec:
 
         wrap(pack_images.ImageJob)
         wrap(decode_frames.FrameJob)
-        from packer.conversion import parallel_write  # the staged plan runs only verdict() in workers
+        from packer.conversion import plans as parallel_write  # the staged plan runs only verdict() in workers
 
         real_verdict = parallel_write.VerdictJob.verdict
 

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.commands.merge import merge_parts
 from packer.commands.pack_images import ImageJob, pack_images
-from packer.conversion.executors.staged import StagedExecutor
+from packer.conversion.plans.staged import StagedExecutor
 from packer.conversion.inputs import image_items
-from packer.conversion.parallel_write import VerdictJob, choose_plan
+from packer.conversion.plans import VerdictJob, choose_plan
 from packer.errors import CorruptSample
 from packer.formats import open_reader, writer_class
 from packer.commands.decode_frames import FrameOptions
@@ -153,7 +153,7 @@ def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_o
     sha256), and the parts merge into the same dataset as single-writer parts do."""
     from packer.conversion.inputs import partition
     from packer.conversion.runner import run
-    from packer.conversion.executors.sharded import ShardedExecutor
+    from packer.conversion.plans.sharded import ShardedExecutor
     from packer.formats.records import RecordsWriter
 
     items, classes = image_items(src)

@@ -2,16 +2,16 @@
 
 The writer (one process) only appends or puts. Everything else runs beside it:
 
-* **verdicts** (``packer.conversion.executors.staged``): worker processes read each file and
+* **verdicts** (``packer.conversion.plans.staged``): worker processes read each file and
   check it (header parse or full decode) and hand back only a small ``Verdict`` (format,
   size, length, CRC32C of the bytes they checked); the writer process reads the page-cached
   file again in a thread (file reads and CRC32C release the GIL), checks that its length and
   CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
   mismatch) and builds the sample. No sample's bytes cross a process boundary.
-* **sharded writers** (records and HDF5: ``packer.conversion.executors.sharded``): the workers store the
+* **sharded writers** (records and HDF5: ``packer.conversion.plans.sharded``): the workers store the
   samples in part files themselves; the writer only takes them over (records: renames whole
   shards; HDF5: copies each commit's bytes in from the parts, CRC-checked).
-* **shared memory** (LMDB: ``packer.conversion.executors.shm``): the workers read, check and
+* **shared memory** (LMDB: ``packer.conversion.plans.shm``): the workers read, check and
   encode each sample (the writer's ``prepare``: its Datum and CRC32C) into memory shared with
   the writer, which only puts the values; each sample's bytes are copied into the shared
   mapping once and out of it once, by the put.
@@ -31,7 +31,7 @@ from typing import Any
 from packer.errors import CorruptSample
 from packer.codecs.image import probe
 from packer.conversion.inputs import read_item, read_item_bytes
-from packer.conversion.executors.shm import available as shm_available
+from packer.conversion.plans.shm import available as shm_available
 from packer.formats.sample import Sample
 from packer.integrity import crc32c
 

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, concat_items, crashed_items, even_ranges, pick_chunk
+from packer.conversion.plans.ranges import RangePool, concat_items, crashed_items, even_ranges, pick_chunk
 
 __all__ = ["StagedExecutor"]
 
