@@ -1,25 +1,29 @@
-"""The write path that uses every core: which plan a pack command runs, and its work function.
+"""Pack plans: how a pack command uses every core, which plan it runs, and the executor and
+work function each plan runs.
 
 The writer (one process) only appends or puts. Everything else runs beside it:
 
-* **verdicts** (``packer.conversion.plans.staged``): worker processes read each file and
-  check it (header parse or full decode) and hand back only a small ``Verdict`` (format,
-  size, length, CRC32C of the bytes they checked); the writer process reads the page-cached
-  file again in a thread (file reads and CRC32C release the GIL), checks that its length and
-  CRC32C match the verdict (a file changed in between is a recorded failure, never a silent
-  mismatch) and builds the sample. No sample's bytes cross a process boundary.
-* **sharded writers** (records and HDF5: ``packer.conversion.plans.sharded``): the workers store the
-  samples in part files themselves; the writer only takes them over (records: renames whole
-  shards; HDF5: copies each commit's bytes in from the parts, CRC-checked).
-* **shared memory** (LMDB: ``packer.conversion.plans.shm``): the workers read, check and
-  encode each sample (the writer's ``prepare``: its Datum and CRC32C) into memory shared with
-  the writer, which only puts the values; each sample's bytes are copied into the shared
+* **verdicts** (``staged``: ``packer.conversion.plans.staged``): worker processes read each
+  file and check it (header parse or full decode) and hand back only a small ``Verdict``
+  (format, size, length, CRC32C of the bytes they checked); the writer process reads the
+  page-cached file again in a thread (file reads and CRC32C release the GIL), checks that its
+  length and CRC32C match the verdict (a file changed in between is a recorded failure, never a
+  silent mismatch) and builds the sample. No sample's bytes cross a process boundary.
+* **sharded writers** (``sharded``, records and HDF5: ``packer.conversion.plans.sharded``): the
+  workers store the samples in part files themselves; the writer only takes them over (records:
+  renames whole shards; HDF5: copies each commit's bytes in from the parts, CRC-checked).
+* **shared memory** (``shm``, LMDB: ``packer.conversion.plans.shm``): the workers read, check
+  and encode each sample (the writer's ``prepare``: its Datum and CRC32C) into memory shared
+  with the writer, which only puts the values; each sample's bytes are copied into the shared
   mapping once and out of it once, by the put.
 
-``choose_plan`` picks between those, a plain process pool and in-process work from what the
-command asks (``--check``, resize), what the Writer class declares and the cores there are,
-from the measurements in ``docs/writing.md``; ``--workers 0`` always means in this process.
-``packer.conversion.executors.make_executor(mode=plan.mode)`` builds the plan's executor.
+The three run on one pool engine, ``RangePool`` (``packer.conversion.plans.ranges``: the items
+go to each worker once, then only index ranges). ``choose_plan`` picks between those, a plain
+item executor (``pool``: ``packer.conversion.executors``, local or Ray) and in-process work
+(``inline``) from what the command asks (``--check``, resize), what the Writer class declares
+and the cores there are, from the measurements in ``docs/writing.md``; ``--workers 0`` always
+means in this process. ``Plan.executor(writer)`` builds the plan's executor and
+``Plan.job_for(job)`` the work function it runs.
 """
 from __future__ import annotations
 
@@ -28,83 +32,66 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from packer.errors import CorruptSample
-from packer.codecs.image import probe
-from packer.conversion.inputs import read_item, read_item_bytes
+from packer.conversion.executors import Executor, InlineExecutor, make_executor
 from packer.conversion.plans.shm import available as shm_available
-from packer.formats.sample import Sample
-from packer.integrity import crc32c
 
-__all__ = ["Verdict", "VerdictJob", "Plan", "choose_plan", "job_for", "CHEAP_CHECKS"]
+__all__ = ["Plan", "choose_plan", "CHEAP_CHECKS"]
 
 log = logging.getLogger(__name__)
 
 CHEAP_CHECKS = ("none", "header")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What a worker hands back for one good image: its description and the fingerprint
-    (length, CRC32C) of the exact bytes it checked."""
-
-    fmt: str
-    height: int
-    width: int
-    channels: int
-    size: int
-    crc: int
-
-
-class VerdictJob:
-    """Split an image job (no resize, no raw pixels) into a verdict and a completion.
-
-    ``verdict(item)`` runs in a worker: read + check, a ``Verdict`` back. ``complete(item,
-    verdict)`` runs in the writer's process: read the file again (page cache), check it is the
-    same bytes, build the ``Sample``. Calling the job itself does both (in-process work).
-    """
-
-    def __init__(self, job: Any):
-        if getattr(job, "resize", None) is not None or getattr(job, "raw", False):
-            raise ValueError("a resizing job stores new bytes: it has no verdict-only form")
-        self.job = job
-
-    def __call__(self, item: Any) -> Sample:
-        return self.job(item)
-
-    def verdict(self, item: Any) -> Verdict:
-        """Read and check one input; the small description the writer needs."""
-        data = read_item_bytes(item)
-        sample = self._describe(item, data)
-        return Verdict(sample.fmt, sample.height, sample.width, sample.channels, len(data), crc32c(data))
-
-    def complete(self, item: Any, verdict: Verdict) -> Sample:
-        """The sample for ``item`` from its verdict and the bytes read here."""
-        data, stat = read_item(item)
-        if len(data) != verdict.size or crc32c(data) != verdict.crc:
-            raise CorruptSample(item.key, item.path, "file changed while it was being packed "
-                                                     "(the bytes read differ from the bytes checked)",
-                                stage="read")
-        return Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels,
-                      source_stat=stat)
-
-    def _describe(self, item: Any, data: bytes) -> Sample:
-        from packer.codecs.image import EXT_FORMATS
-
-        ext = item.key.rsplit(".", 1)[-1].lower()
-        info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
-        return Sample(item.key, b"", info.fmt, item.label, info.height, info.width, info.channels)
-
-
+# One pool engine under the plans, measured against the item executors' pebble pool: pickling
+# every item out and its sample back costs the writer's process as much as the plans' cheap
+# per-item work. to-lmdb --check header on 2 workers, 3,000 JPEGs, ran 1.70x faster on wall
+# (1.21x in the CPU model, median of rounds) with RangePool verdicts than with the pebble pool
+# handing back samples, in one run of ``python -m scripts.bench.write write`` (a loaded 2-core
+# machine; the row pair "2 workers: RangePool verdicts / pebble pool samples").
 @dataclass(frozen=True)
 class Plan:
-    """How a pack command runs: ``mode`` is ``inline`` (this process), ``pool`` (worker
-    processes hand back whole samples), ``staged`` (verdicts, see ``StagedExecutor``),
-    ``sharded`` (the workers write record shards themselves) or ``shm`` (the workers encode
-    into shared memory, the writer puts); ``workers`` processes."""
+    """How a pack command runs: ``mode`` is ``inline`` (this process), ``pool`` (the item
+    executor named ``item_executor``, ``--executor``: worker processes hand back whole samples),
+    ``staged`` (verdicts, see ``StagedExecutor``), ``sharded`` (the workers write record shards
+    themselves) or ``shm`` (the workers encode into shared memory, the writer puts); ``workers``
+    processes."""
 
     mode: str
     workers: int
     why: str
+    item_executor: str = "local"
+
+    def executor(self, writer: Any) -> Executor:
+        """This plan's executor for ``writer`` (an unopened Writer); ``pool`` builds the item
+        executor by name (``make_executor``)."""
+        if self.mode == "pool":
+            return make_executor(self.item_executor, workers=self.workers)
+        if self.mode == "inline":
+            return InlineExecutor()
+        if self.mode == "staged":
+            from packer.conversion.plans.staged import StagedExecutor
+
+            return StagedExecutor(workers=self.workers)
+        if self.mode == "sharded":
+            from packer.conversion.plans.sharded import ShardedExecutor
+
+            return ShardedExecutor(workers=self.workers, writer=writer)
+        if self.mode == "shm":
+            from packer.conversion.plans.shm import SharedMemoryExecutor
+
+            return SharedMemoryExecutor(workers=self.workers, prepare=type(writer).prepare, views=True)
+        raise ValueError(f"unknown plan mode {self.mode!r} (inline, pool, staged, sharded, shm)")
+
+    def job_for(self, job: Any) -> Any:
+        """The work function this plan runs: ``VerdictJob`` for ``staged`` (the writer encodes
+        each value itself: its ``prepare`` on the completion thread did not pay, to-records
+        --samples-per-shard 250 --workers 2 spent the same CPU without it, 1.00x median of 21
+        paired rounds), else ``job`` itself."""
+        if self.mode == "staged":
+            from packer.conversion.plans.staged import VerdictJob
+
+            return VerdictJob(job)
+        return job
 
 
 def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool, executor: str = "local",
@@ -137,7 +124,7 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
     """
     cores = cores or os.cpu_count() or 1
     if executor.partition(":")[0] != "local":
-        return Plan("pool", workers or 0, f"--executor {executor}: the work goes to its workers")
+        return Plan("pool", workers or 0, f"--executor {executor}: the work goes to its workers", executor)
     n = cores if workers is None else workers
     if n <= 1:
         return Plan("inline", 0, "one worker or none: in this process")
@@ -160,14 +147,3 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
         return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
     return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "
                              "the page-cached file")
-
-
-def job_for(plan: Plan, job: Any) -> Any:
-    """The work function a plan runs: ``VerdictJob`` for ``staged`` (the writer encodes each
-    value itself: its ``prepare`` on the completion thread did not pay, to-records
-    --samples-per-shard 250 --workers 2 spent the same CPU without it, 1.00x median of 21 paired
-    rounds), else ``job`` itself."""
-    if plan.mode == "staged":
-        return VerdictJob(job)
-    return job
-
