@@ -71,7 +71,7 @@ LONGEST_FIRST = (
     "tests/faults/test_faults_crash.py", "tests/faults/test_faults_concurrent.py",
     "tests/faults/test_faults_resume.py", "tests/data/test_video_packs.py", "tests/data/test_video_copy.py",
     "tests/benchmark/test_run.py", "tests/conversion/test_resume.py", "tests/faults/test_faults_workers.py",
-    "tests/conversion/test_parallel_write.py", "tests/faults/test_faults_disk.py", "tests/data/test_multigrid.py",
+    "tests/conversion/test_plans.py", "tests/faults/test_faults_disk.py", "tests/data/test_multigrid.py",
     "tests/remote/test_remote_pinning.py", "tests/data/test_elastic_samplers.py",
     "tests/benchmark/test_video.py",
 )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from packer.commands.pack_images import pack_images
-from packer.conversion.parallel_write import choose_plan
+from packer.conversion.plans import choose_plan
 from packer.formats import writer_class
 from packer.conversion.options import RunOptions
 

@@ -10,9 +10,8 @@ from typing import Any
 from packer.claim import Claim
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.errors import UsageError
-from packer.conversion.executors import make_executor
 from packer.conversion.options import InputOptions, RunOptions
-from packer.conversion.parallel_write import choose_plan, job_for
+from packer.conversion.plans import choose_plan
 from packer.formats import writer_class
 from packer.formats.sample import Sample
 from packer.codecs.image import CHECK_MODES, EXT_FORMATS, probe
@@ -136,9 +135,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                        resizing=resize is not None or raw, executor=run_opts.executor,
                        fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
     log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-    ex = make_executor(run_opts.executor, workers=plan.workers, mode=plan.mode, writer=writer)
+    ex = plan.executor(writer)
     with ex:
-        report = run(items, job_for(plan, job), writer, executor=ex, options=run_opts, claim=claim,
+        report = run(items, plan.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
                      desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
     report.labels = getattr(classes, "note", "")
     return report

@@ -1,6 +1,6 @@
 """Part files written by the workers themselves (``to-records`` and ``to-hdf5`` with workers).
 
-The writer's side of it (the worker's side is ``packer.conversion.executors.sharded``). A worker runs
+The writer's side of it (the worker's side is ``packer.conversion.plans.sharded``). A worker runs
 the per-item work over one *segment* (a range of consecutive inputs) and appends each sample's
 stored bytes (the format's ``Writer.segments.record``) to part files of its own in the writer's
 ``segment_dir`` (``.seg-{writer pid}-{first}-{stop}-{j}.partial``), then closes them (a

@@ -35,7 +35,7 @@ _json_str = json.encoder.encode_basestring_ascii  # json.dumps(str), without its
 
 @dataclasses.dataclass(frozen=True)
 class Segments:
-    """How worker processes store a format's samples themselves (``packer.conversion.executors.sharded``):
+    """How worker processes store a format's samples themselves (``packer.conversion.plans.sharded``):
     each worker appends ``record(sample)`` (the bytes to store and the CRC32C the format records)
     for a run of consecutive inputs to part files of its own in the writer's ``segment_dir``;
     the writer's process then takes the parts over in input order. ``indexed``: each part file
@@ -84,7 +84,7 @@ class Writer(abc.ABC):
     guard: Any = None
     # Whether ``add`` may keep a reference to ``sample.data`` / ``sample.prepared`` after it
     # returns (a batch held until the commit). A writer that copies them during ``add`` says
-    # False and may be handed views into shared memory (``packer.conversion.executors.shm``).
+    # False and may be handed views into shared memory (``packer.conversion.plans.shm``).
     # Pays: to-lmdb --workers 2 on shared memory vs verdict workers, writer CPU 68 vs 114
     # us/sample (1.66x), all CPU 1.16x (`python -m scripts.bench.write hooks`, 2,000 JPEGs, load 10-14).
     keeps_samples: ClassVar[bool] = True

@@ -169,7 +169,7 @@ def pack_with_plan(src: Path, out: Path, fmt: str, mode: str, workers: int, **op
     """``pack`` on a plan ``choose_plan`` no longer picks for it (a previous round's, to compare
     with): the command's plan choice replaced for this one call."""
     import packer.commands.pack_images as command
-    from packer.conversion.parallel_write import Plan
+    from packer.conversion.plans import Plan
 
     chosen = command.choose_plan
     command.choose_plan = lambda **_: Plan(mode, workers, f"write.py: {mode}, as before")
@@ -1150,7 +1150,7 @@ def _hook_off(hook: str) -> None:
     if hook == "keeps_samples":
         writer_class("lmdb").keeps_samples = True
     elif hook == "prepare":
-        from packer.conversion.executors.shm import SharedMemoryExecutor
+        from packer.conversion.plans.shm import SharedMemoryExecutor
 
         init = SharedMemoryExecutor.__init__
         SharedMemoryExecutor.__init__ = lambda self, *, prepare=None, **kw: init(self, prepare=None, **kw)

@@ -125,7 +125,7 @@ def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, 
     from packer.commands.pack_images import ImageJob
     from packer.conversion.inputs import image_items
     from packer.conversion.runner import run
-    from packer.conversion.executors.sharded import ShardedExecutor
+    from packer.conversion.plans.sharded import ShardedExecutor
     from packer.errors import CorruptData
     from packer.formats.hdf5 import HDF5Writer
 

@@ -20,7 +20,7 @@ RUNS = st.lists(st.tuples(st.binary(min_size=0, max_size=300), st.none() | st.in
 
 
 def _stored(tmp: Path, run: list[tuple[bytes, int | None]], gaps: bool) -> list[Sample]:
-    """Samples as ``packer.conversion.executors.sharded`` hands them over: a part's samples at their
+    """Samples as ``packer.conversion.plans.sharded`` hands them over: a part's samples at their
     offsets in its file (``gaps``: other bytes between them, as when a part's samples are split
     over two commits), the others in memory."""
     files: dict[int, bytearray] = {}

@@ -144,7 +144,7 @@ def test_dali_tfrecord_reader_reads_our_shards_through_our_idx(images, tmp_path,
     out = tmp_path / "records"
     caplog.set_level(logging.INFO, logger="packer.commands.pack_images")
     cli("to-records", images, out, *LAYOUTS[layout])
-    if layout != "samples-per-shard" and importlib.util.find_spec("packer.conversion.executors.sharded"):
+    if layout != "samples-per-shard" and importlib.util.find_spec("packer.conversion.plans.sharded"):
         assert "to-records: sharded" in caplog.text  # the workers wrote these shards
     shards, indexes = shards_of(out)
     assert len(shards) == 4 if layout == "samples-per-shard" else len(shards) >= 3

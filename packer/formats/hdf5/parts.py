@@ -1,6 +1,6 @@
 """HDF5 through part files: what the workers store and how the writer reads it back.
 
-With worker processes (``packer.conversion.executors.sharded``) each worker appends the stored bytes of
+With worker processes (``packer.conversion.plans.sharded``) each worker appends the stored bytes of
 its samples (``part_record``) to a part file of its own in the journal folder beside the
 ``.h5.partial``; the writer's process gets per sample a ``Stored`` (size, CRC32C, which part,
 which offset) and no bytes. At each commit ``PartBytes.join`` reads a run of samples' bytes

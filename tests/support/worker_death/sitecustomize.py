@@ -33,9 +33,9 @@ if _spec:
 
         wrap(pack_images.ImageJob)
         wrap(decode_frames.FrameJob)
-        from packer.conversion import parallel_write  # the staged plan runs only verdict() in workers
+        from packer.conversion.plans import staged  # the staged plan runs only verdict() in workers
 
-        real_verdict = parallel_write.VerdictJob.verdict
+        real_verdict = staged.VerdictJob.verdict
 
         def verdict(self, item):
             if item.key == _key and os.getpid() != int(os.environ["PACKER_TEST_MAIN_PID"]):
@@ -43,7 +43,7 @@ if _spec:
                 os.kill(os.getpid(), getattr(signal, _sig))
             return real_verdict(self, item)
 
-        parallel_write.VerdictJob.verdict = verdict
+        staged.VerdictJob.verdict = verdict
 
     try:
         _arm()

@@ -1,4 +1,4 @@
-"""``StagedExecutor``: checks in worker processes, completions on threads of the writer's process.
+"""The ``staged`` plan: checks in worker processes, completions on threads of the writer's process.
 
 Worker processes (a ``RangePool``: the items go to each worker once, then only ranges) run
 the per-item work. A work function with ``verdict(item)`` and ``complete(item, verdict)``
@@ -12,12 +12,71 @@ from __future__ import annotations
 import collections
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from packer.codecs.image import probe
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, concat_items, crashed_items, even_ranges, pick_chunk
+from packer.conversion.inputs import read_item, read_item_bytes
+from packer.conversion.plans.ranges import RangePool, concat_items, crashed_items, even_ranges, pick_chunk
+from packer.errors import CorruptSample
+from packer.formats.sample import Sample
+from packer.integrity import crc32c
 
-__all__ = ["StagedExecutor"]
+__all__ = ["StagedExecutor", "Verdict", "VerdictJob"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a worker hands back for one good image: its description and the fingerprint
+    (length, CRC32C) of the exact bytes it checked."""
+
+    fmt: str
+    height: int
+    width: int
+    channels: int
+    size: int
+    crc: int
+
+
+class VerdictJob:
+    """Split an image job (no resize, no raw pixels) into a verdict and a completion.
+
+    ``verdict(item)`` runs in a worker: read + check, a ``Verdict`` back. ``complete(item,
+    verdict)`` runs in the writer's process: read the file again (page cache), check it is the
+    same bytes, build the ``Sample``. Calling the job itself does both (in-process work).
+    """
+
+    def __init__(self, job: Any):
+        if getattr(job, "resize", None) is not None or getattr(job, "raw", False):
+            raise ValueError("a resizing job stores new bytes: it has no verdict-only form")
+        self.job = job
+
+    def __call__(self, item: Any) -> Sample:
+        return self.job(item)
+
+    def verdict(self, item: Any) -> Verdict:
+        """Read and check one input; the small description the writer needs."""
+        data = read_item_bytes(item)
+        sample = self._describe(item, data)
+        return Verdict(sample.fmt, sample.height, sample.width, sample.channels, len(data), crc32c(data))
+
+    def complete(self, item: Any, verdict: Verdict) -> Sample:
+        """The sample for ``item`` from its verdict and the bytes read here."""
+        data, stat = read_item(item)
+        if len(data) != verdict.size or crc32c(data) != verdict.crc:
+            raise CorruptSample(item.key, item.path, "file changed while it was being packed "
+                                                     "(the bytes read differ from the bytes checked)",
+                                stage="read")
+        return Sample(item.key, data, verdict.fmt, item.label, verdict.height, verdict.width, verdict.channels,
+                      source_stat=stat)
+
+    def _describe(self, item: Any, data: bytes) -> Sample:
+        from packer.codecs.image import EXT_FORMATS
+
+        ext = item.key.rsplit(".", 1)[-1].lower()
+        info = probe(data, check=self.job.check, key=item.key, source=item.path, ext_fmt=EXT_FORMATS.get(ext))
+        return Sample(item.key, b"", info.fmt, item.label, info.height, info.width, info.channels)
 
 
 class _Task:

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from packer.cli import main
 from packer.commands.merge import merge_parts
 from packer.commands.pack_images import ImageJob, pack_images
-from packer.conversion.executors.staged import StagedExecutor
 from packer.conversion.inputs import image_items
-from packer.conversion.parallel_write import VerdictJob, choose_plan
+from packer.conversion.plans import Plan, choose_plan
+from packer.conversion.plans.staged import StagedExecutor, VerdictJob
 from packer.errors import CorruptSample
 from packer.formats import open_reader, writer_class
 from packer.commands.decode_frames import FrameOptions
@@ -153,7 +153,7 @@ def test_shards_written_by_several_workers_verify_and_merge_like_single_writer_o
     sha256), and the parts merge into the same dataset as single-writer parts do."""
     from packer.conversion.inputs import partition
     from packer.conversion.runner import run
-    from packer.conversion.executors.sharded import ShardedExecutor
+    from packer.conversion.plans.sharded import ShardedExecutor
     from packer.formats.records import RecordsWriter
 
     items, classes = image_items(src)
@@ -232,14 +232,13 @@ class _DiesOn:
 @pytest.mark.parametrize("fmt,mode", [("records", "sharded"), ("hdf5", "sharded"), ("lmdb", "staged"),
                                       ("lmdb", "shm")])
 def test_a_worker_that_dies_costs_its_input_only(src, tmp_path, fmt, mode):
-    from packer.conversion.executors import make_executor
     from packer.conversion.runner import run
 
     items, classes = image_items(src)
     items = [i for i in items if i.key not in ("class_1/img_0040.jpg", "class_2/img_0041.jpg")]
     writer = writer_class(fmt)(tmp_path / "o", classes=classes)
     victim = items[30].key
-    with make_executor(workers=2, mode=mode, writer=writer) as ex:
+    with Plan(mode, 2, "a test").executor(writer) as ex:
         report = run(items, _DiesOn(victim), writer, executor=ex, options=RunOptions(max_failures=1))
     assert report.count == len(items) - 1
     assert [(f["key"], f["stage"]) for f in report.failures] == [(victim, "crash")]

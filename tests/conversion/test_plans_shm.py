@@ -13,7 +13,7 @@ import pytest
 
 from packer.commands.pack_images import ImageJob
 from packer.conversion.executors.base import Outcome, call_safely
-from packer.conversion.executors.shm import SharedMemoryExecutor, available
+from packer.conversion.plans.shm import SharedMemoryExecutor, available
 from packer.conversion.inputs import image_items
 from packer.conversion.runner import WorkResult
 from packer.formats.lmdb import LmdbWriter

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.codecs.tfrecord import index_bytes
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, even_ranges
+from packer.conversion.plans.ranges import RangePool, even_ranges
 from packer.conversion.executors.base import WorkResult, as_result
 from packer.errors import WriteError
 from packer.formats.segments import SegmentShard, SegmentWriteError, segment_file, segment_index_file

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from packer.conversion.executors.base import Executor, Outcome, call_safely
-from packer.conversion.executors.ranges import RangePool, concat_items, crashed_items, even_ranges
+from packer.conversion.plans.ranges import RangePool, concat_items, crashed_items, even_ranges
 from packer.errors import WriteError
 from packer.formats.sample import Sample
 

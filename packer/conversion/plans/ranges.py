@@ -8,7 +8,7 @@ result per range comes back. Ranges are handed out in order, a bounded number in
 worker, and results are yielded in order.
 
 With ``slots`` each range also gets a buffer slot number (a region of memory shared with the
-workers, see ``packer.conversion.executors.shm``): a range goes out only when a slot is free,
+workers, see ``packer.conversion.plans.shm``): a range goes out only when a slot is free,
 the task is called as ``task(items, start, stop, slot)``, and the slot stays the range's until
 the consumer calls ``release((start, stop))`` after it has used the range's result. The
 one-item reruns of a crashed range hold no slot: ``detach(result)`` turns each into a result
