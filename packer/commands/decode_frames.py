@@ -64,7 +64,7 @@ class FrameJob:
     start_index: int = 1
     backend: str = "auto"
     # ``--backend auto`` tries OpenCV first, decord when OpenCV cannot open a file or decodes
-    # fewer frames than the container claims. Measured (scripts/bench_write.py --section frames,
+    # fewer frames than the container claims. Measured (python -m scripts.bench.write frames,
     # docs/writing.md): per frame OpenCV costs less CPU than decord (which decodes on a thread
     # of its own, ~1.4 cores a process, so a worker per core oversubscribes), the pixels are
     # the same, and a partial decode is caught whichever decodes: ``read_video`` holds a video

@@ -22,7 +22,7 @@ sample of each part file carries that file's ``SegmentShard``.
   The file is byte for byte the one a single writer makes. A part is never fsynced nor written
   back early: it is read once from the page cache, and a crash before the commit that copies
   it reruns its inputs, so its durability would buy nothing and cost every byte a second trip
-  to the disk, with the worker waiting on it (``scripts/bench_write.py``'s part-file rows).
+  to the disk, with the worker waiting on it (``python -m scripts.bench.write``'s part-file rows).
 
 Either way ``--resume`` is exact (a checkpoint counts only samples the writer made durable;
 parts not taken over are removed on resume and at the end), and per-sample CRCs, fsync and

@@ -45,7 +45,7 @@ class Segments:
     within those bounds. A records segment ends a shard, which costs a commit of several fsyncs:
     few and large (2 per worker). A part the writer copies costs no fsync, and the smaller the
     parts, the sooner the writer copies each one beside the workers' next ones instead of all
-    of the last ones after them (8 per worker: ``scripts/bench_write.py --section full``)."""
+    of the last ones after them (8 per worker: ``python -m scripts.bench.write full``)."""
 
     record: Callable[[Sample], tuple[Any, int]]
     indexed: bool

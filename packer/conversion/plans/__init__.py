@@ -101,7 +101,7 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
     on to each sample after ``add``) and the cores there are.
 
     ``workers`` is ``--workers`` (None: the default, every core). The rules come from
-    ``scripts/bench_write.py`` (see ``docs/writing.md``):
+    ``python -m scripts.bench.write`` (see ``docs/writing.md``):
 
     * ``--workers 0`` (or 1, or one core): in this process, as always.
     * a writer whose parts are its output (``segments.indexed``: records): the workers write
@@ -114,7 +114,7 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
     * otherwise a writer with parts (HDF5; a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
       workers storing the samples in part files the writer copies into the one file at each
       commit (its process spent 99 against verdict workers' 131 µs per sample in
-      ``scripts/bench_write.py --section full``).
+      ``python -m scripts.bench.write full``).
     * otherwise a writer that copies each value during ``add`` (LMDB), on a ``fork`` platform:
       ``shm``: workers read, check or resize and encode into shared memory, the writer's
       process only puts.

@@ -25,7 +25,7 @@ __all__ = ["HDF5Writer"]
 # A commit's bytes go to HDF5 in joins of at most this size: a join of the whole batch (up to
 # ``commit_bytes``, 64 MB) is a block past glibc's largest mmap threshold (32 MiB), mapped and
 # unmapped at every commit, its pages faulted in and zeroed anew each time (~12 page faults per
-# 50 kB sample in ``scripts/bench_write.py``'s page-fault column); smaller joins reuse the heap.
+# 50 kB sample in ``python -m scripts.bench.write``'s page-fault column); smaller joins reuse the heap.
 _PIECE_BYTES = 8 << 20
 
 
