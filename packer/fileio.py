@@ -7,6 +7,7 @@ needs into one exactly sized ``bytes``. Packing reads every input once in the wr
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -16,7 +17,7 @@ from typing import Callable
 
 from packer.errors import UsageError
 
-__all__ = ["MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat",
+__all__ = ["file_sha256", "MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat",
            "remove_path", "visible_files", "parse_bytes"]
 
 # O_NONBLOCK: opening a named pipe must not wait for a writer (the fstat after the open refuses
@@ -119,6 +120,15 @@ def _to_end(fd: int, parts: list[bytes], limit: int) -> bytes:
         total += len(more)
         parts.append(more)
     return b"".join(parts)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex sha256 of a local file, read 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def remove_path(path: str | os.PathLike) -> None:

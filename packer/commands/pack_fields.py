@@ -9,7 +9,6 @@ ones every pack uses (``packer.conversion.runner``).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from packer.conversion.fingerprint import writer_settings
 from packer.conversion.inputs import FieldItem, InputFailure, Item, listing, partition, read_item, run_failures
 from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.runner import Report, check_output_arg, run
+from packer.fileio import file_sha256
 from packer.errors import CorruptSample, UsageError
 from packer.formats import writer_class
 from packer.formats.sample import Sample
@@ -95,14 +95,6 @@ class FieldJob:
                                            "the annotations' frame is ambiguous", stage="decode")
 
 
-def _sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
                 coco: str | os.PathLike | None = None, manifest: str | os.PathLike | None = None,
                 schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
@@ -155,7 +147,7 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     items = partition(items, inputs.num_shards, inputs.shard_index)
     recorded: dict[str, Any] = {
         "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
-        "source": "coco" if coco is not None else "manifest", "source_sha256": _sha256(source),
+        "source": "coco" if coco is not None else "manifest", "source_sha256": file_sha256(source),
         "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
         "shard_index": inputs.shard_index}
     if coco is not None:

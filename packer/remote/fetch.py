@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import logging
 import os
 import random
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packer.errors import CorruptData, PackerError
+from packer.fileio import file_sha256
 from packer.remote.url import redact, scrub
 
 __all__ = ["RetryPolicy", "FetchStats", "RemoteError", "RemoteMissing", "fetch_file", "file_sha256",
@@ -103,15 +103,6 @@ def is_transient(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         pass
     return isinstance(exc, OSError)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The hex sha256 of a local file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def retrying(what: str, fn: Callable[[], Any], *, policy: RetryPolicy, secrets: list[str],

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from packer.synth import write_video, write_video_folder  # noqa: F401 (the benchmarks' videos)
 
-__all__ = ["REPO", "RESULTS", "machine_info", "write_result", "target", "image_folder", "run_fresh", "proc_usage",
+__all__ = ["REPO", "RESULTS", "machine_info", "write_result", "target", "md_table", "image_folder", "run_fresh", "proc_usage",
            "descendants", "usage_delta", "command_line", "run_sections", "write_video", "write_video_folder",
            "fork_rows", "run_call", "serve_rows"]
 
@@ -121,6 +121,13 @@ def write_result(bench: str, figures: dict[str, Any], *, results: Path | str | N
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"results: {path}", file=sys.stderr)
     return path
+
+
+def md_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (numbers formatted by the caller)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def target(name: str, value: float | None, goal: float | None = None, who: str = "",

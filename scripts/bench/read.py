@@ -81,7 +81,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from scripts.bench.common import (REPO, descendants, fork_rows, image_folder, machine_info, proc_usage, run_fresh,
+from scripts.bench.common import (REPO, descendants, fork_rows, image_folder, machine_info, md_table, proc_usage, run_fresh,
                                   target, usage_delta, write_result)
 
 MODULE = "scripts.bench.read"
@@ -606,13 +606,6 @@ def per_sample(r: dict[str, Any]) -> dict[str, float]:
     n, w = max(r["samples"], 1), r["window"]
     return {"user_ms": 1e3 * w["user_s"] / n, "sys_ms": 1e3 * w["sys_s"] / n, "minflt": w["minflt"] / n,
             "sys_share": w["sys_s"] / w["user_s"] if w["user_s"] > 0 else float("nan")}
-
-
-def md_table(columns: list[str], rows: list[list[Any]]) -> str:
-    """A markdown table (numbers formatted by the caller)."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _f(x: float | None, fmt: str = ".0f") -> str:

@@ -310,3 +310,17 @@ def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_pa
     faults = next(v for k, v in rows.items() if k.startswith("fault-injection cases"))
     assert faults[1].isdigit() and int(faults[1]) > 0
     assert check() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_baseline_quick(tmp_path):
+    """This checkout against itself at --quick size: every row runs in both trees and has a ratio."""
+    doc = run_bench("scripts.bench.baseline", ["--quick", "--base-tree", str(REPO), "--workdir",
+                                               str(tmp_path / "work"), "--rows",
+                                               "to-lmdb --check header,StreamingDataset(decode='bytes')"],
+                    tmp_path / "results")
+    sec = doc["figures"]["sections"]["baseline"]
+    assert [t["name"].split(":")[0] for t in sec["targets"]] == ["to-lmdb --check header",
+                                                                  "StreamingDataset(decode='bytes')"]
+    assert all(len(rounds["base"]) == len(rounds["this"]) == 1 for rounds in sec["results"].values())
