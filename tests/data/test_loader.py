@@ -6,6 +6,7 @@ import collections
 import gc
 import json
 import threading
+import signal
 import time
 from pathlib import Path
 
@@ -237,13 +238,17 @@ def test_keyboard_interrupt_shuts_down_cleanly():
     # generator's finally) of an earlier test's garbage, collected right then, and an exception
     # there is only printed ("Exception ignored in"): the Ctrl-C was lost, not the loader's doing.
     # Collected before, and no collection while the interrupt is pending.
+    # And interrupt_main() does nothing unless Python handles SIGINT: an earlier test in the same
+    # process (Ray's in-process start, say) may have left it ignored; Ctrl-C is Python's here.
     gc.collect()
     gc.disable()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             for _ in loader:
                 time.sleep(0.01)
     finally:
+        signal.signal(signal.SIGINT, previous)
         gc.enable()
     assert loader_threads() == []
 
