@@ -80,9 +80,10 @@ _STORE = {"jpeg": {"LA": "L", "RGBA": "RGB"}, "png": {}, "webp": {"L": "RGB", "L
 _FAMILY = {"L": "grey", "LA": "grey", "RGB": "rgb", "RGBA": "rgb"}
 
 
-def _round(x: float) -> int:
-    """Round half up (``round`` would round half to even), at least 1."""
-    return max(1, int(x + 0.5))
+def _scaled(length: int, num: int, den: int) -> int:
+    """``length * num / den`` rounded half up, at least 1, in integers: a float product can land
+    just below an exact half (91 * (225 / 42) = 487.4999... where 91 * 225 / 42 is 487.5)."""
+    return max(1, (2 * length * num + den) // (2 * den))
 
 
 def parse_size(text: str, *, zero_side: bool = False) -> tuple[int, int]:
@@ -222,12 +223,11 @@ def plan_resize(width: int, height: int, spec: ResizeSpec) -> Plan:
         ref = min(width, height) if spec.short_side is not None else max(width, height)
         if side >= ref and not spec.upscale:
             return Plan(src, src, (0, 0, width, height), src)
-        s = side / ref
         # the reference side becomes exactly ``side``; the other keeps the aspect ratio
         if (spec.short_side is not None) == (width <= height):
-            scaled = (side, _round(height * s))
+            scaled = (side, _scaled(height, side, ref))
         else:
-            scaled = (_round(width * s), side)
+            scaled = (_scaled(width, side, ref), side)
         return Plan(src, scaled, (0, 0) + scaled, scaled)
     bw, bh = spec.size
     if spec.fit == "stretch":
@@ -240,13 +240,13 @@ def plan_resize(width: int, height: int, spec: ResizeSpec) -> Plan:
         if s == 1.0:
             scaled = src
         elif spec.fit == "crop" and s == sx:  # the covering axis lands exactly on the box
-            scaled = (bw, max(bh, _round(height * s)))
+            scaled = (bw, max(bh, _scaled(height, bw, width)))
         elif spec.fit == "crop":
-            scaled = (max(bw, _round(width * s)), bh)
+            scaled = (max(bw, _scaled(width, bh, height)), bh)
         elif s == sx:  # pad: the limiting axis lands exactly on the box
-            scaled = (bw, min(bh, _round(height * s)))
+            scaled = (bw, min(bh, _scaled(height, bw, width)))
         else:
-            scaled = (min(bw, _round(width * s)), bh)
+            scaled = (min(bw, _scaled(width, bh, height)), bh)
     return Plan(src, scaled, _centre_crop(scaled, (bw, bh)), (bw, bh))
 
 

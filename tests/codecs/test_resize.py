@@ -5,7 +5,7 @@ import io
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
@@ -107,6 +107,7 @@ dims = st.integers(1, 6000)
 
 @settings(max_examples=300, deadline=None)
 @given(dims, dims, st.integers(1, 3000), st.booleans(), st.sampled_from(["short_side", "max_side"]))
+@example(w=42, h=91, side=225, upscale=True, which="short_side")  # 91 * (225 / 42) is 487.4999... in floats
 def test_side_rules(w, h, side, upscale, which):
     spec = ResizeSpec(**{which: side}, upscale=upscale)
     p = plan_resize(w, h, spec)
