@@ -14,9 +14,15 @@ processes.mark_session()  # before anything starts a process: every one carries 
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from packer.synth import natural_image  # noqa: E402
+
+# No hypothesis example may fail for being slow: its 200 ms deadline is a timing assertion, and on
+# a busy machine a file-system example took 692 ms once (test_frame_dirs_unique_or_refused).
+settings.register_profile("packer", deadline=None)
+settings.load_profile("packer")
 from tests.support import FIXTURE_IMAGES, FIXTURE_VIDEOS, FIXTURES, REPO, zygote  # noqa: E402,F401
 from tests.support.inputs import write_image_folder, write_video_folder  # noqa: E402
 from scripts.timing import scaled  # noqa: E402
