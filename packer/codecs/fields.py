@@ -38,9 +38,10 @@ import numpy as np
 
 __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesField", "JsonField",
            "LabelsField", "NdarrayField", "RleField", "ENCODINGS", "Schema", "parse_field",
-           "encode_blob", "split_blob", "BLOB_FMT"]
+           "encode_blob", "split_blob", "BLOB_FMT", "BOXES"]
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
+BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _U32 = struct.Struct("<I")
@@ -417,6 +418,13 @@ class Schema:
     def image_fields(self) -> list[str]:
         """The names of the image fields, in order."""
         return [f.name for f in self.fields if f.type_name == "image"]
+
+    @property
+    def boxes(self) -> "NdarrayField | None":
+        """The detection boxes of a detection pack: its ``boxes`` field when that is an ndarray of
+        shape ``(N, 4)``, xyxy in the stored (first) image's pixels; None in other packs."""
+        f = self.by_name.get(BOXES)
+        return f if isinstance(f, NdarrayField) and f.shape == (None, 4) else None
 
     def to_json(self) -> list[dict[str, Any]]:
         """The manifest's ``schema``: one dict per field."""

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from packer.data import batch_memory
-from packer.data.fields import FieldDecoder
+from packer.data.fields import FieldDecoder, field_collate
 from packer.errors import CorruptData, UsageError
 from packer.formats import Reader, Record
 from packer.remote import open_reader
@@ -73,9 +73,10 @@ class PackedDataset(torch.utils.data.Dataset):
     ``UsageError`` naming ``PackedVideoDataset``.
 
     Returns ``(image, label)``; a field pack (``packer.pack(..., coco=...)`` / ``manifest=``) a dict
-    of its fields instead (docs/fields.md; ``packer.data.fields.collate_fields`` batches them). Images are decoded with EXIF orientation applied and as
-    3-channel uint8 RGB (see ``packer.codecs.image``). Safe with DataLoader workers under ``fork``
-    and ``spawn``: storage opens lazily in each process, never pickled open.
+    of its fields instead (docs/fields.md; ``collate_fn()`` batches them). Images are decoded with
+    EXIF orientation applied and as 3-channel uint8 RGB (see ``packer.codecs.image``). Safe with
+    DataLoader workers under ``fork`` and ``spawn``: storage opens lazily in each process, never
+    pickled open.
 
     Args:
         path: the packed output.
@@ -89,13 +90,23 @@ class PackedDataset(torch.utils.data.Dataset):
             cache folder and its size limit (bytes or ``"50GB"``); see docs/remote.md.
         remote: the other URL options (``packer.remote.RemoteOptions``: storage options,
             prefetch, access, retries); ``cache_dir``/``cache_limit`` given here win.
+        fields: a field pack's fields to return, in that order (a name or a list; default all);
+            only these are decoded.
+        masks: a field pack's ``rle`` masks as COCO RLE dicts (``"rle"``, the default) or
+            ``(N, H, W)`` uint8 arrays (``"decode"``, pycocotools).
+        tv_tensors: a field pack's samples as torchvision ``tv_tensors`` (``Image``,
+            ``BoundingBoxes`` XYXY with the stored image's ``canvas_size``, ``Mask``; other
+            arrays as tensors) so that ``torchvision.transforms.v2`` (as ``transform``) moves
+            boxes and masks with the pixels; needs torchvision. See
+            ``packer.data.fields.FieldDecoder``.
     """
 
     def __init__(self, path: str | os.PathLike, *, decode: str | Callable[[Any], Any] = "pil",
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-                 remote: Any = None, fields: Sequence[str] | str | None = None, masks: str = "rle"):
+                 remote: Any = None, fields: Sequence[str] | str | None = None, masks: str | None = None,
+                 tv_tensors: bool = False):
         if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         if cache_dir is not None or cache_limit is not None or remote is not None:
@@ -116,9 +127,13 @@ class PackedDataset(torch.utils.data.Dataset):
         if schema is not None:  # a field pack: a dict per sample (docs/fields.md)
             if target_transform is not None:
                 raise UsageError("a field pack's samples are dicts: use transform, not target_transform")
-            self.fields = FieldDecoder(schema, image=self._image_field, fields=fields, masks=masks)
-        elif fields is not None or masks != "rle":
-            raise UsageError(f"{path}: fields= and masks= apply to field packs (this one holds images and labels)")
+            if tv_tensors and decode == "bytes":
+                raise UsageError("tv_tensors=True decodes images into tv_tensors.Image: decode='bytes' keeps them encoded")
+            self.fields = FieldDecoder(schema, image=self._image_field, fields=fields, masks=masks,
+                                       tv_tensors=tv_tensors)
+        elif fields is not None or masks is not None or tv_tensors:
+            raise UsageError(f"{path}: fields=, masks= and tv_tensors= apply to field packs "
+                             "(this one holds images and labels)")
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -137,6 +152,26 @@ class PackedDataset(torch.utils.data.Dataset):
     def manifest(self):
         """The dataset's manifest."""
         return self.reader.manifest
+
+    @property
+    def schema(self) -> Any:
+        """A field pack's ``Schema`` (``packer.codecs.fields``); None for a pack of images and labels."""
+        return self.reader.schema
+
+    @property
+    def variable_fields(self) -> list[str]:
+        """The returned fields whose length varies by sample (boxes, labels, masks): what
+        ``collate_fn`` lists or pads in every batch. Empty for image packs."""
+        return list(self.fields.variable) if self.fields is not None else []
+
+    def collate_fn(self, *, pad: bool = False) -> Callable[[Sequence[dict[str, Any]]], dict[str, Any]]:
+        """A field pack's collate for ``DataLoader(collate_fn=...)``: ``collate_fields`` with this
+        dataset's ``variable_fields`` (lists, or with ``pad`` zero-padded tensors and
+        ``<name>_count``, in every batch); fixed fields stacked."""
+        if self.fields is None:
+            raise UsageError(f"{self.path}: collate_fn is for field packs; batch (image, label) with "
+                             "packer.data.uint8_collate or the DataLoader's default")
+        return field_collate(self.fields.variable, pad=pad)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         batch_memory.use_in_worker()
@@ -167,7 +202,11 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def _sample(self, index: int, rec: Record) -> tuple[Any, Any]:
         if self.fields is not None:
-            sample = self.fields(rec.data, where=f"{self.path} sample {index}")
+            try:
+                sample = self.fields(rec.data)
+            except ValueError as e:
+                raise CorruptData(self.path, f"malformed field ({e})", position=f"sample {index}",
+                                  key=self._key(index)) from e
             return self.transform(sample) if self.transform is not None else sample
         if callable(self.decode):
             image = self._decode_with(self.decode, rec, index)
@@ -181,6 +220,13 @@ class PackedDataset(torch.utils.data.Dataset):
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
+
+    def _key(self, index: int) -> str | None:
+        """Sample ``index``'s key for an error message (None when it cannot be had)."""
+        try:
+            return self.reader.keys[index]
+        except Exception:  # noqa: BLE001 - only a hint in a message about damage
+            return None
 
     def _decode_with(self, fn: Callable[[Any], Any], rec: Record, index: int) -> Any:
         where = f"{self.path} sample {index}"

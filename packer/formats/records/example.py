@@ -104,10 +104,9 @@ def field_features(schema: Schema, sample: Sample) -> dict[str, Any]:
         feats.update({"image/format": sniff_format(parts[schema.image_fields[0]]).encode("ascii"),
                       "image/height": int(sample.height), "image/width": int(sample.width),
                       "image/channels": int(sample.channels), "image/filename": sample.key.encode("utf-8")})
-    boxes = schema.by_name.get("boxes")
-    if (boxes is not None and boxes.type_name == "ndarray" and boxes.shape == (None, 4)
-            and sample.height > 0 and sample.width > 0):
-        xyxy = boxes.decode(parts["boxes"]).astype("float64")
+    boxes = schema.boxes
+    if boxes is not None and sample.height > 0 and sample.width > 0:
+        xyxy = boxes.decode(parts[boxes.name]).astype("float64")
         for j, (name, side) in enumerate((("xmin", sample.width), ("ymin", sample.height),
                                           ("xmax", sample.width), ("ymax", sample.height))):
             feats[f"image/object/bbox/{name}"] = FloatList(xyxy[:, j] / side)
