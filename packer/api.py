@@ -410,7 +410,8 @@ def verify(path: PathLike, *, decode: bool = True) -> VerifyResult:
 
 
 @checked
-def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, seed: int = 0) -> dict[str, Any]:
+def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, seed: int = 0,
+            grid_boxes: bool = True, grid_labels: bool = False) -> dict[str, Any]:
     """What a packed output holds: format, count, classes, bytes on disk and the first samples.
 
     The library form of ``packer inspect``. ``path`` may be a URL (read through the cache).
@@ -420,6 +421,8 @@ def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, s
         show: how many samples to describe.
         grid: also write a contact sheet PNG of a seeded random sample here.
         seed: the seed of the ``grid`` sample.
+        grid_boxes: on a detection field pack, outline each sample's boxes on the sheet.
+        grid_labels: with ``grid_boxes``, also write each box's class name.
 
     Returns:
         A dict (the fields ``packer inspect --json`` prints).
@@ -428,7 +431,8 @@ def inspect(path: PathLike, *, show: int = 5, grid: Optional[PathLike] = None, s
 
     info = inspect_dataset(path, show=show)
     if grid is not None:
-        info["grid"] = {"path": str(grid), "positions": render_grid(path, grid, seed=seed)}
+        info["grid"] = {"path": str(grid), "positions": render_grid(path, grid, seed=seed, boxes=grid_boxes,
+                                                                    labels=grid_labels)}
     return info
 
 

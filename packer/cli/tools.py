@@ -17,13 +17,17 @@ from packer.formats import FORMATS
               help="Write a contact sheet PNG of a seeded random sample.")
 @click.option("--show", type=int, default=5, show_default=True, help="How many samples to list.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --grid sample.")
+@click.option("--grid-boxes/--no-grid-boxes", default=True, show_default=True,
+              help="Outline a detection field pack's boxes on the --grid sheet.")
+@click.option("--grid-labels", is_flag=True, help="Write each box's class name on the --grid sheet.")
 @library_call
-def inspect(path, as_json, grid, show, seed):
+def inspect(path, as_json, grid, show, seed, grid_boxes, grid_labels):
     """Show what a packed dataset holds (format, count, classes, size, samples). PATH may be a
     URL (s3://, https://, ...): read through the cache ($PACKER_CACHE_DIR, docs/remote.md)."""
     from packer.api import inspect as inspect_output
 
-    info = inspect_output(path, show=show, grid=grid or None, seed=seed)
+    info = inspect_output(path, show=show, grid=grid or None, seed=seed, grid_boxes=grid_boxes,
+                          grid_labels=grid_labels)
     if as_json:
         click.echo(json.dumps(info, indent=1, ensure_ascii=False))
         return

@@ -22,7 +22,8 @@ from packer.codecs.image import decode
 from packer.codecs.video_pack import VIDEO_FMT, count_frames, index_mp4, pack_stream, unpack_stream
 from packer.formats.videofiles import MP4_FMT
 
-__all__ = ["inspect_dataset", "render_grid", "verify_dataset", "VerifyResult", "disk_usage"]
+__all__ = ["inspect_dataset", "render_grid", "box_rectangle", "BOX_COLOURS", "verify_dataset", "VerifyResult",
+           "disk_usage"]
 
 
 def disk_usage(path: str | os.PathLike) -> int:
@@ -66,9 +67,62 @@ def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]
     return info
 
 
+# box outlines by label (label modulo the palette): bright, far from each other and from greys
+BOX_COLOURS = ((255, 64, 64), (64, 255, 64), (64, 160, 255), (255, 220, 0), (255, 0, 255), (0, 255, 255),
+               (255, 140, 0), (160, 90, 255))
+
+
+@dataclass
+class _Tile:
+    """What one contact-sheet tile shows: the image, its caption's second line and, for a
+    detection pack, the boxes (xyxy in the image's pixels) and their labels."""
+
+    image: np.ndarray | None
+    caption: str
+    boxes: np.ndarray | None = None
+    labels: np.ndarray | None = None
+
+
+def _tile(reader: Any, rec: Record) -> _Tile:
+    """The tile of one sample: an image pack's image and class; a field pack's first image, its
+    detection boxes and labels (``Schema.boxes``) or else its field count. ValueError when the
+    sample does not decode."""
+    schema = reader.schema
+    if schema is None:
+        cls = reader.classes[rec.label] if 0 <= rec.label < len(reader.classes) else str(rec.label)
+        return _Tile(decode(rec.data), f"[{rec.label}] {cls}")
+    parts = schema.split(rec.data)
+    image = decode(bytes(parts[schema.image_fields[0]])) if schema.image_fields else None
+    box_field = schema.boxes
+    if box_field is None:
+        return _Tile(image, f"{len(schema.fields)} fields")
+    boxes = box_field.decode(parts[box_field.name])
+    label_field = schema.by_name.get("labels")
+    labels = label_field.decode(parts["labels"]) if label_field is not None and label_field.type_name == "ndarray" \
+        else None
+    if labels is not None and len(labels) != len(boxes):
+        labels = None
+    return _Tile(image, f"{len(boxes)} boxes", boxes, labels)
+
+
+def box_rectangle(box: Any, scale: tuple[float, float], at: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The sheet pixels ``(left, top, right, bottom)``, inclusive, whose outline draws ``box``
+    (xyxy in the image's pixels) on a thumbnail scaled by ``scale`` (x, y) pasted at ``at``:
+    the first and last pixel each edge of the scaled box covers."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    left, top = at[0] + int(np.floor(x0 * scale[0])), at[1] + int(np.floor(y0 * scale[1]))
+    right = max(left, at[0] + int(np.ceil(x1 * scale[0])) - 1)
+    bottom = max(top, at[1] + int(np.ceil(y1 * scale[1])) - 1)
+    return left, top, right, bottom
+
+
 def render_grid(path: str | os.PathLike, out_png: str | os.PathLike, *, count: int = 16,
-                seed: int = 0, tile: int = 160) -> list[int]:
+                seed: int = 0, tile: int = 160, boxes: bool = True, labels: bool = False) -> list[int]:
     """A contact sheet of a seeded random sample, each tile captioned with key and class.
+
+    On a detection field pack (a ``boxes`` field, docs/fields.md) each tile shows the sample's
+    boxes, outlined in a colour per label (``BOX_COLOURS``; ``box_rectangle`` places them), and
+    with ``labels`` each box's class name; the caption gives the box count.
 
     Returns the sample positions shown.
     """
@@ -85,16 +139,30 @@ def render_grid(path: str | os.PathLike, out_png: str | os.PathLike, *, count: i
     for k, i in enumerate(picks):
         rec = reader.read(i)
         try:
-            im = Image.fromarray(decode(rec.data))
+            shown = _tile(reader, rec)
         except ValueError:
+            shown = _Tile(None, "undecodable")
+        if shown.image is None:
             im = Image.new("RGB", (tile, tile), (128, 0, 0))
-        im.thumbnail((tile, tile))
+        else:
+            im = Image.fromarray(shown.image)
+            im.thumbnail((tile, tile))
         x, y = (k % cols) * tile, (k // cols) * (tile + caption)
-        sheet.paste(im, (x + (tile - im.width) // 2, y + (tile - im.height) // 2))
-        cls = reader.classes[rec.label] if 0 <= rec.label < len(reader.classes) else str(rec.label)
+        at = (x + (tile - im.width) // 2, y + (tile - im.height) // 2)
+        sheet.paste(im, at)
+        if boxes and shown.boxes is not None and shown.image is not None:
+            scale = (im.width / shown.image.shape[1], im.height / shown.image.shape[0])
+            for j, box in enumerate(shown.boxes):
+                label = int(shown.labels[j]) if shown.labels is not None else 0
+                colour = BOX_COLOURS[label % len(BOX_COLOURS)]
+                rect = box_rectangle(box, scale, at)
+                draw.rectangle(rect, outline=colour)
+                if labels and shown.labels is not None:
+                    name = reader.classes[label] if 0 <= label < len(reader.classes) else str(label)
+                    draw.text((rect[0] + 2, rect[1] + 1), name[:16], fill=colour)
         key = reader.keys[i]
         draw.text((x + 3, y + tile + 1), key[-26:], fill=(230, 230, 230))
-        draw.text((x + 3, y + tile + 14), f"[{rec.label}] {cls}"[:26], fill=(120, 200, 255))
+        draw.text((x + 3, y + tile + 14), shown.caption[:26], fill=(120, 200, 255))
     sheet.save(out_png)
     return picks
 

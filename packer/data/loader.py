@@ -21,7 +21,9 @@ a seeded permutation per epoch, split across ranks with the same number of batch
 rank (``packer.data.streaming.split_by_rank``).
 
 Buffer contract: image fields are written by the threads straight into a preallocated
-``N x C x H x W`` (or ``N x T x C x H x W``) uint8 buffer. A buffer is refilled only when
+``N x C x H x W`` (or ``N x T x C x H x W``) uint8 buffer (a field pack's image fields, by
+name, when the batch's images share one size: otherwise that field is a list of ``C x H x W``
+uint8 tensors; its other fields are batched as ``packer.data.fields.collate_field`` says). A buffer is refilled only when
 nothing outside the loader references it any more: the yielded batch, any view or slice of
 it, a numpy array over it. You may hold a batch as long as you like; it is never overwritten
 under you, and buffers you have let go are reused (so steady-state training allocates
@@ -45,6 +47,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
+from packer.data.fields import FieldDecoder, collate_field
 from packer.data.streaming import (carried_skips, elastic_slots, resolve_rank, resume_point, skip_cap,
                                    split_by_rank)
 from packer.errors import CorruptData, CorruptSample, PackerError, UsageError
@@ -185,6 +188,8 @@ class _Batch:
     images: dict[Any, torch.Tensor] = field(default_factory=dict)  # field -> buffer
     arrays: dict[Any, np.ndarray] = field(default_factory=dict)  # field -> the buffer as numpy
     other: dict[Any, list] = field(default_factory=dict)  # field -> values by position
+    spilled: dict[Any, dict[int, Any]] = field(default_factory=dict)  # field pack: image field -> {position: image
+    # of another size than the buffer's}
     samples: list | None = None  # user collate: the samples by position
     error: tuple[int, BaseException] | None = None
     result: Any = None
@@ -393,7 +398,8 @@ class Epoch:
 
     def _place(self, b: _Batch, pos: int, sample: Any) -> None:
         fields = _fields(sample)
-        images = {k: as_image(v) for k, v in fields}
+        named = self.loader._image_fields  # a field pack: only its image fields (masks are uint8 arrays too)
+        images = {k: as_image(v) if named is None or k in named else None for k, v in fields}
         with b.lock:
             if b.like is None:
                 n = len(b.indices)
@@ -409,6 +415,10 @@ class Epoch:
             if k in b.images:
                 img = images[k]
                 dst = b.arrays[k]
+                if img is not None and img.shape != dst.shape[1:] and named is not None:
+                    with b.lock:  # a field pack's images of several sizes: this field is a list
+                        b.spilled.setdefault(k, {})[pos] = v
+                    continue
                 if img is None or img.shape != dst.shape[1:]:
                     got = "not a uint8 image" if img is None else f"shape {tuple(img.shape)}"
                     raise ValueError(f"field {k!r} is {got}, the batch's first sample has "
@@ -424,11 +434,26 @@ class Epoch:
         if b.samples is not None:
             return self.loader.collate(b.samples)
         values: dict[Any, Any] = {}
+        n = len(b.indices)
         for k, buf in b.images.items():
-            values[k] = buf[:len(b.indices)]  # a view: its references keep the buffer from reuse
+            values[k] = buf[:n]  # a view: its references keep the buffer from reuse
+            spilled = b.spilled.get(k)
+            if spilled:  # views of the buffer's slots, the images of other sizes as CHW tensors
+                values[k] = [_chw_tensor(spilled[p]) if p in spilled else values[k][p] for p in range(n)]
+        variable = self.loader._variable
         for k, vals in b.other.items():
-            values[k] = default_collate(vals)
+            if variable is None:
+                values[k] = default_collate(vals)
+            else:  # a field pack: fixed fields stacked, variable-length ones lists
+                values[k], _ = collate_field(vals, variable=k in variable)
         return _rebuild(b.like, values)
+
+
+def _chw_tensor(image: Any) -> torch.Tensor:
+    """An image of a list-batched field as a ``C x H x W`` uint8 tensor (a tensor as it is)."""
+    if isinstance(image, torch.Tensor):
+        return image
+    return torch.from_numpy(np.array(as_image(image)))  # a copy: PIL's arrays are read-only
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +535,11 @@ class Loader:
             ``DistributedSampler`` does its own); ``set_epoch`` reaches it.
         collate: ``None`` (default): image fields (uint8 tensors/arrays, PIL images) go straight
             into reused uint8 batch buffers, other fields through ``default_collate`` (the
-            output equals ``uint8_collate``'s). A callable: called with the list of samples.
+            output equals ``uint8_collate``'s). A field pack's ``PackedDataset`` (dict samples):
+            its image fields into buffers when the batch's images share one size, else a list
+            of ``C x H x W`` uint8 tensors; its other fields as ``collate_fields`` batches them
+            (fixed ones stacked, variable-length ones lists). A callable: called with the list
+            of samples (e.g. ``dataset.collate_fn(pad=True)``).
         prefetch: batches loaded ahead of the one being consumed.
         chunk: samples per thread task (``__getitems__`` batch); default batch / (2 x threads).
         pin_memory: pinned buffers (default: when CUDA is available).
@@ -550,6 +579,10 @@ class Loader:
             num_threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.options = opts
         self.dataset = dataset
+        decoder = getattr(dataset, "fields", None)  # a field pack's PackedDataset: its image and variable fields
+        self._image_fields: set[Any] | None = (set(decoder.schema.image_fields) if isinstance(decoder, FieldDecoder)
+                                               else None)
+        self._variable: set[Any] | None = set(decoder.variable) if isinstance(decoder, FieldDecoder) else None
         self.batch_size = int(opts.batch_size)
         self.shuffle = opts.shuffle
         self.seed = int(opts.seed)

@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import CorruptData, CorruptSample, UsageError
 from packer.data.datasets import PackedDataset
+from packer.data.fields import field_collate
 from packer.data.sources import distinct_packs, mix_counts, mix_stream, mix_weights, source_picks
 
 __all__ = ["StreamingDataset", "StreamOrder", "epoch_shard_order", "epoch_stream", "split_by_rank", "shuffle_buffer",
@@ -314,6 +315,10 @@ class StreamingDataset(IterableDataset):
     elastic resume work as for one pack. Samples are ``(image, label, source)``: ``source``
     indexes ``sources``; labels are each source's own unless ``label_map`` is given.
 
+    A field pack (docs/fields.md) yields a dict per sample, as ``PackedDataset`` does (``fields``,
+    ``masks``, ``tv_tensors``); in a mix of field packs each dict also holds ``source``, and
+    ``transform`` takes the dict with it. ``collate_fn()`` batches the dicts.
+
     Args:
         path: the packed output (or a list of TFRecord files with ``.idx`` indexes), or a
             mapping of such paths to weights (see above).
@@ -341,7 +346,8 @@ class StreamingDataset(IterableDataset):
         drop_last: drop the uneven tail instead of padding each rank by repetition.
         batch_size: the DataLoader's batch size; with it the loader's output is exactly this
             rank's order (what makes a resume exact with several workers).
-        decode, transform, target_transform, check_crc: as ``PackedDataset``.
+        decode, transform, target_transform, check_crc, fields, masks, tv_tensors: as
+            ``PackedDataset``.
         rank, world_size: override what ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``) says.
         cache_dir, cache_limit, remote: for a URL ``path`` (each path of a mix), as
             ``PackedDataset``; each worker prefetches the next shards of its own order
@@ -358,13 +364,18 @@ class StreamingDataset(IterableDataset):
                  block_size: int | None = _DEFAULT_ORDER.block_size, buffer_size: int = _DEFAULT_ORDER.buffer_size,
                  drop_last: bool = _DEFAULT_ORDER.drop_last, batch_size: int = _DEFAULT_ORDER.batch_size,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-                 remote: Any = None):
+                 remote: Any = None, fields: Sequence[str] | str | None = None, masks: str | None = None,
+                 tv_tensors: bool = False):
         given = dict(shuffle=shuffle, seed=seed, block_size=block_size, buffer_size=buffer_size,
                      drop_last=drop_last, batch_size=batch_size)
         order_fields = {k: v for k, v in given.items() if v != getattr(_DEFAULT_ORDER, k)}
         self.options = dataclasses.replace(order or _DEFAULT_ORDER, **order_fields)
-        options = dict(cache_dir=cache_dir, cache_limit=cache_limit, remote=remote)  # each source's URL options
+        # each source's URL and field options
+        options = dict(cache_dir=cache_dir, cache_limit=cache_limit, remote=remote, fields=fields, masks=masks,
+                       tv_tensors=tv_tensors)
         self.target_transform = target_transform
+        self.sample_transform: Callable[[Any], Any] | None = None  # a mix of field packs: after ``source``
+        self.fielded = False
         if isinstance(path, Mapping):
             self._open_mix(path, decode=decode, transform=transform, check_crc=check_crc, epoch_size=epoch_size,
                            mix_by=mix_by, label_map=label_map, options=options)
@@ -374,6 +385,7 @@ class StreamingDataset(IterableDataset):
             self.dataset = PackedDataset(path, decode=decode, transform=transform,
                                          target_transform=target_transform, check_crc=check_crc, **options)
             self.sources = [self.dataset]
+            self.fielded = self.dataset.fields is not None
             reader = self.dataset.reader
             self.counts = list(getattr(reader, "shard_counts", None) or [len(reader)])
             self.mix: list[int] | None = None
@@ -403,6 +415,7 @@ class StreamingDataset(IterableDataset):
         distinct_packs(paths)
         self.sources = [PackedDataset(p, decode=decode, transform=transform, check_crc=check_crc, **options)
                         for p in paths]
+        self._mix_fields(transform, label_map)
         sizes = [len(d) for d in self.sources]
         self.mix = mix_counts(sizes, self.weights, by=mix_by, epoch_size=epoch_size)
         self.source_counts = [list(getattr(d.reader, "shard_counts", None) or [len(d)]) for d in self.sources]
@@ -417,6 +430,39 @@ class StreamingDataset(IterableDataset):
                 if missing:
                     raise UsageError(f"label_map lacks classes {missing[:5]} of {d.path}")
                 self._luts.append(np.array([int(self.label_map[c]) for c in d.classes], dtype=np.int64))
+
+    def _mix_fields(self, transform: Any, label_map: Any) -> None:
+        """A mix of field packs: each sample's dict gains ``source``, then ``transform`` runs on it."""
+        kinds = {d.fields is not None for d in self.sources}
+        if kinds == {False}:
+            return
+        if len(kinds) > 1:
+            raise UsageError("a mix takes field packs or image packs, not both: "
+                             + ", ".join(f"{d.path} ({'fields' if d.fields is not None else 'images'})"
+                                         for d in self.sources))
+        if label_map is not None or self.target_transform is not None:
+            raise UsageError("label_map and target_transform are for (image, label) packs; a field pack's samples "
+                             "are dicts: use transform")
+        clash = [d.path for d in self.sources if "source" in d.fields.names]
+        if clash:
+            raise UsageError(f"a mix adds the field 'source', which {', '.join(clash)} has: select the other "
+                             "fields with fields=[...]")
+        self.fielded = True
+        self.sample_transform = transform
+        for d in self.sources:
+            d.transform = None
+
+    @property
+    def variable_fields(self) -> list[str]:
+        """The field packs' variable-length fields (``PackedDataset.variable_fields``)."""
+        return sorted({n for d in self.sources for n in d.variable_fields})
+
+    def collate_fn(self, *, pad: bool = False) -> Callable[[Sequence[dict[str, Any]]], dict[str, Any]]:
+        """A field pack's collate for the DataLoader (``PackedDataset.collate_fn``)."""
+        if not self.fielded:
+            raise UsageError(f"{self._where()}: collate_fn is for field packs; batch (image, label) with "
+                             "packer.data.uint8_collate or the DataLoader's default")
+        return field_collate(self.variable_fields, pad=pad)
 
     def __len__(self) -> int:
         n = self._n
@@ -524,6 +570,9 @@ class StreamingDataset(IterableDataset):
         if self.mix is None:
             return self.dataset[i]
         src = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        if self.fielded:
+            sample = {**self.sources[src][i - int(self.offsets[src])], "source": src}
+            return self.sample_transform(sample) if self.sample_transform is not None else sample
         image, label = self.sources[src][i - int(self.offsets[src])]
         if self._luts is not None:
             label = int(self._luts[src][label])

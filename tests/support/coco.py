@@ -2,6 +2,10 @@
 
 Polygons (one and two parts), uncompressed RLE crowd regions, a compressed RLE, images without
 annotations, categories with gaps in their ids; the files pycocotools reads as they are.
+
+``make_box_coco``: PNG images, black but for a white rectangle per annotation exactly where its
+box and polygon are, so that what a transform or a drawing does to boxes can be checked
+against the pixels.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-__all__ = ["make_coco", "CATEGORY_IDS"]
+__all__ = ["make_coco", "make_box_coco", "BOX_IMAGES", "CATEGORY_IDS"]
 
 CATEGORY_IDS = (1, 3, 7, 18)  # gaps, as COCO's own ids have: labels 0..3 in this order
 
@@ -93,3 +97,34 @@ def make_coco(root: Path, *, n_images: int = 6, captions: bool = False) -> dict[
         out["captions"] = root / "captions.json"
         out["captions"].write_text(json.dumps({"images": images, "annotations": caps}))
     return out
+
+
+# (width, height, [(x0, y0, x1, y1, category id), ...]) per image: integer boxes, apart; one
+# image without annotations; one larger than a 160-pixel contact-sheet tile (scaled by 1/2)
+BOX_IMAGES = (
+    (64, 48, [(4, 6, 20, 30, 1), (30, 10, 60, 22, 7), (40, 30, 52, 44, 3)]),
+    (50, 70, [(10, 40, 40, 64, 18)]),
+    (40, 40, []),
+    (320, 200, [(40, 20, 120, 100, 3), (200, 60, 300, 180, 1)]),
+    (72, 56, [(2, 2, 12, 12, 7), (20, 30, 70, 54, 1)]),
+)
+
+
+def make_box_coco(root: Path) -> Path:
+    """``root/boxes/*.png`` and ``root/boxes.json`` (``BOX_IMAGES``); returns the JSON's path."""
+    images, anns = [], []
+    for i, (w, h, boxes) in enumerate(BOX_IMAGES):
+        arr = np.zeros((h, w, 3), dtype=np.uint8)
+        name = f"boxes/img_{i}.png"
+        images.append({"id": 10 + i, "file_name": name, "width": w, "height": h})
+        for k, (x0, y0, x1, y1, cat) in enumerate(boxes):
+            arr[y0:y1, x0:x1] = 255
+            anns.append({"id": 100 * (i + 1) + k, "image_id": 10 + i, "category_id": cat, "iscrowd": 0,
+                         "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]], "area": float((x1 - x0) * (y1 - y0)),
+                         "bbox": [x0, y0, x1 - x0, y1 - y0]})
+        (root / "boxes").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(arr).save(root / name)
+    categories = [{"id": c, "name": f"cat{c}", "supercategory": "thing"} for c in CATEGORY_IDS]
+    path = root / "boxes.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": categories}))
+    return path
