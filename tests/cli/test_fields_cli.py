@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from PIL import Image
 from click.testing import CliRunner
 
 import packer
 from packer.cli import main
 from packer.formats import FORMATS
-from tests.support.coco import make_coco
+from tests.support.coco import BOX_IMAGES, make_box_coco, make_coco
 from tests.support.outputs import packed_snapshot
 
 pytest.importorskip("pycocotools")
@@ -68,3 +70,14 @@ def test_bad_flags_are_one_line_errors(tmp_path, args, message):
     r = CliRunner().invoke(main, ["to-lmdb", "--manifest", str(tmp_path / "s.jsonl"), "--root", str(tmp_path),
                                   *args, str(tmp_path / "o")])
     assert r.exit_code != 0 and message in r.output
+
+
+def test_inspect_grid_box_flags_are_the_library_call(tmp_path):
+    out = tmp_path / "out.lmdb"
+    packer.pack(tmp_path, out, coco=make_box_coco(tmp_path), workers=0)
+    for flags, kw in ((["--grid-labels"], {"grid_labels": True}), (["--no-grid-boxes"], {"grid_boxes": False})):
+        r = CliRunner().invoke(main, ["inspect", str(out), "--grid", str(tmp_path / "cli.png"), *flags])
+        assert r.exit_code == 0, r.output
+        info = packer.inspect(out, grid=tmp_path / "lib.png", **kw)
+        assert info["grid"]["positions"] == list(range(len(BOX_IMAGES)))
+        assert np.array_equal(np.asarray(Image.open(tmp_path / "lib.png")), np.asarray(Image.open(tmp_path / "cli.png")))

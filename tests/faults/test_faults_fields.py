@@ -1,7 +1,8 @@
 """Field packs under bad inputs and damage: every bad annotation or manifest row is a recorded
 failure naming the image and annotation ids (every other sample packed), and one flipped bit in
 any field of a stored sample is ``CorruptData`` naming the sample, and ``packer verify`` fails
-naming it, in every format."""
+naming it, in every format, also read through ``StreamingDataset`` (DataLoader workers too) and
+``Loader``, which with ``on_corrupt="skip"`` replace it by a valid sample and list it."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import packer
 from packer.codecs.protowire import decode_varint
 from packer.commands.inspection import verify_dataset
+from packer.data.loader import LoaderError
 from packer.errors import CorruptData
 from packer.formats import FORMATS, open_reader
 from packer.formats.lmdb.env import close_env
@@ -92,6 +95,60 @@ def test_a_flipped_bit_in_any_field_is_corrupt_data_naming_the_sample(packed, tm
     assert key in str(e.value)
     result = verify_dataset(out)
     assert not result.ok and any(key in p for p in result.problems), result.problems
+
+
+def _damaged(packed, tmp_path: Path, fmt: str, field: str = "boxes") -> tuple[Path, str]:
+    out = out_path(tmp_path, fmt)
+    (shutil.copy if packed[fmt].is_file() else shutil.copytree)(packed[fmt], out)
+    key = open_reader(out).keys[SAMPLE]
+    _flip_field(out, fmt, field)
+    return out, key
+
+
+def _read_all(out: Path, how: str, **kw) -> list:
+    """Every sample of ``out`` in order, read as ``how`` says (dicts of image_id and boxes)."""
+    fields = ["image_id", "boxes"]
+    if how == "loader":
+        ds = packer.PackedDataset(out, decode="bytes", fields=fields)
+        loader = packer.Loader(ds, batch_size=2, num_threads=2, collate=list, **kw)
+        return [s for batch in loader for s in batch]
+    ds = packer.StreamingDataset(out, decode="bytes", fields=fields, shuffle=False, batch_size=2, **kw)
+    if how == "stream":
+        return list(ds)
+    batches = iter(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=list))
+    try:
+        return [s for b in batches for s in b]
+    finally:  # the raised exception's traceback keeps the iterator, and so its workers, alive
+        batches._shutdown_workers()
+
+
+READS = ["stream", "stream-workers", "loader"]
+
+
+@pytest.mark.parametrize("how", READS)
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_flipped_bit_read_through_streaming_or_the_loader_names_the_sample(packed, tmp_path, fmt, how):
+    out, key = _damaged(packed, tmp_path, fmt)
+    with pytest.raises(Exception) as e:
+        _read_all(out, how)
+    if how == "stream":
+        assert isinstance(e.value, CorruptData)
+    elif how == "loader":  # the Loader names the sample it was loading, from the CorruptData
+        assert isinstance(e.value, LoaderError) and isinstance(e.value.__cause__, CorruptData)
+        assert f"loading sample {SAMPLE} " in str(e.value)
+    else:  # a worker's exception comes back as the DataLoader re-raises it, with its text
+        assert "CorruptData" in str(e.value)
+    assert key in str(e.value) and (f"sample {SAMPLE}" in str(e.value) or f"record {SAMPLE}" in str(e.value))
+
+
+@pytest.mark.parametrize("how", READS)
+def test_skipping_a_damaged_field_sample_replaces_it_and_lists_it(packed, tmp_path, how):
+    out, key = _damaged(packed, tmp_path, "records")
+    good = packer.PackedDataset(packed["records"], decode="bytes", fields=["image_id"])
+    got = _read_all(out, how, on_corrupt="skip", max_skipped=1)
+    ids = [s["image_id"] for s in got]
+    assert len(ids) == len(good) and good[SAMPLE]["image_id"] not in ids
+    assert set(ids) == {good[i]["image_id"] for i in range(len(good)) if i != SAMPLE}
 
 
 def _variant(coco_src, tmp_path: Path, change) -> Path:
