@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import packer
 from packer.cli import main
 from packer.formats import FORMATS
-from tests.support.coco import BOX_IMAGES, make_box_coco, make_coco
+from tests.support.coco import BOX_IMAGES, make_coco, pack_box_coco
 from tests.support.outputs import packed_snapshot
 
 pytest.importorskip("pycocotools")
@@ -73,8 +73,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, args, message):
 
 
 def test_inspect_grid_box_flags_are_the_library_call(tmp_path):
-    out = tmp_path / "out.lmdb"
-    packer.pack(tmp_path, out, coco=make_box_coco(tmp_path), workers=0)
+    out = pack_box_coco(tmp_path)
     for flags, kw in ((["--grid-labels"], {"grid_labels": True}), (["--no-grid-boxes"], {"grid_boxes": False})):
         r = CliRunner().invoke(main, ["inspect", str(out), "--grid", str(tmp_path / "cli.png"), *flags])
         assert r.exit_code == 0, r.output

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import packer
 from packer.commands.inspection import BOX_COLOURS, render_grid
-from tests.support.coco import BOX_IMAGES, CATEGORY_IDS, make_box_coco
+from tests.support.coco import BOX_IMAGES, CATEGORY_IDS, pack_box_coco
 
 pytest.importorskip("pycocotools")
 
@@ -17,10 +16,7 @@ TILE, CAPTION, COLS = 160, 28, 3  # render_grid's tile and caption heights; 3 co
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("boxes")
-    out = root / "out.lmdb"
-    packer.pack(root, out, coco=make_box_coco(root), workers=0)
-    return out
+    return pack_box_coco(tmp_path_factory.mktemp("boxes"))
 
 
 def sheet(pack, path, **kw) -> np.ndarray:

@@ -3,7 +3,7 @@
 torchvision's wheels are built for one torch release, and none installs beside the main
 environment's torch: the tests that need it skip there, naming why, and run in a venv with a
 matching pair (docs/fields.md, "tv_tensors", says how). The error without torchvision is tested
-where it is missing. The pack is ``make_box_coco``'s: each box is a white rectangle on black, so
+where it is missing. The pack is ``pack_box_coco``'s: each box is a white rectangle on black, so
 a transformed box can be checked against the transformed pixels.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 import packer
 from packer.data import DecodeResizeCrop
 from packer.errors import UsageError
-from tests.support.coco import BOX_IMAGES, make_box_coco
+from tests.support.coco import BOX_IMAGES, pack_box_coco
 
 pytest.importorskip("pycocotools")
 
@@ -32,10 +32,7 @@ needs_torchvision = pytest.mark.skipif(MISSING is not None, reason=MISSING or ""
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("boxes")
-    out = root / "out.lmdb"
-    packer.pack(root, out, coco=make_box_coco(root), workers=0)
-    return out
+    return pack_box_coco(tmp_path_factory.mktemp("boxes"))
 
 
 @pytest.mark.skipif(MISSING is None, reason="torchvision is installed here")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-__all__ = ["make_coco", "make_box_coco", "BOX_IMAGES", "CATEGORY_IDS"]
+__all__ = ["make_coco", "make_box_coco", "pack_box_coco", "BOX_IMAGES", "CATEGORY_IDS"]
 
 CATEGORY_IDS = (1, 3, 7, 18)  # gaps, as COCO's own ids have: labels 0..3 in this order
 
@@ -128,3 +128,12 @@ def make_box_coco(root: Path) -> Path:
     path = root / "boxes.json"
     path.write_text(json.dumps({"images": images, "annotations": anns, "categories": categories}))
     return path
+
+
+def pack_box_coco(root: Path) -> Path:
+    """``make_box_coco`` in ``root``, packed into ``root/out.lmdb``; returns the pack's path."""
+    import packer
+
+    out = root / "out.lmdb"
+    packer.pack(root, out, coco=make_box_coco(root), workers=0)
+    return out

@@ -1,5 +1,6 @@
 """The stages of the elastic-resume tests: a world size and how far each rank reads before
-the next resume (tests/data/test_elastic_resume.py, tests/data/test_mixing_sources.py)."""
+the next resume (tests/data/test_elastic_resume.py, tests/data/test_mixing_sources.py), and
+``check_resumes``, a mid-epoch resume on one rank (tests/data/test_*_fields.py)."""
 from __future__ import annotations
 
 import json
@@ -33,3 +34,26 @@ def stream_stage(path, ids, world, steps, state, kw):
         per_rank.append(got)
         states.append(ds.state_dict(num_samples=len(got)))
     return per_rank, states
+
+
+def check_resumes(open_pass, *, stops=(0, 2)) -> list:
+    """A state saved after each step in ``stops`` resumes with exactly the ``image_id``s the
+    uninterrupted pass had left. ``open_pass(state)`` starts a pass (resumed from ``state``,
+    None: from the start) and returns its batches (dicts with ``image_id``) and ``state_of(step)``,
+    the state to save after that step. Returns the uninterrupted pass's ids."""
+    def run(state, stop):
+        batches, state_of = open_pass(None if state is None else json.loads(json.dumps(state)))
+        ids, states = [], []
+        for step, batch in enumerate(batches):
+            ids += batch["image_id"].tolist()
+            states.append(state_of(step))
+            if step == stop:
+                break
+        return ids, states
+
+    whole, _ = run(None, None)
+    for stop in stops:
+        first, states = run(None, stop)
+        rest, _ = run(states[-1], None)
+        assert first + rest == whole, f"resumed after step {stop}"
+    return whole
