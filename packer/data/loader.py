@@ -23,9 +23,9 @@ rank (``packer.data.streaming.split_by_rank``).
 Buffer contract: image fields are written by the threads straight into a preallocated
 ``N x C x H x W`` (or ``N x T x C x H x W``) uint8 buffer (a field pack's image fields, by
 name, when the batch's images share one size: otherwise that field is a list of ``C x H x W``
-uint8 tensors; its other fields are batched as ``packer.data.fields.collate_field`` says). A buffer is refilled only when
-nothing outside the loader references it any more: the yielded batch, any view or slice of
-it, a numpy array over it. You may hold a batch as long as you like; it is never overwritten
+uint8 tensors; its other fields are batched as ``packer.data.fields.collate_field`` says).
+A buffer is refilled only when nothing outside the loader references it any more: the
+yielded batch, any view or slice of it, a numpy array over it. You may hold a batch as long as you like; it is never overwritten
 under you, and buffers you have let go are reused (so steady-state training allocates
 nothing). With CUDA the buffers are pinned and come from PyTorch's pinned-memory caching
 allocator, which recycles a block only after the non_blocking copies that read it finished.
@@ -188,8 +188,8 @@ class _Batch:
     images: dict[Any, torch.Tensor] = field(default_factory=dict)  # field -> buffer
     arrays: dict[Any, np.ndarray] = field(default_factory=dict)  # field -> the buffer as numpy
     other: dict[Any, list] = field(default_factory=dict)  # field -> values by position
-    spilled: dict[Any, dict[int, Any]] = field(default_factory=dict)  # field pack: image field -> {position: image
-    # of another size than the buffer's}
+    # a field pack's image field -> {position: its image}, for images of another size than the buffer's
+    spilled: dict[Any, dict[int, Any]] = field(default_factory=dict)
     samples: list | None = None  # user collate: the samples by position
     error: tuple[int, BaseException] | None = None
     result: Any = None
