@@ -152,20 +152,14 @@ def check_parts(cols: Sequence[Column], parts: Sequence[Any]) -> None:
                              f"{'a row' if col.offsets is None else 'whole rows'} of {col.unit} bytes")
 
 
-def append_columns(f: h5py.File, schema: Schema, stored: int, samples: Sequence[Sequence[Any]]) -> None:
-    """Append samples after the first ``stored``: each one its blob's parts in schema order.
-    ValueError when a part does not fit its field's rows (before anything of the batch is stored)."""
-    cols = columns_of(schema)
-    for s in samples:
-        check_parts(cols, s)
-    planned = []
+def append_columns(f: h5py.File, cols: Sequence[Column], stored: int, samples: Sequence[Sequence[Any]]) -> None:
+    """Append samples after the first ``stored``: each one its blob's parts in schema order
+    (each checked with ``check_parts``)."""
     for j, col in enumerate(cols):
         parts = [s[j] for s in samples]
-        sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
         values = np.frombuffer(b"".join(parts), dtype=col.dtype).reshape((-1,) + col.tail)
-        planned.append((col, values, sizes // col.unit))
-    for col, values, rows in planned:
         if col.offsets is not None:
+            rows = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts)) // col.unit
             offsets = f[col.offsets]
             _append(offsets, int(offsets[stored]) + np.cumsum(rows, dtype="i8"))
         _append(f[col.path], values)

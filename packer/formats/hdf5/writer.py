@@ -70,6 +70,7 @@ class HDF5Writer(Writer):
         self.chunk_bytes = chunk_bytes
         self._f: h5py.File | None = None
         self._pending: list[Sample] = []
+        self._pending_parts: list[list[memoryview] | None] = []  # a field pack's pending blobs, split
         self._columns: list[Column] = []  # a field pack's datasets (set at open, once the schema is)
         self._deleter = Deleter()
 
@@ -84,6 +85,7 @@ class HDF5Writer(Writer):
     # -- opening -------------------------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
         self._pending = []
+        self._pending_parts = []
         self._columns = columns_of(self.schema) if self.schema is not None else []
         remove_segment_files(self.segment_dir)  # a killed run's workers' parts: redone from the inputs
         if self.workdir.exists():
@@ -181,11 +183,15 @@ class HDF5Writer(Writer):
         if (sample.fmt == BLOB_FMT) != (self.schema is not None):
             raise ValueError(f"{sample.key}: a field sample needs a writer with a schema, and a writer with "
                              f"a schema field samples (got {sample.fmt!r})")
-        if self.schema is not None and stored is None:  # refused here, not halfway through a commit
-            try:
-                check_parts(self._columns, split_blob(sample.data, len(self._columns)))
-            except ValueError as e:
-                raise ValueError(f"{sample.key}: {e}") from e
+        if self.schema is not None:  # refused here, not halfway through a commit
+            parts = None
+            if stored is None:
+                try:
+                    parts = split_blob(sample.data, len(self._columns))
+                    check_parts(self._columns, parts)
+                except ValueError as e:
+                    raise ValueError(f"{sample.key}: {e}") from e
+            self._pending_parts.append(parts)
         self._pending.append(sample)
         if stored is not None:  # in a worker's part file: its size counts toward the commit here
             if stored.part is None:
@@ -222,25 +228,31 @@ class HDF5Writer(Writer):
         os.fsync(f.id.get_vfd_handle())
         self._stored = n + k
         self._pending = []
+        self._pending_parts = []
         # a part whose last sample is now in the file is done with; deleting it frees its page
         # cache, kernel work that grows with its size, done on a thread beside the next batch
         self._deleter.later([s.prepared.shard.path for s in batch
                              if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
 
     def _commit_fields(self, batch: list[Sample], parts: PartBytes) -> None:
-        """Split each field blob of ``batch`` into its fields and append each to its dataset."""
-        n, width = self._stored, len(self.schema.fields)
-        for part in _pieces(batch):
-            joined, pos, split = memoryview(parts.join(part)), 0, []
-            for s in part:
-                size = stored_size(s)
-                try:
-                    split.append(split_blob(joined[pos:pos + size], width))
-                except ValueError as e:
-                    raise ValueError(f"{s.key}: {e}") from e
-                pos += size
-            append_columns(self._f, self.schema, n, split)
-            n += len(part)
+        """Append each field of ``batch``'s blobs (split at ``add``, or read back from a worker's
+        part file and split here) to its dataset, a run of at most ``_PIECE_BYTES`` at a time."""
+        n, width, at = self._stored, len(self._columns), 0
+        for piece in _pieces(batch):
+            split = self._pending_parts[at:at + len(piece)]
+            if any(p is None for p in split):  # stored by workers: their bytes come from the parts
+                joined, pos, split = memoryview(parts.join(piece)), 0, []
+                for s in piece:
+                    size = stored_size(s)
+                    try:
+                        split.append(split_blob(joined[pos:pos + size], width))
+                        check_parts(self._columns, split[-1])
+                    except ValueError as e:
+                        raise ValueError(f"{s.key}: {e}") from e
+                    pos += size
+            append_columns(self._f, self._columns, n, split)
+            n += len(piece)
+            at += len(piece)
 
     def _reserve(self, nbytes: int) -> None:
         """Allocate room for the next commit before HDF5 writes a byte of it.
