@@ -70,7 +70,7 @@ class HDF5Writer(Writer):
         self.chunk_bytes = chunk_bytes
         self._f: h5py.File | None = None
         self._pending: list[Sample] = []
-        self._pending_parts: list[list[memoryview] | None] = []  # a field pack's pending blobs, split
+        self._pending_parts: list[list[memoryview]] = []  # a field pack's pending blobs, split
         self._columns: list[Column] = []  # a field pack's datasets (set at open, once the schema is)
         self._deleter = Deleter()
 
@@ -184,13 +184,14 @@ class HDF5Writer(Writer):
             raise ValueError(f"{sample.key}: a field sample needs a writer with a schema, and a writer with "
                              f"a schema field samples (got {sample.fmt!r})")
         if self.schema is not None:  # refused here, not halfway through a commit
-            parts = None
-            if stored is None:
-                try:
-                    parts = split_blob(sample.data, len(self._columns))
-                    check_parts(self._columns, parts)
-                except ValueError as e:
-                    raise ValueError(f"{sample.key}: {e}") from e
+            if stored is not None:  # (field packs run on the item executors: samples come back whole)
+                raise ValueError(f"{sample.key}: a field sample is split into its fields here, not stored by "
+                                 "a worker")
+            try:
+                parts = split_blob(sample.data, len(self._columns))
+                check_parts(self._columns, parts)
+            except ValueError as e:
+                raise ValueError(f"{sample.key}: {e}") from e
             self._pending_parts.append(parts)
         self._pending.append(sample)
         if stored is not None:  # in a worker's part file: its size counts toward the commit here
@@ -216,7 +217,7 @@ class HDF5Writer(Writer):
                     data = np.frombuffer(parts.join(part), dtype=np.uint8)
                     _append(f["pixels"], data.reshape((len(part),) + self.pixels_shape))
             elif self.schema is not None:
-                self._commit_fields(batch, parts)
+                self._commit_fields()
             else:
                 base = int(f["offsets"][n])
                 for part in _pieces(batch):
@@ -234,24 +235,12 @@ class HDF5Writer(Writer):
         self._deleter.later([s.prepared.shard.path for s in batch
                              if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
 
-    def _commit_fields(self, batch: list[Sample], parts: PartBytes) -> None:
-        """Append each field of ``batch``'s blobs (split at ``add``, or read back from a worker's
-        part file and split here) to its dataset, a run of at most ``_PIECE_BYTES`` at a time."""
-        n, width, at = self._stored, len(self._columns), 0
-        for piece in _pieces(batch):
-            split = self._pending_parts[at:at + len(piece)]
-            if any(p is None for p in split):  # stored by workers: their bytes come from the parts
-                joined, pos, split = memoryview(parts.join(piece)), 0, []
-                for s in piece:
-                    size = stored_size(s)
-                    try:
-                        split.append(split_blob(joined[pos:pos + size], width))
-                        check_parts(self._columns, split[-1])
-                    except ValueError as e:
-                        raise ValueError(f"{s.key}: {e}") from e
-                    pos += size
-            append_columns(self._f, self._columns, n, split)
-            n += len(piece)
+    def _commit_fields(self) -> None:
+        """Append each field of the pending samples (split at ``add``) to its dataset, a run of
+        at most ``_PIECE_BYTES`` at a time."""
+        n, at = self._stored, 0
+        for piece in _pieces(self._pending):
+            append_columns(self._f, self._columns, n + at, self._pending_parts[at:at + len(piece)])
             at += len(piece)
 
     def _reserve(self, nbytes: int) -> None:
