@@ -45,6 +45,33 @@ def _stored_bytes(path: str | os.PathLike, reader: Any) -> int:
     return disk_usage(reader.path)
 
 
+def _field_summaries(schema: Any, blob: bytes) -> dict[str, str]:
+    """One short line per field of a sample (a value, a shape, a size), never the whole value."""
+    try:
+        parts = schema.split(blob)
+    except ValueError as e:
+        return {"(blob)": f"malformed ({e})"}
+    out = {}
+    for f in schema.fields:
+        data = parts[f.name]
+        if f.type_name in ("image", "bytes"):
+            out[f.name] = (f"{sniff_format(data)}, " if f.type_name == "image" else "") + f"{len(data)} bytes"
+            continue
+        try:
+            value = f.decode(data)
+        except ValueError as e:
+            out[f.name] = f"undecodable ({e})"
+            continue
+        if isinstance(value, np.ndarray):
+            out[f.name] = f"{value.dtype}{list(value.shape)}"
+        elif f.type_name == "rle":
+            out[f.name] = f"{len(value)} masks"
+        else:
+            text = repr(value)
+            out[f.name] = text if len(text) <= 40 else text[:37] + "..."
+    return out
+
+
 def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]:
     """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes; for a
     field pack also its schema (``fields``: name -> type), a COCO pack's category map
@@ -75,33 +102,6 @@ def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]
     if m.shards:
         info["shards"] = len(m.shards)
     return info
-
-
-def _field_summaries(schema: Any, blob: bytes) -> dict[str, str]:
-    """One short line per field of a sample (a value, a shape, a size), never the whole value."""
-    try:
-        parts = schema.split(blob)
-    except ValueError as e:
-        return {"(blob)": f"malformed ({e})"}
-    out = {}
-    for f in schema.fields:
-        data = parts[f.name]
-        if f.type_name in ("image", "bytes"):
-            out[f.name] = (f"{sniff_format(data)}, " if f.type_name == "image" else "") + f"{len(data)} bytes"
-            continue
-        try:
-            value = f.decode(data)
-        except ValueError as e:
-            out[f.name] = f"undecodable ({e})"
-            continue
-        if isinstance(value, np.ndarray):
-            out[f.name] = f"{value.dtype}{list(value.shape)}"
-        elif f.type_name == "rle":
-            out[f.name] = f"{len(value)} masks"
-        else:
-            text = repr(value)
-            out[f.name] = text if len(text) <= 40 else text[:37] + "..."
-    return out
 
 
 def render_grid(path: str | os.PathLike, out_png: str | os.PathLike, *, count: int = 16,
