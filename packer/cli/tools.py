@@ -36,10 +36,22 @@ def inspect(path, as_json, grid, show, seed, grid_boxes, grid_labels):
                f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
     if "shards" in info:
         click.echo(f"shards: {info['shards']}")
-    if info["classes"]:
+    if "fields" in info:
+        click.echo("fields: " + ", ".join(f"{name}:{spec}" for name, spec in info["fields"].items()))
+    if info.get("categories"):
+        cats = info["categories"]
+        shown = ", ".join(f"{c['label']}={c.get('id')} {c.get('name')}" for c in cats[:10])
+        click.echo(f"COCO {info.get('coco_kind')} categories (label=id name): {shown}"
+                   + (f" ... ({len(cats)})" if len(cats) > 10 else ""))
+    elif info["classes"]:
         shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
         click.echo(f"classes: {shown}")
     for s in info["samples"]:
+        if "fields" in s:
+            dims = f"  {s['width']}x{s['height']}x{s['channels']}" if s["width"] else ""  # of the first image
+            click.echo(f"  [{s['index']}] {s['key']}{dims}  {s['bytes']} bytes")
+            click.echo("      " + "  ".join(f"{k}={v}" for k, v in s["fields"].items()))
+            continue
         click.echo(f"  [{s['index']}] {s['key']}  label={s['label']}  {s['format']} "
                    f"{s['width']}x{s['height']}x{s['channels']}  {s['bytes']} bytes")
     if grid:

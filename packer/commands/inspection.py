@@ -18,7 +18,7 @@ from packer.remote import open_reader
 from packer.remote.source import RemoteOptions
 from packer.remote.url import is_url
 from packer.codecs.fields import BLOB_FMT
-from packer.codecs.image import decode
+from packer.codecs.image import decode, sniff_format
 from packer.codecs.video_pack import VIDEO_FMT, count_frames, index_mp4, pack_stream, unpack_stream
 from packer.formats.videofiles import MP4_FMT
 
@@ -46,20 +46,58 @@ def _stored_bytes(path: str | os.PathLike, reader: Any) -> int:
     return disk_usage(reader.path)
 
 
+def _field_summaries(schema: Any, blob: bytes) -> dict[str, str]:
+    """One short line per field of a sample (a value, a shape, a size), never the whole value."""
+    try:
+        parts = schema.split(blob)
+    except ValueError as e:
+        return {"(blob)": f"malformed ({e})"}
+    out = {}
+    for f in schema.fields:
+        data = parts[f.name]
+        if f.type_name in ("image", "bytes"):
+            out[f.name] = (f"{sniff_format(data)}, " if f.type_name == "image" else "") + f"{len(data)} bytes"
+            continue
+        try:
+            value = f.decode(data)
+        except ValueError as e:
+            out[f.name] = f"undecodable ({e})"
+            continue
+        if isinstance(value, np.ndarray):
+            out[f.name] = f"{value.dtype}{list(value.shape)}"
+        elif f.type_name == "rle":
+            out[f.name] = f"{len(value)} masks"
+        else:
+            text = repr(value)
+            out[f.name] = text if len(text) <= 40 else text[:37] + "..."
+    return out
+
+
 def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]:
-    """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes."""
+    """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes; for a
+    field pack also its schema (``fields``: name -> type), a COCO pack's category map
+    (``categories``: ``[{label, id, name}]``) and each shown sample's fields, summarized."""
     reader = open_reader(path, check_crc=False)
     m = reader.manifest
     n = len(reader)
+    schema = reader.schema
     samples = []
     for i in range(min(show, n)):
         rec = reader.read(i)
-        samples.append({"index": i, "key": reader.keys[i], "label": rec.label, "bytes": len(rec.data),
-                        "format": rec.fmt, "height": rec.height, "width": rec.width,
-                        "channels": rec.channels})
+        sample = {"index": i, "key": reader.keys[i], "label": rec.label, "bytes": len(rec.data),
+                  "format": rec.fmt, "height": rec.height, "width": rec.width, "channels": rec.channels}
+        if schema is not None and rec.fmt == BLOB_FMT:
+            sample["fields"] = _field_summaries(schema, rec.data)
+        samples.append(sample)
     info = {"path": str(path), "format": m.format, "format_version": m.format_version, "kind": m.kind,
             "count": n, "classes": m.classes, "bytes_on_disk": _stored_bytes(path, reader), "failures": m.failures,
             "created_by": m.created_by, "samples": samples}
+    if schema is not None:
+        info["fields"] = {f.name: f.spec() for f in schema.fields}
+        coco = m.extra.get("coco")
+        if isinstance(coco, dict):
+            info["coco_kind"] = coco.get("kind")
+            info["categories"] = [{"label": k, **c} for k, c in enumerate(coco.get("categories") or [])]
     if m.videos:
         info["videos"] = len(m.videos)
     if m.shards:
@@ -235,13 +273,20 @@ def _verify(path: str | os.PathLike, reader: Any, decode_images: bool, note: str
         elif rec.fmt == BLOB_FMT:  # a field pack: every field decodes, each image field too
             try:
                 parts = reader.schema.split(rec.data)
-                for f in reader.schema.fields:
+            except ValueError as e:
+                raise CorruptData(str(path), f"malformed field blob ({e})", position=f"sample {i}",
+                                  key=reader._key_name(i)) from e
+            for f in reader.schema.fields:
+                try:
                     value = f.decode(parts[f.name])
                     if decode_images and f.type_name == "image":
-                        decode(value)
-            except ValueError as e:
-                raise CorruptData(str(path), f"malformed field ({e})", position=f"sample {i}",
-                                  key=reader._key_name(i)) from e
+                        try:
+                            decode(value)
+                        except ValueError as e:
+                            raise ValueError(f"field {f.name!r}: undecodable image ({e})") from e
+                except ValueError as e:
+                    raise CorruptData(str(path), f"malformed field ({e})", position=f"sample {i}",
+                                      key=reader._key_name(i)) from e
         elif decode_images and rec.fmt != "raw":
             try:
                 decode(rec.data)

@@ -6,8 +6,8 @@ what one machine would have written over the whole input: the same positions, ke
 bytes, classes and ``failures.jsonl`` (unusable input lines are the run's: part 0 records
 them, once); video entries move by the preceding parts' counts.
 
-The checks come first and refuse clearly: the parts must share format, kind and classes,
-their conversion options must agree apart from the shard index, every part must record the
+The checks come first and refuse clearly: the parts must share format, kind and classes
+(field packs also their schema and COCO category map), their conversion options must agree apart from the shard index, every part must record the
 same listing of the whole input (``conversion.inputs.listing``: a tree or list that changed
 between the parts' runs moved the split points), and shard indices must be
 ``0..N-1``, each exactly once (``any_parts=True`` merges any compatible outputs in the given
@@ -135,10 +135,48 @@ def _check_compatible(readers: Sequence[Reader]) -> None:
             if a != b:
                 raise UsageError(f"{r.path}: {what} {b!r} differs from {first.path}'s {a!r}; "
                                  "parts of one dataset share it")
+        _check_same_fields(first, r)  # (before the classes: a COCO pack's are its category names)
         if r.classes != first.classes:
             raise UsageError(f"{r.path}: classes differ from {first.path}'s "
                              f"({len(r.classes)} vs {len(first.classes)} classes); parts of one "
                              "dataset share the class list")
+
+
+def _fields_text(reader: Reader) -> str:
+    schema = reader.schema
+    return "no fields (an image pack)" if schema is None else ", ".join(map(repr, schema.fields))
+
+
+def _check_same_fields(first: Reader, r: Reader) -> None:
+    """Field packs merge only with the same schema, and COCO packs with the same category map
+    (label -> category id and name): the labels of one would mean other classes in the other."""
+    if (r.manifest.schema or None) != (first.manifest.schema or None):
+        raise UsageError(f"{r.path}: its fields ({_fields_text(r)}) differ from {first.path}'s "
+                         f"({_fields_text(first)}); only field packs of one schema merge")
+    a, b = first.manifest.extra.get("coco"), r.manifest.extra.get("coco")
+    if a == b:
+        return
+    if not isinstance(a, dict) or not isinstance(b, dict) or a.get("kind") != b.get("kind"):
+        raise UsageError(f"{r.path}: its COCO annotations ({_coco_text(b)}) differ from {first.path}'s "
+                         f"({_coco_text(a)}); only packs of one kind of COCO file merge")
+    cats_a, cats_b = a.get("categories") or [], b.get("categories") or []
+    diff = next((i for i in range(max(len(cats_a), len(cats_b)))
+                 if i >= len(cats_a) or i >= len(cats_b) or cats_a[i] != cats_b[i]), None)
+    shown = "" if diff is None else (f" (label {diff}: {_category(cats_b, diff)} here, "
+                                     f"{_category(cats_a, diff)} there)")
+    raise UsageError(f"{r.path}: its COCO category map differs from {first.path}'s{shown}; parts of one "
+                     "dataset map categories to labels alike (pack them from one annotation file's categories)")
+
+
+def _coco_text(coco: Any) -> str:
+    return f"a COCO {coco.get('kind')} file" if isinstance(coco, dict) else "no COCO file"
+
+
+def _category(cats: list, i: int) -> str:
+    if i >= len(cats):
+        return "none"
+    c = cats[i]
+    return f"id {c.get('id')} {c.get('name')!r}" if isinstance(c, dict) else repr(c)
 
 
 def _check_disjoint(readers: Sequence[Reader]) -> None:

@@ -266,3 +266,89 @@ def test_killed_part_rerun_with_resume_then_merge(src, tmp_path):
     assert done.returncode == 0, done.stderr
     merge_parts(parts, tmp_path / "merged")
     assert packed_snapshot(tmp_path / "merged") == packed_snapshot(single)
+
+
+# -- field packs (docs/fields.md): one schema and one COCO category map merge, others are refused --
+FIELD_SCHEMA = {"image": "image", "n": "int", "caption": "str", "boxes": "ndarray:float32:*,4"}
+
+
+def _manifest_pack(root: Path, out: Path, fmt: str, rows: range, schema: dict | None = None) -> Path:
+    """A field pack of a JSONL manifest: one image per row (distinct keys per row index)."""
+    import json
+
+    from PIL import Image
+
+    import packer
+
+    (root / "pics").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in rows:
+        Image.new("RGB", (6 + i, 5), (i * 20 % 256, 0, 0)).save(root / "pics" / f"p{i}.png")
+        lines.append(json.dumps({"image": f"pics/p{i}.png", "n": i, "caption": f"row {i}",
+                                 "boxes": [[i, 0, i + 1, 2]] * (i % 3)}))
+    manifest = root / f"rows-{rows.start}-{rows.stop}.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    packer.pack(root, out, format=fmt, manifest=manifest, schema=schema or FIELD_SCHEMA, workers=0)
+    return out
+
+
+def _dicts(path: Path) -> list[dict]:
+    import numpy as np
+
+    from packer import PackedDataset
+
+    ds = PackedDataset(path, decode="bytes")
+    return [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in ds[i].items()} for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("fmt", IMAGE_FORMATS)
+def test_field_packs_of_one_schema_merge(tmp_path, fmt):
+    import packer
+
+    a = _manifest_pack(tmp_path / "src", out_path(tmp_path, fmt, "a"), fmt, range(0, 5))
+    b = _manifest_pack(tmp_path / "src", out_path(tmp_path, fmt, "b"), fmt, range(5, 9))
+    merged = out_path(tmp_path, fmt, "merged")
+    r = CliRunner().invoke(main, ["merge", "--any-parts", str(a), str(b), str(merged)])
+    assert r.exit_code == 0, r.output
+    assert _dicts(merged) == _dicts(a) + _dicts(b)
+    assert open_reader(merged).manifest.schema == open_reader(a).manifest.schema
+    assert packer.verify(merged).checked == 9
+    again = out_path(tmp_path, fmt, "again")  # the library call does the same
+    packer.merge([a, b], again, any_parts=True)
+    assert packed_snapshot(again) == packed_snapshot(merged)
+
+
+@pytest.mark.parametrize("fmt", IMAGE_FORMATS)
+def test_field_packs_of_other_schemas_or_image_packs_are_refused(src, tmp_path, fmt):
+    a = _manifest_pack(tmp_path / "src", out_path(tmp_path, fmt, "a"), fmt, range(0, 4))
+    b = _manifest_pack(tmp_path / "src", out_path(tmp_path, fmt, "b"), fmt, range(4, 8),
+                       schema={**FIELD_SCHEMA, "n": "float"})
+    _refused([a, b], tmp_path / "m", r"its fields \(.*n:float.*\) differ from .*n:int.*only field packs of one "
+                                     r"schema merge", any_parts=True)
+    images = out_path(tmp_path, fmt, "images")
+    pack_images(src, images, format=fmt, run_options=RunOptions(workers=0, max_failures=3))
+    _refused([a, images], tmp_path / "m", r"its fields \(no fields \(an image pack\)\) differ", any_parts=True)
+
+
+@pytest.mark.parametrize("fmt", IMAGE_FORMATS)
+def test_coco_packs_of_other_category_maps_are_refused(tmp_path, fmt):
+    import json
+
+    import packer
+
+    pytest.importorskip("pycocotools")
+    from tests.support.coco import make_coco
+
+    made = make_coco(tmp_path, n_images=4)
+    data = json.loads(made["instances"].read_text())
+    part = out_path(tmp_path, fmt, "part")
+    packer.pack(tmp_path, part, format=fmt, coco=made["instances"], workers=0)
+    moved = dict(data, categories=[dict(c, id=8) if c["id"] == 7 else c for c in data["categories"]],
+                 annotations=[dict(a, category_id=8) if a["category_id"] == 7 else a for a in data["annotations"]])
+    (tmp_path / "moved.json").write_text(json.dumps(moved))
+    other = out_path(tmp_path, fmt, "other")  # the same names, label 2 now category id 8
+    packer.pack(tmp_path, other, format=fmt, coco=tmp_path / "moved.json", workers=0)
+    assert open_reader(other).classes == open_reader(part).classes
+    _refused([part, other], tmp_path / "m", r"COCO category map differs .*\(label 2: id 8 'cat7' here, "
+                                            r"id 7 'cat7' there\)", any_parts=True)
+    _refused([part, other], tmp_path / "m", r"COCO category map differs")  # as parts of one run too

@@ -6,9 +6,12 @@ naming it, in every format, also read through ``StreamingDataset`` (DataLoader w
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +67,9 @@ def _flip_field(out: Path, fmt: str, field: str) -> None:
         length, pos = decode_varint(bytes(raw[at + 1:at + 11]), 0)
         raw[at + 1 + pos + length - 1] ^= 0x04  # the Feature's last byte
         shard.write_bytes(bytes(raw))
+        return
+    if fmt == "hdf5":  # a dataset per field (docs/fields.md): flip a byte of the sample's rows
+        _flip_h5(out, f"fields/{field}", f"field_offsets/{field}")
         return
     blob = r.read(SAMPLE).data
     parts = schema.split(blob)
@@ -267,3 +273,50 @@ def test_a_manifest_image_that_is_missing_fails_that_row_only(tmp_path):
     report = packer.pack(tmp_path, tmp_path / "out", manifest=path, workers=0, max_failures=5)
     (failure,) = report.failures
     assert failure["stage"] == "read" and failure["key"] == "gone.png" and report.count == 2
+
+
+# -- HDF5: a dataset per field (docs/fields.md); a flip in a field's offsets is caught too --
+def _file_offset(dset, row: int, inside: int) -> int:
+    """Where byte ``inside`` of row ``row`` of a dataset chunked along its first axis is in the file."""
+    rows = dset.chunks[0]
+    info = dset.id.get_chunk_info_by_coord((row // rows * rows,) + (0,) * (dset.ndim - 1))
+    return info.byte_offset + (row % rows) * dset.dtype.itemsize * int(np.prod(dset.shape[1:])) + inside
+
+
+def _flip_h5(out: Path, path: str, offsets: str, *, in_offsets: bool = False) -> None:
+    """Flip one bit of sample ``SAMPLE``'s rows of dataset ``path`` (of its end offset when
+    ``in_offsets``), found through h5py as a user reading the file would."""
+    with h5py.File(out, "r") as f:
+        data = f[path]
+        row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:]))
+        if in_offsets:
+            at = _file_offset(f[offsets], SAMPLE + 1, 0)  # the low byte of the end of the sample's rows
+        elif offsets in f:
+            a, b = (int(v) for v in f[offsets][SAMPLE:SAMPLE + 2])
+            assert b > a
+            middle = (b - a) * row_bytes // 2
+            at = _file_offset(data, a + middle // row_bytes, middle % row_bytes)
+        else:
+            at = _file_offset(data, SAMPLE, row_bytes // 2)
+    raw = bytearray(out.read_bytes())
+    raw[at] ^= 0x01
+    out.write_bytes(bytes(raw))
+
+
+VARIABLE = [f for f in FIELDS if f not in ("image_id", "orig_size")]
+
+
+@pytest.mark.parametrize("field", VARIABLE)
+def test_a_flipped_bit_in_a_field_offsets_dataset_of_hdf5_is_corrupt_data(packed, tmp_path, field):
+    """HDF5 keeps a variable-length field's offsets outside the sample's bytes: the CRC32C of the
+    blob rebuilt from them still covers them."""
+    out = out_path(tmp_path, "hdf5")
+    shutil.copy(packed["hdf5"], out)
+    key = open_reader(out).keys[SAMPLE]
+    _flip_h5(out, f"fields/{field}", f"field_offsets/{field}", in_offsets=True)
+    ds = packer.PackedDataset(out, decode="bytes")
+    ds[0]  # sample 0's rows are where they were
+    with pytest.raises(CorruptData, match=rf"sample {SAMPLE} \(key '{re.escape(key)}'\)"):
+        ds[SAMPLE]
+    problems = verify_dataset(out).problems
+    assert any(key in p for p in problems), problems

@@ -6,6 +6,10 @@ Datasets (N samples, in packed order):
   and ``offsets`` (int64, N+1): sample i is ``blobs[offsets[i]:offsets[i+1]]``, one positioned
   read; ``shapes`` (uint32, Nx3: height, width, channels as stored);
 * raw pixels (``to-hdf5 --raw``): ``pixels`` (uint8, NxHxWxC, one chunk per sample);
+* a field pack (``--coco``, ``--manifest``): a dataset per field, ``fields/<name>`` (N rows of a
+  fixed-size field, or every sample's rows of a variable-length one back to back with
+  ``field_offsets/<name>``, int64 N+1), and ``shapes`` of the first image field
+  (``packer.formats.hdf5.columns``; ``crc32c`` is then of the sample's field blob);
 * always ``labels`` (int64), ``keys`` (utf-8 strings), ``crc32c`` (uint32, of the stored bytes);
 * videos add ``video_offsets`` (int64, V+1), ``video_labels`` (int64), ``video_keys``.
 

@@ -10,9 +10,10 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from packer.codecs.fields import BLOB_FMT
+from packer.codecs.fields import BLOB_FMT, encode_blob
 from packer.codecs.image import sniff_format
 from packer.errors import CorruptData, FormatError, OutputChanged
+from packer.formats.hdf5.columns import FIELDS_GROUP, FieldColumns, chunk_table, read_rows
 from packer.formats.hdf5.layout import H5_ERRORS, HDF5_SUFFIXES, MANIFEST_ATTR, has_signature
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
@@ -22,43 +23,28 @@ from packer.manifest import Manifest
 __all__ = ["HDF5Reader"]
 
 
-def _chunk_table(dset: h5py.Dataset) -> np.ndarray | None:
-    """File offsets of the chunks of ``dset``, by chunk number along axis 0, when its stored
-    bytes can be read straight from the file: no filters, chunked along axis 0 only, every
-    chunk allocated. None otherwise (then reads go through HDF5)."""
-    chunks = dset.chunks
-    if (chunks is None or tuple(chunks[1:]) != tuple(dset.shape[1:]) or not hasattr(dset.id, "chunk_iter")
-            or dset.id.get_create_plist().get_nfilters() != 0):
-        return None
-    table = np.full(-(-dset.shape[0] // chunks[0]), -1, dtype=np.int64)
-
-    def visit(info: Any) -> None:
-        table[info.chunk_offset[0] // chunks[0]] = info.byte_offset
-
-    dset.id.chunk_iter(visit)
-    return table if table.size == 0 or table.min() >= 0 else None
-
-
 _OPEN_LOCK = threading.Lock()
 
 
 @dataclass
 class _Open:
     """This process's open file, the small per-sample tables (loaded once) and, for direct
-    positioned reads, a plain file descriptor and the data chunks' file offsets."""
+    positioned reads, a plain file descriptor and the data chunks' file offsets. A field pack
+    has ``columns`` (its dataset per field) and no ``data``."""
 
     file: h5py.File
-    data: h5py.Dataset
+    data: h5py.Dataset | None
     labels: np.ndarray
     crcs: np.ndarray
     offsets: np.ndarray | None
     shapes: np.ndarray | None
     fd: int = -1
     chunk_offsets: np.ndarray | None = None
+    columns: FieldColumns | None = None
 
     def __post_init__(self) -> None:  # h5py property lookups cost microseconds: ask once
-        self.shape = tuple(self.data.shape)
-        self.chunk_len = self.data.chunks[0] if self.data.chunks else 0
+        self.shape = tuple(self.data.shape) if self.data is not None else ()
+        self.chunk_len = self.data.chunks[0] if self.data is not None and self.data.chunks else 0
         self.sample_bytes = int(np.prod(self.shape[1:]))
 
     def close(self) -> None:
@@ -73,13 +59,8 @@ class _Open:
             return (self.data[index] if self.offsets is None else self.data[start:end]).tobytes()
         if self.offsets is None:  # one chunk per sample: one positioned read
             return self._pread(self.sample_bytes, int(self.chunk_offsets[index]))
-        parts = []
-        while start < end:  # one positioned read, two where a sample crosses a chunk boundary
-            k, at = divmod(start, self.chunk_len)
-            n = min(end - start, self.chunk_len - at)
-            parts.append(self._pread(n, int(self.chunk_offsets[k]) + at))
-            start += n
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        # one positioned read, two where a sample crosses a chunk boundary
+        return read_rows(self.fd, self.chunk_offsets, self.chunk_len, start, end)
 
     def _pread(self, n: int, at: int) -> bytes:
         data = os.pread(self.fd, n, at)
@@ -130,18 +111,32 @@ class HDF5Reader(Reader):
         if self._h is not None and self._h.fd >= 0:  # inherited across fork: drop the parent's
             os.close(self._h.fd)  # (this process's copy of the descriptor only)
         self._h = None
+        columns, f, schema = None, None, self.schema
         try:
             f = h5py.File(self.path, "r", rdcc_nbytes=0)
             raw = "pixels" in f
             n = len(self)
             labels = f["labels"][:]
             crcs = f["crc32c"][:]
-            offsets = None if raw else f["offsets"][:]
             shapes = None if raw else f["shapes"][:]
-            data = f["pixels"] if raw else f["blobs"]
+            fields = FIELDS_GROUP in f
+            if schema is not None and fields:  # a field pack: a dataset per field
+                columns = FieldColumns(f, schema, n)
+                offsets = data = None
+            elif schema is None and not fields:
+                offsets = None if raw else f["offsets"][:]
+                data = f["pixels"] if raw else f["blobs"]
         except H5_ERRORS as e:
+            if f is not None:
+                f.close()
             self._check_unchanged()  # gone because the output was replaced: say so
             raise CorruptData(str(self.path), f"cannot read HDF5 datasets ({e})") from e
+        if (schema is not None) != fields:
+            f.close()
+            raise FormatError(f"{self.path}: the manifest {'has' if schema is not None else 'has no'} field "
+                              f"schema, the file {'has' if fields else 'has no'} '{FIELDS_GROUP}' datasets "
+                              "(a field pack of a development version of packer kept one blob per sample: "
+                              "pack it again)")
         for name, arr, want in (("labels", labels, n), ("crc32c", crcs, n),
                                 ("offsets", offsets, n + 1), ("shapes", shapes, n)):
             if arr is not None and arr.shape[0] != want:
@@ -158,11 +153,15 @@ class HDF5Reader(Reader):
         except CorruptData:
             f.close()
             raise
-        h = _Open(f, data, labels, crcs, offsets, shapes)
-        if raw and data.chunks != (1,) + data.shape[1:]:
+        h = _Open(f, data, labels, crcs, offsets, shapes, columns=columns)
+        if columns is not None:
+            table = None
+            if columns.direct:
+                h.fd = os.open(self.path, os.O_RDONLY)
+        elif raw and data.chunks != (1,) + data.shape[1:]:
             table = None  # several samples per chunk: read through HDF5
         else:
-            table = _chunk_table(data)
+            table = chunk_table(data)
         if table is not None:
             h.fd, h.chunk_offsets = os.open(self.path, os.O_RDONLY), table
         try:  # both handles opened the file the manifest came from, not an --overwrite's new one
@@ -201,7 +200,11 @@ class HDF5Reader(Reader):
         index = self._check_index(index)
         h = self._open()
         try:
-            if h.offsets is None:
+            if h.columns is not None:
+                data = encode_blob(h.columns.read(index, h.fd))
+                height, width, channels = (int(v) for v in h.shapes[index])
+                fmt = BLOB_FMT
+            elif h.offsets is None:
                 data = h.read_bytes(index, 0, 0)
                 height, width, channels = h.shape[1:]
                 fmt = "raw"
@@ -213,7 +216,7 @@ class HDF5Reader(Reader):
                                       key=self._key_name(index))
                 data = h.read_bytes(index, start, end)
                 height, width, channels = (int(v) for v in h.shapes[index])
-                fmt = BLOB_FMT if self.manifest.schema else sniff_format(data)
+                fmt = sniff_format(data)
         except H5_ERRORS as e:
             raise CorruptData(str(self.path), f"HDF5 read failed ({e})", position=f"sample {index}",
                               key=self._key_name(index)) from e
@@ -227,6 +230,9 @@ class HDF5Reader(Reader):
         except CorruptData as e:
             yield e
             return
+        if h.columns is not None:
+            for problem in h.columns.problems():
+                yield CorruptData(str(self.path), problem)
         if h.offsets is not None:
             o = h.offsets
             if o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != h.data.shape[0]:

@@ -8,8 +8,11 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
+from packer.codecs.fields import BLOB_FMT, split_blob
 from packer.errors import CorruptData
 from packer.formats.hdf5 import FORMAT
+from packer.formats.hdf5.columns import (FIELDS_GROUP, Column, append_columns, check_parts, columns_of,
+                                         create_columns, cut_back_columns, iter_blobs)
 from packer.formats.hdf5.layout import BLOB_CHUNK, H5_ERRORS, MANIFEST_ATTR, TABLE_CHUNK
 from packer.formats.hdf5.parts import Deleter, PartBytes, part_record, stored_size
 from packer.formats.reader import Reader
@@ -37,7 +40,8 @@ def _append(dset: h5py.Dataset, values: Any) -> None:
 
 
 class HDF5Writer(Writer):
-    """Writes one ``.h5`` file: encoded blobs + offsets, or fixed-size raw ``pixels``.
+    """Writes one ``.h5`` file: encoded blobs + offsets, fixed-size raw ``pixels``, or for a
+    field pack (``schema`` set) a dataset per field (``packer.formats.hdf5.columns``).
 
     Args:
         pixels_shape: ``(height, width, channels)`` to store raw pixels (samples with
@@ -66,6 +70,8 @@ class HDF5Writer(Writer):
         self.chunk_bytes = chunk_bytes
         self._f: h5py.File | None = None
         self._pending: list[Sample] = []
+        self._pending_parts: list[list[memoryview]] = []  # a field pack's pending blobs, split
+        self._columns: list[Column] = []  # a field pack's datasets (set at open, once the schema is)
         self._deleter = Deleter()
 
     @classmethod
@@ -79,6 +85,8 @@ class HDF5Writer(Writer):
     # -- opening -------------------------------------------------------------------------
     def _open(self, resume_samples: int) -> None:
         self._pending = []
+        self._pending_parts = []
+        self._columns = columns_of(self.schema) if self.schema is not None else []
         remove_segment_files(self.segment_dir)  # a killed run's workers' parts: redone from the inputs
         if self.workdir.exists():
             try:
@@ -105,7 +113,12 @@ class HDF5Writer(Writer):
         table("labels", "i8")
         table("keys", h5py.string_dtype("utf-8"), chunk=4096)
         table("crc32c", "u4")
-        if self.pixels_shape is not None:
+        if self.schema is not None:  # a field pack: a dataset per field, the first image's shapes
+            if self.pixels_shape is not None:
+                raise ValueError("a field pack stores encoded images; raw pixels (pixels_shape) do not apply")
+            table("shapes", "u4", (3,))
+            create_columns(f, self.schema, chunk_bytes=self.chunk_bytes)
+        elif self.pixels_shape is not None:
             table("pixels", "u1", self.pixels_shape, chunk=1)
         else:
             table("blobs", "u1", chunk=self.chunk_bytes)
@@ -116,6 +129,17 @@ class HDF5Writer(Writer):
     def _cut_back(self, n: int) -> None:
         f = self._f
         raw = "pixels" in f
+        if (FIELDS_GROUP in f) != (self.schema is not None):
+            raise ValueError("the interrupted output was written in another layout (a dataset per field "
+                             "vs one per sample)")
+        if self.schema is not None:
+            for name in ("labels", "keys", "crc32c", "shapes"):
+                if f[name].shape[0] < n:
+                    raise ValueError(f"dataset {name!r} holds {f[name].shape[0]} samples, fewer than {n}")
+                f[name].resize(n, axis=0)
+            cut_back_columns(f, self.schema, n)
+            self._stored = n
+            return
         if raw != (self.pixels_shape is not None):
             raise ValueError("the interrupted output was written in the other layout (raw vs encoded)")
         if raw and f["pixels"].shape[1:] != self.pixels_shape:
@@ -137,7 +161,8 @@ class HDF5Writer(Writer):
     def _check_prefix(self, n: int) -> None:
         """The kept samples must match the CRC journal, stored and recomputed."""
         stored = self._f["crc32c"][:n]
-        for i, (data, crc) in enumerate(zip(_iter_stored(self._f, n), self.crcs)):
+        blobs = iter_blobs(self._f, self.schema, n) if self.schema is not None else _iter_stored(self._f, n)
+        for i, (data, crc) in enumerate(zip(blobs, self.crcs)):
             if crc32c(data) != crc or int(stored[i]) != crc:
                 self._close_handles()
                 raise CorruptData(str(self.workdir), "the interrupted output does not match its journal; "
@@ -155,6 +180,19 @@ class HDF5Writer(Writer):
                                  f"got {sample.fmt} {shape} ({size} bytes)")
         elif sample.fmt == "raw":
             raise ValueError(f"{sample.key}: raw pixels need an HDF5Writer made with pixels_shape")
+        if (sample.fmt == BLOB_FMT) != (self.schema is not None):
+            raise ValueError(f"{sample.key}: a field sample needs a writer with a schema, and a writer with "
+                             f"a schema field samples (got {sample.fmt!r})")
+        if self.schema is not None:  # refused here, not halfway through a commit
+            if stored is not None:  # (field packs run on the item executors: samples come back whole)
+                raise ValueError(f"{sample.key}: a field sample is split into its fields here, not stored by "
+                                 "a worker")
+            try:
+                parts = split_blob(sample.data, len(self._columns))
+                check_parts(self._columns, parts)
+            except ValueError as e:
+                raise ValueError(f"{sample.key}: {e}") from e
+            self._pending_parts.append(parts)
         self._pending.append(sample)
         if stored is not None:  # in a worker's part file: its size counts toward the commit here
             if stored.part is None:
@@ -178,20 +216,32 @@ class HDF5Writer(Writer):
                 for part in _pieces(batch):
                     data = np.frombuffer(parts.join(part), dtype=np.uint8)
                     _append(f["pixels"], data.reshape((len(part),) + self.pixels_shape))
+            elif self.schema is not None:
+                self._commit_fields()
             else:
                 base = int(f["offsets"][n])
                 for part in _pieces(batch):
                     _append(f["blobs"], np.frombuffer(parts.join(part), dtype=np.uint8))
                 _append(f["offsets"], base + np.cumsum(sizes, dtype="i8"))
+            if self.pixels_shape is None:
                 _append(f["shapes"], np.array([(s.height, s.width, s.channels) for s in batch], dtype="u4"))
         f.flush()
         os.fsync(f.id.get_vfd_handle())
         self._stored = n + k
         self._pending = []
+        self._pending_parts = []
         # a part whose last sample is now in the file is done with; deleting it frees its page
         # cache, kernel work that grows with its size, done on a thread beside the next batch
         self._deleter.later([s.prepared.shard.path for s in batch
                              if isinstance(s.prepared, Stored) and s.prepared.shard is not None])
+
+    def _commit_fields(self) -> None:
+        """Append each field of the pending samples (split at ``add``) to its dataset, a run of
+        at most ``_PIECE_BYTES`` at a time."""
+        n, at = self._stored, 0
+        for piece in _pieces(self._pending):
+            append_columns(self._f, self._columns, n + at, self._pending_parts[at:at + len(piece)])
+            at += len(piece)
 
     def _reserve(self, nbytes: int) -> None:
         """Allocate room for the next commit before HDF5 writes a byte of it.
