@@ -40,8 +40,8 @@ from tqdm import tqdm
 
 from packer.claim import Claim
 from packer.codecs.fields import BLOB_FMT
-from packer.commands.export_shards import (SHARD_WRITERS, Column, ExportFailure, ShardWriter, columns_of,
-                                           image_columns, int64_bytes, tar_key)
+from packer.commands.export_shards import (SHARD_WRITERS, Column, ExportFailure, MalformedField, ShardWriter,
+                                           columns_of, image_columns, int64_bytes, tar_key)
 from packer.conversion.runner import Report, check_output_arg
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
 from packer.fileio import file_sha256, parse_bytes, remove_path
@@ -163,22 +163,24 @@ def _png(rec: Record) -> bytes:
     from PIL import Image
 
     if rec.channels not in (1, 3, 4) or len(rec.data) != rec.height * rec.width * rec.channels:
-        raise ExportFailure(f"{len(rec.data)} raw bytes do not make {rec.height}x{rec.width}x{rec.channels}")
+        raise MalformedField(f"{len(rec.data)} raw bytes do not make {rec.height}x{rec.width}x{rec.channels}")
     arr = np.frombuffer(rec.data, dtype=np.uint8).reshape(rec.height, rec.width, rec.channels)
     buf = io.BytesIO()
     Image.fromarray(arr[:, :, 0] if rec.channels == 1 else arr).save(buf, format="PNG")
     return buf.getvalue()
 
 
-def _values(reader: Reader, rec: Record, plain: bool) -> list[bytes | memoryview]:
-    """A record's column bytes (the field blob split, or the image and its label)."""
+def _values(reader: Reader, rec: Record, plain: bool, position: int, key: str) -> list[bytes | memoryview]:
+    """A record's column bytes (the field blob split, or the image and its label); CorruptData
+    naming the sample when a field pack's record is no well-formed blob."""
     if not plain:
-        if rec.fmt != BLOB_FMT:
-            raise ExportFailure(f"a field pack's record is {rec.fmt!r}, not a field blob")
         try:
+            if rec.fmt != BLOB_FMT:
+                raise ValueError(f"a field pack's record is {rec.fmt!r}, not a field blob")
             return list(reader.schema.split(rec.data).values())
         except ValueError as e:
-            raise ExportFailure(f"malformed field blob ({e})") from e
+            raise CorruptData(str(reader.path), f"malformed field blob ({e})", position=f"sample {position}",
+                              key=key) from e
     data = _png(rec) if rec.fmt == "raw" else rec.data
     return [data, int64_bytes(rec.label)]
 
@@ -312,7 +314,7 @@ class _Export:
     def _open_shard(self, start: int) -> ShardWriter:
         index = len(self.progress.shards)
         tmp = self.work / f".{_shard_name(index, self.writer_cls.suffix)}.tmp"
-        kwargs: dict[str, Any] = {"columns": self.columns, "plain": self.plain}
+        kwargs: dict[str, Any] = {"columns": self.columns}
         if self.writer_cls.suffix == ".parquet":
             kwargs["metadata"] = {"source": {k: v for k, v in self.source.items() if k != "created_by"}}
         self.shard_start = start
@@ -351,11 +353,15 @@ class _Export:
                 try:
                     if isinstance(rec, CorruptData):
                         raise rec
-                    values = _values(reader, rec, self.plain)
+                    values = _values(reader, rec, self.plain, position, key)
                     tkey = tar_key(key, repeats.get(position, 0))
                     self._add(position, key, tkey, values)
                 except CorruptData as e:  # str(e) names the file, the position and the key
                     self.pending_failures.append(_failure(self.pack, position, key, "read", str(e)))
+                except MalformedField as e:
+                    where = CorruptData(str(reader.path), f"malformed field ({e})", position=f"sample {position}",
+                                        key=key)
+                    self.pending_failures.append(_failure(self.pack, position, key, "read", str(where)))
                 except ExportFailure as e:
                     self.pending_failures.append(_failure(self.pack, position, key, "export",
                                                           f"sample {position} (key {key!r}): {e}"))
@@ -368,15 +374,17 @@ class _Export:
         self.progress.position = n
 
     def _add(self, position: int, key: str, tkey: str, values: list[bytes | memoryview]) -> None:
+        """Store one sample (prepared first: one that cannot be stored touches no shard)."""
+        prepared = self.writer_cls.prepare(self.columns, plain=self.plain, key=key, tkey=tkey, values=values)
         shard = self.shard
         if shard is not None and shard.count and (
                 (self.options.samples_per_shard is not None and shard.count >= self.options.samples_per_shard)
-                or (self.max_bytes is not None and shard.size + shard.cost(values) > self.max_bytes)):
+                or (self.max_bytes is not None and shard.size + shard.cost(prepared) > self.max_bytes)):
             self._finish_shard(position)
             shard = None
         if shard is None:
             shard = self.shard = self._open_shard(position)
-        shard.add(key, tkey, values)
+        shard.add(prepared)
 
     def abort(self) -> None:
         if self.shard is not None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 import tarfile
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from packer.codecs.fields import Field, ImageField, IntField
 from packer.codecs.image import sniff_format
 from packer.errors import UsageError
 
-__all__ = ["Column", "columns_of", "image_columns", "ExportFailure", "tar_key", "image_ext", "EXTENSIONS",
+__all__ = ["Column", "columns_of", "image_columns", "ExportFailure", "MalformedField", "tar_key", "escape_key", "image_ext", "EXTENSIONS",
            "ShardWriter", "TarShard", "ParquetShard", "SHARD_WRITERS", "ROW_GROUP_ROWS", "ROW_GROUP_BYTES",
            "hf_features"]
 
@@ -71,7 +72,20 @@ _TAR_MODE = 0o444
 
 class ExportFailure(ValueError):
     """One sample cannot be exported (its image bytes are of no format a reader names); the
-    command records it as a failure of that sample."""
+    command records it as a failure of that sample (stage ``export``)."""
+
+
+class MalformedField(ValueError):
+    """A stored field's bytes (under a good checksum) do not decode as its type: the sample is
+    damaged, a failure of that sample (stage ``read``)."""
+
+
+def _decoded(f: Field, data: bytes | memoryview) -> Any:
+    """``f.decode(data)``, its ValueError a MalformedField naming the field."""
+    try:
+        return f.decode(data)
+    except ValueError as e:
+        raise MalformedField(str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,7 @@ def image_ext(data: bytes | memoryview) -> str:
 # --------------------------------------------------------------------------- keys in a tar
 
 _KEEP = frozenset("-+,;=@~!$&'()[]{} ")
+_PLAIN = re.compile(r"[A-Za-z0-9_/.\-+,;=@~!$&'()\[\]{} ]*")  # ASCII keys whose only escapes are dots
 
 
 def _escape_char(ch: str) -> str:
@@ -146,6 +161,16 @@ def tar_key(key: str, repeat: int = 0) -> str:
     ``#`` is ``key``. ExportFailure for an empty key (no member name can hold it)."""
     if not key:
         raise ExportFailure("an empty key cannot name a tar sample")
+    if _PLAIN.fullmatch(key) and not key.startswith(("_", "/")) and not key.endswith("/") and "//" not in key:
+        escaped = key.replace(".", "%2E")  # the usual key (a relative path): only its dots move
+    else:
+        escaped = escape_key(key)
+    return escaped + (f"#{repeat + 1}" if repeat else "")
+
+
+def escape_key(key: str) -> str:
+    """``tar_key``'s escape of any key, character by character (the usual key takes a fast path
+    that gives the same string)."""
     parts = []
     for i, part in enumerate(key.split("/")):
         parts.append("".join(ch if ch.isalnum() or ch in _KEEP or (ch == "_" and (i or j)) else _escape_char(ch)
@@ -155,7 +180,7 @@ def tar_key(key: str, repeat: int = 0) -> str:
         # a "/" that would make an empty path part (leading, trailing, doubled) is escaped
         out.append("/" if before and part else "%2F")
         out.append(part)
-    return "".join(out) + (f"#{repeat + 1}" if repeat else "")
+    return "".join(out)
 
 
 def _field_suffix(name: str) -> str:
@@ -167,31 +192,40 @@ def _field_suffix(name: str) -> str:
 
 
 class ShardWriter:
-    """One shard file being written: ``add`` a sample's column bytes, ``close`` it. ``size`` is
-    the shard's bytes so far (Parquet: the payload, what the file grows by) and ``cost`` what one
-    sample adds, so the command can start a new shard before a sample would pass the size."""
+    """One shard file being written. A sample goes in two steps: ``prepare`` (a classmethod)
+    turns its column bytes into what the shard stores, checking every field, so a damaged or
+    unexportable sample fails before any shard is touched; ``cost`` says how many bytes that
+    adds to ``size`` (the shard's bytes so far; Parquet: its samples' bytes), so the command
+    starts a new shard before a sample would pass the size; ``add`` stores it; ``close`` finishes
+    and fsyncs the file."""
 
     suffix: ClassVar[str] = ""
-    library: ClassVar[str] = ""  # what it needs, named in the error when missing
 
-    def __init__(self, path: Path, *, columns: Sequence[Column], plain: bool):
+    def __init__(self, path: Path, *, columns: Sequence[Column]):
         self.path = path
         self.columns = list(columns)
-        self.plain = plain  # an image-and-label pack: WebDataset's usual {key}.jpg / {key}.cls
         self.count = 0
 
     @classmethod
     def check_available(cls) -> None:
         """UsageError naming the extra to install when the library is missing."""
 
+    @classmethod
+    def prepare(cls, columns: Sequence[Column], *, plain: bool, key: str, tkey: str,
+                values: Sequence[bytes | memoryview]) -> Any:
+        """What ``add`` stores of one sample (MalformedField, ExportFailure when it cannot)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def cost(prepared: Any) -> int:
+        """The bytes ``add(prepared)`` adds to ``size``."""
+        raise NotImplementedError
+
     @property
     def size(self) -> int:
         raise NotImplementedError
 
-    def cost(self, values: Sequence[bytes | memoryview]) -> int:
-        raise NotImplementedError
-
-    def add(self, key: str, tkey: str, values: Sequence[bytes | memoryview]) -> None:
+    def add(self, prepared: Any) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -208,46 +242,57 @@ def _npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _member(column: Column, data: bytes | memoryview) -> tuple[str, bytes | memoryview]:
+    """(extension, member bytes) of one column's canonical bytes (``EXTENSIONS``)."""
+    f = column.field
+    kind = f.type_name
+    if kind == "image":
+        return image_ext(data), data
+    ext = EXTENSIONS[kind]
+    if kind == "int":
+        return ext, str(_decoded(f, data)).encode()
+    if kind in ("float", "labels"):
+        return ext, json.dumps(_decoded(f, data)).encode()
+    if kind == "ndarray":
+        return ext, _npy(_decoded(f, data))
+    if kind in ("str", "json", "rle"):
+        _decoded(f, data)  # well-formed UTF-8 text, JSON, an RLE list: what a reader decodes
+    return ext, data  # str (UTF-8), bytes, json and rle (compact JSON): stored as they are
+
+
 class TarShard(ShardWriter):
     """A WebDataset tar shard (see the module docstring)."""
 
     suffix = ".tar"
 
-    def __init__(self, path: Path, *, columns: Sequence[Column], plain: bool):
-        super().__init__(path, columns=columns, plain=plain)
+    def __init__(self, path: Path, *, columns: Sequence[Column]):
+        super().__init__(path, columns=columns)
         self._file = open(path, "wb")
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
+
+    @classmethod
+    def prepare(cls, columns: Sequence[Column], *, plain: bool, key: str, tkey: str,
+                values: Sequence[bytes | memoryview]) -> list[tuple[str, bytes | memoryview]]:
+        """The sample's members, ``(name, bytes)``: ``{key}.{ext}`` (``plain``: an image-and-label
+        pack, WebDataset's usual names) or ``{key}.{field}.{ext}``."""
+        members = []
+        for column, data in zip(columns, values):
+            ext, payload = _member(column, data)
+            members.append((f"{tkey}.{ext}" if plain else f"{tkey}.{_field_suffix(column.name)}.{ext}", payload))
+        return members
+
+    @staticmethod
+    def cost(prepared: list[tuple[str, bytes | memoryview]]) -> int:
+        # each member: a 512-byte header and its data padded to 512 (at most 1,024 bytes more
+        # than its data; a pax header for a name past 100 bytes adds 1,024 more)
+        return sum(len(payload) for _, payload in prepared) + 1024 * len(prepared)
 
     @property
     def size(self) -> int:
         return self._tar.offset
 
-    def cost(self, values: Sequence[bytes | memoryview]) -> int:
-        # each member: a 512-byte header (more for a pax name) and its data padded to 512
-        return sum(512 + -(-len(v) // 512) * 512 for v in values)
-
-    def member(self, column: Column, data: bytes | memoryview) -> tuple[str, bytes | memoryview]:
-        """(extension, member bytes) of one column's canonical bytes."""
-        f = column.field
-        kind = f.type_name
-        if kind == "image":
-            return image_ext(data), data
-        ext = EXTENSIONS[kind]
-        if kind == "int":
-            return ext, str(f.decode(data)).encode()
-        if kind in ("float", "labels"):
-            return ext, json.dumps(f.decode(data)).encode()
-        if kind == "ndarray":
-            return ext, _npy(f.decode(data))
-        return ext, data  # str (UTF-8), bytes, json and rle (compact JSON): stored as they are
-
-    def add(self, key: str, tkey: str, values: Sequence[bytes | memoryview]) -> None:
-        members = []
-        for column, data in zip(self.columns, values):
-            ext, payload = self.member(column, data)
-            name = f"{tkey}.{ext}" if self.plain else f"{tkey}.{_field_suffix(column.name)}.{ext}"
-            members.append((name, payload))
-        for name, payload in members:
+    def add(self, prepared: list[tuple[str, bytes | memoryview]]) -> None:
+        for name, payload in prepared:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
             info.mtime = _TAR_MTIME
@@ -305,27 +350,40 @@ def hf_features(columns: Sequence[Column]) -> dict[str, Any]:
     return out
 
 
+def _cell(f: Field, data: bytes | memoryview) -> Any:
+    """One column's value in a row: bytes for images and bytes, the JSON text for ``json``, the
+    decoded value for the rest (checked here, so a damaged field fails its sample only)."""
+    kind = f.type_name
+    if kind in ("image", "bytes"):
+        return bytes(data)  # the read buffer is not kept alive
+    if kind == "json":
+        _decoded(f, data)
+        return bytes(data).decode("utf-8")
+    return _decoded(f, data)
+
+
 class ParquetShard(ShardWriter):
     """A Parquet file of the columns (see the module docstring)."""
 
     suffix = ".parquet"
 
-    def __init__(self, path: Path, *, columns: Sequence[Column], plain: bool, metadata: dict[str, Any] | None = None):
-        super().__init__(path, columns=columns, plain=plain)
+    def __init__(self, path: Path, *, columns: Sequence[Column], metadata: dict[str, Any] | None = None):
+        super().__init__(path, columns=columns)
         pa = self._pa = _require_pyarrow()
         import pyarrow.parquet as pq
 
+        names = ["__key__"] + [c.name for c in columns]
         fields = [pa.field("__key__", pa.string())] + [pa.field(c.name, _arrow_type(pa, c.field)) for c in columns]
         meta = {"huggingface": json.dumps({"info": {"features": hf_features(columns)}})}
         if metadata:
             meta["packer"] = json.dumps(metadata, sort_keys=True)
         self.schema = pa.schema(fields, metadata=meta)
-        images = [c.name for c in columns if c.type_name == "image"]
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression={
-            name: ("NONE" if name in images else "SNAPPY") for name in ["__key__"] + [c.name for c in columns]},
+        images = {c.name for c in columns if c.type_name == "image"}
+        self._writer = pq.ParquetWriter(
+            str(path), self.schema, compression={name: "NONE" if name in images else "SNAPPY" for name in names},
             use_dictionary=["__key__"] + [c.name for c in columns if c.type_name in ("int", "str")],
             write_statistics=["__key__"] + [c.name for c in columns if c.type_name in ("int", "float")])
-        self._rows: list[tuple[str, Sequence[bytes | memoryview]]] = []
+        self._rows: list[tuple[str, list[Any]]] = []
         self._pending = 0
         self._size = 0
 
@@ -333,16 +391,23 @@ class ParquetShard(ShardWriter):
     def check_available(cls) -> None:
         _require_pyarrow()
 
+    @classmethod
+    def prepare(cls, columns: Sequence[Column], *, plain: bool, key: str, tkey: str,
+                values: Sequence[bytes | memoryview]) -> tuple[str, list[Any], int]:
+        """``(key, the row's cells, its bytes)``."""
+        return key, [_cell(c.field, v) for c, v in zip(columns, values)], sum(len(v) for v in values)
+
+    @staticmethod
+    def cost(prepared: tuple[str, list[Any], int]) -> int:
+        return prepared[2]
+
     @property
     def size(self) -> int:
         return self._size
 
-    def cost(self, values: Sequence[bytes | memoryview]) -> int:
-        return sum(len(v) for v in values)
-
-    def add(self, key: str, tkey: str, values: Sequence[bytes | memoryview]) -> None:
-        cost = self.cost(values)
-        self._rows.append((key, [bytes(v) for v in values]))  # the read buffer is not kept alive
+    def add(self, prepared: tuple[str, list[Any], int]) -> None:
+        key, cells, cost = prepared
+        self._rows.append((key, cells))
         self._pending += cost
         self._size += cost
         self.count += 1
@@ -357,21 +422,16 @@ class ParquetShard(ShardWriter):
             return pa.StructArray.from_arrays([pa.array(data, pa.binary()),
                                                pa.array([row[0] for row in self._rows], pa.string())],
                                               names=["bytes", "path"])
-        if kind == "ndarray":
-            arrays = [f.decode(d) for d in data]
-            flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, f.dtype_name)
+        if kind == "ndarray":  # flat values, a fixed size list per fixed dimension, offsets for the first
+            flat = np.concatenate([a.reshape(-1) for a in data])
             values = pa.array(flat.astype(f.dtype_name, copy=False))
             for d in reversed(f.shape[1:]):
                 values = pa.FixedSizeListArray.from_arrays(values, d)
             if f.shape[0] is not None:
                 return pa.FixedSizeListArray.from_arrays(values, f.shape[0])
-            offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int32)
+            offsets = np.concatenate([[0], np.cumsum([len(a) for a in data])]).astype(np.int32)
             return pa.ListArray.from_arrays(pa.array(offsets), values)
-        if kind in ("json",):
-            return pa.array([d.decode("utf-8") for d in data], pa.string())
-        if kind == "bytes":
-            return pa.array(data, pa.binary())
-        return pa.array([f.decode(d) for d in data], _arrow_type(pa, f))
+        return pa.array(data, _arrow_type(pa, f))
 
     def _flush(self) -> None:
         if not self._rows:

@@ -14,11 +14,13 @@ from urllib.parse import unquote
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
 import packer
 from packer.commands.export import EXPORT_NAME, load_export
-from packer.commands.export_shards import tar_key
+from packer.commands.export_shards import escape_key, tar_key
 from packer.errors import CorruptData, ResumeRefused, UsageError
 from packer.formats import FORMATS, open_reader
 from packer.synth import natural_image
@@ -126,7 +128,7 @@ def test_shards_have_the_size_asked_and_the_record_lists_them(packs, tmp_path):
     import hashlib
 
     want = stored(packs["lmdb"])
-    sizes = [512 + -(-len(d) // 512) * 512 + 1024 for _, d, _ in want]  # image + cls member
+    sizes = [len(d) + 1 + 2048 for _, d, _ in want]  # the image and the label (1 digit), each with its header
     out = tmp_path / "wds"
     packer.export(packs["lmdb"], out, to="wds", shard_size=3 * max(sizes))
     record = load_export(out)
@@ -285,6 +287,16 @@ def test_tar_key_reverses_and_splits_where_webdataset_splits(key):
     assert unquote(escaped) == key and "." not in escaped and "#" not in escaped
     assert base_plus_ext(f"{escaped}.field.jpg") == (escaped, "field.jpg")
     assert not escaped.startswith("__") and "//" not in escaped and not escaped.startswith("/")
+
+
+@given(st.text(min_size=1, max_size=40).filter(lambda k: not any(0xD800 <= ord(c) < 0xE000 for c in k)))
+def test_any_key_escapes_reversibly_and_splits_where_webdataset_splits(key):
+    from webdataset.tariterators import base_plus_ext
+
+    escaped = tar_key(key)
+    assert unquote(escaped) == key and "." not in escaped and "#" not in escaped
+    assert base_plus_ext(f"{escaped}.jpg") == (escaped, "jpg") and not escaped.startswith(("__", "/"))
+    assert escape_key(key) == escaped  # the fast path gives what the general escape gives
 
 
 def test_fields_that_differ_only_in_case_are_refused(tmp_path):

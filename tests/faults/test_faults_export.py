@@ -88,6 +88,44 @@ def test_a_damaged_sample_is_recorded_never_exported(packs, tmp_path, fmt, to):
     assert allowed.count == 13 and allowed.failed == 1
 
 
+@pytest.mark.parametrize("to", TARGETS)
+@pytest.mark.parametrize("bad", ["blob", "int", "ndarray", "str", "json"])
+def test_a_malformed_field_under_a_good_checksum_is_recorded_never_exported(tmp_path, bad, to):
+    """A field pack whose sample 1 was stored malformed (its CRC32C covers the bad bytes): the
+    export records it at stage read, naming the field, and exports the other samples."""
+    import numpy as np
+    from PIL import Image
+
+    from packer.codecs.fields import BLOB_FMT, Schema, encode_blob
+    from packer.formats.sample import Sample
+
+    schema = Schema({"image": "image", "id": "int", "box": "ndarray:float32:*,4", "text": "str", "meta": "json"})
+    png = tmp_path / "a.png"
+    Image.new("RGB", (6, 4), (9, 8, 7)).save(png)
+    good = {"image": png.read_bytes(), "id": 7, "box": np.ones((2, 4), np.float32), "text": "ok", "meta": {"a": 1}}
+    parts = [f.encode(good[f.name]) for f in schema.fields]
+    broken = list(parts)
+    if bad == "blob":
+        blob = encode_blob(broken)[:-3]  # sizes that do not add up
+    else:
+        at = schema.names.index({"int": "id", "ndarray": "box", "str": "text", "json": "meta"}[bad])
+        broken[at] = {"int": b"\x01\x02\x03", "ndarray": b"\x00" * 10, "str": b"\xff\xfe", "json": b"{oops"}[bad]
+        blob = encode_blob(broken)
+    pack = tmp_path / "fields"
+    writer = FORMATS["lmdb"][0](pack, classes=[])
+    writer.schema = schema
+    with writer:
+        for i, data in enumerate([encode_blob(parts), blob, encode_blob(parts)]):
+            writer.add(Sample(f"s{i}.png", data, BLOB_FMT, -1, 4, 6, 3))
+        writer.close()
+    report = packer.export(pack, tmp_path / "out", to=to, max_failures=1)
+    assert report.count == 2 and report.failed == 1
+    (failure,) = report.failures
+    assert failure["position"] == 1 and failure["key"] == "s1.png" and failure["stage"] == "read"
+    assert "malformed field" in failure["reason"] and "'s1.png'" in failure["reason"]
+    assert [s["count"] for s in load_export(tmp_path / "out")["shards"]] == [2]
+
+
 def _files(out: Path) -> dict[str, bytes]:
     """An export's files; its record without ``created_by`` (the command line differs: --resume)."""
     got = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
