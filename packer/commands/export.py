@@ -44,7 +44,7 @@ from packer.commands.export_shards import (SHARD_WRITERS, Column, ExportFailure,
                                            columns_of, image_columns, int64_bytes, tar_key)
 from packer.conversion.runner import Report, check_output_arg
 from packer.errors import CorruptData, ResumeRefused, UsageError, WriteError
-from packer.fileio import file_sha256, parse_bytes, remove_path
+from packer.fileio import file_sha256, fsync_path, parse_bytes, remove_path
 from packer.formats import Reader
 from packer.formats.sample import Record
 from packer.formats.sidecars import fsync_append, partial_path, write_failures
@@ -223,14 +223,6 @@ def _shard_name(index: int, suffix: str) -> str:
     return f"shard-{index:06d}{suffix}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class _Progress:
     """The journaled shards and the failures so far; where the next sample is read."""
@@ -328,7 +320,7 @@ class _Export:
         shard.close()
         name = _shard_name(len(self.progress.shards), shard.suffix)
         os.replace(shard.path, self.work / name)
-        _fsync_dir(self.work)
+        fsync_path(self.work)
         path = self.work / name
         entry = {"file": name, "start": self.shard_start, "stop": stop, "count": shard.count,
                  "bytes": path.stat().st_size, "sha256": file_sha256(path), "failures": self.pending_failures}
@@ -455,14 +447,14 @@ def _publish(exp: _Export, out: Path, work: Path, options: dict[str, Any], overw
     recheck = exp.guard.before_publish() if exp.guard is not None else (lambda: None)
     (work / _STATE).unlink(missing_ok=True)
     (work / _JOURNAL).unlink(missing_ok=True)
-    _fsync_dir(work)
+    fsync_path(work)
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise UsageError(f"{out}: exists (use --overwrite or --resume)")
         remove_path(out)
     recheck()
     os.replace(work, out)
-    _fsync_dir(out.parent)
+    fsync_path(out.parent)
 
 
 def export_pack(pack: str | os.PathLike, out: str | os.PathLike, *, options: ExportOptions, resume: bool = False,

@@ -45,6 +45,7 @@ import numpy as np
 from packer.codecs.fields import Field, ImageField, IntField
 from packer.codecs.image import sniff_format
 from packer.errors import UsageError
+from packer.fileio import fsync_path
 
 __all__ = ["Column", "columns_of", "image_columns", "ExportFailure", "MalformedField", "tar_key", "escape_key", "image_ext", "EXTENSIONS",
            "ShardWriter", "TarShard", "ParquetShard", "SHARD_WRITERS", "ROW_GROUP_ROWS", "ROW_GROUP_BYTES",
@@ -446,11 +447,7 @@ class ParquetShard(ShardWriter):
     def close(self) -> None:
         self._flush()
         self._writer.close()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(self.path)
 
     def abort(self) -> None:
         try:

@@ -66,14 +66,6 @@ def _values(pack: Path):
         env.close()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def bare_tar(pack: Path, out: Path, shard_bytes: int, checks: bool) -> int:
     """The bare loop: LMDB values -> tar members, shards of ``shard_bytes``; ``checks``: the CRC32C
     of each value against checksums.bin, the sha256 of each shard."""
@@ -121,6 +113,8 @@ def bare_parquet(pack: Path, out: Path, shard_bytes: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from packer.fileio import fsync_path
+
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     schema = pa.schema([("__key__", pa.string()), ("image", image), ("label", pa.int64())])
     out.mkdir(parents=True)
@@ -138,7 +132,7 @@ def bare_parquet(pack: Path, out: Path, shard_bytes: int) -> int:
         if writer is not None and size + len(data) > shard_bytes:
             flush()
             writer.close()
-            _fsync(out / f"shard-{shard:06d}.parquet")
+            fsync_path(out / f"shard-{shard:06d}.parquet")
             shard, size, writer = shard + 1, 0, None
         if writer is None:
             writer = pq.ParquetWriter(str(out / f"shard-{shard:06d}.parquet"), schema, compression="NONE")
@@ -151,7 +145,7 @@ def bare_parquet(pack: Path, out: Path, shard_bytes: int) -> int:
         if rows:
             flush()
         writer.close()
-        _fsync(out / f"shard-{shard:06d}.parquet")
+        fsync_path(out / f"shard-{shard:06d}.parquet")
     return n
 
 
