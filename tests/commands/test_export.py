@@ -313,6 +313,17 @@ def test_fields_that_differ_only_in_case_are_refused(tmp_path):
 # ----------------------------------------------------------------------------- refusals
 
 
+def test_a_frames_pack_is_refused_naming_what_it_holds(tmp_path):
+    from tests.support.inputs import write_video_folder
+
+    pack = tmp_path / "frames.lmdb"
+    packer.decode_frames(write_video_folder(tmp_path / "videos", per_class=1, classes=1, frames=6), pack,
+                         to="lmdb", workers=0)
+    with pytest.raises(UsageError, match="holds frames .a decode-frames output.; export takes image packs"):
+        packer.export(pack, tmp_path / "wds", to="wds")
+    assert not (tmp_path / "wds").exists() and not (tmp_path / "wds.partial").exists()
+
+
 def test_an_output_overlapping_the_pack_is_refused(packs, tmp_path):
     pack = tmp_path / "copy"
     shutil.copytree(packs["lmdb"], pack)
