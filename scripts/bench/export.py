@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.common import image_folder, md_table, run_fresh, run_sections, target
+from scripts.bench.common import child_row, image_folder, md_table, run_fresh, run_sections, target
 
 MODULE = "scripts.bench.export"
 ROWS = ("packer export --to wds", "bare tar", "bare tar + checks", "packer export --to parquet", "bare parquet")
@@ -246,9 +246,7 @@ def export_main(argv: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``export`` (the section) or ``--child SPEC`` (one row, in its fresh process)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        with open(argv[1]) as f:
-            print(json.dumps(child(json.load(f))))
+    if child_row(argv, child):
         return 0
     return run_sections("export", __doc__, {"export": export_main}, all_sections=("export",), argv=argv,
                         quick={"export": ["--count", "60", "--rounds", "1", "--size", "120x160",
