@@ -4,7 +4,7 @@ The public API is ``packer.__all__`` (and ``packer.data.__all__``); docs/api.md 
 Every other module is internal: its names may change between versions.
 
 Conversion, one function per command (``packer.api``): ``pack``, ``decode_frames``, ``pack_videos``,
-``resize``, ``merge``, ``verify``, ``inspect``, ``index``, ``bench``, ``demo``.
+``resize``, ``merge``, ``export``, ``verify``, ``inspect``, ``index``, ``bench``, ``demo``.
 Training: ``PackedDataset``, ``StreamingDataset``, ``FrameDataset``, ``PackedVideoDataset``,
 ``Loader``, ``DevicePrefetcher`` (more in ``packer.data``).
 """
@@ -17,8 +17,8 @@ from packer.errors import OutputChanged, PackerError, TooManyFailures, UsageErro
 
 __all__ = ["__version__",
            # conversion (packer.api)
-           "pack", "decode_frames", "pack_videos", "resize", "merge", "verify", "inspect", "index", "bench",
-           "demo",
+           "pack", "decode_frames", "pack_videos", "resize", "merge", "export", "verify", "inspect", "index",
+           "bench", "demo",
            "ResizeSpec",
            # training (packer.data)
            "PackedDataset", "StreamingDataset", "FrameDataset", "PackedVideoDataset", "Loader",
@@ -29,8 +29,8 @@ __all__ = ["__version__",
 # Names served on first use (PEP 562): ``import packer`` stays cheap (no torch, no numpy) until
 # a name that needs them is touched, so the CLI starts fast.
 _LAZY = {
-    **{name: "packer.api" for name in ("pack", "decode_frames", "pack_videos", "resize", "merge", "verify",
-                                       "inspect", "index", "bench", "demo")},
+    **{name: "packer.api" for name in ("pack", "decode_frames", "pack_videos", "resize", "merge", "export",
+                                       "verify", "inspect", "index", "bench", "demo")},
     "ResizeSpec": "packer.codecs.resize",
     "PackedDataset": "packer.data.datasets",
     "StreamingDataset": "packer.data.streaming",

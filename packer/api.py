@@ -24,13 +24,15 @@ from packer.errors import TooManyFailures, UsageError, VerifyFailed
 if TYPE_CHECKING:
     from packer.codecs.resize import ResizeSpec
     from packer.commands.decode_frames import DecodeReport
+    from packer.commands.export import ExportReport
     from packer.commands.inspection import VerifyResult
     from packer.commands.merge import MergeReport
     from packer.commands.pack_videos import VideoPackReport
     from packer.commands.resize_tree import MirrorReport
     from packer.conversion.runner import Report
 
-__all__ = ["pack", "decode_frames", "pack_videos", "resize", "merge", "verify", "inspect", "index", "bench", "demo"]
+__all__ = ["pack", "decode_frames", "pack_videos", "resize", "merge", "export", "verify", "inspect", "index", "bench",
+           "demo"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -382,6 +384,49 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     with claim_output(out, takeover=True, break_lock=break_lock) as claim:  # a merge rebuilds: a dead one's is taken
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
+
+
+@checked
+def export(pack: PathLike, out: PathLike, *, to: str, shard_size: Union[int, str, None] = None,
+           samples_per_shard: Optional[int] = None, max_failures: int = 0, resume: bool = False,
+           overwrite: bool = False, break_lock: bool = False) -> ExportReport:
+    """Export a pack as WebDataset tar shards (``to="wds"``) or Parquet files (``to="parquet"``).
+
+    The library form of ``packer export``. Every sample is read through the pack's checked
+    reader and written as it is, in stored order: encoded image bytes copied (raw-pixel packs:
+    lossless PNG), keys, labels and fields kept. ``webdataset.WebDataset(...).decode()`` reads
+    the tar shards, ``datasets.load_dataset("parquet", ...)`` the Parquet files (an ``Image``
+    feature, a ``ClassLabel`` label with the class names). ``out`` gets ``export.json`` (the
+    source pack's identity, each shard's size and sha256, the counts) and ``failures.jsonl``
+    (damaged samples, never exported). docs/sources.md, "Exports".
+
+    Args:
+        pack: any packed output (``lmdb``, ``records``, ``hdf5``; a URL is read through the cache).
+        out: the export folder (a local path; built at ``out.partial``, renamed when complete).
+        to: ``wds`` or ``parquet``.
+        shard_size: start a new shard before a sample would take it past this many bytes
+            (``"256MB"``, ``"1GiB"``, an int; Parquet: the samples' bytes). None: 256MB, unless
+            ``samples_per_shard`` alone is given.
+        samples_per_shard: at most this many samples per shard (with ``shard_size``: whichever
+            comes first).
+        max_failures: damaged samples tolerated; more raise ``TooManyFailures`` after publishing.
+        resume: continue an interrupted export of the same pack with the same options.
+        overwrite: replace an existing export at ``out`` when done.
+        break_lock: take the claim on ``out`` even from a run that may still be alive.
+
+    Returns:
+        The ``ExportReport`` (``summary()``, ``count``, ``shards``, ``failures``).
+    """
+    from packer.commands.export import ExportOptions, export_pack
+
+    options = ExportOptions(to=to, shard_size=shard_size, samples_per_shard=samples_per_shard)
+
+    def build(path: str, claim: Any) -> Any:
+        return export_pack(pack, path, options=options, resume=resume, overwrite=overwrite, claim=claim)
+
+    # the pack is read whole, as a merge reads a part: apart from OUT either way
+    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock,
+                          sources={"walked": [pack], "read": []}), max_failures)
 
 
 @checked

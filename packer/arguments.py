@@ -110,7 +110,7 @@ RULES: dict[str, Callable[[Any], Optional[str]]] = {
 
 # Per function: the parameters that must be local paths. (A numeric rule passes a value that is
 # not a number: ``resize`` is a ResizeSpec in ``pack`` and a side length in ``bench``.)
-LOCAL_ONLY = {"resize": ("src", "out", "list_path")}
+LOCAL_ONLY = {"resize": ("src", "out", "list_path"), "export": ("out",)}
 
 
 def _describe(tp: Any) -> str:

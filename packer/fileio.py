@@ -18,7 +18,7 @@ from typing import Callable
 from packer.errors import UsageError
 
 __all__ = ["file_sha256", "MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat",
-           "remove_path", "visible_files", "parse_bytes"]
+           "remove_path", "fsync_path", "visible_files", "parse_bytes"]
 
 # O_NONBLOCK: opening a named pipe must not wait for a writer (the fstat after the open refuses
 # anything that is not a regular file before a byte is read; on a regular file it changes nothing)
@@ -129,6 +129,15 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a folder by path (a folder: the names a rename put in it survive a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_path(path: str | os.PathLike) -> None:

@@ -38,7 +38,8 @@ def test_every_command_has_a_library_function():
 
     commands_to_api = {"to-lmdb": "pack", "to-hdf5": "pack", "to-records": "pack", "resize": "resize",
                        "decode-frames": "decode_frames", "pack-videos": "pack_videos", "merge": "merge",
-                       "verify": "verify", "inspect": "inspect", "index": "index", "bench": "bench", "demo": "demo"}
+                       "export": "export", "verify": "verify", "inspect": "inspect", "index": "index", "bench": "bench",
+                       "demo": "demo"}
     assert set(main.commands) == set(commands_to_api)
     import packer
 

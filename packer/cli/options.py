@@ -191,7 +191,7 @@ def main(verbose: int) -> None:
 
     The OUT of to-lmdb, to-hdf5, to-records, decode-frames and merge may be a URL (s3://,
     gs://, ...): the output is built in a local staging folder ($PACKER_STAGING_DIR) and
-    uploaded, the manifest last. inspect, verify and merge read URLs (https://, s3://, ...)
+    uploaded, the manifest last. inspect, verify, merge and export read URLs (https://, s3://, ...)
     through a node-local cache ($PACKER_CACHE_DIR). Credentials come from the environment and
     config files only. See docs/remote.md.
     """

@@ -1,4 +1,4 @@
-"""Tools over packed outputs: ``inspect``, ``verify``, ``merge``, ``bench`` and ``demo``."""
+"""Tools over packed outputs: ``inspect``, ``verify``, ``merge``, ``export``, ``bench`` and ``demo``."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from packer.cli.options import PATH_OR_URL, break_lock_option, library_call, main
+from packer.cli.options import PATH_OR_URL, break_lock_option, conversion_call, library_call, main
 from packer.formats import FORMATS
 
 
@@ -118,6 +118,41 @@ def merge(paths, overwrite, any_parts, break_lock):
 
     report = merge_outputs(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     click.echo(report.summary())
+
+
+@main.command()
+@click.argument("pack", type=PATH_OR_URL)
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--to", type=click.Choice(["wds", "parquet"]), required=True,
+              help="wds: WebDataset tar shards (webdataset.WebDataset reads them); parquet: Parquet files "
+                   "(datasets.load_dataset('parquet', ...) reads them with an Image feature and a ClassLabel "
+                   "label; needs packer[export]).")
+@click.option("--shard-size", default=None, metavar="SIZE",
+              help="Start a new shard before a sample would take it past SIZE bytes (256MB, 1GiB, ...; "
+                   "Parquet: the samples' bytes).  [default: 256MB, unless --samples-per-shard alone is given]")
+@click.option("--samples-per-shard", type=click.IntRange(min=1), default=None,
+              help="At most N samples per shard (with --shard-size: whichever comes first).")
+@click.option("--max-failures", type=int, default=0, show_default=True,
+              help="Damaged samples tolerated (each recorded in failures.jsonl, never exported) before "
+                   "the exit status is 1.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted export of the same pack with the same options (another pack "
+                   "or other options are refused, exit 2); a finished export is checked and kept.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing export.")
+@break_lock_option
+@library_call
+def export(pack, out, to, shard_size, samples_per_shard, max_failures, resume, overwrite, break_lock):
+    """Export a pack (lmdb, records, hdf5; PACK may be a URL) as WebDataset tar shards or
+    Parquet files in the folder OUT: shard-000000.tar (or .parquet), ..., export.json (the
+    source pack's identity, each shard's size and sha256) and failures.jsonl. Encoded image
+    bytes are copied, never re-encoded (raw-pixel packs: lossless PNG); keys, labels and
+    fields keep their order. Every sample is read through the checked reader: a damaged one
+    is recorded in failures.jsonl, never exported. See docs/sources.md."""
+    from packer.api import export as export_pack
+
+    conversion_call(lambda: export_pack(pack, out, to=to, shard_size=shard_size,
+                                        samples_per_shard=samples_per_shard, max_failures=max_failures,
+                                        resume=resume, overwrite=overwrite, break_lock=break_lock))
 
 
 def _bench_help() -> str:

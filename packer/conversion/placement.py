@@ -99,14 +99,18 @@ def check_placement(outputs: Iterable[Optional[PathLike]], *, walked: Iterable[O
 
 def is_packer_output(path: PathLike) -> bool:
     """Whether ``path`` is a packer output that ``--overwrite`` may replace: a folder whose
-    ``packer.json`` names a format (even a damaged one), or an HDF5 file packer wrote."""
+    ``packer.json`` names a format (even a damaged one), an export folder (``packer export``:
+    its ``export.json`` names an export version), or an HDF5 file packer wrote."""
     path = Path(path)
     if path.is_dir():
-        try:
-            manifest = json.loads((path / "packer.json").read_bytes())
-        except (OSError, ValueError):
-            return False
-        return isinstance(manifest, dict) and isinstance(manifest.get("format"), str)
+        for name, mark, kind in (("packer.json", "format", str), ("export.json", "export_version", int)):
+            try:
+                manifest = json.loads((path / name).read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(manifest, dict) and isinstance(manifest.get(mark), kind):
+                return True
+        return False
     if path.is_file():
         from packer.formats.hdf5.layout import MANIFEST_ATTR, has_signature
 

@@ -419,6 +419,16 @@ def _run_interpreter(cmd: list[str], *, cwd: str | Path | None, env: dict[str, s
     return out, proc.returncode, _usage_of(ru, time.perf_counter() - t)
 
 
+def child_row(argv: list[str], child: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
+    """The child side of ``run_fresh``: with ``argv`` ``--child SPEC.json``, run ``child(spec)``
+    and print its JSON (what ``run_fresh`` reads back); False for any other ``argv``."""
+    if argv[:1] != ["--child"]:
+        return False
+    with open(argv[1]) as f:
+        print(json.dumps(child(json.load(f))))
+    return True
+
+
 def run_call(module: str, func: str, kwargs: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
     """``module.func(**kwargs)`` in a fresh interpreter (``python -c``; a row that patches packer, so
     no row inherits another's patches, heap or imports), returning the JSON-able dict it returns;

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import os
 import pickle
 import sys
@@ -27,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from scripts.bench.common import proc_usage, run_fresh, run_sections, usage_delta
+from scripts.bench.common import child_row, proc_usage, run_fresh, run_sections, usage_delta
 
 MODULE = "scripts.bench.jpeg_decoders"
 DECODERS = ("pillow", "opencv", "simplejpeg", "jpeg4py", "pyturbojpeg", "packer")
@@ -131,9 +130,7 @@ def decoders_main(argv: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``decoders`` (the section) or ``--child SPEC`` (one row, in its fresh process)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--child"]:
-        with open(argv[1]) as f:
-            print(json.dumps(child(json.load(f))))
+    if child_row(argv, child):
         return 0
     return run_sections("jpeg_decoders", __doc__, {"decoders": decoders_main}, all_sections=("decoders",),
                         quick={"decoders": ["--count", "12", "--rounds", "1", "--size", "120x160"]},

@@ -25,7 +25,8 @@ from scripts.timing import scaled
 
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
-# journal append), "rename:0" (before the final rename), "renamed:0" (right after it).
+# journal append; an export's: before its Nth shard is journaled), "rename:0" (before the final
+# rename), "renamed:0" (right after it).
 KILL_PROGRAM = r"""
 import os, signal, sys
 hold = os.environ.get("PACKER_TEST_HOLD", "")
@@ -61,7 +62,8 @@ if spec:
             if calls[0] >= n:
                 die()
             real(path, data)
-        for mod in ("packer.formats.sidecars", "packer.formats.writer", "packer.formats.frames.writer"):
+        for mod in ("packer.formats.sidecars", "packer.formats.writer", "packer.formats.frames.writer",
+                    "packer.commands.export"):
             m = importlib.import_module(mod)
             if getattr(m, "fsync_append", None) is real:
                 m.fsync_append = hooked_append

@@ -15,7 +15,7 @@ from packer.codecs.tfexample import encode_example, example_pieces
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import field_features, sample_features, sample_pieces
-from packer.fileio import parse_bytes
+from packer.fileio import fsync_path, parse_bytes
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
 from packer.formats.segments import SegmentShard, remove_segment_files
@@ -126,7 +126,7 @@ class RecordsWriter(Writer):
         final = self._shard_path(len(self.shards))
         os.replace(shard.index, index_path(final))  # the index first: a shard file is never without it
         os.replace(shard.path, final)
-        _fsync_dir(self.workdir)
+        fsync_path(self.workdir)
         self.shards.append({"file": final.name, "index": index_path(final).name, "count": shard.count,
                             "bytes": shard.bytes, "sha256": shard.sha256})
         atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
@@ -255,7 +255,7 @@ class RecordsWriter(Writer):
         final = self._shard_path(len(self.shards))
         write_index(index_path(final), self._offsets, self._sizes)
         os.replace(self._tmp, final)
-        _fsync_dir(self.workdir)
+        fsync_path(self.workdir)
         self.shards.append({"file": final.name, "index": index_path(final).name, "count": len(self._offsets),
                             "bytes": self._shard_bytes, "sha256": self._hash.hexdigest()})
         atomic_write_bytes(self.workdir / SHARDS_JOURNAL,
@@ -273,11 +273,3 @@ class RecordsWriter(Writer):
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
