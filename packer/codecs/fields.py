@@ -2,7 +2,7 @@
 
 A field pack's schema is a list of named, typed fields (``image``, ``int``, ``float``, ``str``,
 ``bytes``, ``json``, ``labels``, ``ndarray`` of a dtype with fixed or variable leading dimension,
-``rle`` masks), stored in the manifest so a reader needs only the path (as mosaicml streaming's
+``rle`` masks, ``video``), stored in the manifest so a reader needs only the path (as mosaicml streaming's
 ``format/mds/encodings.py`` table and index do). Each type turns a value into its canonical bytes
 (``encode``) and back (``decode``), and into one ``tf.train.Example`` feature and back
 (``feature`` / ``from_feature``). Nothing is pickled.
@@ -25,6 +25,7 @@ ndarray    the array's C-order bytes in the declared dtype; ``shape`` fixes ever
            a leading ``None`` (variable length: ``(None, 4)`` is N boxes)
 rle        COCO run-length masks: compact JSON ``[{"size": [h, w], "counts": "..."}, ...]``
            (compressed counts, as ``pycocotools.mask.encode`` gives them)
+video      a packed video (``packer.codecs.video_pack.pack_stream``: frame index + MP4 bytes)
 =========  ===================================================================================
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesField", "JsonField",
-           "LabelsField", "NdarrayField", "RleField", "ENCODINGS", "Schema", "parse_field",
+           "LabelsField", "NdarrayField", "RleField", "VideoField", "ENCODINGS", "Schema", "parse_field",
            "encode_blob", "split_blob", "BLOB_FMT", "BOXES"]
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
@@ -109,6 +110,30 @@ class ImageField(Field):
 
     def decode(self, data: bytes | memoryview) -> bytes:
         return bytes(data)
+
+
+class VideoField(Field):
+    """A video, re-encoded as ``pack-videos`` stores it (an H.264 stream with its frame index,
+    ``packer.codecs.video_pack.pack_stream``); read back as a ``PackedVideo`` that decodes only
+    the frames asked for."""
+
+    type_name = "video"
+
+    def encode(self, value: Any) -> bytes:
+        from packer.codecs.video_pack import unpack_stream
+
+        if not isinstance(value, (bytes, bytearray, memoryview)) or not len(value):
+            raise self._bad(value, "a video field holds a packed video's bytes")
+        try:
+            unpack_stream(value)
+        except ValueError as e:
+            raise self._bad(value, f"not a packed video ({e})") from None
+        return bytes(value)
+
+    def decode(self, data: bytes | memoryview) -> Any:
+        from packer.codecs.video_pack import PackedVideo
+
+        return PackedVideo(data)
 
 
 class IntField(Field):
@@ -334,7 +359,8 @@ class RleField(Field):
 
 
 ENCODINGS: dict[str, type[Field]] = {cls.type_name: cls for cls in (
-    ImageField, IntField, FloatField, StrField, BytesField, JsonField, LabelsField, NdarrayField, RleField)}
+    ImageField, VideoField, IntField, FloatField, StrField, BytesField, JsonField, LabelsField, NdarrayField,
+    RleField)}
 
 
 def parse_field(name: str, spec: str | Mapping[str, Any]) -> Field:
@@ -418,6 +444,11 @@ class Schema:
     def image_fields(self) -> list[str]:
         """The names of the image fields, in order."""
         return [f.name for f in self.fields if f.type_name == "image"]
+
+    @property
+    def video_fields(self) -> list[str]:
+        """The names of the video fields, in order."""
+        return [f.name for f in self.fields if f.type_name == "video"]
 
     @property
     def boxes(self) -> "NdarrayField | None":

@@ -35,7 +35,7 @@ import numpy as np
 
 __all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "x264_asm", "nonref_test", "StreamIndex",
            "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
-           "decode_all", "count_frames", "to_rgb"]
+           "decode_all", "count_frames", "to_rgb", "PackedVideo"]
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 # --codec -> (encoder, decoder), all in PyAV's bundled FFmpeg
@@ -325,6 +325,48 @@ def unpack_stream(blob: bytes | memoryview) -> tuple[memoryview, StreamIndex]:
     if frames and (sorted(packets[:, 2].tolist()) != list(range(frames)) or not flags[0] & KEY):
         raise ValueError("the frame index is not a permutation of the packets starting at a keyframe")
     return mp4, StreamIndex(packets, flags, extradata, decoder, fps / 1000.0)
+
+
+class PackedVideo:
+    """One packed video (``pack_stream``'s bytes), decoded on demand: a video field's value.
+
+    ``frames(indices)`` decodes only the GOPs those frames need (``decode_frames_at``: RGB,
+    FFmpeg's colour conversion, the same frames as a sequential decode); ``mp4`` is the stored
+    MP4 stream. ValueError when the bytes are not a packed video.
+    """
+
+    def __init__(self, blob: bytes | memoryview):
+        self._blob = bytes(blob)
+        mp4, self.index = unpack_stream(self._blob)
+        self._mp4_at = len(self._blob) - len(mp4)
+
+    @property
+    def num_frames(self) -> int:
+        """The frames stored."""
+        return self.index.frames
+
+    @property
+    def fps(self) -> float:
+        """The stored frame rate."""
+        return self.index.fps
+
+    @property
+    def mp4(self) -> memoryview:
+        """The MP4 bytes (a view into the packed video)."""
+        return memoryview(self._blob)[self._mp4_at:]
+
+    def frames(self, indices: Sequence[int]) -> np.ndarray:
+        """Frames ``indices`` (0-based, any order, repeats allowed) as one (T, H, W, 3) RGB uint8 array."""
+        got = decode_frames_at(self._blob, [int(i) for i in indices])
+        if not got:
+            raise ValueError("frames() needs at least one index")
+        return np.stack(got)
+
+    def __len__(self) -> int:
+        return self.index.frames
+
+    def __repr__(self) -> str:
+        return f"PackedVideo({self.index.frames} frames, {self.index.fps:g} fps, {self.index.decoder})"
 
 
 def to_rgb(frame, dst: Optional[np.ndarray] = None) -> np.ndarray:

@@ -21,7 +21,7 @@ from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import ImageJob
 from packer.conversion.executors import make_executor
-from packer.conversion.fingerprint import writer_settings
+from packer.conversion.fingerprint import file_stat, writer_settings
 from packer.conversion.inputs import FieldItem, InputFailure, Item, listing, partition, read_item, run_failures
 from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.runner import Report, check_output_arg, run
@@ -53,7 +53,9 @@ class FieldJob:
     coco: bool = False
 
     def __call__(self, item: FieldItem) -> Sample:
-        data, stat = read_item(item)
+        # a sample without images is keyed by its video or row: nothing to read here (the
+        # item's path is then the video file or the manifest, stat'ed for the resume)
+        data, stat = read_item(item) if self.schema.image_fields else (b"", file_stat(item.path))
         values: dict[str, Any] = {}
         first: Sample | None = None
         for name in self.schema.image_fields:
@@ -65,6 +67,8 @@ class FieldJob:
                 path = str(Path(self.root) / rel)
                 sample = self._image(item, rel, path, read_item(Item(rel, path, -1))[0])
             values[name] = sample.data
+        for name in self.schema.video_fields:
+            values[name] = self._video(item.values[name])
         if self.coco:
             from packer.conversion.coco import sample_fields
 
@@ -77,6 +81,21 @@ class FieldJob:
             raise CorruptSample(item.key, item.path, str(e), stage="encode") from e
         h, w, c = (first.height, first.width, first.channels) if first is not None else (0, 0, 0)
         return Sample(item.key, blob, BLOB_FMT, -1, h, w, c, source_stat=stat)
+
+    def _video(self, rel: str) -> bytes:
+        """A video field's packed stream: the video re-encoded as ``pack-videos`` does it (its
+        default GOP and quality; ``--short-side`` as the pack's resize says)."""
+        from packer.commands.pack_videos import VideoPackOptions
+        from packer.conversion.video_inputs import VideoItem
+
+        short = self.resize.short_side if self.resize is not None else None
+        job = VideoPackOptions(short_side=short).job()
+        path = str(Path(self.root) / rel)
+        result = job(VideoItem(rel, path, -1, frame_dir=rel))
+        if result.note is not None:  # frames missing from the stored video: this row fails
+            raise CorruptSample(rel, path, f"the video decodes only in part ({result.note['reason']})",
+                                stage="decode")
+        return result.samples[0].data
 
     def _image(self, item: FieldItem, key: str, path: str, data: bytes) -> Sample:
         if self.coco:

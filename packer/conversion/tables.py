@@ -2,10 +2,10 @@
 
 Each row is a sample and each column a field. Image columns hold paths relative to the root;
 the schema is given (``{column: type}``, see ``packer.codecs.fields``) or inferred from the
-first row: a string naming an image file (by extension) is ``image``, other strings ``str``, an
-integer ``int``, a number ``float``, a list of integers ``labels``, a list of numbers
-``ndarray:float64:*`` (a list of equal-length number lists ``ndarray:float64:*,K``), an object
-``json``, bytes (Parquet) ``bytes``. CSV cells are text: numbers are parsed as the schema says,
+first row: a string naming an image file (by extension) is ``image``, a video file ``video``,
+other strings ``str``, an integer ``int``, a number ``float``, a list of integers ``labels``, a
+list of numbers ``ndarray:float64:*`` (a list of equal-length number lists
+``ndarray:float64:*,K``), an object ``json``, bytes (Parquet) ``bytes``. CSV cells are text: numbers are parsed as the schema says,
 lists and objects are JSON text. Parquet is read a batch at a time (pyarrow, the ``fields``
 extra). A row without a schema column, with an empty value or with a value of the wrong type is
 an ``InputFailure`` naming its line (Parquet: its row number); every other row is packed.
@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 from packer.codecs.fields import Field, NdarrayField, Schema, parse_field
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, has_ext, safe_key
-from packer.conversion.options import DEFAULT_IMAGE_EXTS
+from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import UsageError
 
 __all__ = ["table_rows", "infer_schema", "table_items", "TABLE_SUFFIXES"]
@@ -77,7 +77,9 @@ def _infer(name: str, value: Any, exts: tuple[str, ...]) -> str:
     if value is None:
         raise UsageError(f"column {name!r}: only empty values; give its type in the schema")
     if isinstance(value, str):
-        return "image" if has_ext(value, exts) else "str"
+        if has_ext(value, exts):
+            return "image"
+        return "video" if has_ext(value, DEFAULT_VIDEO_EXTS) else "str"
     if isinstance(value, bool) or isinstance(value, int):
         return "int"
     if isinstance(value, float):
@@ -144,7 +146,7 @@ def _coerce(f: Field, value: Any, is_csv: bool) -> Any:
     """A row's value as field ``f`` takes it (CSV text parsed); ValueError when it cannot be."""
     if value is None or (is_csv and value == ""):
         raise ValueError("is empty")
-    if is_csv and isinstance(value, str) and f.type_name not in ("image", "str", "bytes"):
+    if is_csv and isinstance(value, str) and f.type_name not in ("image", "video", "str", "bytes"):
         try:
             if f.type_name == "int":
                 return int(value)
@@ -155,8 +157,8 @@ def _coerce(f: Field, value: Any, is_csv: bool) -> Any:
             raise ValueError(f"{value!r} is not a {f.spec()} value") from e
     if is_csv and f.type_name == "bytes":
         return value.encode("utf-8")
-    if f.type_name == "image" and not isinstance(value, str):
-        raise ValueError(f"{value!r} is not an image path")
+    if f.type_name in ("image", "video") and not isinstance(value, str):
+        raise ValueError(f"{value!r} is not an {f.type_name} path")
     if isinstance(f, NdarrayField) and isinstance(value, list):
         return value
     return value
@@ -167,8 +169,8 @@ def table_items(path: str | os.PathLike, root: str | os.PathLike, *, schema: Sch
                 failures: list[InputFailure] | None = None) -> tuple[list[FieldItem], Schema]:
     """The rows of a sample manifest as items, and the schema (given or inferred).
 
-    Each item's key is its first image column's path (its row number, ``row-00000042``, when the
-    schema has no image); each value is checked against its field (encoded once and dropped),
+    Each item's key is its first image column's path (else its first video column's; its row
+    number, ``row-00000042``, when the schema has neither); each value is checked against its field (encoded once and dropped),
     so a wrong type is this row's ``InputFailure``, not a failure of the work later.
     """
     path = str(path)
@@ -178,7 +180,7 @@ def table_items(path: str | os.PathLike, root: str | os.PathLike, *, schema: Sch
     except ValueError as e:
         raise UsageError(f"--schema: {e}") from e
     is_csv = _kind(path) == "csv"
-    images = schema.image_fields
+    images = schema.image_fields or schema.video_fields  # the key's column: an image's, else a video's
     root = Path(root)
     items: list[FieldItem] = []
     for n, row in table_rows(path):
@@ -193,7 +195,7 @@ def table_items(path: str | os.PathLike, root: str | os.PathLike, *, schema: Sch
                 break
             try:
                 value = _coerce(f, row[f.name], is_csv)
-                if f.type_name == "image":
+                if f.type_name in ("image", "video"):
                     value = safe_key(value, f"{path}:{n}")
                 else:
                     f.encode(value)  # the type is checked here, on the listing, not in a worker
