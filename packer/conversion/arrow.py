@@ -362,10 +362,11 @@ class RowItem(SourceItem):
 
 
 # -- listing -----------------------------------------------------------------------------------------
-def _units(pa: Any, path: str, kind: str, label: str | None) -> tuple[Any, list[tuple[int, list | None]], tuple]:
-    """``(schema, [(rows, labels or None) per unit], arrow batch offsets)`` of one data file,
-    reading only the row counts and the ``label`` column. A unit that cannot be read gives
-    ``(rows, exception)`` when its row count is known; a file that cannot be opened raises."""
+def _units(pa: Any, path: str, kind: str, label: str | None) -> tuple[Any, list[tuple[int, Any]], tuple, str]:
+    """``(schema, [(rows, labels or None) per unit], arrow batch offsets, damage)`` of one data
+    file, reading only the row counts and the ``label`` column. A unit that cannot be read gives
+    ``(rows, exception)`` when its row count is known; an Arrow stream damaged part way ends
+    its units there, ``damage`` saying where; a file that cannot be opened raises."""
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -380,29 +381,36 @@ def _units(pa: Any, path: str, kind: str, label: str | None) -> tuple[Any, list[
                 units.append((n, pf.read_row_group(g, columns=[label], use_threads=False).column(0).to_pylist()))
             except Exception as e:  # noqa: BLE001 - a damaged label page: this group's rows fail
                 units.append((n, e))
-        return pf.schema_arrow, units, ()
+        return pf.schema_arrow, units, (), ""
     with pa.memory_map(path) as mm:
         reader = pa.ipc.MessageReader.open_stream(mm)
         schema = pa.ipc.read_schema(reader.read_next_message())
-        units, offsets = [], []
+        units, offsets, damage = [], [], ""
         while True:
             at = mm.tell()
             try:
                 msg = reader.read_next_message()
+                if msg is None:
+                    break
+                if msg.type == "dictionary":
+                    raise UsageError(f"{path}: dictionary-encoded Arrow columns are not read (save the dataset "
+                                     "as Parquet, or decode them first)")
+                if msg.type != "record batch":
+                    continue
+                batch = pa.ipc.read_record_batch(msg, schema)
+                labels = batch.column(label).to_pylist() if label is not None else None
             except StopIteration:
                 break
-            if msg is None:
+            except UsageError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a damaged stream: the batches after it cannot be found
+                damage = (f"the Arrow stream is damaged at offset {at} ({type(e).__name__}: {e}): the rows after "
+                          f"row {sum(n for n, _ in units) - 1} of this file cannot be listed")
                 break
-            if msg.type == "dictionary":
-                raise UsageError(f"{path}: dictionary-encoded Arrow columns are not read (save the dataset "
-                                 "as Parquet, or decode them first)")
-            if msg.type != "record batch":
-                continue
-            batch = pa.ipc.read_record_batch(msg, schema)
-            units.append((batch.num_rows, batch.column(label).to_pylist() if label is not None else None))
+            units.append((batch.num_rows, labels))
             offsets.append(at)
             del batch, msg
-        return schema, units, tuple(offsets)
+        return schema, units, tuple(offsets), damage
 
 
 def table_source(src: str | os.PathLike, kind: str, *, class_index: str | os.PathLike | None = None,
@@ -427,7 +435,7 @@ def table_source(src: str | os.PathLike, kind: str, *, class_index: str | os.Pat
                 plain = len(types) == 2 and len(images) == 1 and any(c in classes_of and t == "int"
                                                                      for c, t in types.items())
                 label = next((c for c, t in types.items() if t == "int" and c in classes_of), None) if plain else None
-            schema, units, offsets = _units(pa, path, fmt, label)
+            schema, units, offsets, damage = _units(pa, path, fmt, label)
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - not Parquet/Arrow, a damaged footer: this file's failure
@@ -438,6 +446,8 @@ def table_source(src: str | os.PathLike, kind: str, *, class_index: str | os.Pat
             bad_line(failures, path, 0, f"its columns {schema.names} differ from the first file's {list(types)}: "
                                         "its rows are not packed")
             continue
+        if damage:
+            bad_line(failures, path, 0, damage)
         table = _Table(path, fmt, tuple(types), tuple(types.values()), root, offsets)
         for u, (n, labels) in enumerate(units):
             for r in range(n):
@@ -445,8 +455,9 @@ def table_source(src: str | os.PathLike, kind: str, *, class_index: str | os.Pat
                 if isinstance(labels, Exception):
                     bad_line(failures, path, 0, f"row {index}: its label cannot be read "
                                                 f"({type(labels).__name__}: {labels})", key)
-                elif labels is not None and (labels[r] is None or labels[r] < 0):
-                    bad_line(failures, path, 0, f"row {index}: no label ({labels[r]})", key)
+                elif labels is not None and (labels[r] is None or not 0 <= labels[r] < len(classes_of[label])):
+                    bad_line(failures, path, 0, f"row {index}: label {labels[r]} is none of the "
+                                                f"{len(classes_of[label])} ClassLabel names", key)
                 else:
                     items.append(RowItem(key, path, labels[r] if labels is not None else index, table=table,
                                          unit=u, row=r, index=index))

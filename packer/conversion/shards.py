@@ -213,7 +213,11 @@ def scan_shard(f: Any, size: int, keep: Any = None) -> Iterator[Member]:
                 yield Member(name, data, 0, problem=f"damaged pax size at offset {pos}")
                 return
         long_name, pax = None, {}
+        if flag == b"\0" and name.endswith("/"):  # an old (V7) folder, as tarfile reads it
+            flag = b"5"
         kind = "file" if flag in _REGULAR else "dir" if flag == b"5" else _KINDS.get(flag, f"a tar member of type {flag!r}")
+        if kind == "dir":
+            name = name.rstrip("/")
         has_data = flag not in _NO_DATA  # as tarfile skips: regular files and types it does not know
         if has_data and data + length > size:
             yield Member(name, data, length, kind, problem=f"truncated: the shard ends {size - data} bytes into "
@@ -412,13 +416,14 @@ class _Sample:
     members: dict  # extension -> (offset, size, member name)
     problems: list
     cls: bytes = b""  # the .cls member's bytes
+    image: str = ""  # the name of its image member, even one that cannot be read (failures name it)
 
 
 def _is_cls(name: str) -> bool:
     return name[-4:].lower() == ".cls"
 
 
-def _samples(shard: str, local: str, failures: list[InputFailure] | None) -> Iterator[_Sample]:
+def _samples(shard: str, local: str, exts: Sequence[str], failures: list[InputFailure] | None) -> Iterator[_Sample]:
     """The samples of one shard (consecutive members sharing a key), with what is wrong with each."""
     try:
         f = open(local, "rb")
@@ -446,6 +451,8 @@ def _samples(shard: str, local: str, failures: list[InputFailure] | None) -> Ite
                 if current is not None:
                     yield current
                 current = _Sample(key, shard, {}, [])
+            if ext in exts and not current.image:
+                current.image = m.name
             if m.problem:
                 current.problems.append(f"member {m.name!r} is {m.problem}")
             elif m.kind != "file":
@@ -514,7 +521,7 @@ def shard_items(spec: str | os.PathLike, *, exts: Sequence[str], class_index: st
             continue
         name = redact(shard)
         local_of[name] = local
-        for s in _samples(name, local, failures):
+        for s in _samples(name, local, exts, failures):
             for ext, (offset, size, _) in s.members.items():
                 if _field_of(ext, exts)[1] == "ndarray" and ext not in npy:
                     npy[ext] = _npy_type(local, offset, size)
@@ -562,7 +569,7 @@ def _listing(samples: list[_Sample], fields: dict[str, str], local_of: dict[str,
         missing = [n for n in order if n != "image" and not any(_field_of(e, exts)[0] == n for e in s.members)]
         if missing and not s.problems:
             s.problems.append(f"the sample lacks {', '.join(missing)} (other samples have it)")
-        key = image[1][2] if image is not None else s.key
+        key = image[1][2] if image is not None else s.image or s.key
         try:
             key = safe_key(key, s.shard)
         except UsageError as e:
