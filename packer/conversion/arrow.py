@@ -191,35 +191,37 @@ class _Table:
     root: str
     offsets: tuple = ()
 
+    @property
+    def image(self) -> int:
+        """The position of the first image column."""
+        return self.types.index("image")
+
 
 class _Unit:
     """The rows of one row group (Parquet, through a cursor) or record batch (Arrow) as the
     work reads them: the last two batches kept, a cursor moved forward, restarted for a row
     before them; a decode error fails that row and every later one of the unit."""
 
-    def __init__(self, table: _Table, unit: int):
+    def __init__(self, table: _Table, unit: int, opened: Any):
         pa = need_pyarrow()
-        self.table, self.unit = table, unit
+        self.table, self.unit, self.opened = table, unit, opened
         st = os.stat(table.path)
         self.stat = (st.st_size, st.st_mtime_ns)
         self.kept: list[tuple[int, list]] = []  # (first row, prepared columns), at most two
         self.error: tuple[int, str] | None = None
         self.cursor = None
         self.next_row = 0
-        if table.kind == "arrow":
+        if table.kind == "arrow":  # ``opened``: the stream's schema
             with pa.OSFile(table.path) as f:
-                schema = pa.ipc.open_stream(f).schema
                 f.seek(table.offsets[unit])
-                batch = pa.ipc.read_record_batch(pa.ipc.read_message(f), schema)
+                batch = pa.ipc.read_record_batch(pa.ipc.read_message(f), opened)
             self.kept = [(0, _prepare(batch, table.columns))]
             self.next_row = batch.num_rows
 
     def _restart(self) -> None:
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(self.table.path, pre_buffer=False, buffer_size=_BUFFER, page_checksum_verification=True)
-        self.cursor = pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=[self.unit], columns=list(self.table.columns),
-                                      use_threads=False)
+        # ``opened``: the file's ParquetFile (its footer parsed once per process, not per row group)
+        self.cursor = self.opened.iter_batches(batch_size=_BATCH_ROWS, row_groups=[self.unit],
+                                               columns=list(self.table.columns), use_threads=False)
         self.kept, self.next_row = [], 0
 
     def row(self, r: int) -> tuple[list, int]:
@@ -266,28 +268,55 @@ def _rows(cols: list) -> int:
 
 
 class _Rows:
-    """This process's open units (at most ``keep``, least recently used dropped), behind a lock
-    (the staged plan's completion threads read too)."""
+    """This process's open files and units (at most ``keep`` of each, least recently used
+    dropped), behind a lock (the staged plan's completion threads read too)."""
 
     def __init__(self, keep: int = 4):
-        self.keep, self.units, self.lock = keep, OrderedDict(), threading.Lock()
+        self.keep, self.units, self.files, self.lock = keep, OrderedDict(), OrderedDict(), threading.Lock()
+        self.last: tuple[Any, _Unit | None] = (None, None)
+
+    def _opened(self, table: _Table) -> Any:
+        """The file's ParquetFile (Parquet) or stream schema (Arrow), opened once per process."""
+        got = self.files.get(table.path)
+        if got is None:
+            pa = need_pyarrow()
+            if table.kind == "parquet":
+                import pyarrow.parquet as pq
+
+                got = pq.ParquetFile(table.path, pre_buffer=False, buffer_size=_BUFFER,
+                                     page_checksum_verification=True)
+            else:
+                with pa.OSFile(table.path) as f:
+                    got = pa.ipc.open_stream(f).schema
+            self.files[table.path] = got
+            while len(self.files) > self.keep:
+                self.files.popitem(last=False)
+        return got
+
+    def _unit(self, item: "RowItem") -> _Unit:
+        k = (item.table.path, item.unit)
+        if self.last[0] == k:  # (rows come in order: the unit of the row before, most of the time)
+            return self.last[1]
+        unit = self.units.get(k)
+        if unit is None:
+            try:
+                unit = _Unit(item.table, item.unit, self._opened(item.table))
+            except Exception as e:  # noqa: BLE001 - OSError, ArrowInvalid: this row's failure
+                raise CorruptSample(item.key, item.path, f"row {item.index}: cannot read its "
+                                    f"{'record batch' if item.table.kind == 'arrow' else 'row group'} "
+                                    f"{item.unit} ({type(e).__name__}: {e})", stage="read") from e
+            self.units[k] = unit
+            while len(self.units) > self.keep:
+                self.units.popitem(last=False)
+        else:
+            self.units.move_to_end(k)
+        self.last = (k, unit)
+        return unit
 
     def values(self, item: "RowItem", names: Sequence[str] | None) -> tuple[dict[str, Any], tuple[int, int]]:
+        """``{column: value}`` of the row (``names``: only those columns) and its file's stat."""
         with self.lock:
-            k = (item.table.path, item.unit)
-            unit = self.units.get(k)
-            if unit is None:
-                try:
-                    unit = _Unit(item.table, item.unit)
-                except Exception as e:  # noqa: BLE001 - OSError, ArrowInvalid: this row's failure
-                    raise CorruptSample(item.key, item.path, f"row {item.index}: cannot read its "
-                                        f"{'record batch' if item.table.kind == 'arrow' else 'row group'} "
-                                        f"{item.unit} ({type(e).__name__}: {e})", stage="read") from e
-                self.units[k] = unit
-                while len(self.units) > self.keep:
-                    self.units.popitem(last=False)
-            else:
-                self.units.move_to_end(k)
+            unit = self._unit(item)
             try:
                 cols, i = unit.row(item.row)
             except ValueError as e:
@@ -299,9 +328,23 @@ class _Rows:
                 out[name] = _cell(item, name, kind, col, i)
             return out, unit.stat
 
+    def image(self, item: "RowItem") -> tuple[bytes, tuple[int, int]]:
+        """The row's first image column's bytes and its file's stat (a plain image pack's read)."""
+        table = item.table
+        j = table.image
+        with self.lock:
+            unit = self._unit(item)
+            try:
+                cols, i = unit.row(item.row)
+            except ValueError as e:
+                raise CorruptSample(item.key, item.path, f"row {item.index}: {e}", stage="read") from e
+            return _cell(item, table.columns[j], "image", cols[j], i), unit.stat
+
     def clear(self) -> None:
         with self.lock:
             self.units.clear()
+            self.files.clear()
+            self.last = (None, None)
 
 
 _ROWS = _Rows()
@@ -348,14 +391,12 @@ class RowItem(SourceItem):
     ``index`` its place in the dataset."""
 
     def __init__(self, key: str, path: str, label: int, *, table: _Table, unit: int, row: int, index: int):
-        super().__init__(key, path, label, None)
-        d = self.__dict__
-        d["table"], d["unit"], d["row"], d["index"] = table, unit, row, index
+        # (every field set at once, not through the parents' __init__ chain: millions of items)
+        self.__dict__.update(key=key, path=path, label=label, values=None, table=table, unit=unit, row=row,
+                             index=index)
 
     def read(self) -> tuple[bytes, tuple[int, int] | None]:
-        first = self.table.columns[self.table.types.index("image")]
-        values, stat = _ROWS.values(self, (first,))
-        return values[first], stat
+        return _ROWS.image(self)
 
     def read_values(self) -> tuple[dict[str, Any], tuple[int, int] | None]:
         return _ROWS.values(self, None)

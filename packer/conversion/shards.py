@@ -44,7 +44,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 _BLOCK = 512
 _WINDOW = 1 << 20
 _ZERO = bytes(_BLOCK)
-_REGULAR = (b"0", b"\0", b"7")
+_REGULAR = frozenset((b"0", b"\0", b"7"))
 _NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 # a non-image member's type by its last suffix (anything else: bytes)
 FIELD_TYPES = {"txt": "str", "text": "str", "json": "json", "npy": "ndarray", "cls": "int"}
@@ -71,12 +71,15 @@ FIELD_TYPES = {"txt": "str", "text": "str", "json": "json", "npy": "ndarray", "c
 def split_name(name: str) -> tuple[str | None, str | None]:
     """``(key, extension)`` of a member name as webdataset splits it (``a/b.seg.png`` ->
     ``("a/b", "seg.png")``); ``(None, None)`` for a name without an extension."""
-    m = _NAME.match(name)
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot > slash + 1 and "\n" not in name:  # the usual name, without the pattern's cost
+        return name[:dot], name[dot + 1:]
+    m = _NAME.match(name)  # (a base name starting with a dot, a newline: the pattern decides)
     return (m.group(1), m.group(2)) if m else (None, None)
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):
     """One tar member as the headers describe it: its name, where its data starts, its size and
     kind (``file``, ``dir``, or why it cannot be read: ``a symbolic link``, ...); ``problem`` is
     set for damage found at ``offset`` (then ``name`` may be empty)."""
@@ -90,7 +93,12 @@ class Member:
 
 
 def _octal(field: bytes) -> int:
-    """A header's numeric field: octal text, or GNU base-256 (first byte 0x80/0xff)."""
+    """A header's numeric field: octal text (up to its first NUL, as ``tarfile`` reads it), or
+    GNU base-256 (first byte 0x80/0xff); ValueError when it is neither."""
+    try:  # the usual field: digits, then NULs or spaces
+        return int(field.rstrip(b"\0 "), 8)
+    except ValueError:
+        pass
     if field[:1] in (b"\x80", b"\xff"):
         value = int.from_bytes(field[1:], "big")
         return value - (1 << (8 * (len(field) - 1))) if field[:1] == b"\xff" else value
@@ -99,7 +107,10 @@ def _octal(field: bytes) -> int:
 
 
 def _pax(data: bytes) -> dict[str, str]:
-    """The records of a pax extended header (``"%d %s=%s\\n"``)."""
+    """The records of a pax extended header (``"%d %s=%s\\n"``) that decide a member: its
+    ``path`` and ``size`` (webdataset's TarWriter writes one per member, for its ``mtime``)."""
+    if b"path=" not in data and b"size=" not in data:
+        return {}
     out, pos = {}, 0
     while pos < len(data):
         space = data.find(b" ", pos)
@@ -115,32 +126,32 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 _NO_DATA = frozenset((b"1", b"2", b"3", b"4", b"5", b"6", b"V"))
+_EXTENDED = frozenset((b"L", b"x", b"g", b"K"))
 _KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
           b"6": "a named pipe", b"S": "a GNU sparse file", b"V": "a volume label", b"M": "a multi-volume part"}
 
 
 class _Windows:
-    """1 MiB windows of an open shard, with each 512-byte block's byte sum (the header checksum's
-    sum, one numpy pass a window instead of one Python ``sum`` a header)."""
+    """1 MiB windows of an open shard, with each 512-byte block's byte sum and the sum of its
+    checksum field's 8 bytes (what the header checksum needs: one numpy pass a window instead
+    of one Python ``sum`` a header)."""
 
     def __init__(self, f: Any, size: int):
         self.f, self.size = f, size
-        self.start, self.buf, self.sums = 0, b"", np.zeros(0, np.int64)
+        self.start, self.buf, self.sums, self.chks = 0, b"", [], []
 
-    def header(self, pos: int) -> tuple[bytes, int] | None:
-        """The 512 bytes at ``pos`` and their sum; None past the end of the shard."""
+    def load(self, pos: int) -> bool:
+        """Read the window starting at ``pos``; False when no whole block is left there."""
         if pos + _BLOCK > self.size:
-            return None
-        if not self.start <= pos <= self.start + len(self.buf) - _BLOCK:
-            self.f.seek(pos)
-            n = max(_BLOCK, min(_WINDOW, self.size - pos)) // _BLOCK * _BLOCK
-            self.buf, self.start = self.f.read(n), pos
-            whole = len(self.buf) // _BLOCK * _BLOCK
-            self.sums = np.frombuffer(self.buf, np.uint8, whole).reshape(-1, _BLOCK).sum(axis=1, dtype=np.int64)
-            if whole < _BLOCK:
-                return None
-        at = pos - self.start
-        return self.buf[at:at + _BLOCK], int(self.sums[at // _BLOCK])
+            return False
+        self.f.seek(pos)
+        n = max(_BLOCK, min(_WINDOW, self.size - pos)) // _BLOCK * _BLOCK
+        self.buf, self.start = self.f.read(n), pos
+        whole = len(self.buf) // _BLOCK * _BLOCK
+        blocks = np.frombuffer(self.buf, np.uint8, whole).reshape(-1, _BLOCK)
+        self.sums = blocks.sum(axis=1).tolist()
+        self.chks = blocks[:, 148:156].sum(axis=1).tolist()
+        return whole >= _BLOCK
 
     def data(self, pos: int, n: int) -> bytes:
         """``n`` bytes at ``pos`` (a long name, a pax header, a ``.cls``)."""
@@ -151,41 +162,50 @@ class _Windows:
         return self.f.read(n)
 
 
-def scan_shard(f: Any, size: int, keep: Any = None) -> Iterator[Member]:
+def _damage(pos: int, what: str) -> Member:
+    """The entry that ends a damaged shard's listing."""
+    return Member("", pos, 0, "file", f"{what} at offset {pos}: the members after it cannot be listed")
+
+
+def scan_shard(f: Any, size: int, keep: str = "") -> Iterator[Member]:
     """The members of the tar in the open binary file ``f`` of ``size`` bytes, in order, from
     their headers (see the module doc); damage ends the scan with one ``Member`` whose
-    ``problem`` says where and what. ``keep(name)``: whether to read a member's bytes too
-    (``Member.data``; small members such as ``.cls``, read from the window already there)."""
+    ``problem`` says where and what. ``keep``: a lower-case name ending (``".cls"``) whose
+    members' bytes are read too (``Member.data``, from the window already there)."""
     win = _Windows(f, size)
-    pos, long_name, pax = 0, None, {}
+    pos, long_name, pax = 0, None, None
+    keep_n = len(keep)
     while True:
-        got = win.header(pos)
-        if got is None:
-            if pos < size:
-                yield Member("", pos, 0, problem=f"the shard ends inside a header at offset {pos}")
-            return  # (no end-of-archive marker: the members listed are all there is, as tar reads it)
-        h, total = got
-        if h == _ZERO:
+        at = pos - win.start
+        if not (0 <= at <= len(win.buf) - _BLOCK):
+            if not win.load(pos):
+                if pos < size:
+                    yield _damage(pos, "the shard ends inside a header")
+                return  # (no end-of-archive marker: the members listed are all there is, as tar reads it)
+            at = 0
+        k = at >> 9
+        total = win.sums[k]
+        if total == 0:  # an empty block: the end-of-archive marker
             yield from _after_end(f, pos, size)
             return
+        h = win.buf[at:at + _BLOCK]
         try:
             stored = _octal(h[148:156])
         except ValueError:
             stored = -1
-        if stored != total - sum(h[148:156]) + 8 * 32:
-            yield Member("", pos, 0, problem=f"damaged tar header at offset {pos} (checksum mismatch): "
-                                             "the members after it cannot be listed")
+        if stored != total - win.chks[k] + 256:  # the checksum field counts as 8 spaces
+            yield _damage(pos, "damaged tar header (checksum mismatch)")
             return
         try:
             length = _octal(h[124:136])
         except ValueError:
-            yield Member("", pos, 0, problem=f"damaged tar header at offset {pos} (size field)")
+            yield _damage(pos, "damaged tar header (size field)")
             return
         flag = h[156:157]
         data = pos + _BLOCK
-        if flag in (b"L", b"x", b"g", b"K"):  # a header about the next member
+        if flag in _EXTENDED:  # a header about the next member
             if data + length > size:
-                yield Member("", pos, 0, problem=f"the shard ends inside an extended header at offset {pos}")
+                yield _damage(pos, "the shard ends inside an extended header")
                 return
             raw = win.data(data, length)
             if flag == b"L":
@@ -194,41 +214,50 @@ def scan_shard(f: Any, size: int, keep: Any = None) -> Iterator[Member]:
                 try:
                     pax = _pax(raw)
                 except ValueError:
-                    yield Member("", pos, 0, problem=f"damaged pax header at offset {pos}")
+                    yield _damage(pos, "damaged pax header")
                     return
             pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK
             continue
-        if "path" in pax:
+        if pax and "path" in pax:
             name = pax["path"]
         elif long_name is not None:
             name = long_name
         else:
             name = h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if h[257:263] == b"ustar\0" and h[345] != 0:  # POSIX: the prefix field holds the folders
+            if h[345] != 0 and h[257:263] == b"ustar\0":  # POSIX: the prefix field holds the folders
                 name = h[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
-        if "size" in pax:
-            try:
-                length = int(pax["size"])
-            except ValueError:
-                yield Member(name, data, 0, problem=f"damaged pax size at offset {pos}")
+        if pax:
+            if "size" in pax:
+                try:
+                    length = int(pax["size"])
+                except ValueError:
+                    yield _damage(pos, "damaged pax size")
+                    return
+            pax = None
+        long_name = None
+        if flag in _REGULAR and not (flag == b"\0" and name.endswith("/")):
+            if data + length > size:
+                yield Member(name, data, length, "file", f"truncated: the shard ends {size - data} bytes into "
+                                                         f"its {length}")
                 return
-        long_name, pax = None, {}
-        if flag == b"\0" and name.endswith("/"):  # an old (V7) folder, as tarfile reads it
-            flag = b"5"
-        kind = "file" if flag in _REGULAR else "dir" if flag == b"5" else _KINDS.get(flag, f"a tar member of type {flag!r}")
-        if kind == "dir":
-            name = name.rstrip("/")
-        has_data = flag not in _NO_DATA  # as tarfile skips: regular files and types it does not know
-        if has_data and data + length > size:
-            yield Member(name, data, length, kind, problem=f"truncated: the shard ends {size - data} bytes into "
-                                                            f"its {length}")
-            return
-        if kind != "file":
-            yield Member(name, data, 0, kind)
+            yield Member(name, data, length, "file", "",
+                         win.data(data, length) if keep_n and name[-keep_n:].lower() == keep else None)
+            pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK
+            continue
+        if flag == b"\0" or flag == b"5":  # a folder (an old V7 one: a name ending in /), as tarfile reads it
+            yield Member(name.rstrip("/"), data, 0, "dir")
+            pos = data
+            continue
+        kind = _KINDS.get(flag, f"a tar member of type {flag!r}")
+        if flag not in _NO_DATA:  # as tarfile skips: the data of types it does not know
+            if data + length > size:
+                yield Member(name, data, length, kind, f"truncated: the shard ends {size - data} bytes into "
+                                                       f"its {length}")
+                return
+            pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK
         else:
-            yield Member(name, data, length, kind, data=win.data(data, length) if keep is not None and keep(name)
-                         else None)
-        pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK if has_data else data
+            pos = data
+        yield Member(name, data, 0, kind)
 
 
 def _after_end(f: Any, pos: int, size: int) -> Iterator[Member]:
@@ -359,9 +388,8 @@ class TarSample(SourceItem):
     the fields' types (one tuple shared by every sample of a listing)."""
 
     def __init__(self, key: str, path: str, label: int, *, local: str, members: tuple, types: tuple):
-        super().__init__(key, path, label, None)
-        d = self.__dict__
-        d["local"], d["members"], d["types"] = local, members, types
+        # (every field set at once, not through the parents' __init__ chain: millions of items)
+        self.__dict__.update(key=key, path=path, label=label, values=None, local=local, members=members, types=types)
 
     def _bytes(self, name: str, offset: int, size: int) -> tuple[bytes, tuple[int, int] | None]:
         try:
@@ -419,9 +447,6 @@ class _Sample:
     image: str = ""  # the name of its image member, even one that cannot be read (failures name it)
 
 
-def _is_cls(name: str) -> bool:
-    return name[-4:].lower() == ".cls"
-
 
 def _samples(shard: str, local: str, exts: Sequence[str], failures: list[InputFailure] | None) -> Iterator[_Sample]:
     """The samples of one shard (consecutive members sharing a key), with what is wrong with each."""
@@ -433,7 +458,7 @@ def _samples(shard: str, local: str, exts: Sequence[str], failures: list[InputFa
     with f:
         size = os.fstat(f.fileno()).st_size
         current: _Sample | None = None
-        for m in scan_shard(f, size, keep=_is_cls):
+        for m in scan_shard(f, size, keep=".cls"):
             if m.kind == "dir":
                 continue
             if m.problem and not m.name:  # damage between members: the rest is unlisted
@@ -514,7 +539,8 @@ def shard_items(spec: str | os.PathLike, *, exts: Sequence[str], class_index: st
         raise UsageError(f"{spec}: names no .tar shards")
     samples: list[_Sample] = []
     local_of: dict[str, str] = {}
-    npy: dict[str, str] = {}
+    fields: dict[str, str] = {}  # field -> type, from every extension seen (once each)
+    seen: set[str] = set()
     for shard in shards:
         local = _local(shard, failures)
         if local is None:
@@ -522,26 +548,23 @@ def shard_items(spec: str | os.PathLike, *, exts: Sequence[str], class_index: st
         name = redact(shard)
         local_of[name] = local
         for s in _samples(name, local, exts, failures):
-            for ext, (offset, size, _) in s.members.items():
-                if _field_of(ext, exts)[1] == "ndarray" and ext not in npy:
-                    npy[ext] = _npy_type(local, offset, size)
+            for ext in s.members:
+                if ext not in seen:
+                    seen.add(ext)
+                    field, kind = _field_of(ext, exts)
+                    if kind == "ndarray":
+                        offset, size, _ = s.members[ext]
+                        kind = _npy_type(local, offset, size)
+                    fields.setdefault(field, kind)  # (one image field, whichever image extension)
             samples.append(s)
-    fields: dict[str, str] = {}
-    for s in samples:
-        for ext in s.members:
-            field, kind = _field_of(ext, exts)
-            kind = npy.get(ext, kind)
-            if field == "image" and "image" in fields:
-                continue  # one image field, whichever image extension each sample has
-            fields.setdefault(field, kind)
     return _listing(samples, fields, local_of, exts, class_index, failures, str(spec))
 
 
-def _image_member(s: _Sample, exts: Sequence[str]) -> tuple[str, tuple[int, int, str]] | None:
-    found = [(ext, m) for ext, m in s.members.items() if ext in exts]
-    if len(found) > 1:
-        s.problems.append(f"two images ({', '.join('.' + e for e, _ in found)})")
-    return found[0] if found else None
+def _plain_key(key: str) -> bool:
+    """Whether ``safe_key`` would take ``key`` as it is, by cheap tests (printable ASCII, no
+    empty, ``.`` or ``..`` part, not absolute); anything else goes through ``safe_key``."""
+    return (key.isascii() and key.isprintable() and key[:1] not in ("/", ".", "") and "/." not in key
+            and "//" not in key and not key.endswith("/"))
 
 
 def _listing(samples: list[_Sample], fields: dict[str, str], local_of: dict[str, str], exts: Sequence[str],
@@ -561,40 +584,46 @@ def _listing(samples: list[_Sample], fields: dict[str, str], local_of: dict[str,
     if class_index is not None:
         index = lists.read_class_index(class_index, tree=lambda train: _tree_classes(train, exts))
     rows: list[tuple[_Sample, str, int, tuple]] = []
+    field_of: dict[str, str] = {}  # extension -> field name, once per extension
+    wanted = len(order)
     for s in samples:
-        image = _image_member(s, exts)
-        if "image" in fields and image is None and not s.problems:
-            s.problems.append("the sample has no image member" + (
-                f" (it has {', '.join('.' + e for e in s.members)})" if s.members else ""))
-        missing = [n for n in order if n != "image" and not any(_field_of(e, exts)[0] == n for e in s.members)]
-        if missing and not s.problems:
-            s.problems.append(f"the sample lacks {', '.join(missing)} (other samples have it)")
-        key = image[1][2] if image is not None else s.image or s.key
-        try:
-            key = safe_key(key, s.shard)
-        except UsageError as e:
-            s.problems.append(str(e).removeprefix(f"{s.shard}: "))
+        by_field: dict[str, tuple] = {}
+        images = []
+        for ext, m in s.members.items():
+            n = field_of.get(ext)
+            if n is None:
+                n = field_of[ext] = _field_of(ext, exts)[0]
+            if n == "image":
+                images.append(ext)
+            by_field[n] = m
+        problems = s.problems
+        if len(images) > 1:
+            problems.append(f"two images ({', '.join('.' + e for e in images)})")
+        if len(by_field) != wanted and not problems:
+            if "image" in fields and not images:
+                problems.append("the sample has no image member" + (
+                    f" (it has {', '.join('.' + e for e in s.members)})" if s.members else ""))
+            else:
+                missing = [n for n in order if n not in by_field]
+                problems.append(f"the sample lacks {', '.join(missing)} (other samples have it)")
+        key = by_field["image"][2] if images else s.image or s.key
+        if not _plain_key(key):
+            try:
+                key = safe_key(key, s.shard)
+            except UsageError as e:
+                problems.append(str(e).removeprefix(f"{s.shard}: "))
         label = -1
-        if not s.problems and "label" in fields:
-            member = s.members["cls"][2]
+        if not problems and "label" in by_field:
             try:
                 label = int(s.cls.decode("ascii").strip())
                 if label < 0:
                     raise ValueError
             except (ValueError, UnicodeDecodeError):
-                s.problems.append(f"member {member!r} is not a class index (a non-negative integer)")
-        if s.problems:
-            bad_line(failures, s.shard, 0, "; ".join(s.problems), key)
+                problems.append(f"member {by_field['label'][2]!r} is not a class index (a non-negative integer)")
+        if problems:
+            bad_line(failures, s.shard, 0, "; ".join(problems), key)
             continue
-        triples = []
-        for n in order:
-            if n == "image":
-                offset, size, _ = image[1]
-            else:
-                ext = next(e for e in s.members if _field_of(e, exts)[0] == n)
-                offset, size, _ = s.members[ext]
-            triples.append((n, offset, size))
-        rows.append((s, key, label, tuple(triples)))
+        rows.append((s, key, label, tuple((n, *by_field[n][:2]) for n in order)))
     recorded = {"source": "wds", "layout": layout}
     if layout == "folders":
         return _folder_listing(rows, local_of, types, index, class_index, failures, recorded, spec)
