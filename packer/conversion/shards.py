@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 _BLOCK = 512
 _WINDOW = 1 << 20
 _ZERO = bytes(_BLOCK)
-_REGULAR = frozenset((b"0", b"\0", b"7"))
+_REGULAR = frozenset(b"0\x007")
 _NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 # a non-image member's type by its last suffix (anything else: bytes)
 FIELD_TYPES = {"txt": "str", "text": "str", "json": "json", "npy": "ndarray", "cls": "int"}
@@ -125,10 +125,13 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
-_NO_DATA = frozenset((b"1", b"2", b"3", b"4", b"5", b"6", b"V"))
-_EXTENDED = frozenset((b"L", b"x", b"g", b"K"))
-_KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
-          b"6": "a named pipe", b"S": "a GNU sparse file", b"V": "a volume label", b"M": "a multi-volume part"}
+_NO_DATA = frozenset(b"123456V")  # (type flags as ints: bytes iterate as ints)
+_EXTENDED = frozenset(b"LxgK")
+_POW6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+_POW11 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+_KINDS = {ord("1"): "a hard link", ord("2"): "a symbolic link", ord("3"): "a character device",
+          ord("4"): "a block device", ord("6"): "a named pipe", ord("S"): "a GNU sparse file",
+          ord("V"): "a volume label", ord("M"): "a multi-volume part"}
 
 
 class _Windows:
@@ -139,9 +142,17 @@ class _Windows:
     def __init__(self, f: Any, size: int):
         self.f, self.size = f, size
         self.start, self.buf, self.sums, self.chks = 0, b"", [], []
+        self.valid: list = []
+        self.sizes: list = []
+        self.flags: list = []
 
     def load(self, pos: int) -> bool:
-        """Read the window starting at ``pos``; False when no whole block is left there."""
+        """Read the window starting at ``pos``; False when no whole block is left there.
+
+        Per block, vectorized: its byte sum, the sum of its checksum field, whether it is a header
+        in the usual form whose checksum is right (six octal digits and a NUL), its size field
+        in the usual form (eleven octal digits; -1 otherwise) and its type flag. The scan walks
+        the headers through these lists and parses only an unusual field itself."""
         if pos + _BLOCK > self.size:
             return False
         self.f.seek(pos)
@@ -149,8 +160,15 @@ class _Windows:
         self.buf, self.start = self.f.read(n), pos
         whole = len(self.buf) // _BLOCK * _BLOCK
         blocks = np.frombuffer(self.buf, np.uint8, whole).reshape(-1, _BLOCK)
-        self.sums = blocks.sum(axis=1).tolist()
-        self.chks = blocks[:, 148:156].sum(axis=1).tolist()
+        sums = blocks.sum(axis=1, dtype=np.int64)
+        chks = blocks[:, 148:156].sum(axis=1, dtype=np.int64)
+        digits = blocks[:, 148:154].astype(np.int64) - 48
+        usual = ((digits >= 0) & (digits <= 7)).all(axis=1) & (blocks[:, 154] == 0)
+        self.valid = (usual & (digits @ _POW6 == sums - chks + 256)).tolist()
+        digits = blocks[:, 124:135].astype(np.int64) - 48
+        usual = ((digits >= 0) & (digits <= 7)).all(axis=1) & ((blocks[:, 135] == 0) | (blocks[:, 135] == 32))
+        self.sizes = np.where(usual, digits @ _POW11, -1).tolist()
+        self.sums, self.chks, self.flags = sums.tolist(), chks.tolist(), blocks[:, 156].tolist()
         return whole >= _BLOCK
 
     def data(self, pos: int, n: int) -> bytes:
@@ -162,9 +180,9 @@ class _Windows:
         return self.f.read(n)
 
 
-def _damage(pos: int, what: str) -> Member:
+def _damage(pos: int, what: str) -> tuple:
     """The entry that ends a damaged shard's listing."""
-    return Member("", pos, 0, "file", f"{what} at offset {pos}: the members after it cannot be listed")
+    return ("", pos, 0, "file", f"{what} at offset {pos}: the members after it cannot be listed", None)
 
 
 def scan_shard(f: Any, size: int, keep: str = "") -> Iterator[Member]:
@@ -172,45 +190,56 @@ def scan_shard(f: Any, size: int, keep: str = "") -> Iterator[Member]:
     their headers (see the module doc); damage ends the scan with one ``Member`` whose
     ``problem`` says where and what. ``keep``: a lower-case name ending (``".cls"``) whose
     members' bytes are read too (``Member.data``, from the window already there)."""
+    for m in _scan(f, size, keep):
+        yield Member(*m)
+
+
+def _scan(f: Any, size: int, keep: str) -> Iterator[tuple]:
+    """``scan_shard``'s members as plain tuples (the listing's loop: no object a member)."""
     win = _Windows(f, size)
     pos, long_name, pax = 0, None, None
     keep_n = len(keep)
+    start, buf, last = 0, b"", -1  # the window and its per-block lists, bound to locals (the hot loop)
+    sums = chks = valid = sizes = flags = []
     while True:
-        at = pos - win.start
-        if not (0 <= at <= len(win.buf) - _BLOCK):
+        at = pos - start
+        if not (0 <= at <= last):
             if not win.load(pos):
                 if pos < size:
                     yield _damage(pos, "the shard ends inside a header")
                 return  # (no end-of-archive marker: the members listed are all there is, as tar reads it)
-            at = 0
+            start, buf, at = win.start, win.buf, 0
+            sums, chks, valid, sizes, flags = win.sums, win.chks, win.valid, win.sizes, win.flags
+            last = len(buf) - _BLOCK
         k = at >> 9
-        total = win.sums[k]
-        if total == 0:  # an empty block: the end-of-archive marker
-            yield from _after_end(f, pos, size)
-            return
-        h = win.buf[at:at + _BLOCK]
-        try:
-            stored = _octal(h[148:156])
-        except ValueError:
-            stored = -1
-        if stored != total - win.chks[k] + 256:  # the checksum field counts as 8 spaces
-            yield _damage(pos, "damaged tar header (checksum mismatch)")
-            return
-        try:
-            length = _octal(h[124:136])
-        except ValueError:
-            yield _damage(pos, "damaged tar header (size field)")
-            return
-        flag = h[156:157]
+        if not valid[k]:  # an empty block, or a checksum field not in the usual form: look closer
+            if sums[k] == 0:  # the end-of-archive marker
+                yield from _after_end(f, pos, size)
+                return
+            try:
+                stored = _octal(buf[at + 148:at + 156])
+            except ValueError:
+                stored = -1
+            if stored != sums[k] - chks[k] + 256:  # the checksum field counts as 8 spaces
+                yield _damage(pos, "damaged tar header (checksum mismatch)")
+                return
+        length = sizes[k]
+        if length < 0:
+            try:
+                length = _octal(buf[at + 124:at + 136])
+            except ValueError:
+                yield _damage(pos, "damaged tar header (size field)")
+                return
+        flag = flags[k]
         data = pos + _BLOCK
         if flag in _EXTENDED:  # a header about the next member
             if data + length > size:
                 yield _damage(pos, "the shard ends inside an extended header")
                 return
             raw = win.data(data, length)
-            if flag == b"L":
+            if flag == 76:  # L: a GNU long name
                 long_name = raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif flag == b"x":
+            elif flag == 120:  # x: pax records
                 try:
                     pax = _pax(raw)
                 except ValueError:
@@ -223,9 +252,9 @@ def scan_shard(f: Any, size: int, keep: str = "") -> Iterator[Member]:
         elif long_name is not None:
             name = long_name
         else:
-            name = h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if h[345] != 0 and h[257:263] == b"ustar\0":  # POSIX: the prefix field holds the folders
-                name = h[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+            name = buf[at:at + 100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if buf[at + 345] != 0 and buf[at + 257:at + 263] == b"ustar\0":  # POSIX: the prefix holds the folders
+                name = buf[at + 345:at + 500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
         if pax:
             if "size" in pax:
                 try:
@@ -235,32 +264,32 @@ def scan_shard(f: Any, size: int, keep: str = "") -> Iterator[Member]:
                     return
             pax = None
         long_name = None
-        if flag in _REGULAR and not (flag == b"\0" and name.endswith("/")):
+        if flag in _REGULAR and not (flag == 0 and name.endswith("/")):
             if data + length > size:
-                yield Member(name, data, length, "file", f"truncated: the shard ends {size - data} bytes into "
-                                                         f"its {length}")
+                yield (name, data, length, "file", f"truncated: the shard ends {size - data} bytes into its {length}",
+                       None)
                 return
-            yield Member(name, data, length, "file", "",
-                         win.data(data, length) if keep_n and name[-keep_n:].lower() == keep else None)
+            yield (name, data, length, "file", "",
+                   win.data(data, length) if keep_n and name[-keep_n:].lower() == keep else None)
             pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK
             continue
-        if flag == b"\0" or flag == b"5":  # a folder (an old V7 one: a name ending in /), as tarfile reads it
-            yield Member(name.rstrip("/"), data, 0, "dir")
+        if flag == 0 or flag == 53:  # a folder ("5"; an old V7 one: a name ending in /), as tarfile reads it
+            yield (name.rstrip("/"), data, 0, "dir", "", None)
             pos = data
             continue
-        kind = _KINDS.get(flag, f"a tar member of type {flag!r}")
+        kind = _KINDS.get(flag, f"a tar member of type {bytes([flag])!r}")
         if flag not in _NO_DATA:  # as tarfile skips: the data of types it does not know
             if data + length > size:
-                yield Member(name, data, length, kind, f"truncated: the shard ends {size - data} bytes into "
-                                                       f"its {length}")
+                yield (name, data, length, kind, f"truncated: the shard ends {size - data} bytes into its {length}",
+                       None)
                 return
             pos = data + (length + _BLOCK - 1) // _BLOCK * _BLOCK
         else:
             pos = data
-        yield Member(name, data, 0, kind)
+        yield (name, data, 0, kind, "", None)
 
 
-def _after_end(f: Any, pos: int, size: int) -> Iterator[Member]:
+def _after_end(f: Any, pos: int, size: int) -> Iterator[tuple]:
     """After the end-of-archive marker only zeros may follow (the record padding); anything
     else (a damaged block read as the end, a second archive appended) is reported."""
     f.seek(pos)
@@ -271,9 +300,9 @@ def _after_end(f: Any, pos: int, size: int) -> Iterator[Member]:
             return
         if chunk.count(0) != len(chunk):
             first = at + next(i for i, b in enumerate(chunk) if b)
-            yield Member("", first, 0, problem=f"data at offset {first} after the end-of-archive marker at "
-                                               f"{pos}: an empty block inside the archive, or another archive "
-                                               "appended; the members after it cannot be listed")
+            yield ("", first, 0, "file", f"data at offset {first} after the end-of-archive marker at {pos}: an "
+                   "empty block inside the archive, or another archive appended; the members after it cannot be "
+                   "listed", None)
             return
         at += len(chunk)
 
@@ -354,21 +383,27 @@ class _Files:
 
     def __init__(self, keep: int = 32):
         self.keep, self.fds, self.lock = keep, OrderedDict(), threading.Lock()
+        self.last: tuple[str | None, int] = (None, -1)  # the shard read last (most reads: the same)
 
     def pread(self, path: str, size: int, offset: int) -> tuple[bytes, os.stat_result]:
         with self.lock:
-            fd = self.fds.get(path)
-            if fd is None:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                self.fds[path] = fd
-                while len(self.fds) > self.keep:
-                    os.close(self.fds.popitem(last=False)[1])
+            if self.last[0] == path:
+                fd = self.last[1]
             else:
-                self.fds.move_to_end(path)
+                fd = self.fds.get(path)
+                if fd is None:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    self.fds[path] = fd
+                    while len(self.fds) > self.keep:
+                        os.close(self.fds.popitem(last=False)[1])
+                else:
+                    self.fds.move_to_end(path)
+                self.last = (path, fd)
             return os.pread(fd, size, offset), os.fstat(fd)
 
     def close(self) -> None:
         with self.lock:
+            self.last = (None, -1)
             while self.fds:
                 os.close(self.fds.popitem()[1])
 
@@ -437,14 +472,15 @@ def _value(item: TarSample, name: str, kind: str, data: bytes) -> Any:
 
 
 # -- listing -----------------------------------------------------------------------------------------
-@dataclass
 class _Sample:
-    key: str
-    shard: str
-    members: dict  # extension -> (offset, size, member name)
-    problems: list
-    cls: bytes = b""  # the .cls member's bytes
-    image: str = ""  # the name of its image member, even one that cannot be read (failures name it)
+    """A sample while it is listed: its key and shard, its members (extension -> (offset,
+    size, member name)), what is wrong with it, its ``.cls`` bytes and the name of its image
+    member (even one that cannot be read: failures name it)."""
+
+    __slots__ = ("key", "shard", "members", "problems", "cls", "image")
+
+    def __init__(self, key: str, shard: str):
+        self.key, self.shard, self.members, self.problems, self.cls, self.image = key, shard, {}, [], b"", ""
 
 
 
@@ -458,36 +494,36 @@ def _samples(shard: str, local: str, exts: Sequence[str], failures: list[InputFa
     with f:
         size = os.fstat(f.fileno()).st_size
         current: _Sample | None = None
-        for m in scan_shard(f, size, keep=".cls"):
-            if m.kind == "dir":
+        for name, offset, length, kind, problem, data in _scan(f, size, ".cls"):
+            if kind == "dir":
                 continue
-            if m.problem and not m.name:  # damage between members: the rest is unlisted
+            if problem and not name:  # damage between members: the rest is unlisted
                 if current is not None:
                     yield current
                     current = None
-                bad_line(failures, shard, 0, m.problem)
+                bad_line(failures, shard, 0, problem)
                 continue
-            key, ext = split_name(m.name)
+            key, ext = split_name(name)
             if key is None:
-                bad_line(failures, shard, 0, f"member {m.name!r} has no extension: not part of a sample", m.name)
+                bad_line(failures, shard, 0, f"member {name!r} has no extension: not part of a sample", name)
                 continue
             ext = ext.lower()
             if current is None or key != current.key:
                 if current is not None:
                     yield current
-                current = _Sample(key, shard, {}, [])
+                current = _Sample(key, shard)
             if ext in exts and not current.image:
-                current.image = m.name
-            if m.problem:
-                current.problems.append(f"member {m.name!r} is {m.problem}")
-            elif m.kind != "file":
-                current.problems.append(f"member {m.name!r} is {m.kind}, not a file")
+                current.image = name
+            if problem:
+                current.problems.append(f"member {name!r} is {problem}")
+            elif kind != "file":
+                current.problems.append(f"member {name!r} is {kind}, not a file")
             elif ext in current.members:
-                current.problems.append(f"two members named {m.name!r} (the same key and extension)")
+                current.problems.append(f"two members named {name!r} (the same key and extension)")
             else:
-                current.members[ext] = (m.offset, m.size, m.name)
-                if m.data is not None:
-                    current.cls = m.data
+                current.members[ext] = (offset, length, name)
+                if data is not None:
+                    current.cls = data
         if current is not None:
             yield current
 
