@@ -206,7 +206,7 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Store the samples in a permutation of the inputs fixed by SEED (keys still "
                            "name the sources), so that reading in stored order mixes classes; "
                            "recorded in the manifest. Default: sorted input order.")(fn)
-    fn = click.option("--source-format", type=click.Choice(SOURCE_FORMATS), default=None,
+    fn = click.option("--source-format", type=click.Choice(SOURCE_FORMATS), default=None, metavar="KIND",
                       help="What SRC is: a class-folder tree (folder), WebDataset .tar shards (wds: a file, a "
                            "folder of them, a brace pattern shard-{000000..000099}.tar, a URL), a "
                            "Dataset.save_to_disk folder (hf) or Parquet files (parquet). Default: detected "

@@ -374,6 +374,8 @@ def _cell(item: "RowItem", name: str, kind: str, col: Any, i: int) -> Any:
     value = col[i].as_py()
     if value is None:
         raise CorruptSample(item.key, item.path, f"row {item.index}: column {name!r} is null", stage="read")
+    if value.__class__ is bool and kind == "int":  # a bool column: 0 or 1 (an int field refuses bools)
+        return int(value)
     if kind == "image" and isinstance(value, str):  # a path column
         path = value if os.path.isabs(value) else os.path.join(item.table.root, value)
         try:
@@ -517,7 +519,10 @@ def table_source(src: str | os.PathLike, kind: str, *, class_index: str | os.Pat
     if class_index is not None:
         raise UsageError("--class-index renumbers a plain image pack's ClassLabel; this table has other columns "
                          "(its ClassLabel names are kept as its classes)")
-    schema_obj = Schema(types)
+    try:
+        schema_obj = Schema(types)
+    except ValueError as e:
+        raise UsageError(f"{src}: these columns cannot be fields ({e}); rename them first") from e
     return SourceListing(items, lists.Classes(first_classes), schema_obj, failures if failures is not None else [],
                          recorded, "")
 

@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 
 _BLOCK = 512
 _WINDOW = 1 << 20
-_ZERO = bytes(_BLOCK)
 _REGULAR = frozenset(b"0\x007")
 _NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 # a non-image member's type by its last suffix (anything else: bytes)

@@ -108,6 +108,12 @@ def test_workers_and_plans_give_the_same_output(tree, hf, tmp_path):
         for out in outs[3:]:
             snap = packed_snapshot(out)
             assert snap["keys"] == first["keys"] and snap["classes"] == first["classes"]
+        # --samples-per-shard: one writer keeps the layout, verdict workers (the staged plan: the
+        # writer's threads read each sample again) against this process alone
+        staged = [out_path(tmp_path, "records", f"{Path(src).name}-staged-{w}") for w in (0, 2)]
+        for out, w in zip(staged, (0, 2)):
+            packer.pack(src, out, format="records", workers=w, samples_per_shard=5)
+        assert packed_snapshot(staged[0]) == packed_snapshot(staged[1])
 
 
 def test_shards_with_captions_and_arrays_are_field_packs(tree, tmp_path):
