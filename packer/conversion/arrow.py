@@ -313,31 +313,29 @@ class _Rows:
         self.last = (k, unit)
         return unit
 
-    def values(self, item: "RowItem", names: Sequence[str] | None) -> tuple[dict[str, Any], tuple[int, int]]:
-        """``{column: value}`` of the row (``names``: only those columns) and its file's stat."""
+    def _row(self, item: "RowItem") -> tuple[_Unit, list, int]:
+        """The row's unit, its batch's prepared columns and its index in them (under the lock)."""
+        unit = self._unit(item)
+        try:
+            cols, i = unit.row(item.row)
+        except ValueError as e:
+            raise CorruptSample(item.key, item.path, f"row {item.index}: {e}", stage="read") from e
+        return unit, cols, i
+
+    def values(self, item: "RowItem") -> tuple[dict[str, Any], tuple[int, int]]:
+        """``{column: value}`` of the row and its file's stat."""
         with self.lock:
-            unit = self._unit(item)
-            try:
-                cols, i = unit.row(item.row)
-            except ValueError as e:
-                raise CorruptSample(item.key, item.path, f"row {item.index}: {e}", stage="read") from e
-            out = {}
-            for name, kind, col in zip(item.table.columns, item.table.types, cols):
-                if names is not None and name not in names:
-                    continue
-                out[name] = _cell(item, name, kind, col, i)
-            return out, unit.stat
+            unit, cols, i = self._row(item)
+            table = item.table
+            return {name: _cell(item, name, kind, col, i)
+                    for name, kind, col in zip(table.columns, table.types, cols)}, unit.stat
 
     def image(self, item: "RowItem") -> tuple[bytes, tuple[int, int]]:
         """The row's first image column's bytes and its file's stat (a plain image pack's read)."""
         table = item.table
         j = table.image
         with self.lock:
-            unit = self._unit(item)
-            try:
-                cols, i = unit.row(item.row)
-            except ValueError as e:
-                raise CorruptSample(item.key, item.path, f"row {item.index}: {e}", stage="read") from e
+            unit, cols, i = self._row(item)
             return _cell(item, table.columns[j], "image", cols[j], i), unit.stat
 
     def clear(self) -> None:
@@ -364,12 +362,7 @@ def _cell(item: "RowItem", name: str, kind: str, col: Any, i: int) -> Any:
             if rel is None:
                 raise CorruptSample(item.key, item.path, f"row {item.index}: column {name!r} is null (no bytes, "
                                                          "no path)", stage="read")
-            path = rel if os.path.isabs(rel) else os.path.join(item.table.root, rel)
-            try:
-                return read_file(path)
-            except OSError as e:
-                raise CorruptSample(item.key, item.path, f"row {item.index}: column {name!r}: cannot read "
-                                                         f"{path} ({e.strerror or e})", stage="read") from e
+            return _image_file(item, name, rel)
         return data
     value = col[i].as_py()
     if value is None:
@@ -377,13 +370,18 @@ def _cell(item: "RowItem", name: str, kind: str, col: Any, i: int) -> Any:
     if value.__class__ is bool and kind == "int":  # a bool column: 0 or 1 (an int field refuses bools)
         return int(value)
     if kind == "image" and isinstance(value, str):  # a path column
-        path = value if os.path.isabs(value) else os.path.join(item.table.root, value)
-        try:
-            return read_file(path)
-        except OSError as e:
-            raise CorruptSample(item.key, item.path, f"row {item.index}: column {name!r}: cannot read {path} "
-                                                     f"({e.strerror or e})", stage="read") from e
+        return _image_file(item, name, value)
     return value
+
+
+def _image_file(item: "RowItem", name: str, rel: str) -> bytes:
+    """The image a row names by path (a relative one against the source's folder)."""
+    path = rel if os.path.isabs(rel) else os.path.join(item.table.root, rel)
+    try:
+        return read_file(path)
+    except OSError as e:
+        raise CorruptSample(item.key, item.path, f"row {item.index}: column {name!r}: cannot read {path} "
+                                                 f"({e.strerror or e})", stage="read") from e
 
 
 @dataclass(frozen=True, init=False)
@@ -401,7 +399,7 @@ class RowItem(SourceItem):
         return _ROWS.image(self)
 
     def read_values(self) -> tuple[dict[str, Any], tuple[int, int] | None]:
-        return _ROWS.values(self, None)
+        return _ROWS.values(self)
 
 
 # -- listing -----------------------------------------------------------------------------------------

@@ -559,88 +559,107 @@ def shard_items(spec: str | os.PathLike, *, exts: Sequence[str], class_index: st
                 failures: list[InputFailure] | None = None) -> SourceListing:
     """The samples of the tar shards ``spec`` names (``expand_shards``) as items.
 
-    A shard whose samples are exactly an image and a ``.cls`` (every sample's members, taken
-    together) is a plain image pack labelled by the ``.cls`` values, in shard order; classes
-    ``0..max`` or ``class_index``'s names. Samples of an image alone whose keys hold a folder
-    (``cat/0001.jpg``: the tar of a class-folder tree) are a plain image pack labelled as an
-    ImageFolder labels them, in its order (classes sorted, keys sorted), so the pack equals
-    packing the same files from the folder. Anything else is a field pack (``schema`` set),
-    in shard order. Unusable samples go to ``failures`` (see the module doc).
+    Every sample must carry the members some sample has (their extensions taken together). When
+    those are exactly an image and a ``.cls``, the shards are a plain image pack labelled by the
+    ``.cls`` values, in shard order; classes ``0..max`` or ``class_index``'s names. An image alone
+    whose keys hold a folder (``cat/0001.jpg``: the tar of a class-folder tree) is a plain image
+    pack labelled as an ImageFolder labels them, in its order (classes sorted, keys sorted), so
+    the pack equals packing the same files from the folder. Anything else is a field pack
+    (``schema`` set), in shard order. Unusable samples go to ``failures`` (see the module doc).
+
+    One pass over the shards, checking each sample against the first sample's extensions as it
+    goes; only when a later sample brings another extension are the shards listed again against
+    them all (their failures from the first pass dropped).
     """
     from packer.remote.url import redact
 
     shards = expand_shards(spec)
     if not shards:
         raise UsageError(f"{spec}: names no .tar shards")
-    samples: list[_Sample] = []
-    local_of: dict[str, str] = {}
-    fields: dict[str, str] = {}  # field -> type, from every extension seen (once each)
-    seen: set[str] = set()
+    opened = []
     for shard in shards:
         local = _local(shard, failures)
-        if local is None:
-            continue
-        name = redact(shard)
-        local_of[name] = local
-        for s in _samples(name, local, exts, failures):
-            for ext in s.members:
-                if ext not in seen:
-                    seen.add(ext)
-                    field, kind = _field_of(ext, exts)
-                    if kind == "ndarray":
-                        offset, size, _ = s.members[ext]
-                        kind = _npy_type(local, offset, size)
-                    fields.setdefault(field, kind)  # (one image field, whichever image extension)
-            samples.append(s)
-    return _listing(samples, fields, local_of, exts, class_index, failures, str(spec))
+        if local is not None:
+            opened.append((redact(shard), local))
+    known: set[str] | None = None
+    while True:
+        run = _Pass(exts, known)
+        for name, local in opened:
+            for sample in _samples(name, local, exts, run.failures):
+                run.add(sample, local)
+        if run.complete:
+            break
+        known = run.seen
+    if failures is not None:
+        failures.extend(run.failures)
+    elif run.failures:
+        raise UsageError(str(run.failures[0]))
+    return run.listing(dict(opened), class_index, failures, str(spec))
 
 
-def _plain_key(key: str) -> bool:
-    """Whether ``safe_key`` would take ``key`` as it is, by cheap tests (printable ASCII, no
-    empty, ``.`` or ``..`` part, not absolute); anything else goes through ``safe_key``."""
-    return (key.isascii() and key.isprintable() and key[:1] not in ("/", ".", "") and "/." not in key
-            and "//" not in key and not key.endswith("/"))
+class _Pass:
+    """One pass of ``shard_items`` over the samples: the fields (from ``known`` extensions, or
+    the first sample's), each sample checked against them into a row or a failure; ``complete``
+    turns False when a sample brings an extension the fields lack (then a second pass is due)."""
 
+    def __init__(self, exts: Sequence[str], known: set[str] | None):
+        self.exts, self.complete, self.failures = exts, True, []
+        self.seen: set[str] = set(known or ())
+        self.field_of: dict[str, str] = {}  # extension -> field name, once per extension
+        self.fields: dict[str, str] | None = None  # field -> type
+        self.order: list[str] = []
+        self.rows: list[tuple[str, str, int, tuple]] = []  # (shard, key, label, (field, offset, size)...)
+        if known is not None:
+            self._fields(known)
 
-def _listing(samples: list[_Sample], fields: dict[str, str], local_of: dict[str, str], exts: Sequence[str],
-             class_index: str | os.PathLike | None, failures: list[InputFailure] | None, spec: str) -> SourceListing:
-    """Items, classes and schema of the listed samples (see ``shard_items``)."""
-    names = set(fields)
-    layout = "cls" if names == {"image", "label"} else "folders" if names == {"image"} and any(
-        "/" in s.key for s in samples) else "fields"
-    order = ["image", "label"] + sorted(n for n in fields if n not in ("image", "label"))
-    order = [n for n in order if n in fields]
-    types = tuple(fields[n] for n in order)
-    try:
-        schema = None if layout != "fields" else Schema({n: fields[n] for n in order})
-    except ValueError as e:
-        raise UsageError(f"{spec}: these members cannot be fields ({e})") from e
-    index = None
-    if class_index is not None:
-        index = lists.read_class_index(class_index, tree=lambda train: _tree_classes(train, exts))
-    rows: list[tuple[_Sample, str, int, tuple]] = []
-    field_of: dict[str, str] = {}  # extension -> field name, once per extension
-    wanted = len(order)
-    for s in samples:
+    def _name(self, ext: str) -> str:
+        n = self.field_of.get(ext)
+        if n is None:
+            n = self.field_of[ext] = _field_of(ext, self.exts)[0]
+        return n
+
+    def _fields(self, extensions: Any) -> None:
+        """The fields of ``extensions`` (one image field, whichever image extension)."""
+        self.fields = {}
+        for ext in sorted(extensions):
+            field, kind = _field_of(ext, self.exts)
+            if kind == "ndarray":  # its dtype and shape: from the first sample that has it
+                kind = "ndarray:pending"
+            self.fields.setdefault(field, kind)
+        order = ["image", "label"] + sorted(n for n in self.fields if n not in ("image", "label"))
+        self.order = [n for n in order if n in self.fields]
+
+    def add(self, s: _Sample, local: str) -> None:
+        """Check one sample against the fields: a row, or a failure naming its shard and key."""
+        if self.fields is None:
+            self.seen.update(s.members)
+            self._fields(s.members)
+        elif not self.seen.issuperset(s.members):
+            self.seen.update(s.members)
+            if any(self._name(e) not in self.fields for e in s.members):
+                self.complete = False  # (listed again against every extension: no more rows now)
+        if not self.complete:
+            return
+        fields, order = self.fields, self.order
         by_field: dict[str, tuple] = {}
         images = []
         for ext, m in s.members.items():
-            n = field_of.get(ext)
-            if n is None:
-                n = field_of[ext] = _field_of(ext, exts)[0]
+            n = self._name(ext)
             if n == "image":
                 images.append(ext)
+            elif fields[n] == "ndarray:pending":
+                fields[n] = _npy_type(local, m[0], m[1])
             by_field[n] = m
         problems = s.problems
         if len(images) > 1:
             problems.append(f"two images ({', '.join('.' + e for e in images)})")
-        if len(by_field) != wanted and not problems:
+        if len(by_field) != len(order) and not problems:
             if "image" in fields and not images:
                 problems.append("the sample has no image member" + (
                     f" (it has {', '.join('.' + e for e in s.members)})" if s.members else ""))
             else:
-                missing = [n for n in order if n not in by_field]
-                problems.append(f"the sample lacks {', '.join(missing)} (other samples have it)")
+                problems.append(f"the sample lacks {', '.join(n for n in order if n not in by_field)} "
+                                "(other samples have it)")
         key = by_field["image"][2] if images else s.image or s.key
         if not _plain_key(key):
             try:
@@ -656,36 +675,60 @@ def _listing(samples: list[_Sample], fields: dict[str, str], local_of: dict[str,
             except (ValueError, UnicodeDecodeError):
                 problems.append(f"member {by_field['label'][2]!r} is not a class index (a non-negative integer)")
         if problems:
-            bad_line(failures, s.shard, 0, "; ".join(problems), key)
-            continue
-        rows.append((s, key, label, tuple((n, *by_field[n][:2]) for n in order)))
-    recorded = {"source": "wds", "layout": layout}
-    if layout == "folders":
-        return _folder_listing(rows, local_of, types, index, class_index, failures, recorded, spec)
-    if layout == "cls" or "label" in fields:
-        if index is not None:
-            classes = lists.Classes.of_index(index)
-            keep = []
-            for row in rows:
-                if row[2] >= len(classes):
-                    bad_line(failures, row[0].shard, 0, f"label {row[2]} is outside the class index "
-                                                        f"(0..{len(classes) - 1})", row[1])
-                else:
-                    keep.append(row)
-            rows = keep
-            recorded["label_map"] = classes.label_map
+            bad_line(self.failures, s.shard, 0, "; ".join(problems), key)
+            return
+        self.rows.append((s.shard, key, label, tuple((n, *by_field[n][:2]) for n in order)))
+
+    def listing(self, local_of: dict[str, str], class_index: Any, failures: list[InputFailure] | None,
+                spec: str) -> SourceListing:
+        """The items, classes and schema of the rows (see ``shard_items``)."""
+        fields, rows, exts = self.fields or {}, self.rows, self.exts
+        fields = {n: ("bytes" if t == "ndarray:pending" else t) for n, t in fields.items()}
+        names = set(fields)
+        layout = "cls" if names == {"image", "label"} else "folders" if names == {"image"} and any(
+            "/" in row[1] for row in rows) else "fields"
+        types = tuple(fields[n] for n in self.order)
+        try:
+            schema = None if layout != "fields" else Schema({n: fields[n] for n in self.order})
+        except ValueError as e:
+            raise UsageError(f"{spec}: these members cannot be fields ({e})") from e
+        index = None
+        if class_index is not None:
+            index = lists.read_class_index(class_index, tree=lambda train: _tree_classes(train, exts))
+        recorded = {"source": "wds", "layout": layout}
+        if layout == "folders":
+            return _folder_listing(rows, local_of, types, index, class_index, failures, recorded, spec)
+        if "label" in fields:
+            if index is not None:
+                classes = lists.Classes.of_index(index)
+                keep = []
+                for row in rows:
+                    if row[2] >= len(classes):
+                        bad_line(failures, row[0], 0, f"label {row[2]} is outside the class index "
+                                                      f"(0..{len(classes) - 1})", row[1])
+                    else:
+                        keep.append(row)
+                rows = keep
+                recorded["label_map"] = classes.label_map
+            else:
+                n = max((r[2] for r in rows), default=-1) + 1
+                classes = lists.Classes([str(i) for i in range(n)], label_map="cls",
+                                        note=f"{n} classes from the .cls labels, named by their numbers")
         else:
-            n = max((r[2] for r in rows), default=-1) + 1
-            classes = lists.Classes([str(i) for i in range(n)], label_map="cls",
-                                    note=f"{n} classes from the .cls labels, named by their numbers")
-    else:
-        if index is not None:
-            raise UsageError("--class-index names labels: these shards have no .cls members nor class folders")
-        classes = lists.Classes([])
-    items = [TarSample(key, s.shard, label, local=local_of[s.shard], members=triples, types=types)
-             for s, key, label, triples in rows]
-    return SourceListing(items, classes, schema, failures if failures is not None else [], recorded,
-                         getattr(classes, "note", ""))
+            if index is not None:
+                raise UsageError("--class-index names labels: these shards have no .cls members nor class folders")
+            classes = lists.Classes([])
+        items = [TarSample(key, shard, label, local=local_of[shard], members=triples, types=types)
+                 for shard, key, label, triples in rows]
+        return SourceListing(items, classes, schema, failures if failures is not None else [], recorded,
+                             getattr(classes, "note", ""))
+
+
+def _plain_key(key: str) -> bool:
+    """Whether ``safe_key`` would take ``key`` as it is, by cheap tests (printable ASCII, no
+    empty, ``.`` or ``..`` part, not absolute); anything else goes through ``safe_key``."""
+    return (key.isascii() and key.isprintable() and key[:1] not in ("/", ".", "") and "/." not in key
+            and "//" not in key and not key.endswith("/"))
 
 
 def _tree_classes(train: Path, exts: Sequence[str]) -> list[str]:
@@ -701,8 +744,7 @@ def _folder_listing(rows: list, local_of: dict[str, str], types: tuple, index: A
     keep = []
     for row in rows:
         if "/" not in row[1]:
-            bad_line(failures, row[0].shard, 0, f"{row[1]}: an image outside the class folders belongs to no class",
-                     row[1])
+            bad_line(failures, row[0], 0, f"{row[1]}: an image outside the class folders belongs to no class", row[1])
         else:
             keep.append(row)
     names = sorted({row[1].split("/", 1)[0] for row in keep})
@@ -715,8 +757,8 @@ def _folder_listing(rows: list, local_of: dict[str, str], types: tuple, index: A
         classes.note = (f"{len(names)} class folders numbered in sorted order (byte order): "
                         f"{classes.first_labels()}")
         label_of = {n: i for i, n in enumerate(names)}
-    items = sorted((TarSample(key, s.shard, label_of[key.split("/", 1)[0]], local=local_of[s.shard],
-                              members=triples, types=types) for s, key, _, triples in keep),
+    items = sorted((TarSample(key, shard, label_of[key.split("/", 1)[0]], local=local_of[shard],
+                              members=triples, types=types) for shard, key, _, triples in keep),
                    key=lambda it: (it.label, it.key))
     return SourceListing(items, classes, None, failures if failures is not None else [], recorded,
                          getattr(classes, "note", ""))

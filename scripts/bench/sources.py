@@ -48,18 +48,26 @@ def _files(tree: Path) -> list[tuple[str, str, bytes]]:
     return out
 
 
+def _made_once(tree: Path, dest: Path) -> tuple[list, list[str]] | None:
+    """None when ``dest`` was made before (its ``.done`` marker is there); else an empty ``dest``
+    and the tree's files and sorted classes to make it from."""
+    if (dest.parent / f"{dest.name}.done").exists():
+        return None
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    files = _files(tree)
+    return files, sorted({c for c, _, _ in files})
+
+
 def make_parquet(tree: Path, dest: Path, row_group: int) -> Path:
     """The tree as Parquet files with Hugging Face features (made once)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    marker = dest.parent / f"{dest.name}.done"
-    if marker.exists():
+    made = _made_once(tree, dest)
+    if made is None:
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    files = _files(tree)
-    classes = sorted({c for c, _, _ in files})
+    files, classes = made
     meta = {"info": {"features": {"image": {"_type": "Image"},
                                   "label": {"_type": "ClassLabel", "names": classes}}}}
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -70,7 +78,7 @@ def make_parquet(tree: Path, dest: Path, row_group: int) -> Path:
         table = pa.table({"image": pa.array([{"bytes": d, "path": f"{s}.jpg"} for _, s, d in part], image_type),
                           "label": pa.array([classes.index(c) for c, _, _ in part], pa.int64())}, schema=schema)
         pq.write_table(table, dest / f"train-{k // PER_FILE:05d}.parquet", row_group_size=row_group)
-    marker.write_text("done")
+    (dest.parent / f"{dest.name}.done").write_text("done")
     return dest
 
 
@@ -78,18 +86,15 @@ def make_shards(tree: Path, dest: Path) -> Path:
     """The tree as WebDataset shards with ``.cls`` labels (made once, by ``webdataset.TarWriter``)."""
     import webdataset as wds
 
-    marker = dest.parent / f"{dest.name}.done"
-    if marker.exists():
+    made = _made_once(tree, dest)
+    if made is None:
         return dest
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    files = _files(tree)
-    classes = sorted({c for c, _, _ in files})
+    files, classes = made
     for k in range(0, len(files), PER_FILE):
         with wds.TarWriter(str(dest / f"shard-{k // PER_FILE:06d}.tar")) as w:
             for c, s, d in files[k:k + PER_FILE]:
                 w.write({"__key__": f"{c}/{s}", "jpg": d, "cls": classes.index(c)})
-    marker.write_text("done")
+    (dest.parent / f"{dest.name}.done").write_text("done")
     return dest
 
 
