@@ -11,15 +11,16 @@ the part before the first dot of the base name (webdataset's ``base_plus_ext``:
   json, ``npy`` a numpy array (dtype and trailing shape from the first sample's header, leading
   dimension free), another image suffix an image (``left.png``), anything else bytes.
 
-The shards are listed (``shard_items``) by reading their headers only: a tar is a sequence of
-512-byte headers each followed by its member's data, so the listing reads the headers in order
-(1 MiB windows, skipping the data of large members by seeking) and keeps each member's offset
-and size; nothing is extracted, and an item is the sample's key, label and ``(field, offset,
-size)`` triples. The work reads each member with one ``pread`` where it runs. The headers are
-parsed here rather than by ``tarfile``: it took 30 us a member against 3 us here (40,000
-members of 3 KB, one core), which a 100,000-image pack pays twice over in its single listing
-process; ``tests/conversion/test_shards.py`` checks the listing against ``tarfile``'s on ustar,
-GNU and pax archives with long names.
+The shards are listed (``shard_items``) from their headers: a tar is a sequence of 512-byte
+headers each followed by its member's data, so the listing reads the shard in order in 1 MiB
+windows (a larger member is skipped by seeking), parses each window's header fields at once
+(numpy) and walks the headers through them, keeping each member's offset and size; nothing is
+extracted, and an item is the sample's key, label and ``(field, offset, size)`` triples. The
+work reads each member with one ``pread`` where it runs. The headers are parsed here rather than
+by ``tarfile``, which costs several times as much a member in the single listing process
+(``python -m scripts.bench.sources`` prints both); ``tests/conversion/test_shards.py`` checks
+the listing against ``tarfile``'s on ustar, GNU and pax archives with long names, and the
+samples against what ``webdataset.WebDataset`` reads.
 
 Every sample becomes an item or an ``InputFailure`` naming the shard and the key: a member cut
 short by the end of the shard, a link or special file, two members of one sample with the same

@@ -133,6 +133,36 @@ def _row(src: Path, out: Path, check: str) -> dict[str, float]:
     return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": time.perf_counter() - start, "maxrss_mb": peak}
 
 
+def listing_costs(shards: Path) -> dict[str, float]:
+    """CPU microseconds per tar member of listing the shards: ``tarfile`` (each member's header,
+    as its iteration reads them) against packer's header scan (``scan_shard``) and the whole
+    listing (``shard_items``: samples grouped, checked and made items), in this process."""
+    import tarfile
+
+    from packer.conversion.inputs import parse_exts
+    from packer.conversion.shards import scan_shard, shard_items
+
+    files = sorted(shards.glob("*.tar"))
+    t = time.process_time()
+    members = 0
+    for f in files:
+        with tarfile.open(f) as tar:
+            for _ in tar:
+                members += 1
+                tar.members.clear()  # (as a stream: no list of every member kept)
+    spent = {"tarfile": time.process_time() - t}
+    t = time.process_time()
+    for f in files:
+        with open(f, "rb") as fh:
+            for _ in scan_shard(fh, f.stat().st_size):
+                pass
+    spent["scan_shard"] = time.process_time() - t
+    t = time.process_time()
+    shard_items(shards, exts=parse_exts(None), failures=[])
+    spent["shard_items"] = time.process_time() - t
+    return {k: 1e6 * v / members for k, v in spent.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="images")
@@ -153,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     srcs = {"folder": tree, "parquet": make_parquet(tree, work / f"parquet-{args.n}-{args.size}-{args.row_group}",
                                                     args.row_group),
             "wds": make_shards(tree, work / f"wds-{args.n}-{args.size}")}
+    costs = listing_costs(srcs["wds"])  # before the rows: the shards' pages are as warm as after their making
     rows = [(s, c) for c in checks for s in SOURCES]
     runs: dict[str, list[dict[str, float]]] = {f"{s} --check {c}": [] for s, c in rows}
     rng = random.Random(0)
@@ -183,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         f"per run (CPU: the process and its workers, start-up included); median (range) of {args.rounds} "
         f"interleaved rounds; Parquet row groups of {args.row_group} rows, {PER_FILE} rows a file and samples a shard.",
         md_table(["row", "images per CPU-second", "/ folder (per round)", "peak RSS MB", "wall s"], table),
+        f"Listing the shards, CPU us per tar member (a `.jpg` or a `.cls`, each behind a pax header as "
+        f"`webdataset.TarWriter` writes them), in the benchmark's process: `tarfile` {costs['tarfile']:.1f}, "
+        f"packer's header scan {costs['scan_shard']:.1f}, the whole listing (samples grouped, checked, made "
+        f"items) {costs['shard_items']:.1f}.",
         md_table(["target", "measured", "goal", ""],
                  [[t["name"], f"{t['value']:.2f}" if t["value"] is not None else "-",
                    f"{'<=' if t['at_most'] else '>='} {t['target']}",
@@ -190,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     write_result("sources", {"quick": args.quick, "sections": {"sources": {
         "params": {"n": args.n, "size": args.size, "row_group": args.row_group, "rounds": args.rounds,
-                   "checks": checks}, "results": runs, "targets": targets, "markdown": md}}},
+                   "checks": checks}, "results": runs, "listing_us_per_member": costs, "targets": targets,
+        "markdown": md}}},
         results=args.results, machine=machine)
     return 0
 
