@@ -19,8 +19,9 @@ from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
-from packer.conversion.inputs import (InputFailure, Item, SourceListing, image_items, listing, parse_exts, partition,
-                                     read_item, run_failures, shuffle_items)
+from packer.conversion.inputs import (InputFailure, Item, SourceListing, image_items, parse_exts, partition, read_item,
+                                     run_failures, shuffle_items)
+from packer.conversion.inputs import listing as listed
 
 __all__ = ["ImageJob", "pack_images", "source_name"]
 
@@ -110,7 +111,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     if not items:
         raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
     # a part of a split run records the whole listing it was cut from (merge compares them)
-    whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
+    whole = (listed(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
     if shuffle is not None:  # before partition: the parts of a split pack share one permutation
         items = shuffle_items(items, shuffle)
     items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges

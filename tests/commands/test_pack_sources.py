@@ -164,6 +164,20 @@ def test_image_paths_and_a_plain_image_table(tree, tmp_path):
     assert packer.PackedDataset(out)[0][1] == 0
 
 
+def test_a_class_index_renumbers_a_classlabel(tree, tmp_path):
+    src = write_hf(tree, tmp_path / "plain", caption=False)
+    names = datasets.load_from_disk(str(src)).features["label"].names
+    (tmp_path / "map.txt").write_text("\n".join(["extra", *reversed(names)]) + "\n")  # another numbering
+    out = out_path(tmp_path, "lmdb")
+    packer.pack(src, out, workers=0, class_index=tmp_path / "map.txt")
+    ds, theirs = packer.PackedDataset(out, decode="bytes"), datasets.load_from_disk(str(src))
+    assert ds.classes == ["extra", *reversed(names)]
+    assert [ds[i][1] for i in range(len(ds))] == [ds.classes.index(names[r["label"]]) for r in theirs]
+    (tmp_path / "short.txt").write_text(names[0] + "\n")
+    with pytest.raises(UsageError, match="classes not in"):
+        packer.pack(src, out_path(tmp_path, "lmdb", "short"), workers=0, class_index=tmp_path / "short.txt")
+
+
 def test_short_side_resizes_source_images(hf, tmp_path):
     out = out_path(tmp_path, "lmdb")
     packer.pack(hf, out, resize=packer.ResizeSpec(short_side=16), workers=0)
@@ -199,12 +213,12 @@ def test_a_resume_refuses_a_changed_shard(tree, tmp_path):
         packer.pack(tmp_path / "wds", out, workers=0, resume=True)
 
 
-@pytest.mark.parametrize("source", ["wds", "hf"])
+@pytest.mark.parametrize("source", ["wds fields", "wds images", "hf"])
 def test_split_runs_merge_into_the_single_run(tree, hf, tmp_path, source):
     src = hf
-    if source == "wds":
+    if source.startswith("wds"):
         src = tmp_path / "wds"
-        write_shards(tree, src, per_shard=8, cls=True, extra=True)
+        write_shards(tree, src, per_shard=8, cls=True, extra=source == "wds fields")
     whole = out_path(tmp_path, "lmdb", "whole")
     packer.pack(src, whole, workers=0)
     parts = [out_path(tmp_path, "lmdb", f"part{k}") for k in range(3)]
@@ -289,3 +303,12 @@ def test_shards_over_http_are_fetched_and_packed(tree, tmp_path, monkeypatch):
         server.shutdown()
         server.server_close()
     shutil.rmtree(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("module, extra", [("pyarrow", "hf"), ("braceexpand", "wds")])
+def test_a_missing_extra_is_one_error_naming_it(tree, hf, tmp_path, monkeypatch, module, extra):
+    write_shards(tree, tmp_path / "wds", per_shard=30)
+    src = hf if extra == "hf" else str(tmp_path / "wds" / "shard-{000000..000000}.tar")
+    monkeypatch.setitem(__import__("sys").modules, module, None)  # as if it were not installed
+    with pytest.raises(UsageError, match=rf"pip install 'packer\[{extra}\]'"):
+        packer.pack(src, tmp_path / "out.lmdb", workers=0)
