@@ -97,16 +97,20 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
          resume: bool = False, overwrite: bool = False, num_shards: int = 1, shard_index: int = 0,
          timeout: Optional[float] = None, strict: bool = False, force: bool = False,
          break_lock: bool = False, coco: Optional[PathLike] = None, manifest: Optional[PathLike] = None,
-         schema: Optional[dict] = None, drop_empty: bool = False) -> Report:
+         schema: Optional[dict] = None, drop_empty: bool = False, source_format: Optional[str] = None) -> Report:
     """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``; or, with
-    ``coco`` or ``manifest``, samples of many typed fields (docs/fields.md).
+    ``coco`` or ``manifest``, samples of many typed fields (docs/fields.md); or a dataset
+    source: WebDataset tar shards, a Hugging Face ``save_to_disk`` folder or Parquet files
+    (docs/sources.md).
 
     The library form of ``packer to-lmdb`` / ``to-hdf5`` / ``to-records``. Bad images are
     skipped and recorded in ``failures.jsonl``; a run is resumable and refuses a resume that
     would change what is stored (docs/contracts.md).
 
     Args:
-        src: the ImageFolder root; with ``list_path``, the folder the list's paths are relative to.
+        src: the ImageFolder root; with ``list_path``, the folder the list's paths are relative to;
+            or a dataset source: ``.tar`` shards (a file, a folder of them, a brace pattern such as
+            ``shard-{000000..000099}.tar``, a glob, a URL), a ``save_to_disk`` folder, Parquet files.
         out: the output path (``out.lmdb``, ``out.h5``, a records folder) or a URL.
         format: ``lmdb``, ``hdf5`` or ``records``.
         list_path: a list file of ``relative/path label`` lines instead of walking ``src``.
@@ -140,6 +144,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         schema: the manifest's ``{column: type}`` (``"int"``, ``"ndarray:float32:*,4"``, ...;
             None: inferred from its first row).
         drop_empty: leave out COCO images without annotations (kept by default, with no boxes).
+        source_format: what ``src`` is: ``folder``, ``wds`` (tar shards), ``hf`` (a
+            ``save_to_disk`` folder) or ``parquet``; None: detected from the path
+            (``packer.conversion.sources.detect_source``).
 
     Returns:
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``).
@@ -161,6 +168,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     if coco is not None or manifest is not None:
         if list_path is not None or class_index is not None or raw or shuffle is not None:
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
+        if source_format not in (None, "folder"):
+            raise UsageError("source_format does not apply to coco= or manifest= (their images are files under src)")
         from packer.commands.pack_fields import pack_fields
 
         def build_fields(path: str, claim: Any) -> Any:
@@ -174,6 +183,23 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                               sources=sources), max_failures)
     if schema is not None or drop_empty:
         raise UsageError("schema and drop_empty apply to coco= or manifest= only")
+    from packer.conversion.sources import detect_source, source_paths
+
+    if list_path is not None and source_format not in (None, "folder"):
+        raise UsageError("list_path names files under a folder; source_format must be 'folder' or None with it")
+    kind = "folder" if list_path is not None else detect_source(src, source_format)
+    if kind != "folder":
+        from packer.commands.pack_sources import pack_source
+
+        def build_source(path: str, claim: Any) -> Any:
+            return pack_source(src, path, kind=kind, format=format, check=check, resize=resize, raw=raw,
+                               shuffle=shuffle, writer_options=writer_options, input_options=inputs, run_options=run,
+                               claim=claim)
+
+        sources = source_paths(src, kind)
+        sources["read"] += _sources(src, class_index=class_index)["read"]
+        return _checked(_into(out, build_source, resume=resume, overwrite=overwrite, break_lock=break_lock,
+                              sources=sources), max_failures)
 
     def build(path: str, claim: Any) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,

@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from packer.conversion.options import SOURCE_FORMATS
 from packer.errors import UsageError
 
 __all__ = ["checked", "RULES"]
@@ -81,6 +82,7 @@ RULES: dict[str, Callable[[Any], Optional[str]]] = {
     "out": _names_a_path,
     "format": _registered,
     "check": _one_of("full", "header", "none"),
+    "source_format": _one_of(*SOURCE_FORMATS),
     "workers": _at_least(0),
     "max_failures": _at_least(0),
     "num_shards": _at_least(1),

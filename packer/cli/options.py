@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from packer import __version__
-from packer.conversion.options import EXECUTORS
+from packer.conversion.options import EXECUTORS, SOURCE_FORMATS
 from packer.errors import PackerError, TooManyFailures
 
 __all__ = ["main", "input_options", "conversion_options", "resize_options", "image_pack_options",
@@ -206,6 +206,11 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Store the samples in a permutation of the inputs fixed by SEED (keys still "
                            "name the sources), so that reading in stored order mixes classes; "
                            "recorded in the manifest. Default: sorted input order.")(fn)
+    fn = click.option("--source-format", type=click.Choice(SOURCE_FORMATS), default=None, metavar="KIND",
+                      help="What SRC is: a class-folder tree (folder), WebDataset .tar shards (wds: a file, a "
+                           "folder of them, a brace pattern shard-{000000..000099}.tar, a URL), a "
+                           "Dataset.save_to_disk folder (hf) or Parquet files (parquet). Default: detected "
+                           "from SRC (docs/sources.md).")(fn)
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)

@@ -19,10 +19,12 @@ from packer.claim import Claim
 from packer.codecs.fields import BLOB_FMT, Schema
 from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
 from packer.codecs.resize import ResizeSpec
-from packer.commands.pack_images import ImageJob
+from packer.commands.pack_images import ImageJob, source_name
 from packer.conversion.executors import make_executor
 from packer.conversion.fingerprint import file_stat, writer_settings
-from packer.conversion.inputs import FieldItem, InputFailure, Item, listing, partition, read_item, run_failures
+from packer.conversion.inputs import (FieldItem, InputFailure, Item, SourceItem, SourceListing, partition,
+                                     read_item, run_failures)
+from packer.conversion.inputs import listing as listed
 from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.fileio import file_sha256
@@ -53,6 +55,8 @@ class FieldJob:
     coco: bool = False
 
     def __call__(self, item: FieldItem) -> Sample:
+        if isinstance(item, SourceItem):
+            return self._source_sample(item)
         # a sample without images is keyed by its video or row: nothing to read here (the
         # item's path is then the video file or the manifest, stat'ed for the resume)
         data, stat = read_item(item) if self.schema.image_fields else (b"", file_stat(item.path))
@@ -75,6 +79,23 @@ class FieldJob:
             values.update(sample_fields(item.values, height=first.height, width=first.width, schema=self.schema))
         else:
             values.update({k: v for k, v in item.values.items() if k not in values})
+        return self._encode(item, values, first, stat)
+
+    def _source_sample(self, item: SourceItem) -> Sample:
+        """A tar sample or a table row (``packer.conversion.sources``): every field, images
+        included, read from its container."""
+        given, stat = item.read_values()
+        values: dict[str, Any] = {}
+        first: Sample | None = None
+        for name in self.schema.image_fields:
+            sample = self._image(item, item.key, item.path, given[name])
+            first = first or sample
+            values[name] = sample.data
+        values.update({k: v for k, v in given.items() if k not in values})
+        return self._encode(item, values, first, stat)
+
+    def _encode(self, item: FieldItem, values: dict[str, Any], first: Sample | None,
+                stat: tuple[int, int] | None) -> Sample:
         try:
             blob = self.schema.encode(values)
         except ValueError as e:
@@ -119,16 +140,18 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
                 schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
                 resize: ResizeSpec | None = None, writer_options: dict[str, Any] | None = None,
                 input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
-                claim: Claim | None = None) -> Report:
+                claim: Claim | None = None, listing: SourceListing | None = None) -> Report:
     """Pack a COCO annotation file (``coco``) or a sample manifest (``manifest``) over the images
-    under ``root`` into ``out`` (see the module doc and docs/fields.md).
+    under ``root`` into ``out`` (see the module doc and docs/fields.md); or, with ``listing``,
+    the samples of a dataset source (tar shards, a Hugging Face dataset, Parquet files:
+    ``packer.commands.pack_sources``; ``root`` is that source).
 
     ``schema``: a manifest's ``{column: type}`` (inferred from its first row when None);
     ``drop_empty``: leave out COCO images without annotations. ``input_options``: ``num_shards``,
     ``shard_index``, ``exts``; ``run_options``: how the run goes (``packer.api.pack`` builds both).
     """
     inputs, run_opts = input_options, run_options
-    if (coco is None) == (manifest is None):
+    if (coco is None) + (manifest is None) + (listing is None) != 2:
         raise UsageError("give exactly one of --coco and --manifest")
     if check not in CHECK_MODES:
         raise UsageError(f"--check must be one of {', '.join(CHECK_MODES)}")
@@ -137,18 +160,20 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     if coco is not None and resize is not None and resize.size is not None and resize.fit != "stretch":
         raise UsageError("a COCO pack resizes with --short-side, --max-side or --size --fit stretch "
                          "(a crop or pad would cut boxes and masks)")
-    if inputs.list_path or inputs.csv_path or inputs.class_index:
+    if inputs.list_path or inputs.csv_path or (inputs.class_index and listing is None):
         raise UsageError("--list, --csv and --class-index do not apply to --coco or --manifest")
     writer_cls = writer_class(format)
     writer_options = dict(writer_options or {})
     if run_opts.commit_every is not None:
         writer_options["commit_every"] = run_opts.commit_every
     check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-    source = str(coco if coco is not None else manifest)
+    source = str(coco if coco is not None else manifest if manifest is not None else root)
     bad: list[InputFailure] = []
     extra: dict[str, Any] = {}
     classes: list[str] = []
-    if coco is not None:
+    if listing is not None:
+        items, schema_obj, classes, bad = listing.items, listing.schema, list(listing.classes), listing.failures
+    elif coco is not None:
         from packer.conversion.coco import coco_items
 
         got = coco_items(coco, root, drop_empty=drop_empty, failures=bad)
@@ -162,13 +187,16 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
         items, schema_obj = table_items(manifest, root, schema=schema, exts=parse_exts(inputs.exts), failures=bad)
     if not items:
         raise UsageError(f"{source}: no samples" + (f" ({len(bad)} unusable, e.g. {bad[0]})" if bad else ""))
-    whole = listing(items, bad, {"list": source}) if inputs.num_shards > 1 else None
+    whole = listed(items, bad, {"list": source} if listing is None else {}) if inputs.num_shards > 1 else None
     items = partition(items, inputs.num_shards, inputs.shard_index)
     recorded: dict[str, Any] = {
-        "format": format, "check": check, "src": str(Path(root).resolve()), "list": source,
-        "source": "coco" if coco is not None else "manifest", "source_sha256": file_sha256(source),
+        "format": format, "check": check, "src": source_name(root), "list": source if listing is None else None,
         "schema": [f.spec() for f in schema_obj.fields], "num_shards": inputs.num_shards,
         "shard_index": inputs.shard_index}
+    if listing is None:
+        recorded.update({"source": "coco" if coco is not None else "manifest", "source_sha256": file_sha256(source)})
+    else:
+        recorded.update(listing.recorded)
     if coco is not None:
         recorded["drop_empty"] = bool(drop_empty)
     if whole is not None:

@@ -19,10 +19,11 @@ from packer.codecs.jpeg_header import jpeg_header
 from packer.manifest import created_by
 from packer.codecs.resize import ResizeSpec, resize_image, resize_pixels
 from packer.conversion.fingerprint import writer_settings
-from packer.conversion.inputs import (InputFailure, Item, image_items, listing, parse_exts, partition, read_item,
+from packer.conversion.inputs import (InputFailure, Item, SourceListing, image_items, parse_exts, partition, read_item,
                                      run_failures, shuffle_items)
+from packer.conversion.inputs import listing as listed
 
-__all__ = ["ImageJob", "pack_images"]
+__all__ = ["ImageJob", "pack_images", "source_name"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
                 writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
                 input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
-                claim: Claim | None = None) -> Report:
+                claim: Claim | None = None, listing: SourceListing | None = None) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``input_options.list_path`` lines) into ``out``.
 
     ``input_options``: which inputs (a list file, extensions, the part of a split run);
@@ -81,7 +82,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     (``shuffle_items``; keys still name the sources), so that even reading in stored order
     mixes classes; the seed is recorded in ``created_by`` and covered by the resume check.
     Arguments are validated before any work starts. ``claim``: the run's claim on ``out``
-    (taken by ``packer.api``), which guards the publish; None: unclaimed.
+    (taken by ``packer.api``), which guards the publish; None: unclaimed. ``listing``: the
+    items of a dataset source (tar shards, a Hugging Face dataset, Parquet files:
+    ``packer.commands.pack_sources``) instead of walking ``src``.
     """
     inputs, run_opts = input_options, run_options
     if check not in CHECK_MODES:
@@ -100,19 +103,24 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
     bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
-    items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
-                                 class_index=inputs.class_index, failures=bad)
+    if listing is None:
+        items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
+                                     class_index=inputs.class_index, failures=bad)
+    else:
+        items, classes, bad = listing.items, listing.classes, listing.failures
     if not items:
         raise UsageError(f"{src}: no input images found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
     # a part of a split run records the whole listing it was cut from (merge compares them)
-    whole = (listing(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
+    whole = (listed(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
     if shuffle is not None:  # before partition: the parts of a split pack share one permutation
         items = shuffle_items(items, shuffle)
     items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
-    recorded = {"format": format, "check": check, "src": str(Path(src).resolve()),
+    recorded = {"format": format, "check": check, "src": source_name(src),
                 "list": str(inputs.list_path) if inputs.list_path else None,
                 "num_shards": inputs.num_shards, "shard_index": inputs.shard_index,
                 "ext": list(parse_exts(inputs.exts))}
+    if listing is not None:
+        recorded.update(listing.recorded)
     if getattr(classes, "label_map", None) is not None:  # --class-index (else as always)
         recorded["label_map"] = classes.label_map
     if whole is not None:
@@ -139,5 +147,12 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     with ex:
         report = run(items, plan.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
                      desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
-    report.labels = getattr(classes, "note", "")
+    report.labels = listing.note if listing is not None else getattr(classes, "note", "")
     return report
+
+
+def source_name(src: str | os.PathLike) -> str:
+    """What ``created_by`` records as ``src``: the resolved path, or a URL without credentials."""
+    from packer.remote.url import is_url, redact
+
+    return redact(str(src)) if is_url(src) else str(Path(src).resolve())

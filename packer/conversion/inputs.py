@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from packer.conversion import lists
 from packer.conversion.input_failures import InputFailure, bad_line
@@ -25,7 +25,7 @@ from packer.conversion.placement import OUTPUT_MARKERS, is_output_folder
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_file_stat, visible_files
 
-__all__ = ["Item", "FieldItem", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
+__all__ = ["Item", "FieldItem", "SourceItem", "SourceListing", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
            "walk_files", "class_files", "top_level", "listing", "run_failures"]
 
@@ -349,8 +349,11 @@ def read_item_bytes(item: Item) -> bytes:
     return read_item(item)[0]
 
 
-def read_item(item: Item) -> tuple[bytes, tuple[int, int]]:
-    """``read_item_bytes`` and the file's ``(size, mtime_ns)`` as it was read."""
+def read_item(item: Item) -> tuple[bytes, tuple[int, int] | None]:
+    """``read_item_bytes`` and the file's ``(size, mtime_ns)`` as it was read (a ``SourceItem``
+    reads itself out of its container: its image's bytes and the container's stat)."""
+    if isinstance(item, SourceItem):
+        return item.read()
     try:
         return read_file_stat(item.path)
     except OSError as e:
@@ -368,3 +371,39 @@ class FieldItem(Item):
     def __init__(self, key: str, path: str, label: int, values: dict):
         super().__init__(key, path, label)
         self.__dict__["values"] = values
+
+
+@dataclass(frozen=True, init=False)
+class SourceItem(FieldItem):
+    """A sample inside a container file: a WebDataset tar shard's members
+    (``packer.conversion.shards``) or a row of an Arrow or Parquet file
+    (``packer.conversion.arrow``). ``path`` names the container (what ``failures.jsonl`` and
+    the resume check name); the item holds only where its bytes are, never the bytes, and reads
+    them itself where the work runs. ``values`` is None: ``read_values`` gives them."""
+
+    def read(self) -> tuple[bytes, tuple[int, int] | None]:
+        """The encoded bytes of the sample's (first) image and the container's ``(size,
+        mtime_ns)`` as it was read (None: not a local file); ``CorruptSample`` when they
+        cannot be read."""
+        raise NotImplementedError
+
+    def read_values(self) -> tuple[dict[str, Any], tuple[int, int] | None]:
+        """Every field's value (image fields: their encoded bytes) and the container's stat;
+        ``CorruptSample`` naming the container and the key when one cannot be read."""
+        raise NotImplementedError
+
+
+@dataclass
+class SourceListing:
+    """What a dataset source (``packer.conversion.sources``) lists: its items in packed order,
+    the classes by label, the schema (None: a plain image pack of image and label, as a class
+    folder gives), the entries that cannot be items, what the manifest's ``created_by``
+    records of the source (``source``: its format; never where it lives), and the sentence a
+    report prints about the labels."""
+
+    items: list
+    classes: list
+    schema: Any
+    failures: list[InputFailure]
+    recorded: dict[str, Any]
+    note: str = ""

@@ -12,13 +12,16 @@ from typing import Any, Optional
 
 from packer.errors import UsageError
 
-__all__ = ["InputOptions", "RunOptions", "VIDEO_RUN", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "EXECUTORS"]
+__all__ = ["InputOptions", "RunOptions", "VIDEO_RUN", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "EXECUTORS",
+           "SOURCE_FORMATS"]
 
 # Option defaults and choices, here so that the CLI and packer.api show them without importing
 # the engine (``packer --help`` stays fast).
 DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 DEFAULT_VIDEO_EXTS = ("mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "wmv", "3gp", "ogv")
 EXECUTORS = ("local", "ray")  # the names make_executor and --executor take
+# what a pack's SRC may be (packer.conversion.sources.detect_source)
+SOURCE_FORMATS = ("folder", "wds", "hf", "parquet")
 
 
 @dataclasses.dataclass(frozen=True)
