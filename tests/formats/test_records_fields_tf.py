@@ -2,6 +2,8 @@
 docs/fields.md gives returns every field exactly, and the Object Detection API's features."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -51,3 +53,29 @@ def test_tensorflow_parses_every_field_exactly(tmp_path):
         assert got["image/source_id"].numpy() == str(want["image_id"]).encode()
         n += 1
     assert n == len(ds)
+
+
+def test_tensorflow_parses_a_caption_manifest_with_a_variable_float_array(tmp_path):
+    from packer.synth import jpeg_bytes, natural_image
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(5):
+        (tmp_path / f"im{i}.jpg").write_bytes(jpeg_bytes(natural_image(rng, 24, 32)))
+        rows.append({"image": f"im{i}.jpg", "caption": f"a caption, number {i} \u00e9",
+                     "scores": [float(x) for x in rng.normal(size=i)], "label": i})
+    manifest = tmp_path / "rows.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    packer.pack(tmp_path, out, format="records", manifest=manifest,
+                schema={"image": "image", "caption": "str", "scores": "ndarray:float64:*", "label": "int"}, workers=0)
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string), "caption": tf.io.FixedLenFeature([], tf.string),
+            "scores": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    files = sorted(str(p) for p in out.glob("*.tfrecord"))
+    got = [tf.io.parse_single_example(raw, spec) for raw in tf.data.TFRecordDataset(files)]
+    assert len(got) == len(rows)
+    for g, row in zip(got, rows):
+        assert g["image/encoded"].numpy() == (tmp_path / row["image"]).read_bytes()
+        assert g["caption"].numpy().decode("utf-8") == row["caption"]
+        assert tf.io.decode_raw(g["scores"], tf.float64).numpy().tolist() == row["scores"]
+        assert int(g["label"]) == row["label"]
