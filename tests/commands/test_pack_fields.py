@@ -231,10 +231,13 @@ def test_split_runs_merge_into_the_single_run(coco_src, tmp_path, fmt):
     assert open_reader(merged).manifest.schema == open_reader(whole).manifest.schema
 
 
-def test_workers_give_the_same_output(coco_src, tmp_path):
-    a, b = out_path(tmp_path, "lmdb", "a"), out_path(tmp_path, "lmdb", "b")
-    packer.pack(coco_src["root"], a, coco=coco_src["instances"], workers=0)
-    packer.pack(coco_src["root"], b, coco=coco_src["instances"], workers=2)
+@pytest.mark.parametrize("fmt, plan", [("lmdb", "shm"), ("records", "sharded"), ("hdf5", "sharded")])
+def test_workers_give_the_same_output_on_the_image_packs_plans(coco_src, tmp_path, caplog, fmt, plan):
+    a, b = out_path(tmp_path, fmt, "a"), out_path(tmp_path, fmt, "b")
+    packer.pack(coco_src["root"], a, format=fmt, coco=coco_src["instances"], workers=0)
+    with caplog.at_level("INFO", logger="packer.commands.pack_fields"):
+        packer.pack(coco_src["root"], b, format=fmt, coco=coco_src["instances"], workers=2, check="header")
+    assert f"to-{fmt}: {plan} (" in caplog.text
     assert packed_snapshot(a) == packed_snapshot(b)
 
 
