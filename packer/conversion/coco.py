@@ -12,14 +12,16 @@ turns the values into the stored fields with ``sample_fields``.
 **Memory.** The file is never parsed whole (``json.load`` of a COCO-sized file holds over 2 GB
 of dicts, lists and floats, as ``pycocotools.coco.COCO(file)`` does): ``object_members``
 (``packer.codecs.json_stream``) decodes one image or annotation at a time, and each
-annotation is checked and appended at once, as one fixed-size binary record and its mask, to a
-``bytearray`` of its image (polygons as float64 coordinates, RLE counts as int64 runs or the
-compressed string). The file's members may come in any order (COCO's own files list the
-categories last), so the checks that need the image's size or the categories run once the file
-is read, on the records, in the order ``json.load``-based checking ran them (the same failure,
-with the same reason, for every annotation). An item's ``values`` are then ``image_id``,
-``orig_size`` and ``annotations``: its records as one ``bytes`` (``ANNOTATION`` records, then
-the masks' bytes), a few kilobytes an image, picklable as they are for any executor.
+annotation is checked and appended at once to one buffer, as a fixed-size binary record
+(``ANNOTATION``) followed by its mask (polygons as float64 coordinates, RLE counts as int64
+runs or the compressed string); each image keeps where its annotations' records are. The
+file's members may come in any order (COCO's own files list the categories last), so the
+checks that need the image's size or the categories run once the file is read, on the
+records, in the order ``json.load``-based checking ran them (the same failure, with the same
+reason, for every annotation). An item's ``values`` are then ``image_id``, ``orig_size`` and
+``annotations``: an ``AnnotationRecords``, where its records are in that buffer (nothing is
+copied; forked workers share the buffer's pages; pickled for another executor, an item
+carries its own records).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
 __all__ = ["CocoSource", "coco_items", "instances_schema", "captions_schema", "sample_fields", "need_pycocotools",
-           "rle_counts", "Annotations", "decode_annotations", "ANNOTATION", "CAPTION"]
+           "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +210,7 @@ def _segmentation(seg: Any) -> tuple[int, int, int, bytes, Any]:
     raise _Failed(_SEGMENTATION, f"segmentation is a {type(seg).__name__}, neither polygons nor an RLE")
 
 
-def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, tuple[int, str]]) -> bytes:
+def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, tuple[int, str]]) -> tuple[bytes, bytes]:
     """The record of instance annotation ``a`` (``file_index`` ``j``) and its mask bytes, with
     every check that needs neither the image nor the categories done; a failed one is kept in
     ``failed[j]`` (its stage and reason), values that do not fit a record in ``aside[j]``.
@@ -264,16 +266,16 @@ def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, t
                 aside.setdefault(j, {})["size"] = size
                 flags |= _ASIDE
     return _ANN.pack(j, a["id"], cid if type(cid) is int and _I64[0] <= cid < _I64[1] else 0, -1, *box, area,
-                     crowd, flags, kind, rh, rw, len(seg)) + seg
+                     crowd, flags, kind, rh, rw, len(seg)), seg
 
 
-def _caption_record(j: int, a: dict, failed: dict[int, tuple[int, str]]) -> bytes:
+def _caption_record(j: int, a: dict, failed: dict[int, tuple[int, str]]) -> tuple[bytes, bytes]:
     text = a.get("caption")
     if not isinstance(text, str):
         failed[j] = (0, "caption is not a string")
-        return _CAP.pack(j, a["id"], 0)
+        return _CAP.pack(j, a["id"], 0), b""
     data = text.encode("utf-8", "surrogatepass")
-    return _CAP.pack(j, a["id"], len(data)) + data
+    return _CAP.pack(j, a["id"], len(data)), data
 
 
 def _box_text(rec: tuple, aside: dict[str, Any] | None) -> str:
@@ -304,27 +306,6 @@ def _first_failure(rec: tuple, failed: tuple[int, str] | None, aside: dict[str, 
     return failed[1] if failed is not None else None
 
 
-def _walk(buf: bytes | bytearray, rec: struct.Struct, length_at: int) -> list[tuple[int, int]]:
-    """``(record offset, record + payload length)`` of each record of a per-image buffer."""
-    out, pos, n = [], 0, len(buf)
-    while pos < n:
-        size = rec.size + struct.unpack_from("<I", buf, pos + length_at)[0]
-        out.append((pos, size))
-        pos += size
-    return out
-
-
-def _pack_image(buf: bytearray, rec: struct.Struct, length_at: int) -> bytes:
-    """An image's records, read interleaved with their payloads, as the item stores them:
-    ``u32 n | n records | the payloads in the same order``."""
-    spans = _walk(buf, rec, length_at)
-    view = memoryview(buf)
-    heads = b"".join(view[p:p + rec.size] for p, _ in spans)
-    tails = b"".join(view[p + rec.size:p + s] for p, s in spans)
-    view.release()
-    return struct.pack("<I", len(spans)) + heads + tails
-
-
 class _Reader:
     """The state of one annotation file as it is read (see the module doc)."""
 
@@ -334,7 +315,8 @@ class _Reader:
         self.images: list[tuple[int, str, int, int]] = []  # (id, key, height, width), file order
         self.image_failures: list[tuple[str, str]] = []  # (reason, key), file order
         self.seen_ids: set[int] = set()
-        self.groups: dict[Any, bytearray] = {}  # image id -> its annotations' records, file order
+        self.store = bytearray()  # every annotation's record and payload, in file order
+        self.groups: dict[Any, array] = {}  # image id -> where its annotations' records are, file order
         self.failed: dict[int, tuple[int, str]] = {}  # file index -> (stage, reason) found while read
         self.aside: dict[int, Any] = {}  # file index -> values that do not fit a record
         self.malformed: list[tuple[int, str]] = []  # (file index, reason): annotations of no image id
@@ -392,13 +374,15 @@ class _Reader:
         if type(aid) is not int or not _I64[0] <= aid < _I64[1] or type(a.get("image_id")) is not int:
             self.malformed.append((j, f"annotations[{j}]: needs an integer id and image_id"))
             return
-        record = _caption_record(j, a, self.failed) if self.kind == "captions" else \
+        head, payload = _caption_record(j, a, self.failed) if self.kind == "captions" else \
             _instance_record(j, a, self.aside, self.failed)
+        store = self.store
         group = self.groups.get(a["image_id"])
         if group is None:
-            self.groups[a["image_id"]] = bytearray(record)
-        else:
-            group += record
+            group = self.groups[a["image_id"]] = array("q")
+        group.append(len(store))
+        store += head
+        store += payload
 
 
 def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_empty: bool = False,
@@ -430,13 +414,15 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
     for reason, key in r.image_failures:
         bad_line(failures, ann_path, 0, reason, key=key)
     known = {iid: (key, h, w) for iid, key, h, w in r.images}
+    record = _ANN if kind == "instances" else _CAP
     # annotations of no image: malformed ones and those of an unknown image id, in file order
     orphans = list(r.malformed)
     for iid in [iid for iid in r.groups if iid not in known]:
-        for rec in _records(bytes(r.groups.pop(iid)), kind):
-            r.failed.pop(int(rec["file_index"]), None)
-            r.aside.pop(int(rec["file_index"]), None)
-            orphans.append((int(rec["file_index"]), f"annotation {int(rec['id'])}: unknown image id {iid}"))
+        for offset in r.groups.pop(iid):
+            j, aid = record.unpack_from(r.store, offset)[:2]
+            r.failed.pop(j, None)
+            r.aside.pop(j, None)
+            orphans.append((j, f"annotation {aid}: unknown image id {iid}"))
     for j, reason in sorted(orphans):
         key = "" if reason.startswith("annotations[") else reason.split(":", 1)[0]
         bad_line(failures, ann_path, 0, reason, key=key)
@@ -445,40 +431,30 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
     root = Path(root)
     items: list[FieldItem] = []
     for iid, key, height, width in r.images:
-        buf = r.groups.pop(iid, None)
-        if buf is None:
+        offsets = r.groups.pop(iid, None)
+        if offsets is None:
             if drop_empty:
                 continue
-            blob = struct.pack("<I", 0)
+            offsets = array("q")
         else:
-            reasons, blob = check(buf, r, label_of, height, width)
+            reasons = check(r, offsets, label_of, height, width)
             if reasons:
                 more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
                 bad_line(failures, ann_path, 0, f"image id {iid}: {reasons[0]}{more}", key=key)
                 continue
-        items.append(FieldItem(key, str(root / key), iid,
-                               {"image_id": iid, "orig_size": (height, width), "annotations": blob}))
+        items.append(FieldItem(key, str(root / key), iid, {"image_id": iid, "orig_size": (height, width),
+                                                           "annotations": AnnotationRecords(r.store, offsets, kind)}))
     schema = captions_schema() if kind == "captions" else instances_schema()
     return CocoSource(items, schema, categories if kind == "instances" else [], kind)
 
 
-def _records(blob: bytes | bytearray, kind: str) -> np.ndarray:
-    """The records of a per-image buffer as read (records interleaved with their payloads)."""
-    rec, dtype, at = (_ANN, ANNOTATION, ANNOTATION.fields["seg_len"][1]) if kind == "instances" else \
-        (_CAP, CAPTION, CAPTION.fields["text_len"][1])
-    spans = _walk(blob, rec, at)
-    return np.array([np.frombuffer(blob, dtype, 1, p)[0] for p, _ in spans], dtype=dtype)
-
-
-def _check_instances(buf: bytearray, r: _Reader, label_of: dict[int, int], height: int,
-                     width: int) -> tuple[list[str], bytes]:
-    """The reasons an image's annotations fail (file order), else its item's bytes with each
-    annotation's label filled in."""
+def _check_instances(r: _Reader, offsets: array, label_of: dict[int, int], height: int,
+                     width: int) -> list[str]:
+    """The reasons an image's annotations fail (file order); none: each one's label filled in."""
     reasons = []
-    pos, n = 0, len(buf)
-    unpack, failed, aside = _ANN.unpack_from, r.failed, r.aside
-    while pos < n:
-        rec = unpack(buf, pos)
+    store, unpack, failed, aside = r.store, _ANN.unpack_from, r.failed, r.aside
+    for pos in offsets:
+        rec = unpack(store, pos)
         if rec[_F_FLAGS] & (_FAILED | _ASIDE) or rec[_F_CATEGORY] not in label_of:
             j = rec[0]
             why = _first_failure(rec, failed.pop(j, None), aside.pop(j, None), label_of, height, width)
@@ -491,40 +467,32 @@ def _check_instances(buf: bytearray, r: _Reader, label_of: dict[int, int], heigh
         if why is not None:
             reasons.append(f"annotation {rec[1]}: {why}")
         elif not reasons:
-            struct.pack_into("<q", buf, pos + _LABEL_AT, label_of[rec[_F_CATEGORY]])
-        pos += _ANN.size + rec[_F_SEG_LEN]
-    return reasons, (b"" if reasons else _pack_image(buf, _ANN, ANNOTATION.fields["seg_len"][1]))
+            struct.pack_into("<q", store, pos + _LABEL_AT, label_of[rec[_F_CATEGORY]])
+    return reasons
 
 
-def _check_captions(buf: bytearray, r: _Reader, label_of: dict[int, int], height: int,
-                    width: int) -> tuple[list[str], bytes]:
-    at = CAPTION.fields["text_len"][1]
+def _check_captions(r: _Reader, offsets: array, label_of: dict[int, int], height: int, width: int) -> list[str]:
     reasons = []
-    for pos, _ in _walk(buf, _CAP, at):
-        j, aid, _n = _CAP.unpack_from(buf, pos)
+    for pos in offsets:
+        j, aid, _n = _CAP.unpack_from(r.store, pos)
         failed = r.failed.pop(j, None)
         if failed is not None:
             reasons.append(f"annotation {aid}: {failed[1]}")
-    return reasons, (b"" if reasons else _pack_image(buf, _CAP, at))
+    return reasons
 
 
 class Annotations:
-    """One image's annotations as an item stores them: ``records`` (``ANNOTATION`` or
+    """One image's annotations as an item holds them: ``records`` (``ANNOTATION`` or
     ``CAPTION``) and where each one's payload (a mask's bytes, a caption's UTF-8) is in
     ``blob``."""
 
-    def __init__(self, blob: bytes, kind: str = "instances"):
+    def __init__(self, data: "AnnotationRecords"):
+        kind = data.kind
         dtype, length = (ANNOTATION, "seg_len") if kind == "instances" else (CAPTION, "text_len")
-        n = struct.unpack_from("<I", blob, 0)[0]
+        blob, size = data.store, dtype.itemsize
         self.blob = blob
-        self.records = np.frombuffer(blob, dtype, n, 4)
-        self.spans: list[tuple[int, int]] = []
-        pos = 4 + n * dtype.itemsize
-        for size in self.records[length].tolist():
-            self.spans.append((pos, pos + size))
-            pos += size
-        if pos != len(blob):
-            raise ValueError(f"annotation records of {pos} bytes in {len(blob)}")
+        self.records = np.frombuffer(b"".join([blob[o:o + size] for o in data.offsets]), dtype)
+        self.spans = [(o + size, o + size + n) for o, n in zip(data.offsets, self.records[length].tolist())]
         self._kinds = self.records["kind"].tolist() if kind == "instances" else []
 
     def __len__(self) -> int:
@@ -547,17 +515,45 @@ class Annotations:
         if kind == _RLE_RUNS:
             return "rle", np.frombuffer(blob, "<i8", (end - start) // 8, start)
         if kind == _RLE_STRING:
-            return "rle", blob[start:end].decode("ascii")
+            return "rle", bytes(blob[start:end]).decode("ascii")
         return "none", None
 
     def captions(self) -> list[str]:
         """The captions' texts."""
-        return [self.blob[a:b].decode("utf-8", "surrogatepass") for a, b in self.spans]
+        return [bytes(self.blob[a:b]).decode("utf-8", "surrogatepass") for a, b in self.spans]
 
 
-def decode_annotations(blob: bytes, kind: str = "instances") -> Annotations:
-    """An item's ``annotations`` bytes (see the module doc) as records and payloads."""
-    return Annotations(blob, kind)
+def decode_annotations(data: "AnnotationRecords") -> Annotations:
+    """An item's ``annotations`` (see the module doc) as records and payloads."""
+    return Annotations(data)
+
+
+class AnnotationRecords:
+    """An item's annotations: the records (``kind`` ``instances``: ``ANNOTATION``, ``captions``:
+    ``CAPTION``) at ``offsets`` of ``store``, each followed by its payload. ``store`` is the
+    buffer the annotation file was read into, which holds every image's: forked workers share
+    its pages (reading them writes nothing, where an object per image would have its page
+    copied by the first reference count taken on it). Pickled (to a spawned or remote worker),
+    an item carries its own records and payloads."""
+
+    __slots__ = ("store", "offsets", "kind")
+
+    def __init__(self, store: bytes | bytearray, offsets: array, kind: str = "instances"):
+        self.store, self.offsets, self.kind = store, offsets, kind
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __reduce__(self) -> tuple:
+        dtype, length = (ANNOTATION, "seg_len") if self.kind == "instances" else (CAPTION, "text_len")
+        size, at = dtype.itemsize, dtype.fields[length][1]
+        store, parts, offsets, pos = self.store, [], array("q"), 0
+        for o in self.offsets:
+            n = size + struct.unpack_from("<I", store, o + at)[0]
+            parts.append(bytes(store[o:o + n]))
+            offsets.append(pos)
+            pos += n
+        return AnnotationRecords, (b"".join(parts), offsets, self.kind)
 
 
 def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Schema) -> dict[str, Any]:
@@ -567,7 +563,7 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     masks resized nearest-neighbour), the area scaled by both factors."""
     oh, ow = (int(v) for v in values["orig_size"])
     captions = "captions" in schema.by_name
-    ann = decode_annotations(values["annotations"], "captions" if captions else "instances")
+    ann = decode_annotations(values["annotations"])
     rec = ann.records
     out: dict[str, Any] = {"image_id": values["image_id"], "annotation_ids": rec["id"].astype(np.int64),
                            "orig_size": np.array((oh, ow), dtype=np.int64)}

@@ -9,6 +9,7 @@ The reference is the ``json.load``-based implementation as it was (``tests/suppo
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -170,14 +171,24 @@ def test_a_file_that_is_not_a_coco_file_is_a_usage_error(tmp_path, text, message
 
 
 def test_an_item_holds_its_annotations_compactly(source, tmp_path):
-    """The parsed dicts, lists and floats are gone: an item's values are its id, its size and one
-    bytes of records (a few bytes more than the values themselves)."""
+    """The parsed dicts, lists and floats are gone: an item's values are its id, its size and where
+    its records are in one buffer (a few bytes more than the values themselves)."""
     path = _write(source, tmp_path / "i.json", ORDERS["COCO's (categories last)"], None)
     items = coco.coco_items(path, tmp_path).items
+    stores = set()
     for item in items:
         assert set(item.values) == {"image_id", "orig_size", "annotations"}
-        assert type(item.values["annotations"]) is bytes
-    total = sum(len(i.values["annotations"]) for i in items)
+        records = item.values["annotations"]
+        assert isinstance(records, coco.AnnotationRecords)
+        stores.add(id(records.store))
+        again = pickle.loads(pickle.dumps(item))  # a spawned or remote worker's item: its own records
+        assert type(again.values["annotations"].store) is bytes
+        for k in ((h, w) for h, w in [item.values["orig_size"], (7, 9)]):
+            x = coco.sample_fields(item.values, height=k[0], width=k[1], schema=coco.instances_schema())
+            y = coco.sample_fields(again.values, height=k[0], width=k[1], schema=coco.instances_schema())
+            assert all(np.array_equal(x[f], y[f]) if isinstance(x[f], np.ndarray) else x[f] == y[f] for f in x)
+    assert len(stores) == 1  # one buffer, the file's records: forked workers share its pages
+    total = len(next(iter(items)).values["annotations"].store)
     coords = sum(len(p) for a in source["annotations"] if isinstance(a["segmentation"], list)
                  for p in a["segmentation"])
-    assert total < len(source["annotations"]) * (coco.ANNOTATION.itemsize + 32) + 8 * coords + 4 * len(items)
+    assert total < len(source["annotations"]) * (coco.ANNOTATION.itemsize + 32) + 8 * coords
