@@ -13,7 +13,9 @@ the source files with pycocotools. Every row is a FRESH process (``run_fresh``).
   files) against ``packer.pack(..., coco=file)``, default settings, ``--repeats`` fresh
   processes each, interleaved: samples/s of the run (what the progress bar shows: the listing
   and the annotation file's parse are not in it), CPU-seconds per sample of the run (the
-  process and its workers, from ``getrusage``), and of the listing alone (parse included).
+  process and its workers, from ``getrusage``), and of the listing alone (parse included); and
+  in one process, the per-sample CPU of the image-only work, the field work and, of it,
+  pycocotools drawing the polygons.
 * ``read``: one detection sample (image, boxes, labels, decoded masks) read and decoded from
   an LMDB COCO pack (``PackedDataset(decode="numpy", masks="decode")``) against the source
   files with pycocotools (``COCO`` index, Pillow or OpenCV decode, ``annToMask`` per
@@ -170,6 +172,35 @@ def row_write(spec: dict[str, Any]) -> dict[str, Any]:
             "run_wall_s": t1 - start["wall"], "call_cpu_s": c1 - c0, "call_wall_s": t1 - t0}
 
 
+def row_parts(spec: dict[str, Any]) -> dict[str, Any]:
+    """Where a field pack's per-sample CPU goes, in this process (no workers): the image-only
+    work (read and check), the field work (that, the annotations' fields and the blob) and
+    pycocotools drawing the image's polygons alone; the least of ``rounds`` interleaved rounds."""
+    from pycocotools import mask
+
+    from packer.commands.pack_fields import FieldJob
+    from packer.commands.pack_images import ImageJob
+    from packer.conversion.coco import coco_items, decode_annotations
+
+    got = coco_items(spec["file"], spec["root"])
+    items = got.items[:spec["count"]]
+    h, w = items[0].values["orig_size"]
+    polys = []
+    for item in items:
+        ann = decode_annotations(item.values["annotations"])
+        polys.append([p for i in range(len(ann)) for p in (lambda s: s[1] if s[0] == "poly" else [])(ann.segmentation(i))])
+    work = {"image job": ImageJob(check="full"), "field job": FieldJob(schema=got.schema, root=spec["root"], coco=True),
+            "pycocotools polygon drawing": lambda k: mask.frPyObjects(polys[k], h, w) if polys[k] else None}
+    best = {name: float("inf") for name in work}
+    for _ in range(spec["rounds"]):
+        for name, fn in work.items():
+            t = time.process_time()
+            for k, item in enumerate(items):
+                fn(k if name.startswith("pycocotools") else item)
+            best[name] = min(best[name], (time.process_time() - t) / len(items))
+    return {"count": len(items), "cpu_s": best}
+
+
 def row_read(spec: dict[str, Any]) -> dict[str, Any]:
     """Read and decode ``spec["count"]`` detection samples: ``packer`` (a pack) or ``pycocotools``
     over the source files (``decoder`` pil or opencv); CPU of the timed loop per sample."""
@@ -226,7 +257,7 @@ def row_read(spec: dict[str, Any]) -> dict[str, Any]:
             "wall_s": time.perf_counter() - t1}
 
 
-ROWS = {"memory": row_memory, "write": row_write, "read": row_read}
+ROWS = {"memory": row_memory, "write": row_write, "parts": row_parts, "read": row_read}
 
 
 def _fresh(kind: str, spec: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
@@ -321,8 +352,14 @@ def write_main(argv: list[str]) -> dict[str, Any]:
         print(md_table(["row", "run samples/s (wall)", "run CPU µs/sample (all processes)", "whole call wall s"], rows))
         print(f"\nThe COCO listing alone (streaming parse and checks, a fresh process): "
               f"{listing[2] * 1e6:.0f} µs CPU per image ({listing[2] * n:.1f} s), before the run starts.")
+        parts = _fresh("parts", {**base, "count": min(n, 1000), "rounds": args.repeats})
+        cpu = {k: v * 1e6 for k, v in parts["cpu_s"].items()}
+        print(f"\nPer sample in one process (no workers; the least of {args.repeats} interleaved rounds over "
+              f"{parts['count']} images): the image-only work {cpu['image job']:.0f} µs CPU, the field work "
+              f"{cpu['field job']:.0f} µs, of which pycocotools drawing the image's polygons alone "
+              f"{cpu['pycocotools polygon drawing']:.0f} µs.")
         name = f"{size[0]}x{size[1]}"
-        figures["configs"][name] = runs
+        figures["configs"][name] = {**runs, "parts": parts}
         figures["targets"] += [
             target(f"COCO field pack vs image-only pack, run samples/s, {name}", rate_c[2] / rate_i[2], 0.9),
             target(f"COCO field pack vs image-only pack, run CPU per sample, {name}", cpu_c[2] / cpu_i[2], 1.1,
