@@ -1,108 +1,31 @@
-"""REFERENCE ONLY (tests): ``packer.conversion.coco`` as it was before it read files streaming,
-kept verbatim (``json.load`` of the whole file, the annotations grouped from the parsed lists)
-so that ``tests/conversion/test_coco.py`` can check the streaming reader gives exactly what it
-gave: the same items, stored fields and failures.
-
-COCO annotation files as field items: one item per image with its annotations, checked.
-
-``coco_items(annotations, root)`` reads an ``instances_*.json`` (boxes, categories, crowd flags,
-areas, polygon or RLE masks) or a ``captions_*.json``; every image becomes a ``FieldItem`` whose
-``values`` hold its annotations compactly (numpy arrays; polygons as the parsed lists), so the
-rest of the parsed JSON is dropped before any image is packed and no ``pycocotools.coco.COCO`` index is
-built. Category ids map to contiguous labels ``0..K-1`` in ascending id (``categories``, stored
-in the manifest). A bad annotation (an unknown image id or category, a negative box size, a box
-outside its image, a polygon of fewer than 3 points, a malformed RLE) is an ``InputFailure``
-naming the image and the annotation ids; its image is not packed (a missing annotation would
-train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
-turns the values into the stored fields with ``sample_fields``.
+"""REFERENCE ONLY (tests): ``packer.conversion.coco``'s reading as it was before it read files
+streaming, kept verbatim (``json.load`` of the whole file, the annotations grouped from the
+parsed lists, ``sample_fields`` over those groups) so that ``tests/conversion/test_coco.py`` can
+check the streaming reader gives exactly what it gave: the same items, stored fields and
+failures. The parts that did not change (schemas, ``rle_counts``, ``CocoSource``) are the
+module's own.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from packer.codecs.fields import Schema
+from packer.conversion.coco import (BOX_SLACK, CocoSource, captions_schema, instances_schema, need_pycocotools,
+                                    rle_counts)
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
-__all__ = ["CocoSource", "coco_items", "instances_schema", "captions_schema", "sample_fields", "need_pycocotools",
-           "rle_counts"]
-
-log = logging.getLogger(__name__)
-
-# A box may reach past its image's edge by this much (pixels) before it is "outside": COCO's own
-# boxes end exactly on the edge, written as rounded decimals.
-BOX_SLACK = 0.01
-
-
-def instances_schema() -> Schema:
-    """The fields of an instances pack."""
-    return Schema({"image": "image", "image_id": "int", "boxes": "ndarray:float32:*,4",
-                   "labels": "ndarray:int64:*", "category_ids": "ndarray:int64:*", "iscrowd": "ndarray:uint8:*",
-                   "area": "ndarray:float32:*", "annotation_ids": "ndarray:int64:*", "masks": "rle",
-                   "orig_size": "ndarray:int64:2"})
-
-
-def captions_schema() -> Schema:
-    """The fields of a captions pack."""
-    return Schema({"image": "image", "image_id": "int", "captions": "json", "annotation_ids": "ndarray:int64:*",
-                   "orig_size": "ndarray:int64:2"})
-
-
-@dataclass
-class CocoSource:
-    """What ``coco_items`` read: the items, their schema, the categories ``[{id, name}]`` by
-    label (empty for captions) and the kind (``instances`` or ``captions``)."""
-
-    items: list[FieldItem]
-    schema: Schema
-    categories: list[dict[str, Any]]
-    kind: str
-
-
-def need_pycocotools() -> Any:
-    """``pycocotools.mask``, or a UsageError naming the extra that installs it."""
-    try:
-        from pycocotools import mask
-    except ImportError as e:
-        raise UsageError("COCO masks need pycocotools: pip install 'packer[coco]'") from e
-    return mask
+__all__ = ["coco_items", "sample_fields"]
 
 
 def _int_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def rle_counts(counts: str) -> list[int]:
-    """The run lengths of a compressed COCO RLE string (pycocotools' ``rleFrString``);
-    ValueError when a character is outside the code's alphabet or the string ends mid-number."""
-    out: list[int] = []
-    p, n = 0, len(counts)
-    while p < n:
-        x, k, more = 0, 0, True
-        while more:
-            if p >= n:
-                raise ValueError("RLE counts string ends inside a number")
-            c = ord(counts[p]) - 48
-            if not 0 <= c < 64:
-                raise ValueError(f"character {counts[p]!r} is not an RLE code")
-            x |= (c & 0x1F) << (5 * k)
-            more = bool(c & 0x20)
-            p += 1
-            k += 1
-            if not more and (c & 0x10):
-                x |= -1 << (5 * k)
-        if len(out) > 2:
-            x += out[-2]
-        out.append(x)
-    return out
 
 
 def _check_segmentation(seg: Any, height: int, width: int, iscrowd: int) -> tuple[str, Any]:
@@ -146,14 +69,7 @@ def _check_segmentation(seg: Any, height: int, width: int, iscrowd: int) -> tupl
 
 def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_empty: bool = False,
                failures: list[InputFailure] | None = None) -> CocoSource:
-    """The images of a COCO annotation file as items (see the module doc).
-
-    Args:
-        annotations: an ``instances_*.json`` or ``captions_*.json``.
-        root: the folder the images' ``file_name`` paths are relative to.
-        drop_empty: leave out images without annotations (kept by default: zero boxes).
-        failures: where unusable images and annotations are recorded (None: raise UsageError).
-    """
+    """``packer.conversion.coco.coco_items`` as it was: ``json.load``, then grouping."""
     ann_path = str(annotations)
     try:
         # text mode: the file's str alone, not its bytes and their decoded copy at once
