@@ -67,9 +67,10 @@ class _Text:
 
     def value(self) -> Any:
         """Decode the value at the current position. The buffer is refilled until the value
-        ends before a non-whitespace character (or the end of the file): a number cut by the
-        buffer's end would otherwise decode short. Each refill asks for as much again as the
-        buffer holds, so a value of any size costs linear time."""
+        is followed by what may follow a value (``,``, ``]``, ``}`` or ``:``, after any
+        whitespace) or the file ends: a number cut by the buffer's end (``10`` of ``10.5``)
+        would otherwise decode short. Each refill asks for as much again as the buffer holds,
+        so a value of any size costs linear time."""
         self.peek()
         while True:
             try:
@@ -78,7 +79,8 @@ class _Text:
                 if self.fill(len(self.buf)):
                     continue
                 raise self.error(e.msg, e.pos) from None
-            if _WS.match(self.buf, end).end() < len(self.buf) or not self.fill(len(self.buf)):  # type: ignore[union-attr]
+            after = _WS.match(self.buf, end).end()  # type: ignore[union-attr]
+            if (after < len(self.buf) and self.buf[after] in ",]}:") or not self.fill(len(self.buf)):
                 self.pos = end
                 return value
 

@@ -82,5 +82,7 @@ def test_errors_name_the_character(text, message):
         _read(text, 3)
 
 
-def test_a_number_cut_by_the_buffer_is_read_whole():
-    assert _read('{"images": [123456789, 0.000125], "n": 98765}', 1) == {"images": [123456789, 0.000125], "n": 98765}
+@pytest.mark.parametrize("chunk", range(1, 12))
+def test_a_number_cut_by_the_buffer_is_read_whole(chunk):
+    text = '{"images": [123456789, 0.000125, 1e5, -2.5E-3], "n": 98765, "x": 10.0\n}'
+    assert _read(text, chunk) == json.loads(text)
