@@ -146,7 +146,8 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
         return Plan("shm", n, f"{name}: workers read, check and encode into shared memory; the writer "
                               "only stores")
     if resizing:
-        return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
+        made = "field blobs" if fields else "resize"
+        return Plan("pool", n, f"{made}: workers make the new bytes and hand them back once")
     if fixed_layout:
         return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
     return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "
