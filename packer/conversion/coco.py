@@ -62,14 +62,13 @@ ANNOTATION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("category_id", "<i
                        ("rle_height", "<i8"), ("rle_width", "<i8"), ("seg_len", "<u4")])
 # One caption: its file index, id and UTF-8 length (the text follows).
 CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
-_ANN = struct.Struct("<qqqq4ddBBBqqI")
+_ANN = struct.Struct("<qqqq4ddBBBqqI")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
-assert _ANN.size == ANNOTATION.itemsize and _CAP.size == CAPTION.itemsize  # noqa: S101 - module invariant
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
-_F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE, _F_SEG_LEN = 2, 4, 10, 11, 12, 14
-_INT_FLAGS, _FAILED, _ASIDE = 0x0F, 0x10, 0x20
+_F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE = 2, 4, 10, 11, 12
+_FAILED, _ASIDE = 0x10, 0x20
 _NUMBER = {int, float}  # the types json gives numbers (a bool is not one)
 _I64 = (-(1 << 63), 1 << 63)
 

@@ -192,3 +192,11 @@ def test_an_item_holds_its_annotations_compactly(source, tmp_path):
     coords = sum(len(p) for a in source["annotations"] if isinstance(a["segmentation"], list)
                  for p in a["segmentation"])
     assert total < len(source["annotations"]) * (coco.ANNOTATION.itemsize + 32) + 8 * coords
+
+
+def test_the_struct_and_numpy_forms_of_a_record_agree():
+    assert coco._ANN.size == coco.ANNOTATION.itemsize and coco._CAP.size == coco.CAPTION.itemsize
+    values = (3, 77, 18, 5, 1.5, 2.5, 3.5, 4.5, 9.25, 1, 0x21, 2, 480, 640, 96)
+    rec = np.frombuffer(coco._ANN.pack(*values), coco.ANNOTATION)[0]
+    assert (rec["file_index"], rec["id"], rec["category_id"], rec["label"], *rec["bbox"], rec["area"], rec["iscrowd"],
+            rec["flags"], rec["kind"], rec["rle_height"], rec["rle_width"], rec["seg_len"]) == values
