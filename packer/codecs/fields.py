@@ -45,6 +45,7 @@ BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
 BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+_COMPRESSED = re.compile(r"[!-~]*")  # a compressed RLE's characters: printable ASCII, no space
 _U32 = struct.Struct("<I")
 
 
@@ -279,6 +280,9 @@ class NdarrayField(Field):
         self._row = int(np.prod([d for d in shape[1:]], dtype=np.int64)) * self.dtype.itemsize
 
     def encode(self, value: Any) -> bytes:
+        if type(value) is np.ndarray and value.dtype == self.dtype and value.ndim == len(self.shape) and all(
+                want is None or got == want for got, want in zip(value.shape, self.shape)):
+            return value.tobytes()  # already what the schema says (what the checks below end with)
         try:
             arr = np.asarray(value)
         except (TypeError, ValueError) as e:
@@ -334,6 +338,11 @@ class RleField(Field):
             raise self._bad(value, "a list of COCO RLE dicts")
         out = []
         for m in value:
+            if type(m) is dict and len(m) == 2 and type(m.get("size")) is list and type(m.get("counts")) is str \
+                    and len(m["size"]) == 2 and type(m["size"][0]) is int and type(m["size"][1]) is int \
+                    and m["size"][0] >= 0 and m["size"][1] >= 0 and _COMPRESSED.fullmatch(m["counts"]):
+                out.append({"size": m["size"], "counts": m["counts"]})  # (what the checks below end with)
+                continue
             if not isinstance(m, Mapping) or set(m) - {"size", "counts"} or len(m) != 2:
                 raise self._bad(m, "an RLE is {'size': [h, w], 'counts': ...}")
             size, counts = m["size"], m["counts"]
@@ -342,7 +351,7 @@ class RleField(Field):
             if not (isinstance(size, (list, tuple)) and len(size) == 2
                     and all(isinstance(v, (int, np.integer)) and v >= 0 for v in size)):
                 raise self._bad(m, "RLE size is [height, width]")
-            if not isinstance(counts, str) or not all(33 <= ord(c) < 127 for c in counts):
+            if not isinstance(counts, str) or not _COMPRESSED.fullmatch(counts):
                 raise self._bad(m, "RLE counts must be compressed (pycocotools.mask.encode / frPyObjects)")
             out.append({"size": [int(size[0]), int(size[1])], "counts": counts})
         return json.dumps(out, separators=(",", ":")).encode("ascii")

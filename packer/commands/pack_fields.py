@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from packer.claim import Claim
 from packer.codecs.fields import BLOB_FMT, Schema
 from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
+from packer.codecs.jpeg_header import jpeg_header
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import ImageJob, source_name
 from packer.conversion.executors import make_executor
@@ -26,6 +27,7 @@ from packer.conversion.inputs import (FieldItem, InputFailure, Item, SourceItem,
                                      read_item, run_failures)
 from packer.conversion.inputs import listing as listed
 from packer.conversion.options import InputOptions, RunOptions
+from packer.conversion.plans import choose_plan
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.fileio import file_sha256
 from packer.errors import CorruptSample, UsageError
@@ -124,13 +126,18 @@ class FieldJob:
         return ImageJob(check=self.check, resize=self.resize)._sample(Item(key, path, -1), data)
 
     def _check_geometry(self, item: FieldItem, key: str, path: str, data: bytes) -> None:
-        info = probe(data, check="header", key=key, source=path)
+        hwc = jpeg_header(data)  # a plain JPEG (the common case) without probe's dispatch
+        if hwc is not None:
+            height, width, fmt = hwc[0], hwc[1], "jpeg"
+        else:
+            info = probe(data, check="header", key=key, source=path)
+            height, width, fmt = info.height, info.width, info.fmt
         oh, ow = (int(v) for v in item.values["orig_size"])
         iid = item.values["image_id"]
-        if (info.height, info.width) != (oh, ow):
-            raise CorruptSample(key, path, f"image id {iid}: the image is {info.width}x{info.height}, the "
+        if (height, width) != (oh, ow):
+            raise CorruptSample(key, path, f"image id {iid}: the image is {width}x{height}, the "
                                            f"annotation file says {ow}x{oh}", stage="decode")
-        if info.fmt == "jpeg" and jpeg_orientation(data) != 1:
+        if fmt == "jpeg" and jpeg_orientation(data) != 1:
             raise CorruptSample(key, path, f"image id {iid}: EXIF orientation {jpeg_orientation(data)}: "
                                            "the annotations' frame is ambiguous", stage="decode")
 
@@ -209,11 +216,15 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     recorded["writer"] = writer_settings(writer, writer_options)
     writer.created_by = created_by(recorded)
     job = FieldJob(schema=schema_obj, root=str(root), check=check, resize=resize, coco=coco is not None)
-    workers = run_opts.workers if run_opts.workers is not None else (os.cpu_count() or 1)
-    if workers < 0:
+    if run_opts.workers is not None and run_opts.workers < 0:
         raise UsageError("--workers must be >= 0")
-    # every field is made in the worker, so the whole blob crosses back once (the plain pool)
-    ex = make_executor(run_opts.executor, workers=workers, timeout=run_opts.timeout)
+    # the plans image packs run (shared memory for LMDB, workers' own parts for records and
+    # HDF5); every field is made in the worker, so there is no verdict-only plan
+    plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers, resizing=resize is not None,
+                       executor=run_opts.executor, fields=True,
+                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
+    ex = plan.executor(writer)
     with ex:
-        return run(items, job, writer, executor=ex, options=run_opts, claim=claim, desc=f"to-{format}",
-                   input_failures=run_failures(bad, inputs.shard_index))
+        return run(items, plan.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
+                   desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))

@@ -1,40 +1,81 @@
 """COCO annotation files as field items: one item per image with its annotations, checked.
 
 ``coco_items(annotations, root)`` reads an ``instances_*.json`` (boxes, categories, crowd flags,
-areas, polygon or RLE masks) or a ``captions_*.json``; every image becomes a ``FieldItem`` whose
-``values`` hold its annotations compactly (numpy arrays; polygons as the parsed lists), so the
-rest of the parsed JSON is dropped before any image is packed and no ``pycocotools.coco.COCO`` index is
-built. Category ids map to contiguous labels ``0..K-1`` in ascending id (``categories``, stored
-in the manifest). A bad annotation (an unknown image id or category, a negative box size, a box
+areas, polygon or RLE masks) or a ``captions_*.json``; every image becomes a ``FieldItem``.
+Category ids map to contiguous labels ``0..K-1`` in ascending id (``categories``, stored in the
+manifest). A bad annotation (an unknown image id or category, a negative box size, a box
 outside its image, a polygon of fewer than 3 points, a malformed RLE) is an ``InputFailure``
 naming the image and the annotation ids; its image is not packed (a missing annotation would
 train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
 turns the values into the stored fields with ``sample_fields``.
+
+**Memory.** The file is never parsed whole (``json.load`` of a COCO-sized file holds over 2 GB
+of dicts, lists and floats, as ``pycocotools.coco.COCO(file)`` does): ``object_members``
+(``packer.codecs.json_stream``) decodes one image or annotation at a time, and each
+annotation is checked and appended at once to one buffer, as a fixed-size binary record
+(``ANNOTATION``) followed by its mask (polygons as float64 coordinates, RLE counts as int64
+runs or the compressed string); each image keeps where its annotations' records are. The
+file's members may come in any order (COCO's own files list the categories last), so the
+checks that need the image's size or the categories run once the file is read, on the
+records, in the order ``json.load``-based checking ran them (the same failure, with the same
+reason, for every annotation). An item's ``values`` are then ``image_id``, ``orig_size`` and
+``annotations``: an ``AnnotationRecords``, where its records are in that buffer (nothing is
+copied; forked workers share the buffer's pages; pickled for another executor, an item
+carries its own records).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
+import struct
+from math import isfinite
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from packer.codecs.fields import Schema
+from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
 __all__ = ["CocoSource", "coco_items", "instances_schema", "captions_schema", "sample_fields", "need_pycocotools",
-           "rle_counts"]
+           "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
 log = logging.getLogger(__name__)
 
 # A box may reach past its image's edge by this much (pixels) before it is "outside": COCO's own
 # boxes end exactly on the edge, written as rounded decimals.
 BOX_SLACK = 0.01
+
+# One instance annotation as stored (little-endian, no padding), then its mask's ``seg_len``
+# bytes: ``file_index`` is its position in the file's list, ``flags`` bits 0-3 say which bbox
+# values were JSON integers (for the reasons, which show the bbox as written), bit 4 that a
+# check failed while it was read, bit 5 that its RLE size or bbox did not fit int64/float64
+# exactly (kept aside). ``kind``: 0 no mask, 1 polygons (u32 count, u32 lengths, float64
+# coordinates), 2 RLE runs (int64 each), 3 a compressed RLE string (ASCII).
+ANNOTATION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("category_id", "<i8"), ("label", "<i8"),
+                       ("bbox", "<f8", (4,)), ("area", "<f8"), ("iscrowd", "u1"), ("flags", "u1"), ("kind", "u1"),
+                       ("rle_height", "<i8"), ("rle_width", "<i8"), ("seg_len", "<u4")])
+# One caption: its file index, id and UTF-8 length (the text follows).
+CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
+_ANN = struct.Struct("<qqqq4ddBBBqqI")  # the same records for struct (tests/conversion/test_coco.py checks)
+_CAP = struct.Struct("<qqI")
+_LABEL_AT = ANNOTATION.fields["label"][1]
+_NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
+# positions in an unpacked record
+_F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE = 2, 4, 10, 11, 12
+_FAILED, _ASIDE = 0x10, 0x20
+_NUMBER = {int, float}  # the types json gives numbers (a bool is not one)
+_I64 = (-(1 << 63), 1 << 63)
+
+# The order of the checks of an instance annotation: the first that fails is its reason.
+# Those marked (later) need the image's size or the categories, so they run once the file is read.
+(_CATEGORY, _BBOX, _FINITE, _NEGATIVE, _OUTSIDE, _CROWD, _AREA, _SEGMENTATION, _RLE_SIZE_IS_IMAGE, _RLE_COUNTS,
+ _RLE_COVER, _PASSED) = range(12)  # _CATEGORY, _OUTSIDE, _RLE_SIZE_IS_IMAGE: (later)
 
 
 def instances_schema() -> Schema:
@@ -75,6 +116,10 @@ def _int_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _int64(value: Any) -> bool:
+    return _int_id(value) and _I64[0] <= value < _I64[1]
+
+
 def rle_counts(counts: str) -> list[int]:
     """The run lengths of a compressed COCO RLE string (pycocotools' ``rleFrString``);
     ValueError when a character is outside the code's alphabet or the string ends mid-number."""
@@ -100,43 +145,243 @@ def rle_counts(counts: str) -> list[int]:
     return out
 
 
-def _check_segmentation(seg: Any, height: int, width: int, iscrowd: int) -> tuple[str, Any]:
-    """``("poly", [float arrays])``, ``("rle", {size, counts})`` or ``("none", None)``;
-    ValueError saying what is wrong."""
+class _Failed(Exception):
+    """A check of an annotation failed while it was read: at ``stage``, for ``reason``; ``rle``:
+    the RLE size read before it failed ``(height, width, aside)`` (its check against the image
+    comes first, once the image is known)."""
+
+    def __init__(self, stage: int, reason: str, rle: tuple[int, int, Any] | None = None):
+        super().__init__(reason)
+        self.stage, self.reason, self.rle = stage, reason, rle
+
+
+def _segmentation(seg: Any) -> tuple[int, int, int, bytes, Any]:
+    """``(kind, rle height, rle width, mask bytes, aside)`` of a segmentation (``aside``: an RLE
+    size that does not fit int64, else None); ``_Failed`` for what is wrong without knowing the
+    image (its size is checked later)."""
     if seg is None or seg == []:
-        return "none", None
+        return _NONE, 0, 0, b"", None
     if isinstance(seg, list):
-        polys = []
+        parts = [struct.pack(f"<I{len(seg)}I", len(seg), *(len(p) if type(p) is list else 0 for p in seg))]
         for poly in seg:
-            if not isinstance(poly, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                     for v in poly):
-                raise ValueError("a polygon is a list of numbers")
+            if type(poly) is not list or not set(map(type, poly)) <= _NUMBER:
+                raise _Failed(_SEGMENTATION, "a polygon is a list of numbers")
             if len(poly) % 2:
-                raise ValueError(f"a polygon has an odd number ({len(poly)}) of coordinates")
+                raise _Failed(_SEGMENTATION, f"a polygon has an odd number ({len(poly)}) of coordinates")
             if len(poly) < 6:
-                raise ValueError(f"a polygon has {len(poly) // 2} points, fewer than 3")
-            polys.append(poly)  # the parsed list itself: no copy while the parsed file is alive
-        return "poly", polys
+                raise _Failed(_SEGMENTATION, f"a polygon has {len(poly) // 2} points, fewer than 3")
+            try:
+                parts.append(struct.pack(f"<{len(poly)}d", *poly))
+            except OverflowError:
+                raise _Failed(_SEGMENTATION, "a polygon is a list of numbers") from None
+        return _POLY, 0, 0, b"".join(parts), None
     if isinstance(seg, dict):
         size, counts = seg.get("size"), seg.get("counts")
         if not (isinstance(size, list) and len(size) == 2 and all(_int_id(v) for v in size)):
-            raise ValueError(f"malformed RLE: size {size!r} is not [height, width]")
-        if size != [height, width]:
-            raise ValueError(f"malformed RLE: size {size} is not the image's [{height}, {width}]")
+            raise _Failed(_SEGMENTATION, f"malformed RLE: size {size!r} is not [height, width]")
+        aside = None if _int64(size[0]) and _int64(size[1]) else list(size)
+        rh, rw = (0, 0) if aside else size
+        rle = (rh, rw, aside)
         if isinstance(counts, list):
             if not all(_int_id(v) and v >= 0 for v in counts):
-                raise ValueError("malformed RLE: counts are not non-negative integers")
+                raise _Failed(_RLE_COUNTS, "malformed RLE: counts are not non-negative integers", rle)
             runs = counts
+            kind = _RLE_RUNS
         elif isinstance(counts, str):
-            runs = rle_counts(counts)
+            try:
+                runs = rle_counts(counts)
+            except ValueError as e:
+                raise _Failed(_RLE_COUNTS, str(e), rle) from None
             if any(v < 0 for v in runs):
-                raise ValueError("malformed RLE: a negative run length")
+                raise _Failed(_RLE_COUNTS, "malformed RLE: a negative run length", rle)
+            kind = _RLE_STRING
         else:
-            raise ValueError(f"malformed RLE: counts is a {type(counts).__name__}")
-        if sum(runs) != height * width:
-            raise ValueError(f"malformed RLE: runs cover {sum(runs)} pixels, the image has {height * width}")
-        return "rle", {"size": size, "counts": counts}
-    raise ValueError(f"segmentation is a {type(seg).__name__}, neither polygons nor an RLE")
+            raise _Failed(_RLE_COUNTS, f"malformed RLE: counts is a {type(counts).__name__}", rle)
+        # (checked after the size is found to be the image's, which makes its area the image's)
+        if sum(runs) != size[0] * size[1]:
+            raise _Failed(_RLE_COVER, f"malformed RLE: runs cover {sum(runs)} pixels, the image has "
+                                      f"{size[0] * size[1]}", rle)
+        try:
+            data = array("q", counts).tobytes() if kind == _RLE_RUNS else counts.encode("ascii")
+        except OverflowError:
+            raise _Failed(_RLE_COUNTS, "malformed RLE: a run length does not fit 64 bits", rle) from None
+        return kind, rh, rw, data, aside
+    raise _Failed(_SEGMENTATION, f"segmentation is a {type(seg).__name__}, neither polygons nor an RLE")
+
+
+def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, tuple[int, str]]) -> tuple[bytes, bytes]:
+    """The record of instance annotation ``a`` (``file_index`` ``j``) and its mask bytes, with
+    every check that needs neither the image nor the categories done; a failed one is kept in
+    ``failed[j]`` (its stage and reason), values that do not fit a record in ``aside[j]``.
+    (Values from ``json`` are exactly ``int``, ``float``, ...: ``type(v) is int`` is "an
+    integer, not a bool".)"""
+    cid = a.get("category_id")
+    flags, box, area, crowd = 0, (0.0, 0.0, 0.0, 0.0), 0.0, 0
+    kind, rh, rw, seg = _NONE, 0, 0, b""
+    try:
+        if type(cid) is not int or not _I64[0] <= cid < _I64[1]:  # no category has it (their ids are int64)
+            raise _Failed(_CATEGORY, f"unknown category id {cid!r}")
+        raw = a.get("bbox")
+        types = set(map(type, raw)) if type(raw) is list else None
+        if types is None or len(raw) != 4 or not types <= _NUMBER:
+            raise _Failed(_BBOX, f"bbox {raw!r} is not [x, y, width, height]")
+        try:
+            box = x, y, w, h = tuple(map(float, raw))
+        except OverflowError:
+            raise _Failed(_FINITE, f"bbox {raw!r} is not finite") from None
+        if not (isfinite(x) and isfinite(y) and isfinite(w) and isfinite(h)):
+            raise _Failed(_FINITE, f"bbox {raw!r} is not finite")
+        if w < 0 or h < 0:
+            raise _Failed(_NEGATIVE, f"bbox {raw!r} has a negative size")
+        if int in types:  # the reason shows the bbox as written
+            for k, v in enumerate(raw):
+                if type(v) is int:
+                    flags |= 1 << k
+                    if float(v) != v:
+                        aside[j] = {"bbox": repr(raw)}
+                        flags |= _ASIDE
+        given = a.get("iscrowd", 0)
+        if given not in (0, 1) or type(given) is bool:
+            raise _Failed(_CROWD, f"iscrowd {given!r} is not 0 or 1")
+        crowd = int(given)
+        given = a.get("area", w * h)
+        if type(given) not in _NUMBER or given < 0:
+            raise _Failed(_AREA, f"area {given!r} is not a non-negative number")
+        try:
+            area = float(given)
+        except OverflowError:
+            raise _Failed(_AREA, f"area {given!r} is not a non-negative number") from None
+        kind, rh, rw, seg, size = _segmentation(a.get("segmentation"))
+        if size is not None:
+            aside.setdefault(j, {})["size"] = size
+            flags |= _ASIDE
+    except _Failed as e:
+        failed[j] = (e.stage, e.reason)
+        flags |= _FAILED
+        kind, seg = _NONE, b""
+        if e.rle is not None:  # its size is still checked against the image first
+            kind, (rh, rw, size) = _RLE_RUNS, e.rle
+            if size is not None:
+                aside.setdefault(j, {})["size"] = size
+                flags |= _ASIDE
+    return _ANN.pack(j, a["id"], cid if type(cid) is int and _I64[0] <= cid < _I64[1] else 0, -1, *box, area,
+                     crowd, flags, kind, rh, rw, len(seg)), seg
+
+
+def _caption_record(j: int, a: dict, failed: dict[int, tuple[int, str]]) -> tuple[bytes, bytes]:
+    text = a.get("caption")
+    if not isinstance(text, str):
+        failed[j] = (0, "caption is not a string")
+        return _CAP.pack(j, a["id"], 0), b""
+    data = text.encode("utf-8", "surrogatepass")
+    return _CAP.pack(j, a["id"], len(data)), data
+
+
+def _box_text(rec: tuple, aside: dict[str, Any] | None) -> str:
+    """The bbox as the file wrote it (for a reason)."""
+    if aside and "bbox" in aside:
+        return aside["bbox"]
+    flags = rec[_F_FLAGS]
+    return "[" + ", ".join(repr(int(rec[_F_BOX + k])) if flags & (1 << k) else repr(rec[_F_BOX + k])
+                           for k in range(4)) + "]"
+
+
+def _first_failure(rec: tuple, failed: tuple[int, str] | None, aside: dict[str, Any] | None,
+                   label_of: dict[int, int], height: int, width: int) -> str | None:
+    """The reason of the first check annotation ``rec`` (an unpacked record) fails, in the
+    checks' order, or None: the one found while it was read (``failed``) unless a check made
+    now, of an earlier stage, fails."""
+    stage = failed[0] if failed is not None else _PASSED
+    if rec[_F_CATEGORY] not in label_of and stage > _CATEGORY:
+        return f"unknown category id {rec[_F_CATEGORY]!r}"
+    if stage > _OUTSIDE:
+        x, y, w, h = rec[_F_BOX:_F_BOX + 4]
+        if x < -BOX_SLACK or y < -BOX_SLACK or x + w > width + BOX_SLACK or y + h > height + BOX_SLACK:
+            return f"bbox {_box_text(rec, aside)} is outside the {width}x{height} image"
+    if stage > _RLE_SIZE_IS_IMAGE and rec[_F_KIND] in (_RLE_RUNS, _RLE_STRING):
+        size = aside["size"] if aside and "size" in aside else [rec[_F_RLE], rec[_F_RLE + 1]]
+        if size != [height, width]:
+            return f"malformed RLE: size {size} is not the image's [{height}, {width}]"
+    return failed[1] if failed is not None else None
+
+
+class _Reader:
+    """The state of one annotation file as it is read (see the module doc)."""
+
+    def __init__(self, path: str, failures: list[InputFailure] | None):
+        self.path, self.failures = path, failures
+        self.kind: str | None = None  # from the first annotation
+        self.images: list[tuple[int, str, int, int]] = []  # (id, key, height, width), file order
+        self.image_failures: list[tuple[str, str]] = []  # (reason, key), file order
+        self.seen_ids: set[int] = set()
+        self.store = bytearray()  # every annotation's record and payload, in file order
+        self.groups: dict[Any, array] = {}  # image id -> where its annotations' records are, file order
+        self.failed: dict[int, tuple[int, str]] = {}  # file index -> (stage, reason) found while read
+        self.aside: dict[int, Any] = {}  # file index -> values that do not fit a record
+        self.malformed: list[tuple[int, str]] = []  # (file index, reason): annotations of no image id
+        self.categories: Any = None
+        self.have_images = False
+
+    def read(self) -> None:
+        path = self.path
+        try:
+            # text mode and a bounded buffer: one image or annotation decoded at a time
+            with open(path, encoding="utf-8") as f:
+                for key, value in object_members(f, stream=("images", "annotations")):
+                    if key == "images":
+                        self.have_images = isinstance(value, Elements)
+                        if self.have_images:
+                            for j, im in enumerate(value):
+                                self._image(j, im)
+                    elif key == "annotations" and isinstance(value, Elements):
+                        for j, a in enumerate(value):
+                            self._annotation(j, a)
+                    elif key == "annotations" and value:  # null or [] mean none
+                        raise UsageError(f"{path}: 'annotations' is a {type(value).__name__}, not a list")
+                    elif key == "categories":
+                        self.categories = value
+        except OSError as e:
+            raise UsageError(f"{path}: cannot read the annotation file ({e.strerror or e})") from e
+        except ValueError as e:  # UnicodeDecodeError too
+            if "(the file is not a JSON object)" in str(e):
+                raise UsageError(f"{path}: not a COCO annotation file (no 'images' list)") from e
+            raise UsageError(f"{path}: not a JSON annotation file ({e})") from e
+        if not self.have_images:
+            raise UsageError(f"{path}: not a COCO annotation file (no 'images' list)")
+
+    def _image(self, j: int, im: Any) -> None:
+        if not isinstance(im, dict) or not _int_id(im.get("id")) or not isinstance(im.get("file_name"), str) \
+                or not _int_id(im.get("height")) or not _int_id(im.get("width")):
+            self.image_failures.append((f"images[{j}]: needs an integer id, file_name, height and width",
+                                        str(im.get("file_name", "")) if isinstance(im, dict) else ""))
+            return
+        if im["id"] in self.seen_ids:
+            self.image_failures.append((f"image id {im['id']} is repeated", im["file_name"]))
+            return
+        try:
+            key = safe_key(im["file_name"], self.path)
+        except UsageError as e:
+            self.image_failures.append((f"image id {im['id']}: {e}", im["file_name"]))
+            return
+        self.seen_ids.add(im["id"])
+        self.images.append((im["id"], key, im["height"], im["width"]))
+
+    def _annotation(self, j: int, a: Any) -> None:
+        if self.kind is None:
+            self.kind = "captions" if isinstance(a, dict) and "caption" in a and "bbox" not in a else "instances"
+        aid = a.get("id") if type(a) is dict else None
+        if type(aid) is not int or not _I64[0] <= aid < _I64[1] or type(a.get("image_id")) is not int:
+            self.malformed.append((j, f"annotations[{j}]: needs an integer id and image_id"))
+            return
+        head, payload = _caption_record(j, a, self.failed) if self.kind == "captions" else \
+            _instance_record(j, a, self.aside, self.failed)
+        store = self.store
+        group = self.groups.get(a["image_id"])
+        if group is None:
+            group = self.groups[a["image_id"]] = array("q")
+        group.append(len(store))
+        store += head
+        store += payload
 
 
 def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_empty: bool = False,
@@ -150,139 +395,164 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
         failures: where unusable images and annotations are recorded (None: raise UsageError).
     """
     ann_path = str(annotations)
-    try:
-        # text mode: the file's str alone, not its bytes and their decoded copy at once
-        with open(ann_path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise UsageError(f"{ann_path}: cannot read the annotation file ({e.strerror or e})") from e
-    except ValueError as e:  # UnicodeDecodeError too
-        raise UsageError(f"{ann_path}: not a JSON annotation file ({e})") from e
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        raise UsageError(f"{ann_path}: not a COCO annotation file (no 'images' list)")
-    images, anns = data["images"], data.get("annotations") or []
-    cats = data.get("categories") or []
-    del data  # the parsed file goes once the images and annotations are grouped below
-    kind = "captions" if anns and isinstance(anns[0], dict) and "caption" in anns[0] and "bbox" not in anns[0] \
-        else "instances"
-    if kind == "instances" and not all(isinstance(c, dict) and _int_id(c.get("id")) for c in cats):
+    r = _Reader(ann_path, failures)
+    r.read()
+    kind = r.kind or "instances"
+    cats = r.categories or []
+    if kind == "instances" and not (isinstance(cats, list) and all(isinstance(c, dict) and _int64(c.get("id"))
+                                                                   for c in cats)):
         raise UsageError(f"{ann_path}: malformed 'categories' (each needs an integer id)")
-    categories = sorted(({"id": c["id"], "name": str(c.get("name", c["id"]))} for c in cats), key=lambda c: c["id"])
+    if not isinstance(cats, list):
+        cats = []
+    categories = sorted(({"id": c["id"], "name": str(c.get("name", c["id"]))} for c in cats if isinstance(c, dict)
+                         and _int_id(c.get("id"))), key=lambda c: c["id"])
     label_of = {c["id"]: i for i, c in enumerate(categories)}
     if len(label_of) != len(categories):
         raise UsageError(f"{ann_path}: repeated category ids")
 
-    root = Path(root)
-    info: dict[int, tuple[str, int, int]] = {}
-    order: list[int] = []
-    for j, im in enumerate(images):
-        if not isinstance(im, dict) or not _int_id(im.get("id")) or not isinstance(im.get("file_name"), str) \
-                or not _int_id(im.get("height")) or not _int_id(im.get("width")):
-            bad_line(failures, ann_path, 0, f"images[{j}]: needs an integer id, file_name, height and width",
-                     key=str(im.get("file_name", "")) if isinstance(im, dict) else "")
-            continue
-        if im["id"] in info:
-            bad_line(failures, ann_path, 0, f"image id {im['id']} is repeated", key=im["file_name"])
-            continue
-        try:
-            key = safe_key(im["file_name"], ann_path)
-        except UsageError as e:
-            bad_line(failures, ann_path, 0, f"image id {im['id']}: {e}", key=im["file_name"])
-            continue
-        info[im["id"]] = (key, im["height"], im["width"])
-        order.append(im["id"])
-    del images
-
-    per_image: dict[int, list] = {}
-    bad: dict[int, list[str]] = {}
-    # Taken off the end of the parsed list one by one, so each annotation's dicts and polygon
-    # lists are freed as its compact form is made: the peak stays the parsed file's (below
-    # pycocotools' COCO(file), which indexes the parsed file as it is). Groups are reversed after.
-    j = len(anns)
-    orphans: list[tuple[str, str]] = []  # (reason, key) of annotations of no image, last first
-    while anns:
-        a = anns.pop()
-        j -= 1
-        if not isinstance(a, dict) or not _int_id(a.get("id")) or not _int_id(a.get("image_id")):
-            orphans.append((f"annotations[{j}]: needs an integer id and image_id", ""))
-            continue
-        aid, iid = a["id"], a["image_id"]
-        if iid not in info:
-            orphans.append((f"annotation {aid}: unknown image id {iid}", f"annotation {aid}"))
-            continue
-        _, height, width = info[iid]
-        try:
-            per_image.setdefault(iid, []).append(
-                _caption(a) if kind == "captions" else _instance(a, label_of, height, width))
-        except ValueError as e:
-            bad.setdefault(iid, []).append(f"annotation {aid}: {e}")
-    del anns
-    for reason, key in reversed(orphans):
+    for reason, key in r.image_failures:
+        bad_line(failures, ann_path, 0, reason, key=key)
+    known = {iid: (key, h, w) for iid, key, h, w in r.images}
+    record = _ANN if kind == "instances" else _CAP
+    # annotations of no image: malformed ones and those of an unknown image id, in file order
+    orphans = list(r.malformed)
+    for iid in [iid for iid in r.groups if iid not in known]:
+        for offset in r.groups.pop(iid):
+            j, aid = record.unpack_from(r.store, offset)[:2]
+            r.failed.pop(j, None)
+            r.aside.pop(j, None)
+            orphans.append((j, f"annotation {aid}: unknown image id {iid}"))
+    for j, reason in sorted(orphans):
+        key = "" if reason.startswith("annotations[") else reason.split(":", 1)[0]
         bad_line(failures, ann_path, 0, reason, key=key)
 
+    check = _check_instances if kind == "instances" else _check_captions
+    root = Path(root)
     items: list[FieldItem] = []
-    for iid in order:
-        key, height, width = info[iid]
-        if iid in bad:
-            reasons = bad[iid][::-1]  # file order
-            more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
-            bad_line(failures, ann_path, 0, f"image id {iid}: {reasons[0]}{more}", key=key)
-            continue
-        group = per_image.pop(iid, [])[::-1]  # file order
-        if not group and drop_empty:
-            continue
-        values = _captions_values(group) if kind == "captions" else _instances_values(group)
-        values.update(image_id=iid, orig_size=(height, width))
-        items.append(FieldItem(key, str(root / key), iid, values))
+    for iid, key, height, width in r.images:
+        offsets = r.groups.pop(iid, None)
+        if offsets is None:
+            if drop_empty:
+                continue
+            offsets = array("q")
+        else:
+            reasons = check(r, offsets, label_of, height, width)
+            if reasons:
+                more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+                bad_line(failures, ann_path, 0, f"image id {iid}: {reasons[0]}{more}", key=key)
+                continue
+        items.append(FieldItem(key, str(root / key), iid, {"image_id": iid, "orig_size": (height, width),
+                                                           "annotations": AnnotationRecords(r.store, offsets, kind)}))
     schema = captions_schema() if kind == "captions" else instances_schema()
     return CocoSource(items, schema, categories if kind == "instances" else [], kind)
 
 
-def _caption(a: dict) -> tuple:
-    if not isinstance(a.get("caption"), str):
-        raise ValueError("caption is not a string")
-    return a["id"], a["caption"]
+def _check_instances(r: _Reader, offsets: array, label_of: dict[int, int], height: int,
+                     width: int) -> list[str]:
+    """The reasons an image's annotations fail (file order); none: each one's label filled in."""
+    reasons = []
+    store, unpack, failed, aside = r.store, _ANN.unpack_from, r.failed, r.aside
+    for pos in offsets:
+        rec = unpack(store, pos)
+        if rec[_F_FLAGS] & (_FAILED | _ASIDE) or rec[_F_CATEGORY] not in label_of:
+            j = rec[0]
+            why = _first_failure(rec, failed.pop(j, None), aside.pop(j, None), label_of, height, width)
+        else:  # (the common case inline: only the checks made now)
+            x, y, w, h = rec[_F_BOX:_F_BOX + 4]
+            why = None
+            if x < -BOX_SLACK or y < -BOX_SLACK or x + w > width + BOX_SLACK or y + h > height + BOX_SLACK or \
+                    (rec[_F_KIND] >= _RLE_RUNS and (rec[_F_RLE] != height or rec[_F_RLE + 1] != width)):
+                why = _first_failure(rec, None, None, label_of, height, width)
+        if why is not None:
+            reasons.append(f"annotation {rec[1]}: {why}")
+        elif not reasons:
+            struct.pack_into("<q", store, pos + _LABEL_AT, label_of[rec[_F_CATEGORY]])
+    return reasons
 
 
-def _instance(a: dict, label_of: dict[int, int], height: int, width: int) -> tuple:
-    cid = a.get("category_id")
-    if cid not in label_of or not _int_id(cid):
-        raise ValueError(f"unknown category id {cid!r}")
-    box = a.get("bbox")
-    if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                            for v in box)):
-        raise ValueError(f"bbox {box!r} is not [x, y, width, height]")
-    x, y, w, h = (float(v) for v in box)
-    if not all(np.isfinite((x, y, w, h))):
-        raise ValueError(f"bbox {box!r} is not finite")
-    if w < 0 or h < 0:
-        raise ValueError(f"bbox {box!r} has a negative size")
-    if x < -BOX_SLACK or y < -BOX_SLACK or x + w > width + BOX_SLACK or y + h > height + BOX_SLACK:
-        raise ValueError(f"bbox {box!r} is outside the {width}x{height} image")
-    crowd = a.get("iscrowd", 0)
-    if crowd not in (0, 1) or isinstance(crowd, bool):
-        raise ValueError(f"iscrowd {crowd!r} is not 0 or 1")
-    area = a.get("area", w * h)
-    if not isinstance(area, (int, float)) or isinstance(area, bool) or area < 0:
-        raise ValueError(f"area {area!r} is not a non-negative number")
-    seg = _check_segmentation(a.get("segmentation"), height, width, crowd)
-    return a["id"], label_of[cid], cid, (x, y, w, h), crowd, float(area), seg
+def _check_captions(r: _Reader, offsets: array, label_of: dict[int, int], height: int, width: int) -> list[str]:
+    reasons = []
+    for pos in offsets:
+        j, aid, _n = _CAP.unpack_from(r.store, pos)
+        failed = r.failed.pop(j, None)
+        if failed is not None:
+            reasons.append(f"annotation {aid}: {failed[1]}")
+    return reasons
 
 
-def _captions_values(group: Sequence[tuple]) -> dict[str, Any]:
-    return {"annotation_ids": np.array([g[0] for g in group], dtype=np.int64),
-            "captions": [g[1] for g in group]}
+class Annotations:
+    """One image's annotations as an item holds them: ``records`` (``ANNOTATION`` or
+    ``CAPTION``) and where each one's payload (a mask's bytes, a caption's UTF-8) is in
+    ``blob``."""
+
+    def __init__(self, data: "AnnotationRecords"):
+        kind = data.kind
+        dtype, length = (ANNOTATION, "seg_len") if kind == "instances" else (CAPTION, "text_len")
+        blob, size = data.store, dtype.itemsize
+        self.blob = blob
+        self.records = np.frombuffer(b"".join([blob[o:o + size] for o in data.offsets]), dtype)
+        self.spans = [(o + size, o + size + n) for o, n in zip(data.offsets, self.records[length].tolist())]
+        self._kinds = self.records["kind"].tolist() if kind == "instances" else []
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def segmentation(self, i: int) -> tuple[str, Any]:
+        """``("poly", [float64 arrays])``, ``("rle", int64 runs or the compressed string)`` or
+        ``("none", None)`` of annotation ``i``."""
+        kind, (start, end) = self._kinds[i], self.spans[i]
+        blob = self.blob
+        if kind == _POLY:
+            n = struct.unpack_from("<I", blob, start)[0]
+            if n == 1:
+                return "poly", [np.frombuffer(blob, "<f8", (end - start - 8) // 8, start + 8)]
+            at, polys = start + 4 * (n + 1), []
+            for length in struct.unpack_from(f"<{n}I", blob, start + 4):
+                polys.append(np.frombuffer(blob, "<f8", length, at))
+                at += 8 * length
+            return "poly", polys
+        if kind == _RLE_RUNS:
+            return "rle", np.frombuffer(blob, "<i8", (end - start) // 8, start)
+        if kind == _RLE_STRING:
+            return "rle", bytes(blob[start:end]).decode("ascii")
+        return "none", None
+
+    def captions(self) -> list[str]:
+        """The captions' texts."""
+        return [bytes(self.blob[a:b]).decode("utf-8", "surrogatepass") for a, b in self.spans]
 
 
-def _instances_values(group: Sequence[tuple]) -> dict[str, Any]:
-    n = len(group)
-    return {"annotation_ids": np.array([g[0] for g in group], dtype=np.int64),
-            "labels": np.array([g[1] for g in group], dtype=np.int64),
-            "category_ids": np.array([g[2] for g in group], dtype=np.int64),
-            "xywh": np.array([g[3] for g in group], dtype=np.float64).reshape(n, 4),
-            "iscrowd": np.array([g[4] for g in group], dtype=np.uint8),
-            "area": np.array([g[5] for g in group], dtype=np.float64),
-            "segmentation": [g[6] for g in group]}
+def decode_annotations(data: "AnnotationRecords") -> Annotations:
+    """An item's ``annotations`` (see the module doc) as records and payloads."""
+    return Annotations(data)
+
+
+class AnnotationRecords:
+    """An item's annotations: the records (``kind`` ``instances``: ``ANNOTATION``, ``captions``:
+    ``CAPTION``) at ``offsets`` of ``store``, each followed by its payload. ``store`` is the
+    buffer the annotation file was read into, which holds every image's: forked workers share
+    its pages (reading them writes nothing, where an object per image would have its page
+    copied by the first reference count taken on it). Pickled (to a spawned or remote worker),
+    an item carries its own records and payloads."""
+
+    __slots__ = ("store", "offsets", "kind")
+
+    def __init__(self, store: bytes | bytearray, offsets: array, kind: str = "instances"):
+        self.store, self.offsets, self.kind = store, offsets, kind
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __reduce__(self) -> tuple:
+        dtype, length = (ANNOTATION, "seg_len") if self.kind == "instances" else (CAPTION, "text_len")
+        size, at = dtype.itemsize, dtype.fields[length][1]
+        store, parts, offsets, pos = self.store, [], array("q"), 0
+        for o in self.offsets:
+            n = size + struct.unpack_from("<I", store, o + at)[0]
+            parts.append(bytes(store[o:o + n]))
+            offsets.append(pos)
+            pos += n
+        return AnnotationRecords, (b"".join(parts), offsets, self.kind)
 
 
 def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Schema) -> dict[str, Any]:
@@ -291,45 +561,65 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     the stored size over ``orig_size`` (the polygons scaled then drawn at the stored size, RLE
     masks resized nearest-neighbour), the area scaled by both factors."""
     oh, ow = (int(v) for v in values["orig_size"])
-    out = {k: values[k] for k in ("image_id", "annotation_ids", "orig_size")}
-    out["orig_size"] = np.asarray(out["orig_size"], dtype=np.int64)
-    if "captions" in schema.by_name:
-        out["captions"] = values["captions"]
+    captions = "captions" in schema.by_name
+    ann = decode_annotations(values["annotations"])
+    rec = ann.records
+    out: dict[str, Any] = {"image_id": values["image_id"], "annotation_ids": rec["id"].astype(np.int64),
+                           "orig_size": np.array((oh, ow), dtype=np.int64)}
+    if captions:
+        out["captions"] = ann.captions()
         return out
     sx, sy = width / ow, height / oh
-    xywh = values["xywh"]
-    xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1) * (sx, sy, sx, sy)
-    out.update(boxes=xyxy.astype(np.float32), labels=values["labels"], category_ids=values["category_ids"],
-               iscrowd=values["iscrowd"], area=(values["area"] * (sx * sy)).astype(np.float32),
-               masks=_masks(values["segmentation"], oh, ow, height, width))
+    xyxy = rec["bbox"].copy()
+    xyxy[:, 2:] += xyxy[:, :2]
+    area = rec["area"]
+    if (sx, sy) != (1.0, 1.0):  # (times 1.0 is the same number)
+        xyxy *= (sx, sy, sx, sy)
+        area = area * (sx * sy)
+    out.update(boxes=xyxy.astype(np.float32), labels=rec["label"].astype(np.int64),
+               category_ids=rec["category_id"].astype(np.int64), iscrowd=rec["iscrowd"].copy(),
+               area=area.astype(np.float32), masks=_masks(ann, oh, ow, height, width))
     return out
 
 
-def _masks(segs: Sequence[tuple[str, Any]], oh: int, ow: int, height: int, width: int) -> list[dict[str, Any]]:
-    """One compressed RLE per object at ``height`` x ``width``."""
-    if not segs:
+def _masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> list[dict[str, Any]]:
+    """One compressed RLE per object at ``height`` x ``width``. Every polygon of the image is
+    drawn by one ``frPyObjects`` call; an object of several is their merge (of one: itself, as
+    ``merge`` gives it)."""
+    n = len(ann)
+    if not n:
         return []
     mask = need_pycocotools()
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
-    out = []
+    segs = [ann.segmentation(i) for i in range(n)]
+    polys: list[np.ndarray] = []
+    spans: list[tuple[int, int]] = []
     for kind, seg in segs:
         if kind == "poly":
-            polys = [(np.asarray(p, dtype=np.float64).reshape(-1, 2) * (sx, sy)).ravel().tolist() if scaled
-                     else [float(v) for v in p] for p in seg]
-            rle = mask.merge(mask.frPyObjects(polys, height, width))
+            start = len(polys)
+            polys += [(p.reshape(-1, 2) * (sx, sy)).ravel() for p in seg] if scaled else seg
+            spans.append((start, len(polys)))
+    drawn = mask.frPyObjects(polys, height, width) if polys else []
+    out: list[dict[str, Any]] = []
+    k = 0
+    for kind, seg in segs:
+        if kind == "poly":
+            a, b = spans[k]
+            k += 1
+            counts = drawn[a]["counts"] if b - a == 1 else mask.merge(drawn[a:b])["counts"]
+        elif kind == "rle" and isinstance(seg, str) and not scaled:
+            counts = seg
         elif kind == "rle":
-            counts = seg["counts"]
-            rle = mask.frPyObjects({"size": seg["size"], "counts": counts}, oh, ow) if isinstance(counts, list) \
-                else {"size": seg["size"], "counts": counts.encode("ascii")}
+            rle = mask.frPyObjects({"size": [oh, ow], "counts": seg.tolist()}, oh, ow) if not isinstance(seg, str) \
+                else {"size": [oh, ow], "counts": seg.encode("ascii")}
             if scaled:
                 import cv2
 
                 m = cv2.resize(mask.decode(rle), (width, height), interpolation=cv2.INTER_NEAREST)
                 rle = mask.encode(np.asfortranarray(m))
+            counts = rle["counts"]
         else:  # an object without a mask: an empty one
-            rle = mask.encode(np.zeros((height, width), dtype=np.uint8, order="F"))
-        counts = rle["counts"]
-        out.append({"size": [int(v) for v in rle["size"]],
-                    "counts": counts.decode("ascii") if isinstance(counts, bytes) else counts})
+            counts = mask.encode(np.zeros((height, width), dtype=np.uint8, order="F"))["counts"]
+        out.append({"size": [height, width], "counts": counts.decode("ascii") if isinstance(counts, bytes) else counts})
     return out

@@ -121,6 +121,14 @@ class Writer(abc.ABC):
         self.manifest_extra: dict[str, Any] = {}  # the manifest's ``extra`` (a COCO pack's categories)
         self._opened = False
 
+    def segment_record(self) -> Callable[[Sample], tuple[Any, int]]:
+        """The ``Segments.record`` workers store this writer's samples with (picklable: it goes
+        to each worker). A format whose field samples need the writer's schema to be framed
+        (records: one feature per field) binds it here."""
+        if type(self).segments is None:
+            raise ValueError(f"{self.format_name}: its workers cannot store samples themselves")
+        return type(self).segments.record
+
     @staticmethod
     def prepare(sample: Sample) -> Any:
         """What ``_write`` computes from ``sample`` alone (its stored value and CRC32C), done

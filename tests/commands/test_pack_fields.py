@@ -232,10 +232,20 @@ def test_split_runs_merge_into_the_single_run(coco_src, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL)
-def test_workers_give_the_same_output(coco_src, tmp_path, fmt):
+def test_workers_and_commits_give_the_same_output(coco_src, tmp_path, fmt):
     a, b = out_path(tmp_path, fmt, "a"), out_path(tmp_path, fmt, "b")
     packer.pack(coco_src["root"], a, format=fmt, coco=coco_src["instances"], workers=0)
     packer.pack(coco_src["root"], b, format=fmt, coco=coco_src["instances"], workers=2, commit_every=3)
+    assert packed_snapshot(a) == packed_snapshot(b)
+
+
+@pytest.mark.parametrize("fmt, plan", [("lmdb", "shm"), ("records", "sharded"), ("hdf5", "sharded")])
+def test_workers_give_the_same_output_on_the_image_packs_plans(coco_src, tmp_path, caplog, fmt, plan):
+    a, b = out_path(tmp_path, fmt, "a"), out_path(tmp_path, fmt, "b")
+    packer.pack(coco_src["root"], a, format=fmt, coco=coco_src["instances"], workers=0)
+    with caplog.at_level("INFO", logger="packer.commands.pack_fields"):
+        packer.pack(coco_src["root"], b, format=fmt, coco=coco_src["instances"], workers=2, check="header")
+    assert f"to-{fmt}: {plan} (" in caplog.text
     assert packed_snapshot(a) == packed_snapshot(b)
 
 

@@ -65,6 +65,21 @@ def test_the_other_plans():
     assert mode(executor="ray").mode == "pool"
 
 
+@pytest.mark.parametrize("check", ["full", "header", "none"])
+def test_a_field_pack_runs_on_the_image_packs_plans_never_a_verdict(check):
+    """A field pack's work builds each sample's bytes (masks drawn, fields encoded): like a
+    resize, never verdicts (the writer cannot re-read the blob) nor in-process by default."""
+    def mode(fmt, **kw):
+        return choose_plan(writer=writer_class(fmt), check=check, workers=None, resizing=False, cores=4,
+                           fields=True, **kw).mode
+
+    assert mode("lmdb") == "shm"
+    assert mode("hdf5") == "sharded" and mode("records") == "sharded"
+    assert mode("records", fixed_layout=True) == "pool"  # --samples-per-shard: one writer, blobs back
+    assert choose_plan(writer=writer_class("lmdb"), check=check, workers=0, resizing=False, fields=True).mode \
+        == "inline"
+
+
 # -- same output whatever the plan ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import packer
-from packer.data.fields import collate_field, collate_fields
+from packer.data.fields import collate_field, collate_fields, decode_masks
 from packer.errors import UsageError
 from tests.support.coco import make_coco
 
@@ -38,6 +38,15 @@ def test_masks_decoded_one_per_box_also_for_no_boxes(pack):
     for s in ds:
         assert s["masks"].shape == (len(s["boxes"]), 24, 32) and s["masks"].dtype == np.uint8
     assert any(len(s["boxes"]) == 0 for s in ds)
+
+
+@pytest.mark.parametrize("height, width, n", [(1, 1, 1), (3, 5, 2), (48, 64, 6), (7, 1, 3), (1, 9, 1)])
+def test_decoded_masks_are_pycocotools_masks_in_c_order(height, width, n):
+    from pycocotools import mask as mask_util
+
+    masks = (np.random.default_rng(n).random((n, height, width)) < 0.4).astype(np.uint8)
+    out = decode_masks([mask_util.encode(np.asfortranarray(m)) for m in masks], height, width)
+    assert out.shape == (n, height, width) and out.flags.c_contiguous and np.array_equal(out, masks)
 
 
 def test_collate_stacks_fixed_fields_and_lists_variable_ones(pack):

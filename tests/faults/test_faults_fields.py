@@ -19,7 +19,7 @@ import packer
 from packer.codecs.protowire import decode_varint
 from packer.commands.inspection import verify_dataset
 from packer.data.loader import LoaderError
-from packer.errors import CorruptData
+from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS, open_reader
 from packer.formats.lmdb.env import close_env
 from packer.formats.records.example import feature_name
@@ -236,6 +236,24 @@ def test_a_bad_annotation_is_a_recorded_failure_naming_its_ids(coco_src, tmp_pat
         assert bad["file_name"] not in open_reader(out).keys
     lines = (out / "failures.jsonl").read_text().splitlines()
     assert [json.loads(line)["reason"] for line in lines] == [failure["reason"]]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda text: text[:len(text) * 2 // 3], "not a JSON annotation file"),  # cut mid-way
+    (lambda text: text[:-1] + ', "images": []}', "the key 'images' appears twice"),  # json.load keeps the last
+    (lambda text: text[:-1] + ', "extra": 1} {}', "Extra data"),
+    (lambda text: text.replace('"annotations": [', '"annotations": {"x": [', 1).replace(
+        '], "categories"', ']}, "categories"', 1), "'annotations' is a dict, not a list"),
+])
+def test_a_malformed_annotation_file_is_a_clear_error_and_writes_nothing(coco_src, tmp_path, change, message):
+    """The file is read streaming: whatever is wrong with it, wherever, the run stops before
+    packing anything, naming the file (never a pack of the part before the damage)."""
+    path = tmp_path / "instances.json"
+    path.write_text(change((coco_src["instances"]).read_text()))
+    with pytest.raises(UsageError, match=message) as e:
+        packer.pack(coco_src["root"], tmp_path / "out", coco=path, workers=0)
+    assert str(path) in str(e.value)
+    assert not (tmp_path / "out").exists()
 
 
 def _manifest(tmp_path: Path, lines: list[str], suffix: str = ".jsonl") -> Path:

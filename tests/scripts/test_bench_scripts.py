@@ -194,6 +194,21 @@ def test_section_quick(tmp_path, module, section, expect):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_coco_quick(tmp_path):
+    """Memory against pycocotools, write speed against an image-only pack, read against the source."""
+    doc = run_bench("scripts.bench.coco", ["--quick", "all"], tmp_path / "results")
+    sections = doc["figures"]["sections"]
+    assert "pycocotools COCO(file)" in sections["rss"]["markdown"]
+    assert "field pack / images alone" in sections["write"]["markdown"]
+    assert "pycocotools + Pillow decode" in sections["read"]["markdown"]
+    for name in ("rss", "write", "read"):
+        assert all(t["value"] > 0 for t in sections[name]["figures"]["targets"]), name
+    rows = sections["rss"]["figures"]["rows"]
+    assert all(r["count"] == 300 and r["hwm"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_remote_quick(tmp_path):
     if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
         pytest.skip("nginx is not installed: the remote benchmark serves its shards with it")

@@ -95,13 +95,16 @@ class Plan:
 
 
 def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool, executor: str = "local",
-                cores: int | None = None, fixed_layout: bool = False) -> Plan:
+                cores: int | None = None, fixed_layout: bool = False, fields: bool = False) -> Plan:
     """The fastest way to run a pack command, from what it asks, what its ``writer`` class
     declares (``segments``: workers may store its samples in parts; ``keeps_samples``: it holds
     on to each sample after ``add``) and the cores there are.
 
-    ``workers`` is ``--workers`` (None: the default, every core). The rules come from
-    ``python -m scripts.bench.write`` (see ``docs/writing.md``):
+    ``workers`` is ``--workers`` (None: the default, every core). ``fields``: the work builds
+    each sample's bytes (a field pack's blob: its masks drawn, its fields encoded), so, as for
+    a resize, there is no verdict-only form and no per-sample work cheap enough to keep in the
+    writer's process. The rules come from ``python -m scripts.bench.write`` (see
+    ``docs/writing.md``):
 
     * ``--workers 0`` (or 1, or one core): in this process, as always.
     * a writer whose parts are its output (``segments.indexed``: records): the workers write
@@ -123,6 +126,7 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
       a small description crosses back).
     """
     cores = cores or os.cpu_count() or 1
+    resizing = resizing or fields  # (below: "the work makes new bytes")
     if executor.partition(":")[0] != "local":
         return Plan("pool", workers or 0, f"--executor {executor}: the work goes to its workers", executor)
     n = cores if workers is None else workers
@@ -142,7 +146,8 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
         return Plan("shm", n, f"{name}: workers read, check and encode into shared memory; the writer "
                               "only stores")
     if resizing:
-        return Plan("pool", n, "resize: workers make the new bytes and hand them back once")
+        made = "field blobs" if fields else "resize"
+        return Plan("pool", n, f"{made}: workers make the new bytes and hand them back once")
     if fixed_layout:
         return Plan("staged", n, "--samples-per-shard: one writer keeps the layout; workers check")
     return Plan("staged", n, f"--check {check}: workers check, hand back a verdict; the writer reads "

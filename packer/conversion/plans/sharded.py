@@ -241,7 +241,7 @@ class ShardedExecutor(Executor):
         layout = type(w).segments
         w.segment_dir.mkdir(parents=True, exist_ok=True)
         task = SegmentTask(fn, workdir=w.segment_dir, shard_size=getattr(w, "shard_size", sys.maxsize),
-                           prepare=layout.record, indexed=layout.indexed)
+                           prepare=w.segment_record(), indexed=layout.indexed)
         pool = RangePool(workers=self.workers, task=task, items=items, on_crash=_crashed, join=_join,
                          window=2, start_method=self.start_method)  # forks with the heap gc-frozen
         closing = None

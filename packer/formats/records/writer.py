@@ -1,6 +1,7 @@
 """records format, writing: TFRecord shards in input order; a durable commit is a completed shard."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,14 @@ from packer.manifest import Manifest, atomic_write_bytes
 from packer.writeback import WRITE_BUFFER, Writeback
 
 __all__ = ["RecordsWriter"]
+
+
+def field_record(schema: Any, sample: Sample) -> tuple[bytearray, int]:
+    """The framed record of a field sample (one feature per field of ``schema``) and the CRC32C
+    of its payload; any other sample as ``RecordsWriter.prepare`` frames it."""
+    if sample.fmt != BLOB_FMT:
+        return RecordsWriter.prepare(sample)
+    return frame_pieces(*example_pieces(field_features(schema, sample)))
 
 
 def frame_pieces(pieces: list, length: int) -> tuple[bytearray, int]:
@@ -91,11 +100,14 @@ class RecordsWriter(Writer):
         """``prepare`` of a field sample: one feature per field of the writer's schema."""
         if self.schema is None:
             raise ValueError(f"{sample.key}: a field sample needs a writer with a schema")
-        pieces, length = example_pieces(field_features(self.schema, sample))
-        return frame_pieces(pieces, length)
+        return field_record(self.schema, sample)
 
     # the workers' part files are shards as they are: hashed, indexed, adopted by renaming
     segments = Segments(record=prepare.__func__, indexed=True)
+
+    def segment_record(self) -> Any:
+        """A field pack's workers frame each sample with the schema (``field_record``)."""
+        return functools.partial(field_record, self.schema) if self.schema is not None else self.segments.record
 
     def add(self, sample: Sample) -> None:
         if isinstance(sample.prepared, Stored):  # already in a worker's shard file
