@@ -239,7 +239,7 @@ def test_workers_and_commits_give_the_same_output(coco_src, tmp_path, fmt):
     assert packed_snapshot(a) == packed_snapshot(b)
 
 
-@pytest.mark.parametrize("fmt, plan", [("lmdb", "shm"), ("records", "sharded"), ("hdf5", "sharded")])
+@pytest.mark.parametrize("fmt, plan", [("lmdb", "shm"), ("records", "sharded"), ("hdf5", "pool")])
 def test_workers_give_the_same_output_on_the_image_packs_plans(coco_src, tmp_path, caplog, fmt, plan):
     a, b = out_path(tmp_path, fmt, "a"), out_path(tmp_path, fmt, "b")
     packer.pack(coco_src["root"], a, format=fmt, coco=coco_src["instances"], workers=0)

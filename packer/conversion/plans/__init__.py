@@ -114,6 +114,8 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
     * a cheap check (``header``/``none``) into LMDB/HDF5 without resize, ``--workers`` not
       given: in this process. The per-sample work (a header parse) costs less than handing it
       to another process and back, so the single writer is fastest alone.
+    * a field pack into a writer with parts (HDF5): the plain pool; the writer splits each blob
+      into the fields' datasets itself, so workers cannot store parts for it.
     * otherwise a writer with parts (HDF5; a full check, a resize or an explicit ``--workers``): ``sharded`` too, the
       workers storing the samples in part files the writer copies into the one file at each
       commit (its process spent 99 against verdict workers' 131 µs per sample in
@@ -139,6 +141,9 @@ def choose_plan(*, writer: type, check: str, workers: int | None, resizing: bool
     if check in CHEAP_CHECKS and workers is None and not resizing:
         return Plan("inline", 0, f"--check {check}: a header parse costs less than handing it to "
                                  "another process; the writer is fastest alone")
+    if segments is not None and fields:  # an HDF5 field pack: its writer splits each blob into the fields' datasets
+        return Plan("pool", n, f"{name}: workers make the field blobs and hand them back once; the writer "
+                               "splits them into the fields' datasets")
     if segments is not None:  # HDF5: the writer copies the parts in (less than reading and checking)
         return Plan("sharded", n, f"{name}: each worker stores its samples in part files of its own, "
                                   "the writer copies them in")
