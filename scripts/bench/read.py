@@ -630,6 +630,28 @@ def child_cpu_limit(spec: dict[str, Any]) -> dict[str, Any]:
             "window": window, "window_main": window}
 
 
+def child_item_cost(spec: dict[str, Any]) -> dict[str, Any]:
+    """CPU us per ``dataset[i]`` (read, CRC check, the row pipeline's decode) of each pack in this
+    process, least of 3 passes over ``n`` samples in random order: what a loader adds nothing to."""
+    from packer import PackedDataset
+
+    out = {}
+    for name, path in spec["paths"].items():
+        ds = PackedDataset(path, decode=pipeline(spec["pipeline"]))
+        n = min(spec["n"], len(ds))
+        order = np.random.default_rng(1).permutation(len(ds))[:n].tolist()
+        for i in order[:16]:
+            ds[i]
+        best = math.inf
+        for _ in range(3):
+            t = time.process_time()
+            for i in order:
+                ds[i]
+            best = min(best, (time.process_time() - t) / n)
+        out[name] = 1e6 * best
+    return {"samples": spec["n"], "item_us": out}
+
+
 def child_stream(spec: dict[str, Any]) -> dict[str, Any]:
     """One full epoch of ``StreamingDataset(decode="bytes")`` in this process: samples/s."""
     from packer import StreamingDataset
@@ -652,6 +674,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return child_stream(spec)
     if kind == "cpu-limit":
         return child_cpu_limit(spec)
+    if kind == "item-cost":
+        return child_item_cost(spec)
     if kind == "costs":
         return child_costs(spec)
     if kind == "probe":
@@ -833,6 +857,26 @@ def per_cpu_s(e: dict[str, Any] | None) -> float | None:
     return e["best"]["samples"] / (w["user_s"] + w["sys_s"]) if w["user_s"] + w["sys_s"] > 0 else None
 
 
+def _cpu_rate(r: dict[str, Any]) -> float | None:
+    w = r.get("window") or {}
+    cpu = w.get("user_s", 0.0) + w.get("sys_s", 0.0)
+    return r["samples"] / cpu if "samples_per_s" in r and cpu > 0 else None
+
+
+def round_ratios(a: dict[str, Any] | None, b: dict[str, Any] | None, *, per_cpu: bool) -> list[float]:
+    """Row ``a`` over row ``b`` within each round (rounds are interleaved, so a round's two rows ran
+    minutes apart at most: a change of the machine's load hits both), samples/s or samples per
+    CPU-second."""
+    if not a or not b:
+        return []
+    out = []
+    for ra, rb in zip(a.get("rounds", []), b.get("rounds", [])):
+        x, y = ((_cpu_rate(ra), _cpu_rate(rb)) if per_cpu else (ra.get("samples_per_s"), rb.get("samples_per_s")))
+        if x and y:
+            out.append(x / y)
+    return out
+
+
 def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     """The loaders section's targets and markdown from its rows: wall-clock ratios, and the same
     ratios in samples per CPU-second (what stands when the machine is shared)."""
@@ -842,10 +886,18 @@ def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> 
         return find(results, source="ceiling", pipeline=e["row"]["pipeline"].split(" ")[0],
                     loader=e["row"]["loader"], parallel=e["row"]["parallel"])
 
+    ratios: dict[str, dict[str, Any]] = {}
+
     def both(name: str, a: dict | None, b: dict | None, goal: float, who: str = "") -> list[dict[str, Any]]:
-        wall = a["samples_per_s"] / b["samples_per_s"] if a and b else None
-        ca, cb = per_cpu_s(a), per_cpu_s(b)
-        return [target(name, wall, goal, who), target(name + ", per CPU-second", ca / cb if ca and cb else None, goal, who)]
+        """Wall and per-CPU-second ratio of rows ``a`` and ``b``: the median of the rounds' ratios
+        (each round's two rows ran close in time), the range kept in ``ratios``."""
+        out = []
+        for key, per_cpu in ((name, False), (name + ", per CPU-second", True)):
+            r = round_ratios(a, b, per_cpu=per_cpu)
+            ratios[key] = {"rounds": r, "median": statistics.median(r) if r else None,
+                           "least": min(r) if r else None, "most": max(r) if r else None}
+            out.append(target(key, ratios[key]["median"], goal, who))
+        return out
 
     targets: list[dict[str, Any]] = []
     folder = find(results, source="folder", pipeline="packer", loader="DataLoader", parallel=top_w)
@@ -873,7 +925,13 @@ def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> 
             f"each row a fresh process with default settings. img/CPU-s, CPU and faults per image: the timed "
             f"window (process, threads and workers); process columns: the child's whole life (start-up "
             f"included)." + env_line(p))
-    return {"targets": targets, "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets)])}
+    head += (" Each ratio below is the median of the rounds' ratios (the two rows of a round ran close in time), "
+             "its range in the ratios table.")
+    spread = md_table(["ratio", "median of rounds", "range"],
+                      [[k, f"{v['median']:.2f}x", f"{v['least']:.2f}-{v['most']:.2f}"]
+                       for k, v in ratios.items() if v["median"] is not None])
+    return {"targets": targets, "ratios": ratios,
+            "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets), spread])}
 
 
 def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
@@ -908,6 +966,8 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     else:
         skipped["cpu-limit"] = "simplejpeg is not installed (the turbo extra)"
     results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}")
+    parts = run_fresh(MODULE, {"kind": "item-cost", "paths": {k: v for k, v in packs.items() if k != "packer/hdf5"},
+                               "pipeline": "train", "n": min(400, args.count)})
 
     def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
         return find(results, source="packer/lmdb", loader="Loader")
@@ -917,37 +977,62 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
               and "samples_per_s" in e]
     fastest = max(others, key=lambda e: e["samples_per_s"]) if others else None
     fastest_cpu = max(others, key=lambda e: per_cpu_s(e) or 0.0) if others else None
-    t = []
-
-    def ratio(a: dict | None, b: dict | None) -> float | None:
-        return a["samples_per_s"] / b["samples_per_s"] if a and b else None
-
-    def cpu_ratio(a: dict | None, b: dict | None) -> float | None:
-        ca, cb = per_cpu_s(a), per_cpu_s(b)
-        return ca / cb if ca and cb else None
-
-    t.append(target("packer default training pipeline vs the fastest peer", ratio(ours, fastest), 1.2,
-                    fastest["row"]["source"] if fastest else "no peer installed"))
-    t.append(target("packer default training pipeline vs the fastest peer, per CPU-second",
-                    cpu_ratio(ours, fastest_cpu), 1.5, fastest_cpu["row"]["source"] if fastest_cpu else "no peer installed"))
     limit = find(results, source="cpu-limit")
     lm_dl = find(results, source="packer/lmdb", loader="DataLoader")
-    for name, e in (("Loader", ours), ("DataLoader", lm_dl)):
-        t.append(target(f"packer/lmdb {name} vs the CPU limit (bare decode-crop loop), per CPU-second",
-                        cpu_ratio(e, limit), 0.9))
     raw_l = find(results, source="packer/hdf5-raw", loader="Loader")
     raw_dl = find(results, source="packer/hdf5-raw", loader="DataLoader")
-    t.append(target("Loader vs DataLoader, LMDB-JPEG", ratio(ours, lm_dl), 1.3))
-    t.append(target("Loader vs DataLoader, LMDB-JPEG, per CPU-second", cpu_ratio(ours, lm_dl), 1.0))
-    t.append(target("Loader vs DataLoader, raw HDF5 pixels", ratio(raw_l, raw_dl), 2.5))
-    t.append(target("Loader vs DataLoader, raw HDF5 pixels, per CPU-second", cpu_ratio(raw_l, raw_dl), 1.0))
-    t.append(target("raw HDF5 vs LMDB-JPEG end to end, Loader", ratio(raw_l, ours), 4.0))
-    t.append(target("raw HDF5 vs LMDB-JPEG end to end, Loader, per CPU-second", cpu_ratio(raw_l, ours), 4.0))
+    item_us = parts.get("item_us", {})
+    t: list[dict[str, Any]] = []
+
+    table: list[list[str]] = []
+    ranges: dict[str, dict[str, Any]] = {}
+
+    def pair(name: str, a: dict | None, b: dict | None, wall_goal: float | None, cpu_goal: float | None,
+             who: str = "", cpu_b: dict | None = None) -> None:
+        """Wall and per-CPU-second ratio of rows ``a`` and ``b`` (``cpu_b``: another ``b`` for the CPU
+        ratio), each the median of the rounds' ratios; the range goes into the table."""
+        wall, cpu = round_ratios(a, b, per_cpu=False), round_ratios(a, cpu_b or b, per_cpu=True)
+        who_cpu = (cpu_b or b or {}).get("row", {}).get("source", "") if who else ""
+        if wall_goal is not None:
+            t.append(target(name, statistics.median(wall) if wall else None, wall_goal, who))
+        t.append(target(name + ", per CPU-second", statistics.median(cpu) if cpu else None, cpu_goal, who_cpu))
+        ranges[name] = {"wall": wall, "per_cpu": cpu}
+        table.append([name + (f" ({who} / {who_cpu})" if who else ""),
+                      f"{statistics.median(wall):.2f}x ({min(wall):.2f}-{max(wall):.2f})" if wall else "n/a",
+                      f"{statistics.median(cpu):.2f}x ({min(cpu):.2f}-{max(cpu):.2f})" if cpu else "n/a"])
+
+    def bound(name: str, a_item: str, b_per_img_us: float | None, goal: float = 0.9) -> None:
+        """What a loader costing nothing would reach (``b``'s CPU per image over ``a``'s dataset[i]
+        alone, measured in one process), and the measured per-CPU ratio as a share of it."""
+        value = next((x["value"] for x in t if x["name"] == name + ", per CPU-second"), None)
+        lim = b_per_img_us / item_us[a_item] if b_per_img_us and item_us.get(a_item) else None
+        t.append(target(f"{name}, bound for a loader costing nothing, per CPU-second", lim, None))
+        t.append(target(f"{name}, per CPU-second, share of that bound", value / lim if value and lim else None, goal))
+
+    who = fastest["row"]["source"] if fastest else "no peer installed"
+    pair("packer default training pipeline vs the fastest peer", ours, fastest, 1.2, 1.5, who, fastest_cpu)
+    for name, e in (("Loader", ours), ("DataLoader", lm_dl)):
+        pair(f"packer/lmdb {name} vs the CPU limit (bare decode-crop loop)", e, limit, None, 0.9)
+    pair("Loader vs DataLoader, LMDB-JPEG", ours, lm_dl, None, None)
+    bound("Loader vs DataLoader, LMDB-JPEG", "packer/lmdb", 1e6 / per_cpu_s(lm_dl) if per_cpu_s(lm_dl) else None)
+    pair("Loader vs DataLoader, raw HDF5 pixels", raw_l, raw_dl, None, None)
+    bound("Loader vs DataLoader, raw HDF5 pixels", "packer/hdf5-raw",
+          1e6 / per_cpu_s(raw_dl) if per_cpu_s(raw_dl) else None)
+    pair("raw HDF5 vs LMDB-JPEG end to end, Loader", raw_l, ours, None, 4.0)
+    bound("raw HDF5 vs LMDB-JPEG end to end, Loader", "packer/hdf5-raw", item_us.get("packer/lmdb"))
+    parts_md = ("dataset[i] alone (read, CRC check, decode-crop), CPU per sample in one fresh process, least of 3 "
+                "passes over " + str(parts.get("samples")) + " samples: "
+                + ", ".join(f"{k} {v:.0f} us" for k, v in item_us.items()) if item_us else
+                f"dataset[i] cost failed: {parts.get('error')}")
     head = (f"RandomResizedCrop(224) + flip (packer: DecodeRandomResizedCrop; raw rows: 256x320 pixels), "
             f"batch {args.batch_size}, {par} threads or workers per row, every peer its own fastest way; "
             f"{args.steps} batches timed; each row a fresh process. Ratio column: to packer/lmdb Loader.")
     return {"params": {"parallel": par, "count": args.count, "peer_env": env}, "results": results, "targets": t,
-            "markdown": "\n\n".join([head, rows_md(results, lmdb_loader), targets_md(t)])}
+            "item_us": item_us, "ratios": ranges,
+            "markdown": "\n\n".join([head, rows_md(results, lmdb_loader),
+                                      md_table(["ratio", "wall, median of rounds (range)",
+                                                "per CPU-second, median of rounds (range)"], table),
+                                      parts_md, targets_md(t)])}
 
 
 def section_formats(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
