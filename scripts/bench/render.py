@@ -165,19 +165,26 @@ def _loaders(name: str) -> tuple[str, str, str]:
     return ("read", "loaders", name)
 
 
+def _spread(name: str) -> tuple[tuple[str, str, str], ...]:
+    """A loaders ratio: the median of its rounds' ratios (the ``targets`` entry), least and most."""
+    return (_loaders(name), _loaders(f"ratios.{name}.least"), _loaders(f"ratios.{name}.most"))
+
+
 def _model_wall(section: str, ratio: str) -> tuple[tuple[str, str, str], ...]:
     """A write-bench ratio's CPU model and wall figures (its ``table`` writes both)."""
     return (("write", section, f"{ratio}, CPU model"), ("write", section, f"{ratio}, wall"))
 
 
 README_FIGURES: tuple[Row, ...] = (
-    Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS), "
-        "2 threads / workers, fresh processes, per CPU-second",
-        (_loaders("default Loader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
-         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
-         _loaders("default Loader 2 vs the fastest peer's default at 2 workers"),
-         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers")),
-        "{0:.2f}x / {1:.2f}x (wall {2:.2f}x / {3:.2f}x)", ">= 2x", "loading.md#side-by-side-loader-benchmark"),
+    Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS) on "
+        "5,000 photo-like ~576x432 JPEGs (q90, 54 kB), `Resize(256) + CenterCrop(224)`, batch 64, 2 threads / "
+        "workers, fresh processes, 2 shared cores; per CPU-second, median of the rounds (range)",
+        (*_spread("default Loader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         *_spread("default DataLoader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         *_spread("default Loader 2 vs the fastest peer's default at 2 workers"),
+         *_spread("default DataLoader 2 vs the fastest peer's default at 2 workers")),
+        "{0:.2f}x ({1:.2f}-{2:.2f}) / {3:.2f}x ({4:.2f}-{5:.2f}); wall {6:.2f}x ({7:.2f}-{8:.2f}) / "
+        "{9:.2f}x ({10:.2f}-{11:.2f})", ">= 2x", "loading.md#side-by-side-loader-benchmark"),
     Row("read-side system time / user time, default `Loader` / `DataLoader`",
         (_loaders("default Loader 2: system time / user time"), _loaders("default DataLoader 2: system time / user time")),
         "{0:.2f} / {1:.2f}", "<= 0.1", "loading.md#system-time-of-a-dataloader-with-workers"),
