@@ -863,6 +863,12 @@ def _cpu_rate(r: dict[str, Any]) -> float | None:
     return r["samples"] / cpu if "samples_per_s" in r and cpu > 0 else None
 
 
+def median_cpu_us(e: dict[str, Any] | None) -> float | None:
+    """A row's CPU us per sample in its timed window, the median over its rounds."""
+    rates = [r for r in (_cpu_rate(x) for x in (e or {}).get("rounds", [])) if r]
+    return 1e6 / statistics.median(rates) if rates else None
+
+
 def round_ratios(a: dict[str, Any] | None, b: dict[str, Any] | None, *, per_cpu: bool) -> list[float]:
     """Row ``a`` over row ``b`` within each round (rounds are interleaved, so a round's two rows ran
     minutes apart at most: a change of the machine's load hits both), samples/s or samples per
@@ -969,6 +975,14 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     parts = run_fresh(MODULE, {"kind": "item-cost", "paths": {k: v for k, v in packs.items() if k != "packer/hdf5"},
                                "pipeline": "train", "n": min(400, args.count)})
 
+    params = {"parallel": par, "count": args.count, "peer_env": env, "batch_size": args.batch_size,
+              "steps": args.steps}
+    return dict(summarize_training(results, parts, params), params=params, results=results)
+
+
+def summarize_training(results: list[dict[str, Any]], parts: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The training section's targets and markdown from its rows and the dataset[i] costs
+    (``parts``, the ``item-cost`` child's result)."""
     def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
         return find(results, source="packer/lmdb", loader="Loader")
 
@@ -982,6 +996,7 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     raw_l = find(results, source="packer/hdf5-raw", loader="Loader")
     raw_dl = find(results, source="packer/hdf5-raw", loader="DataLoader")
     item_us = parts.get("item_us", {})
+    par = params["parallel"]
     t: list[dict[str, Any]] = []
 
     table: list[list[str]] = []
@@ -1014,21 +1029,21 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     for name, e in (("Loader", ours), ("DataLoader", lm_dl)):
         pair(f"packer/lmdb {name} vs the CPU limit (bare decode-crop loop)", e, limit, None, 0.9)
     pair("Loader vs DataLoader, LMDB-JPEG", ours, lm_dl, None, None)
-    bound("Loader vs DataLoader, LMDB-JPEG", "packer/lmdb", 1e6 / per_cpu_s(lm_dl) if per_cpu_s(lm_dl) else None)
+    bound("Loader vs DataLoader, LMDB-JPEG", "packer/lmdb", median_cpu_us(lm_dl))
     pair("Loader vs DataLoader, raw HDF5 pixels", raw_l, raw_dl, None, None)
-    bound("Loader vs DataLoader, raw HDF5 pixels", "packer/hdf5-raw",
-          1e6 / per_cpu_s(raw_dl) if per_cpu_s(raw_dl) else None)
-    pair("raw HDF5 vs LMDB-JPEG end to end, Loader", raw_l, ours, None, 4.0)
+    bound("Loader vs DataLoader, raw HDF5 pixels", "packer/hdf5-raw", median_cpu_us(raw_dl))
+    pair("raw HDF5 vs LMDB-JPEG end to end, Loader", raw_l, ours, None, None)
     bound("raw HDF5 vs LMDB-JPEG end to end, Loader", "packer/hdf5-raw", item_us.get("packer/lmdb"))
     parts_md = ("dataset[i] alone (read, CRC check, decode-crop), CPU per sample in one fresh process, least of 3 "
                 "passes over " + str(parts.get("samples")) + " samples: "
                 + ", ".join(f"{k} {v:.0f} us" for k, v in item_us.items()) if item_us else
                 f"dataset[i] cost failed: {parts.get('error')}")
     head = (f"RandomResizedCrop(224) + flip (packer: DecodeRandomResizedCrop; raw rows: 256x320 pixels), "
-            f"batch {args.batch_size}, {par} threads or workers per row, every peer its own fastest way; "
-            f"{args.steps} batches timed; each row a fresh process. Ratio column: to packer/lmdb Loader.")
-    return {"params": {"parallel": par, "count": args.count, "peer_env": env}, "results": results, "targets": t,
-            "item_us": item_us, "ratios": ranges,
+            f"batch {params.get('batch_size', 64)}, {par} threads or workers per row, every peer its own fastest "
+            f"way; {params.get('steps', 20)} batches timed; each row a fresh process. Ratio column: to packer/lmdb "
+            "Loader. The ratios table: each the median of the rounds' ratios (the rows of a round ran close in "
+            "time) and their range.")
+    return {"targets": t, "item_us": item_us, "ratios": ranges,
             "markdown": "\n\n".join([head, rows_md(results, lmdb_loader),
                                       md_table(["ratio", "wall, median of rounds (range)",
                                                 "per CPU-second, median of rounds (range)"], table),
