@@ -220,6 +220,13 @@ README_FIGURES: tuple[Row, ...] = (
         (("read", "crops", "DecodeRandomResizedCrop(224) vs torchvision's RandomResizedCrop(224) (PIL), "
                            "ImageNet-size (~500x375), CPU per image"),),
         "{0:.1f}x", "", "loading.md#training-crops-and-fidelity"),
+    Row("`DecodeResizeCrop(256, 224)` / `DecodeRandomResizedCrop(224)` vs the CPU's limit (a bare simplejpeg "
+        "DCT-scaled decode + `cv2.resize` bilinear + crop loop), ~576x432 JPEGs, CPU per image, median of rounds",
+        (("read", "crops", "DecodeResizeCrop(256, 224) vs the CPU limit, photo-like (~576x432, the loaders' and "
+                           "training images), CPU per image"),
+         ("read", "crops", "DecodeRandomResizedCrop(224) vs the CPU limit, photo-like (~576x432, the loaders' and "
+                           "training images), CPU per image")),
+        "{0:.2f}x / {1:.2f}x", ">= 0.9x", "loading.md#measured-python--m-scriptsbenchread---section-crops"),
     Row("JPEG draft resize of ~3000x2000 photos to short side 256 vs Pillow full decode + Lanczos",
         (("resize", "pre-resize", "fast path (draft + Lanczos) vs Pillow full decode + Lanczos, one process"),),
         "{0:.1f}x", ">= 3x", "resize-and-hdf5.md#figures"),
