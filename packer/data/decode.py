@@ -160,6 +160,19 @@ BLUR = 0.35
 BLUR_FROM = 1.5
 
 
+_IDENTITY3 = np.array([0.0, 1.0, 0.0])
+
+
+def _gauss3(sigma: float) -> np.ndarray:
+    """The 3-tap Gaussian of ``sigma`` (the identity for 0), for ``cv2.sepFilter2D``: its float
+    kernel runs ~20% faster than ``cv2.GaussianBlur``'s bit-exact fixed point on 8-bit pixels,
+    and differs from it by at most one level."""
+    if sigma <= 0:
+        return _IDENTITY3
+    w = math.exp(-0.5 / (sigma * sigma))
+    return np.array([w, 1.0, w]) / (1.0 + 2.0 * w)
+
+
 def _blur_sigma(s: float) -> float:
     return BLUR * math.sqrt(s * s - 1) if BLUR_FROM < s <= 2 else 0.0
 
@@ -203,10 +216,9 @@ def resample_box(arr: np.ndarray, box: tuple[float, float, float, float], out_h:
     if not all(_is_int(v) for v in (top, left, bh, bw)):
         by, bx = _blur_sigma(bh / out_h), _blur_sigma(bw / out_w)
         if by > 0 or bx > 0:
-            win = cv2.GaussianBlur(np.ascontiguousarray(win), (3, 3), sigmaX=max(bx, 1e-3),
-                                   sigmaY=max(by, 1e-3))
+            win = cv2.sepFilter2D(win, -1, _gauss3(bx), _gauss3(by))
     if fy > 1 or fx > 1:
-        win = _area_reduce(np.ascontiguousarray(win), fy, fx)
+        win = _area_reduce(win, fy, fx)
         top, left, bh, bw = top / fy, left / fx, bh / fy, bw / fx
     sy, sx = bh / out_h, bw / out_w
     if (_is_int(top) and _is_int(left) and _is_int(bh) and _is_int(bw)

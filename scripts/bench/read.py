@@ -21,7 +21,8 @@ Sections (``--section``, comma-separated, or ``all``):
   in-memory ceiling and ``packer.Loader`` beside them.
 * ``training``: ``RandomResizedCrop(224)`` + flip, 2 threads or workers per row: packer/lmdb,
   packer/hdf5 and raw HDF5 pixels through ``Loader`` and ``DataLoader``, against SPDL, DALI (CPU),
-  FFCV and webdataset where installed.
+  FFCV and webdataset where installed, and the CPU limit: the bare loop of simplejpeg's DCT-scaled
+  decode + crop + ``cv2.resize`` bilinear + flip into a reused batch buffer (``cpu_limits``).
 * ``formats``: every format's ``PackedDataset(decode="tensor")`` (CRC checked and, for records,
   not), ``StreamingDataset``, against the in-memory ceiling, full decode + fixed centre crop.
 * ``raw``: the same images packed at 224x224 as LMDB-JPEG, HDF5-JPEG and HDF5 raw pixels.
@@ -29,7 +30,8 @@ Sections (``--section``, comma-separated, or ``all``):
   source, each decode pipeline, the CRC32C check): what bounds the ratios above.
 * ``shuffle``: ``StreamingDataset``'s default block shuffle against shard order + buffer on a
   class-sorted records pack: classes per 256-batch against iid, and read throughput.
-* ``crops``: decode-time crops per core (region decode against full decode) and fidelity.
+* ``crops``: decode-time crops per core (region decode against full decode, torchvision and the
+  CPU limit, the bare simplejpeg + ``cv2.resize`` loop of each pipeline) and fidelity.
 * ``prefetch``: host-side cost per batch of the uint8 path against float32 normalization on the
   CPU, and the CUDA ``DevicePrefetcher``'s host time where a GPU is present.
 * ``bench``: ``packer bench``'s loader rows against a plain DataLoader script on the same pack,
@@ -299,6 +301,59 @@ def pipeline(name: str) -> Callable[[Any], Any]:
     raise ValueError(f"unknown pipeline {name!r}")
 
 
+CPU_LIMIT_WHAT = {
+    "packer": "simplejpeg DCT-scaled decode + cv2.resize bilinear + centre crop into a reused buffer",
+    "train": "simplejpeg DCT-scaled decode + crop + cv2.resize bilinear + flip into a reused buffer"}
+
+
+def cpu_limits() -> dict[str, Callable[[bytes, Any, np.ndarray], None]]:
+    """The CPU's limit of each pipeline (issue 43): the bare loop body a decode-crop is measured
+    against, or ``{}`` without simplejpeg. ``fn(data, rng, out)`` writes one 224x224x3 image
+    into ``out`` (a reused buffer), with no fidelity care beyond OpenCV's bilinear:
+
+    * ``packer`` (``Resize(256) + CenterCrop(224)``): decode at the power-of-two DCT scale that
+      keeps the short side >= 256 (libjpeg-turbo's SIMD IDCTs; its other M/8 scales are slower
+      than a full decode: 1.21 against 1.00 ms for a 576x432 JPEG at 5/8), ``cv2.resize``
+      bilinear to torchvision's resized size, the centre square copied out;
+    * ``train`` (``RandomResizedCrop(224)`` + flip): packer's box draw (``rng``), the
+      power-of-two scale that keeps the box >= 224, the box rounded to the scaled pixels,
+      ``cv2.resize`` bilinear, flipped into ``out`` at random.
+    """
+    try:
+        import cv2
+        import simplejpeg
+    except ImportError:
+        return {}
+    from packer.data.decode import DecodeRandomResizedCrop, reduction_factor, reduction_for, resized_size
+
+    draw = DecodeRandomResizedCrop(224)
+
+    def scaled(data: bytes, k: int, height: int, width: int) -> np.ndarray:
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-height // k), min_width=-(-width // k))
+
+    def centre(data: bytes, rng: Any, out: np.ndarray) -> None:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        arr = scaled(data, reduction_factor(height, width, 256), height, width)
+        rh, rw = resized_size(height, width, 256)
+        small = cv2.resize(arr, (rw, rh), interpolation=cv2.INTER_LINEAR)
+        top, left = round((rh - 224) / 2), round((rw - 224) / 2)
+        np.copyto(out, small[top:top + 224, left:left + 224])
+
+    def train(data: bytes, rng: Any, out: np.ndarray) -> None:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        (top, left, h, w), flip = draw.sample(height, width, rng)
+        k = reduction_for(h, w, 224, 224)
+        arr = scaled(data, k, height, width)
+        crop = cv2.resize(arr[top // k:(top + h) // k, left // k:(left + w) // k], (224, 224),
+                          interpolation=cv2.INTER_LINEAR)
+        if flip:
+            cv2.flip(crop, 1, dst=out)
+        else:
+            np.copyto(out, crop)
+
+    return {"packer": centre, "train": train}
+
+
 def make_dataset(spec: dict[str, Any]) -> tuple[Any, bool]:
     """(dataset, map_style) of one row."""
     source, pipe = spec["source"], spec["pipeline"]
@@ -540,6 +595,64 @@ def child_loader(spec: dict[str, Any]) -> dict[str, Any]:
             "window_main": main}
 
 
+def child_cpu_limit(spec: dict[str, Any]) -> dict[str, Any]:
+    """The CPU limit as a row: the row's images as encoded bytes in memory, each batch decoded by
+    the bare loop body (``cpu_limits``) into one reused batch buffer, its images split over
+    ``parallel`` threads (simplejpeg and OpenCV release the GIL): no dataset, loader, collate or
+    tensor. Timed like ``child_loader``: the first batch apart, then ``steps`` batches."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = cpu_limits()[spec["pipeline"]]
+    bs, par, steps, files = spec["batch_size"], spec["parallel"], spec["steps"], spec["files"]
+    order = np.random.default_rng(0).permutation(len(files)).tolist()
+    blobs = [Path(files[order[i % len(files)]]).read_bytes() for i in range((steps + 1) * bs)]
+    out = np.empty((bs, 224, 224, 3), np.uint8)
+    rngs = [np.random.default_rng([0, k]) for k in range(par)]
+    parts = [(bs * k // par, bs * (k + 1) // par, rngs[k]) for k in range(par)]
+
+    def work(b: int, lo: int, hi: int, rng: np.random.Generator) -> None:
+        for j in range(lo, hi):
+            body(blobs[b * bs + j], rng, out[j])
+
+    with ThreadPoolExecutor(par) as pool:
+        def batch(b: int) -> None:
+            list(pool.map(lambda part: work(b, *part), parts))
+
+        t0 = time.perf_counter()
+        batch(0)
+        first = time.perf_counter() - t0
+        before, start = proc_usage([os.getpid()]), time.perf_counter()
+        for b in range(1, steps + 1):
+            batch(b)
+        wall = time.perf_counter() - start
+        window = usage_delta(before, proc_usage([os.getpid()]))
+    return {"samples": steps * bs, "samples_per_s": steps * bs / wall, "first_batch_s": first, "window_s": wall,
+            "window": window, "window_main": window}
+
+
+def child_item_cost(spec: dict[str, Any]) -> dict[str, Any]:
+    """CPU us per ``dataset[i]`` (read, CRC check, the row pipeline's decode) of each pack in this
+    process, the median of 5 passes over ``n`` samples in random order (a median, as the rows it
+    is set against are medians over their rounds): what a loader adds nothing to."""
+    from packer import PackedDataset
+
+    out = {}
+    for name, path in spec["paths"].items():
+        ds = PackedDataset(path, decode=pipeline(spec["pipeline"]))
+        n = min(spec["n"], len(ds))
+        order = np.random.default_rng(1).permutation(len(ds))[:n].tolist()
+        for i in order[:16]:
+            ds[i]
+        passes = []
+        for _ in range(5):
+            t = time.process_time()
+            for i in order:
+                ds[i]
+            passes.append((time.process_time() - t) / n)
+        out[name] = 1e6 * statistics.median(passes)
+    return {"samples": spec["n"], "item_us": out}
+
+
 def child_stream(spec: dict[str, Any]) -> dict[str, Any]:
     """One full epoch of ``StreamingDataset(decode="bytes")`` in this process: samples/s."""
     from packer import StreamingDataset
@@ -560,6 +673,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return child_loader(spec)
     if kind == "stream":
         return child_stream(spec)
+    if kind == "cpu-limit":
+        return child_cpu_limit(spec)
+    if kind == "item-cost":
+        return child_item_cost(spec)
     if kind == "costs":
         return child_costs(spec)
     if kind == "probe":
@@ -741,6 +858,32 @@ def per_cpu_s(e: dict[str, Any] | None) -> float | None:
     return e["best"]["samples"] / (w["user_s"] + w["sys_s"]) if w["user_s"] + w["sys_s"] > 0 else None
 
 
+def _cpu_rate(r: dict[str, Any]) -> float | None:
+    w = r.get("window") or {}
+    cpu = w.get("user_s", 0.0) + w.get("sys_s", 0.0)
+    return r["samples"] / cpu if "samples_per_s" in r and cpu > 0 else None
+
+
+def median_cpu_us(e: dict[str, Any] | None) -> float | None:
+    """A row's CPU us per sample in its timed window, the median over its rounds."""
+    rates = [r for r in (_cpu_rate(x) for x in (e or {}).get("rounds", [])) if r]
+    return 1e6 / statistics.median(rates) if rates else None
+
+
+def round_ratios(a: dict[str, Any] | None, b: dict[str, Any] | None, *, per_cpu: bool) -> list[float]:
+    """Row ``a`` over row ``b`` within each round (rounds are interleaved, so a round's two rows ran
+    minutes apart at most: a change of the machine's load hits both), samples/s or samples per
+    CPU-second."""
+    if not a or not b:
+        return []
+    out = []
+    for ra, rb in zip(a.get("rounds", []), b.get("rounds", [])):
+        x, y = ((_cpu_rate(ra), _cpu_rate(rb)) if per_cpu else (ra.get("samples_per_s"), rb.get("samples_per_s")))
+        if x and y:
+            out.append(x / y)
+    return out
+
+
 def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     """The loaders section's targets and markdown from its rows: wall-clock ratios, and the same
     ratios in samples per CPU-second (what stands when the machine is shared)."""
@@ -750,10 +893,18 @@ def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> 
         return find(results, source="ceiling", pipeline=e["row"]["pipeline"].split(" ")[0],
                     loader=e["row"]["loader"], parallel=e["row"]["parallel"])
 
+    ratios: dict[str, dict[str, Any]] = {}
+
     def both(name: str, a: dict | None, b: dict | None, goal: float, who: str = "") -> list[dict[str, Any]]:
-        wall = a["samples_per_s"] / b["samples_per_s"] if a and b else None
-        ca, cb = per_cpu_s(a), per_cpu_s(b)
-        return [target(name, wall, goal, who), target(name + ", per CPU-second", ca / cb if ca and cb else None, goal, who)]
+        """Wall and per-CPU-second ratio of rows ``a`` and ``b``: the median of the rounds' ratios
+        (each round's two rows ran close in time), the range kept in ``ratios``."""
+        out = []
+        for key, per_cpu in ((name, False), (name + ", per CPU-second", True)):
+            r = round_ratios(a, b, per_cpu=per_cpu)
+            ratios[key] = {"rounds": r, "median": statistics.median(r) if r else None,
+                           "least": min(r) if r else None, "most": max(r) if r else None}
+            out.append(target(key, ratios[key]["median"], goal, who))
+        return out
 
     targets: list[dict[str, Any]] = []
     folder = find(results, source="folder", pipeline="packer", loader="DataLoader", parallel=top_w)
@@ -781,7 +932,13 @@ def summarize_loaders(results: list[dict[str, Any]], params: dict[str, Any]) -> 
             f"each row a fresh process with default settings. img/CPU-s, CPU and faults per image: the timed "
             f"window (process, threads and workers); process columns: the child's whole life (start-up "
             f"included)." + env_line(p))
-    return {"targets": targets, "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets)])}
+    head += (" Each ratio below is the median of the rounds' ratios (the two rows of a round ran close in time), "
+             "its range in the ratios table.")
+    spread = md_table(["ratio", "median of rounds", "range"],
+                      [[k, f"{v['median']:.2f}x", f"{v['least']:.2f}-{v['most']:.2f}"]
+                       for k, v in ratios.items() if v["median"] is not None])
+    return {"targets": targets, "ratios": ratios,
+            "markdown": "\n\n".join([head, rows_md(results, ceiling), targets_md(targets), spread])}
 
 
 def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
@@ -811,32 +968,87 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
             traceback.print_exc()
             continue
         rows.append(dict(base, source=p, loader=p, parallel=par, path=path, python=args.peer_python))
+    if cpu_limits():
+        rows.append(dict(base, source="cpu-limit", loader="bare loop", parallel=par, kind="cpu-limit"))
+    else:
+        skipped["cpu-limit"] = "simplejpeg is not installed (the turbo extra)"
     results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}")
+    parts = run_fresh(MODULE, {"kind": "item-cost", "paths": {k: v for k, v in packs.items() if k != "packer/hdf5"},
+                               "pipeline": "train", "n": min(400, args.count)})
 
+    params = {"parallel": par, "count": args.count, "peer_env": env, "batch_size": args.batch_size,
+              "steps": args.steps}
+    return dict(summarize_training(results, parts, params), params=params, results=results)
+
+
+def summarize_training(results: list[dict[str, Any]], parts: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The training section's targets and markdown from its rows and the dataset[i] costs
+    (``parts``, the ``item-cost`` child's result)."""
     def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
         return find(results, source="packer/lmdb", loader="Loader")
 
     ours = find(results, source="packer/lmdb", loader="Loader")
-    others = [e for e in results if not e["row"]["source"].startswith("packer/") and "samples_per_s" in e]
+    others = [e for e in results if not e["row"]["source"].startswith(("packer/", "cpu-limit"))
+              and "samples_per_s" in e]
     fastest = max(others, key=lambda e: e["samples_per_s"]) if others else None
-    t = []
-
-    def ratio(a: dict | None, b: dict | None) -> float | None:
-        return a["samples_per_s"] / b["samples_per_s"] if a and b else None
-
-    t.append(target("packer default training pipeline vs the fastest peer", ratio(ours, fastest), 1.2,
-                    fastest["row"]["source"] if fastest else "no peer installed"))
+    fastest_cpu = max(others, key=lambda e: per_cpu_s(e) or 0.0) if others else None
+    limit = find(results, source="cpu-limit")
     lm_dl = find(results, source="packer/lmdb", loader="DataLoader")
     raw_l = find(results, source="packer/hdf5-raw", loader="Loader")
     raw_dl = find(results, source="packer/hdf5-raw", loader="DataLoader")
-    t.append(target("Loader vs DataLoader, LMDB-JPEG", ratio(ours, lm_dl), 1.3))
-    t.append(target("Loader vs DataLoader, raw HDF5 pixels", ratio(raw_l, raw_dl), 2.5))
-    t.append(target("raw HDF5 vs LMDB-JPEG end to end, Loader", ratio(raw_l, ours), 4.0))
+    item_us = parts.get("item_us", {})
+    par = params["parallel"]
+    t: list[dict[str, Any]] = []
+
+    table: list[list[str]] = []
+    ranges: dict[str, dict[str, Any]] = {}
+
+    def pair(name: str, a: dict | None, b: dict | None, wall_goal: float | None, cpu_goal: float | None,
+             who: str = "", cpu_b: dict | None = None) -> None:
+        """Wall and per-CPU-second ratio of rows ``a`` and ``b`` (``cpu_b``: another ``b`` for the CPU
+        ratio), each the median of the rounds' ratios; the range goes into the table."""
+        wall, cpu = round_ratios(a, b, per_cpu=False), round_ratios(a, cpu_b or b, per_cpu=True)
+        who_cpu = (cpu_b or b or {}).get("row", {}).get("source", "") if who else ""
+        if wall_goal is not None:
+            t.append(target(name, statistics.median(wall) if wall else None, wall_goal, who))
+        t.append(target(name + ", per CPU-second", statistics.median(cpu) if cpu else None, cpu_goal, who_cpu))
+        ranges[name] = {"wall": wall, "per_cpu": cpu}
+        table.append([name + (f" ({who} / {who_cpu})" if who else ""),
+                      f"{statistics.median(wall):.2f}x ({min(wall):.2f}-{max(wall):.2f})" if wall else "n/a",
+                      f"{statistics.median(cpu):.2f}x ({min(cpu):.2f}-{max(cpu):.2f})" if cpu else "n/a"])
+
+    def bound(name: str, a_item: str, b_per_img_us: float | None, goal: float = 0.9) -> None:
+        """What a loader costing nothing would reach (``b``'s CPU per image over ``a``'s dataset[i]
+        alone, measured in one process), and the measured per-CPU ratio as a share of it."""
+        value = next((x["value"] for x in t if x["name"] == name + ", per CPU-second"), None)
+        lim = b_per_img_us / item_us[a_item] if b_per_img_us and item_us.get(a_item) else None
+        t.append(target(f"{name}, bound for a loader costing nothing, per CPU-second", lim, None))
+        t.append(target(f"{name}, per CPU-second, share of that bound", value / lim if value and lim else None, goal))
+
+    who = fastest["row"]["source"] if fastest else "no peer installed"
+    pair("packer default training pipeline vs the fastest peer", ours, fastest, 1.2, 1.5, who, fastest_cpu)
+    for name, e in (("Loader", ours), ("DataLoader", lm_dl)):
+        pair(f"packer/lmdb {name} vs the CPU limit (bare decode-crop loop)", e, limit, None, 0.9)
+    pair("Loader vs DataLoader, LMDB-JPEG", ours, lm_dl, None, None)
+    bound("Loader vs DataLoader, LMDB-JPEG", "packer/lmdb", median_cpu_us(lm_dl))
+    pair("Loader vs DataLoader, raw HDF5 pixels", raw_l, raw_dl, None, None)
+    bound("Loader vs DataLoader, raw HDF5 pixels", "packer/hdf5-raw", median_cpu_us(raw_dl))
+    pair("raw HDF5 vs LMDB-JPEG end to end, Loader", raw_l, ours, None, None)
+    bound("raw HDF5 vs LMDB-JPEG end to end, Loader", "packer/hdf5-raw", item_us.get("packer/lmdb"))
+    parts_md = ("dataset[i] alone (read, CRC check, decode-crop), CPU per sample in one fresh process, median of 5 "
+                "passes over " + str(parts.get("samples")) + " samples: "
+                + ", ".join(f"{k} {v:.0f} us" for k, v in item_us.items()) if item_us else
+                f"dataset[i] cost failed: {parts.get('error')}")
     head = (f"RandomResizedCrop(224) + flip (packer: DecodeRandomResizedCrop; raw rows: 256x320 pixels), "
-            f"batch {args.batch_size}, {par} threads or workers per row, every peer its own fastest way; "
-            f"{args.steps} batches timed; each row a fresh process. Ratio column: to packer/lmdb Loader.")
-    return {"params": {"parallel": par, "count": args.count, "peer_env": env}, "results": results, "targets": t,
-            "markdown": "\n\n".join([head, rows_md(results, lmdb_loader), targets_md(t)])}
+            f"batch {params.get('batch_size', 64)}, {par} threads or workers per row, every peer its own fastest "
+            f"way; {params.get('steps', 20)} batches timed; each row a fresh process. Ratio column: to packer/lmdb "
+            "Loader. The ratios table: each the median of the rounds' ratios (the rows of a round ran close in "
+            "time) and their range.")
+    return {"targets": t, "item_us": item_us, "ratios": ranges,
+            "markdown": "\n\n".join([head, rows_md(results, lmdb_loader),
+                                      md_table(["ratio", "wall, median of rounds (range)",
+                                                "per CPU-second, median of rounds (range)"], table),
+                                      parts_md, targets_md(t)])}
 
 
 def section_formats(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -> dict[str, Any]:
@@ -1082,27 +1294,36 @@ def section_stream_baseline(args: argparse.Namespace, work: Path, skipped: dict[
 
 
 # -- crops: transforms per core, one process --------------------------------------------------------
+CROP_SETS = (("ImageNet-size (~500x375)", (375, 500)),
+             ("photo-like (~576x432, the loaders' and training images)", (432, 576)))
+
+
 def _crop_sets(count: int, seed: int) -> dict[str, list[bytes]]:
+    """``count`` JPEGs of each ``CROP_SETS`` size (+-1/8, every 4th portrait), and the first set
+    pre-resized to a 256-px short side."""
     from PIL import Image
 
     from packer.synth import jpeg_bytes, natural_image
 
     rng = np.random.default_rng(seed)
-    big, small = [], []
-    for i in range(count):
-        h, w = 375 + int(rng.integers(-46, 47)), 500 + int(rng.integers(-62, 63))
-        if i % 4 == 3:
-            h, w = w, h  # some portrait images
-        arr = natural_image(rng, h, w)
-        big.append(jpeg_bytes(arr, 90))
-        s = 256 / min(h, w)
-        small.append(jpeg_bytes(np.asarray(Image.fromarray(arr).resize(
-            (max(256, round(w * s)), max(256, round(h * s))), Image.LANCZOS)), 90))
-    return {"ImageNet-size (~500x375)": big, "pre-resized (short side 256)": small}
+    sets: dict[str, list[bytes]] = {label: [] for label, _ in CROP_SETS}
+    small = []
+    for label, (bh, bw) in CROP_SETS:
+        for i in range(count):
+            h, w = bh + int(rng.integers(-bh // 8, bh // 8 + 1)), bw + int(rng.integers(-bw // 8, bw // 8 + 1))
+            if i % 4 == 3:
+                h, w = w, h  # some portrait images
+            arr = natural_image(rng, h, w)
+            sets[label].append(jpeg_bytes(arr, 90))
+            if label == CROP_SETS[0][0]:
+                s = 256 / min(h, w)
+                small.append(jpeg_bytes(np.asarray(Image.fromarray(arr).resize(
+                    (max(256, round(w * s)), max(256, round(h * s))), Image.LANCZOS)), 90))
+    return {**sets, "pre-resized (short side 256)": small}
 
 
-def _median_cpu_ms(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: int) -> dict[str, float]:
-    """Median over rounds of the mean CPU ms per image (this thread), the order rotating."""
+def _cpu_ms_rounds(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: int) -> dict[str, list[float]]:
+    """The mean CPU ms per image (this thread) of each pipeline in each round, the order rotating."""
     names = list(pipelines)
     per: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
@@ -1113,10 +1334,18 @@ def _median_cpu_ms(pipelines: dict[str, Callable[[int], Any]], n: int, rounds: i
             for i in range(n):
                 fn(i)
             per[name].append((time.thread_time() - t0) / n * 1e3)
-    return {k: statistics.median(v) for k, v in per.items()}
+    return per
 
 
-def _crop_set(label: str, data: list[bytes], rounds: int, seed: int) -> tuple[str, dict[str, float]]:
+def _round_ratios(per: dict[str, list[float]], a: str, b: str) -> list[float]:
+    """``b``'s CPU per image over ``a``'s in each round (``a``'s speed relative to ``b``)."""
+    return [y / x for x, y in zip(per[a], per[b])]
+
+
+def _crop_set(label: str, data: list[bytes], rounds: int, seed: int
+              ) -> tuple[str, dict[str, float], dict[str, list[float]]]:
+    """One image set's table (CPU per image of each pipeline, fidelity): its markdown, the median
+    CPU ms of each pipeline, and each packer pipeline's speed against its CPU limit per round."""
     import torch
 
     from packer.codecs.image import decode
@@ -1140,22 +1369,43 @@ def _crop_set(label: str, data: list[bytes], rounds: int, seed: int) -> tuple[st
     pipes = {"rrc roi": lambda i: rrc(data[i], rng=rng(i)), "rrc full": full,
              "rrc torchvision": lambda i: pil_rrc(data[i], rng=rng(i)),
              "centre roi": lambda i: drc(data[i]), "centre torchvision": lambda i: pil_drc(data[i])}
+    limits = cpu_limits()
+    if limits:
+        out = np.empty((224, 224, 3), np.uint8)
+        pipes["rrc limit"] = lambda i: limits["train"](data[i], rng(i), out)
+        pipes["centre limit"] = lambda i: limits["packer"](data[i], None, out)
     for fn in pipes.values():
         fn(0)
-    ms = _median_cpu_ms(pipes, n, rounds)
-    rows = [["RandomResizedCrop(224)+flip: full decode + crop + resize", f"{ms['rrc full']:.3f}", "1.00x"],
-            ["RandomResizedCrop(224)+flip: DecodeRandomResizedCrop (region decode)", f"{ms['rrc roi']:.3f}",
-             f"**{ms['rrc full'] / ms['rrc roi']:.2f}x**"],
-            ["RandomResizedCrop(224)+flip: torchvision (PIL)", f"{ms['rrc torchvision']:.3f}",
-             f"{ms['rrc full'] / ms['rrc torchvision']:.2f}x"],
-            ["Resize(256)+CenterCrop(224): DecodeResizeCrop", f"{ms['centre roi']:.3f}", "1.00x"],
-            ["Resize(256)+CenterCrop(224): torchvision (PIL)", f"{ms['centre torchvision']:.3f}",
-             f"{ms['centre roi'] / ms['centre torchvision']:.2f}x"]]
+    per = _cpu_ms_rounds(pipes, n, rounds)
+    ms = {k: statistics.median(v) for k, v in per.items()}
+    vs = {kind: _round_ratios(per, f"{kind} roi", f"{kind} limit") for kind in ("rrc", "centre") if limits}
+
+    def row(kind: str, what: str, key: str, base: str) -> list[str]:
+        speed = ms[base] / ms[key]
+        cells = [f"{CROP_KINDS[kind]}: {what}", f"{ms[key]:.3f}", f"**{speed:.2f}x**" if key.endswith("roi") else f"{speed:.2f}x"]
+        if limits:
+            ratios = _round_ratios(per, key, f"{kind} limit")
+            cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+        return cells
+
+    rows = [row("rrc", "full decode + crop + resize", "rrc full", "rrc full"),
+            row("rrc", "DecodeRandomResizedCrop (region decode)", "rrc roi", "rrc full"),
+            row("rrc", "torchvision (PIL)", "rrc torchvision", "rrc full")]
+    if limits:
+        rows.append(row("rrc", f"CPU limit ({CPU_LIMIT_WHAT['train']})", "rrc limit", "rrc full"))
+    rows += [row("centre", "DecodeResizeCrop", "centre roi", "centre roi"),
+             row("centre", "torchvision (PIL)", "centre torchvision", "centre roi")]
+    if limits:
+        rows.append(row("centre", f"CPU limit ({CPU_LIMIT_WHAT['packer']})", "centre limit", "centre roi"))
+    columns = ["pipeline", "CPU ms/image", "speed-up"] + (["vs CPU limit, median of rounds (range)"] if limits else [])
     md = "\n\n".join([f"**{label}**: {n} JPEGs, CPU ms per image on one core (median of {rounds} rounds)",
-                      md_table(["pipeline", "CPU ms/image", "speed-up"], rows),
+                      md_table(columns, rows),
                       f"Fidelity on the same {n} images (reference: full decode + Lanczos from the exact box)",
                       format_fidelity(fidelity_rows(data, seed=seed))])
-    return md, ms
+    return md, ms, vs
+
+
+CROP_KINDS = {"rrc": "RandomResizedCrop(224)+flip", "centre": "Resize(256)+CenterCrop(224)"}
 
 
 def _pre_resize_md(seed: int, per_size: int = 3) -> str:
@@ -1196,9 +1446,11 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     torch.set_num_threads(1)
     parts = [f"Full decoder: {DECODER}; region decoding: {jpeg_region.describe()}. "
              "One process, one thread, every pipeline fed the same boxes."]
-    ms = {}
+    ms, vs = {}, {}
+    if not cpu_limits():
+        skipped["CPU limit rows"] = "simplejpeg is not installed (the turbo extra)"
     for label, data in _crop_sets(args.crop_count, 0).items():
-        md, ms[label] = _crop_set(label, data, args.crop_rounds, 0)
+        md, ms[label], vs[label] = _crop_set(label, data, args.crop_rounds, 0)
         parts.append(md)
     parts.append(_pre_resize_md(0, per_size=1 if args.quick else 3))  # --quick: one image per size, 1 of 3 CPU-s
     t = [target(f"{what} vs torchvision's {tv} (PIL), {label}, CPU per image", m[f"{key} torchvision"] / m[f"{key} roi"])
@@ -1209,7 +1461,12 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     big = next(iter(ms.values()))
     t.append(target("DecodeRandomResizedCrop(224) vs full decode + crop + resize, ImageNet-size (~500x375), "
                     "CPU per image", big["rrc full"] / big["rrc roi"], 1.3))
-    return {"params": {"count": args.crop_count, "rounds": args.crop_rounds}, "cpu_ms": ms, "targets": t,
+    # the CPU's limit (issue 43): each packer pipeline against its bare loop, the worst round's ratio
+    t += [target(f"{what} vs the CPU limit, {label}, CPU per image", statistics.median(r[key]), 0.9)
+          for label, r in vs.items() if r
+          for key, what in (("rrc", "DecodeRandomResizedCrop(224)"), ("centre", "DecodeResizeCrop(256, 224)"))]
+    return {"params": {"count": args.crop_count, "rounds": args.crop_rounds}, "cpu_ms": ms, "vs_cpu_limit": vs,
+            "targets": t,
             "markdown": "\n\n".join(parts + [targets_md(t)])}
 
 

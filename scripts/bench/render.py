@@ -166,19 +166,26 @@ def _loaders(name: str) -> tuple[str, str, str]:
     return ("read", "loaders", name)
 
 
+def _spread(name: str) -> tuple[tuple[str, str, str], ...]:
+    """A loaders ratio: the median of its rounds' ratios (the ``targets`` entry), least and most."""
+    return (_loaders(name), _loaders(f"ratios.{name}.least"), _loaders(f"ratios.{name}.most"))
+
+
 def _model_wall(section: str, ratio: str) -> tuple[tuple[str, str, str], ...]:
     """A write-bench ratio's CPU model and wall figures (its ``table`` writes both)."""
     return (("write", section, f"{ratio}, CPU model"), ("write", section, f"{ratio}, wall"))
 
 
 README_FIGURES: tuple[Row, ...] = (
-    Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS), "
-        "2 threads / workers, fresh processes, per CPU-second",
-        (_loaders("default Loader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
-         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
-         _loaders("default Loader 2 vs the fastest peer's default at 2 workers"),
-         _loaders("default DataLoader 2 vs the fastest peer's default at 2 workers")),
-        "{0:.2f}x / {1:.2f}x (wall {2:.2f}x / {3:.2f}x)", ">= 2x", "loading.md#side-by-side-loader-benchmark"),
+    Row("packer's default `Loader` / `DataLoader` vs the fastest peer's default (webdataset, LitData, MDS) on "
+        "5,000 photo-like ~576x432 JPEGs (q90, 54 kB), `Resize(256) + CenterCrop(224)`, batch 64, 2 threads / "
+        "workers, fresh processes, 2 shared cores; per CPU-second, median of the rounds (range)",
+        (*_spread("default Loader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         *_spread("default DataLoader 2 vs the fastest peer's default at 2 workers, per CPU-second"),
+         *_spread("default Loader 2 vs the fastest peer's default at 2 workers"),
+         *_spread("default DataLoader 2 vs the fastest peer's default at 2 workers")),
+        "{0:.2f}x ({1:.2f}-{2:.2f}) / {3:.2f}x ({4:.2f}-{5:.2f}); wall {6:.2f}x ({7:.2f}-{8:.2f}) / "
+        "{9:.2f}x ({10:.2f}-{11:.2f})", ">= 2x", "loading.md#side-by-side-loader-benchmark"),
     Row("read-side system time / user time, default `Loader` / `DataLoader`",
         (_loaders("default Loader 2: system time / user time"), _loaders("default DataLoader 2: system time / user time")),
         "{0:.2f} / {1:.2f}", "<= 0.1", "loading.md#system-time-of-a-dataloader-with-workers"),
@@ -214,6 +221,13 @@ README_FIGURES: tuple[Row, ...] = (
         (("read", "crops", "DecodeRandomResizedCrop(224) vs torchvision's RandomResizedCrop(224) (PIL), "
                            "ImageNet-size (~500x375), CPU per image"),),
         "{0:.1f}x", "", "loading.md#training-crops-and-fidelity"),
+    Row("`DecodeResizeCrop(256, 224)` / `DecodeRandomResizedCrop(224)` vs the CPU's limit (a bare simplejpeg "
+        "DCT-scaled decode + `cv2.resize` bilinear + crop loop), ~576x432 JPEGs, CPU per image, median of rounds",
+        (("read", "crops", "DecodeResizeCrop(256, 224) vs the CPU limit, photo-like (~576x432, the loaders' and "
+                           "training images), CPU per image"),
+         ("read", "crops", "DecodeRandomResizedCrop(224) vs the CPU limit, photo-like (~576x432, the loaders' and "
+                           "training images), CPU per image")),
+        "{0:.2f}x / {1:.2f}x", ">= 0.9x", "loading.md#measured-python--m-scriptsbenchread---section-crops"),
     Row("JPEG draft resize of ~3000x2000 photos to short side 256 vs Pillow full decode + Lanczos",
         (("resize", "pre-resize", "fast path (draft + Lanczos) vs Pillow full decode + Lanczos, one process"),),
         "{0:.1f}x", ">= 3x", "resize-and-hdf5.md#figures"),

@@ -16,6 +16,12 @@ Sections (the first argument; ``all`` runs write, full, frames, breakdown and fr
   row's old output is removed before it is timed).
 * ``startup``: ``packer --help`` against ``python -c "import click"`` and a 1-image and a small
   ``to-lmdb``, each a fresh process: what starting packer costs.
+* ``margin``: the per-sample CPU at the margin, each row a fresh process as a user runs it:
+  ``to-lmdb`` and ``to-records --check header`` (defaults) on 2,000 images and on the first 100
+  of them, against the bare loops (records: also one that keeps each shard's sha256, as
+  ``to-records`` does for its manifest), and ``decode-frames --short-side 256`` on 24 and 2
+  copies of the 340x256 clip against the bare OpenCV loop; the two runs' difference over the
+  difference in samples, so start-up and imports cancel.
 
 Each section prints markdown and writes JSON (``--results``); ``--quick`` runs it at tiny sizes.
 
@@ -57,6 +63,7 @@ says why). The load average is printed with the tables. Each section takes < 3 m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import itertools
 import json
@@ -123,16 +130,20 @@ def bare_lmdb(files: list[str], out: Path) -> None:
     env.close()
 
 
-def bare_records(files: list[str], out: Path) -> None:
-    """Read + CRC32C + TFRecord framing + append; one fsync at the end."""
+def bare_records(files: list[str], out: Path, digest: bool = False) -> None:
+    """Read + CRC32C + TFRecord framing + append; one fsync at the end. ``digest``: the file's
+    sha256 too, as it is written (what a records shard's manifest entry carries)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    sha = hashlib.sha256() if digest else None
     with open(out, "wb") as fh:
         for path in files:
             with open(path, "rb") as f:
                 data = f.read()
             length = struct.pack("<Q", len(data))
-            fh.write(length + struct.pack("<I", masked_crc32c(length)) + data
-                     + struct.pack("<I", masked_crc32c(data)))
+            record = length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+            fh.write(record)
+            if sha is not None:
+                sha.update(record)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -1268,12 +1279,210 @@ def startup_main(argv: list[str]) -> dict[str, Any]:
     return {"medians": {name: {"wall_s": w, "cpu_s": c} for name, (w, c) in med.items()}, "targets": targets}
 
 
+# == margin =========================================================================================
+_BARE = {  # a bare loop as its own fresh process: python -c CODE KIND SRC OUT
+    "lmdb": "bare_lmdb(files_of(src), out)",
+    "records": "bare_records(files_of(src), out)",
+    "records-sha256": "bare_records(files_of(src), out, digest=True)",
+    "frames": "bare_frames(sorted(str(p) for p in src.rglob('*.mp4')), out, 'opencv-1t', os.cpu_count() or 1)"}
+_BARE_CODE = ("import os, sys; from pathlib import Path; from scripts.bench.write import *; "
+              "src, out = Path(sys.argv[2]), Path(sys.argv[3]); exec({}[sys.argv[1]])")
+
+
+def _subset(src: Path, dest: Path, pattern: str, count: int) -> Path:
+    """``dest``: hard links to the first ``count`` files of ``src`` matching ``pattern`` (the same
+    files, so a small run reads the bytes a large one does), made once."""
+    if not (dest / ".done").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        for f in sorted(src.rglob(pattern))[:count]:
+            (dest / f.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+            os.link(f, dest / f.relative_to(src))
+        (dest / ".done").touch()
+    return dest
+
+
+def margin_main(argv: list[str]) -> dict[str, Any]:
+    """The per-sample cost at the margin (issue 43): each row a fresh process as a user runs it
+    (packer's CLI with its defaults; each bare loop as ``python -c``) on ``--images`` images and on
+    the first ``--base`` of them (``--clips`` and ``--base-clips`` copies of the 340x256 clip for
+    decode-frames); the difference of the two runs' CPU seconds (the process and its children,
+    ``os.wait4``) and wall seconds over the difference in samples, so start-up and imports cancel.
+    Rows interleaved over ``--reps`` rounds in a new seeded order each round; each ratio (packer's
+    samples per CPU-second over the bare loop's) is taken within a round, and the median and range
+    over the rounds reported."""
+    from scripts.bench.read import md_table, target, targets_md
+
+    ap = argparse.ArgumentParser(prog="write.py margin")
+    ap.add_argument("--workdir", default="bench-out/write-margin")
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--base", type=int, default=100, help="the small run's images (its cost is subtracted)")
+    ap.add_argument("--clips", type=int, default=24, help="copies of the 340x256 clip")
+    ap.add_argument("--base-clips", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args(argv)
+    work = Path(args.workdir)
+    big = image_set(work, args.images)
+    small = _subset(big, work / f"images-first-{args.base}", "*.jpg", args.base)
+    clips = work / "clips_340x256"
+    if not (clips / ".done").exists():
+        shutil.rmtree(clips, ignore_errors=True)
+        _write_copies(clips, (340, 256), args.clips)
+        (clips / ".done").touch()
+    few = _subset(clips, work / f"clips-first-{args.base_clips}", "*.mp4", args.base_clips)
+    per_clip = _count_frames(files_of_kind(clips, "*.mp4")[0])
+    packer = [sys.executable, "-m", "packer"]  # this checkout's packer (run from its root)
+    out = work / "out"
+    jobs = {  # name -> (kind, {size: (command, samples)})
+        "to-lmdb --check header": ("lmdb", lambda src, o, n: (packer + ["to-lmdb", str(src), str(o), "--check", "header",
+                                                                         "--overwrite"], n)),
+        "bare read + CRC32C + put (LMDB)": ("lmdb", lambda src, o, n: (
+            [sys.executable, "-c", _BARE_CODE.format(_BARE), "lmdb", str(src), str(o)], n)),
+        "to-records --check header": ("records", lambda src, o, n: (packer + ["to-records", str(src), str(o), "--check",
+                                                                             "header", "--overwrite"], n)),
+        "to-records --check header --workers 0": ("records", lambda src, o, n: (
+            packer + ["to-records", str(src), str(o), "--check", "header", "--workers", "0", "--overwrite"], n)),
+        "bare read + CRC32C + append + fsync": ("records", lambda src, o, n: (
+            [sys.executable, "-c", _BARE_CODE.format(_BARE), "records", str(src), str(o)], n)),
+        "bare read + CRC32C + append + sha256 + fsync": ("records", lambda src, o, n: (
+            [sys.executable, "-c", _BARE_CODE.format(_BARE), "records-sha256", str(src), str(o)], n)),
+        "decode-frames --short-side 256": ("frames", lambda src, o, n: (
+            packer + ["decode-frames", str(src), str(o), "--short-side", "256", "--overwrite"], n)),
+        f"bare opencv loop, one decoder thread, {os.cpu_count()} processes": ("frames", lambda src, o, n: (
+            [sys.executable, "-c", _BARE_CODE.format(_BARE), "frames", str(src), str(o)], n)),
+    }
+    sizes = {"lmdb": ((big, args.images), (small, args.base)), "records": ((big, args.images), (small, args.base)),
+             "frames": ((clips, args.clips * per_clip), (few, args.base_clips * per_clip))}
+    suffix = {"lmdb": ".lmdb", "records": ".tfrecord", "frames": ""}
+    runs = [(name, which) for name in jobs for which in (0, 1)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # .pyc as pip writes them
+    got: dict[tuple[str, int], list[tuple[float, float]]] = {r: [] for r in runs}
+    fresh = itertools.count()
+
+    def run(name: str, which: int) -> tuple[float, float]:
+        kind, make = jobs[name]
+        src, n = sizes[kind][which]
+        o = out / f"{next(fresh)}{suffix[kind]}"
+        cmd, _ = make(src, o, n)
+        os.sync()
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        if os.waitstatus_to_exitcode(status):
+            raise RuntimeError(f"{name} failed: {' '.join(cmd)}")
+        remove_path(o)
+        return wall, ru.ru_utime + ru.ru_stime
+
+    for r in runs:  # the first run of each writes the .pyc files and warms the page cache
+        run(*r)
+    order = random.Random(0)
+    for _ in range(args.reps):
+        order.shuffle(runs)
+        for r in runs:
+            got[r].append(run(*r))
+    shutil.rmtree(out, ignore_errors=True)
+
+    def margin(name: str, k: int) -> tuple[float, float]:
+        """(CPU s, wall s) per sample at the margin in round ``k``."""
+        kind = jobs[name][0]
+        dn = sizes[kind][0][1] - sizes[kind][1][1]
+        (w1, c1), (w0, c0) = got[(name, 0)][k], got[(name, 1)][k]
+        return (c1 - c0) / dn, (w1 - w0) / dn
+
+    names = list(jobs)
+    table, figures, targets = [], {}, []
+    for name in names:
+        cpu = [margin(name, k)[0] for k in range(args.reps)]
+        wall = [margin(name, k)[1] for k in range(args.reps)]
+        figures[name] = {"cpu_us": [1e6 * c for c in cpu], "wall_us": [1e6 * w for w in wall]}
+        table.append([name, f"{1e6 * statistics.median(cpu):,.0f} ({1e6 * min(cpu):,.0f}-{1e6 * max(cpu):,.0f})",
+                      f"{statistics.median(1 / c for c in cpu):,.0f}",
+                      f"{1e6 * statistics.median(wall):,.0f}"])
+    ratios = []
+    # (packer row, bare row, goal): to-records against the plain loop has no goal, for a loop that
+    # writes the same promises (each shard's sha256, which the manifest carries) it has
+    pairs = [(names[0], names[1], 0.9), (names[2], names[4], None), (names[2], names[5], 0.9),
+             (names[3], names[5], None), (names[2], names[3], None), (names[6], names[7], 0.9)]
+    for a, b, goal in pairs:
+        per = [margin(b, k)[0] / margin(a, k)[0] for k in range(args.reps)]
+        walls = [margin(b, k)[1] / margin(a, k)[1] for k in range(args.reps)]
+        label = f"{a} / {b}"
+        ratios.append([label, f"{statistics.median(per):.2f}x", f"{min(per):.2f}-{max(per):.2f}",
+                       f"{statistics.median(walls):.2f}x", f">= {goal}x" if goal else ""])
+        targets += [target(f"{label}, per CPU-second at the margin, median of rounds", statistics.median(per), goal),
+                    target(f"{label}, per CPU-second at the margin, least of rounds", min(per), None),
+                    target(f"{label}, wall at the margin, median of rounds", statistics.median(walls), None)]
+    print(f"Each row a fresh process (packer's CLI with its defaults, the bare loops as `python -c`), on "
+          f"{args.images} and the first {args.base} images (~475x500 photo-like JPEGs) and {args.clips} and "
+          f"{args.base_clips} copies of a 340x256 clip ({per_clip} frames each); per sample: the difference of "
+          f"the two runs over the difference in samples (start-up cancels). {args.reps} interleaved rounds; "
+          f"CPU: the process and its children. {os.cpu_count()} cores; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end.\n")
+    print(md_table(["row", "CPU µs per sample at the margin, median (range)", "samples per CPU-second",
+                    "wall µs per sample at the margin"], table))
+    print()
+    print(md_table(["ratio (samples per CPU-second)", "median of rounds", "range", "wall, median", "target"], ratios))
+    print("\n" + targets_md(targets))
+    parts = records_parts(files_of(big)[:1000], work / "parts.tfrecord")
+    print(f"\nWhere to-records' per-sample CPU goes beside the bare loop's: each part alone in this process, "
+          f"least of 3 passes over {parts.pop('samples')} of the same JPEGs, µs per sample\n")
+    print(md_table(["part", "µs per sample"], [[k, f"{v:.1f}"] for k, v in parts.items()]))
+    return {"rows": figures, "targets": targets, "records_parts_us": parts}
+
+
+def records_parts(files: list[str], scratch: Path) -> dict[str, Any]:
+    """CPU µs per sample of each part of ``to-records``' per-sample work and of the bare loop's,
+    in this process (least of 3 passes): the file read, the header check, the Example's framing
+    against the bare framing, each shard's sha256 and the buffered write into ``scratch`` (a file,
+    removed after)."""
+    from packer.codecs.jpeg_header import jpeg_header
+    from packer.fileio import read_file_stat
+    from packer.formats.records.example import sample_pieces
+    from packer.formats.records.writer import frame_pieces
+    from packer.formats.sample import Sample
+
+    def least(fn: Callable[[int], object]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t = time.process_time()
+            for i in range(len(files)):
+                fn(i)
+            best = min(best, (time.process_time() - t) / len(files))
+        return 1e6 * best
+
+    data = [read_file_stat(f)[0] for f in files]
+    samples = [Sample(key=Path(f).name, data=d, fmt="jpeg", label=1, height=475, width=500, channels=3)
+                for f, d in zip(files, data)]
+    records = [frame_pieces(*sample_pieces(x))[0] for x in samples]
+
+    def bare_frame(i: int) -> bytes:
+        length = struct.pack("<Q", len(data[i]))
+        return length + struct.pack("<I", masked_crc32c(length)) + data[i] + struct.pack("<I", masked_crc32c(data[i]))
+
+    digest = hashlib.sha256()
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    with open(scratch, "wb") as sink:
+        parts = {"file read (packer.fileio.read_file_stat)": least(lambda i: read_file_stat(files[i])),
+                 "header check (jpeg_header)": least(lambda i: jpeg_header(data[i])),
+                 "Example + TFRecord framing, CRC32C (to-records)": least(lambda i: frame_pieces(*sample_pieces(samples[i]))),
+                 "TFRecord framing, CRC32C (bare loop)": least(bare_frame),
+                 "sha256 of the record (to-records' shard digest)": least(lambda i: digest.update(records[i])),
+                 "write (buffered)": least(lambda i: sink.write(records[i]))}
+    scratch.unlink()
+    return {"samples": len(files), **parts}
+
+
+def files_of_kind(root: Path, pattern: str) -> list[str]:
+    return sorted(str(p) for p in root.rglob(pattern))
+
+
 SECTIONS: dict[str, Callable[[list[str]], None]] = {
     "write": lambda argv: throughput_main(argv, "write"),
     "full": lambda argv: throughput_main(argv, "full"),
     "frames": lambda argv: throughput_main(argv, "frames"),
     "breakdown": breakdown_main, "timeline": timeline_main, "frame-crc": frame_crc_main,
-    "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main, "startup": startup_main}
+    "scale": scale_main, "warmth": warmth_main, "hooks": hooks_main, "startup": startup_main,
+    "margin": margin_main}
 ALL = ("write", "full", "frames", "breakdown", "frame-crc")
 # each section its own workdir: the test suite runs sections at once, and outputs they shared collided
 QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/write"],
@@ -1286,7 +1495,9 @@ QUICK = {"write": ["--images", "40", "--reps", "1", "--workdir", "bench-out/writ
          "scale": ["--mode", "images", "--images", "40", "--workdir", "bench-out/write-quick/scale"],
          "warmth": ["--mb", "50", "--reps", "1", "--dir", "bench-out", "--pauses", "0,0.5"],
          "hooks": ["--images", "40", "--reps", "1", "--workdir", "bench-out/write-quick/hooks"],
-         "startup": ["--images", "4", "--reps", "1", "--workdir", "bench-out/write-quick/startup"]}
+         "startup": ["--images", "4", "--reps", "1", "--workdir", "bench-out/write-quick/startup"],
+         "margin": ["--images", "12", "--base", "4", "--clips", "3", "--base-clips", "1", "--reps", "1",
+                    "--workdir", "bench-out/write-quick/margin"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,6 +178,7 @@ def test_read_probes_the_peers_in_the_peer_interpreter_by_importing_them(tmp_pat
     ("scripts.bench.write", "warmth", "pause between the delete and the write"),
     ("scripts.bench.write", "scale", "2 workers"),
     ("scripts.bench.write", "hooks", "| keeps_samples | to-lmdb"),
+    ("scripts.bench.write", "margin", "per sample at the margin"),
     ("scripts.bench.video", "flow", "| dis |"),
     ("scripts.bench.video", "clips", "decode-frames --workers 2"),
     ("scripts.bench.resize", "pre-resize", "resized / original"),
