@@ -32,12 +32,14 @@ allocator, which recycles a block only after the non_blocking copies that read i
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import math
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -195,6 +197,19 @@ class _Batch:
     result: Any = None
 
 
+# The passes whose threads are running. A script that exits while a pass is suspended (it took a
+# few batches and stopped) would leave its daemon threads decoding while the interpreter shuts
+# down: a thread stopped inside a C++ decoder aborts the process ("FATAL: exception not
+# rethrown", exit 134). ``_close_running`` stops them first, from atexit.
+_RUNNING: "weakref.WeakSet[Epoch]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running() -> None:
+    for epoch in list(_RUNNING):
+        epoch.close()
+
+
 class Epoch:
     """The threads and in-flight batches of one ``Loader`` pass; closes cleanly from anywhere
     (``run()`` yields the batches in order)."""
@@ -210,12 +225,14 @@ class Epoch:
         self.inflight: dict[int, _Batch] = {}
         self.next_submit = 0
         self.threads: list[threading.Thread] = []
+        self.closed = False
 
     def _start(self) -> None:  # in run(): a pass that is never iterated starts no thread
         for i in range(self.loader.num_threads):
             t = threading.Thread(target=self._work, name=f"{_THREAD_PREFIX}-{i}", daemon=True)
             self.threads.append(t)
             t.start()
+        _RUNNING.add(self)
 
     # -- main thread ----------------------------------------------------------------------------
     def _submit(self, upto: int) -> None:
@@ -261,7 +278,12 @@ class Epoch:
             self.close()
 
     def close(self) -> None:
-        """Stop the threads (they finish the chunk in hand) and wait for them."""
+        """Stop the threads (they finish the chunk in hand) and wait for them; once (again: nothing,
+        as when a pass closed at exit is garbage-collected while the interpreter tears down)."""
+        if self.closed:
+            return
+        self.closed = True
+        _RUNNING.discard(self)
         self.stop.set()
         while True:
             try:

@@ -7,6 +7,8 @@ import gc
 import json
 import threading
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -223,6 +225,24 @@ def test_break_exception_and_unstarted_iterators_leave_no_threads():
     assert loader_threads() == []
     iter(loader)  # never iterated: starts nothing
     assert loader_threads() == []
+
+
+def test_a_script_that_exits_with_a_pass_suspended_exits_cleanly(packed):
+    """A user's script that takes a few batches and ends (no break, no del: the pass is suspended
+    at exit, its threads decoding the next batches) exits 0. Before atexit closed the running
+    passes, a thread stopped inside the decoder at shutdown aborted the process (exit 134,
+    "FATAL: exception not rethrown")."""
+    script = (
+        "import packer\n"
+        "from packer.data import DecodeResizeCrop\n"
+        f"ds = packer.PackedDataset({str(packed['lmdb'])!r}, decode=DecodeResizeCrop(32, 24))\n"
+        "it = iter(packer.Loader(ds, batch_size=4, shuffle=True, num_threads=2))\n"
+        "images, labels = next(it)\n"
+        "print(tuple(images.shape))\n")
+    for _ in range(3):
+        got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr[-2000:]
+        assert got.stdout.strip() == "(4, 3, 24, 24)" and "Exception ignored" not in got.stderr, got.stderr
 
 
 def test_keyboard_interrupt_shuts_down_cleanly():
