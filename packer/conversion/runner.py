@@ -386,7 +386,7 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
             rows = append.version_rows(writer.sources, writer.keys)
             writer.fingerprint = Fingerprint(format=writer.format_name, classes=writer.classes, options=options,
                                              stats=rows).to_dict()
-        for name in (INPUTS_NAME, INPUT_STATS_NAME):
+        for name in (INPUTS_NAME, INPUT_STATS_NAME) if append is None else ():  # (an append's go at its publish)
             (writer.resume_state_path().parent / name).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],
                                 videos=[_public(e) for e in st.entries], overwrite=overwrite,

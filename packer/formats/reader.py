@@ -184,6 +184,12 @@ class Reader(abc.ABC):
         """True when ``path`` looks like this format (used where no manifest says so)."""
         return False
 
+    @classmethod
+    def files_beside(cls, path: Path) -> list[str]:
+        """Files beside the single-file output at ``path`` that its samples are read from
+        (names relative to its folder: an appended HDF5 output's parts); none by default."""
+        return []
+
     def __len__(self) -> int:
         return self.manifest.count
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from packer.formats.reader import Reader
 
-__all__ = ["AppendBase", "next_version", "merge_ranges", "version_path", "summary", "save_versions"]
+__all__ = ["AppendBase", "next_version", "merge_ranges", "version_path", "summary", "save_versions", "keep_base"]
 
 
 def version_path(out: str | os.PathLike, version: int) -> Path:
@@ -127,14 +127,20 @@ def next_version(base: AppendBase, added: Manifest, *, keys: Sequence[str], sour
         history=[*old.history, summary(old)], shards=[], videos=[], parts=[])
 
 
-def save_versions(out: Path, base: AppendBase, version: Manifest) -> None:
-    """Keep the base version's manifest as published and the new one's in ``versions/``, then
-    publish the new one (the atomic replace of ``packer.json``: the moment the version exists)."""
+def keep_base(out: Path, base: AppendBase) -> None:
+    """Keep the base version's manifest as published in ``versions/`` before anything of the
+    output grows: a ``versions/`` folder says that sidecars may hold later positions."""
     folder = out / VERSIONS_DIR
     folder.mkdir(exist_ok=True)
     kept = version_path(out, base.manifest.version)
     if not kept.is_file():
         atomic_write_bytes(kept, base.text.encode("utf-8"))
+
+
+def save_versions(out: Path, base: AppendBase, version: Manifest) -> None:
+    """Keep the new version's manifest in ``versions/`` (the base's too), then publish it (the
+    atomic replace of ``packer.json``: the moment the version exists)."""
+    keep_base(out, base)
     text = version.to_json().encode()
     atomic_write_bytes(version_path(out, version.version), text)
     atomic_write_bytes(out / MANIFEST_NAME, text)

@@ -24,8 +24,8 @@ from packer.formats.reader import Reader
 from packer.formats.sample import Sample
 from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, SOURCE_COLUMNS, array_checksum, fsync_append,
                                      keys_checksum, partial_path, write_failures, write_sources)
-from packer.formats.versions import AppendBase, next_version, save_versions
-from packer.manifest import FAILURES_NAME, Manifest
+from packer.formats.versions import AppendBase, keep_base, next_version, save_versions
+from packer.manifest import FAILURES_NAME, VERSIONS_DIR, Manifest
 
 __all__ = ["Writer", "Segments"]
 
@@ -292,6 +292,9 @@ class Writer(abc.ABC):
             sources = np.concatenate([old, ours])
         version = next_version(base, added, keys=keys, sources=sources, extra_added=self._added(base.stored))
         try:
+            self._sweep()
+            if not self.single_file:
+                keep_base(self.out, base)  # first: the sidecars are about to grow
             self._finish_appended(version, added, keys)
             self._close_handles()
             if sources is not None and not self.single_file:
@@ -308,6 +311,19 @@ class Writer(abc.ABC):
         log.info("appended to %s: version %d, %d samples added, %d in all", self.out, version.version,
                  self.count, version.count)
         return version
+
+    def _sweep(self) -> None:
+        """Remove the temporaries a publish killed half way left in the output (this run holds
+        its claim: no other run writes there): ``.{name}.tmp-*``, ``.place-*``, ``.head-*``."""
+        if self.single_file:
+            places = [(self.out.parent, f".{self.out.name}"), (self.out.with_name(self.out.name + ".parts"), ".")]
+        else:
+            places = [(self.out, "."), (self.out / VERSIONS_DIR, ".")]
+        for folder, prefix in places:
+            if folder.is_dir():
+                for p in folder.iterdir():
+                    if p.name.startswith(prefix) and any(t in p.name for t in (".tmp-", ".place-", ".head-")):
+                        p.unlink(missing_ok=True)
 
     def _added(self, first: int) -> dict[str, Any]:
         """What a format says of the samples an append added after stored position ``first``

@@ -126,7 +126,10 @@ def _open_single_file(source: Any, *, check_crc: bool):
     path = parent.fetch(name)
     for beside in spec.beside(name):
         _fetch_optional(parent, beside)
-    return resolve(spec.reader)(path, check_crc=check_crc)
+    reader = resolve(spec.reader)
+    for part in reader.files_beside(path):  # an appended output's part files (docs/append.md)
+        parent.fetch(part)
+    return reader(path, check_crc=check_crc)
 
 
 __getattr__ = lazy_exports(__name__, {

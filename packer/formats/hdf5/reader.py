@@ -152,6 +152,19 @@ class HDF5Reader(Reader):
     def detect(cls, path: Path) -> bool:
         return path.is_file() and (path.suffix.lower() in HDF5_SUFFIXES or has_signature(path))
 
+    @classmethod
+    def files_beside(cls, path: Path) -> list[str]:
+        """The part files an appended output's head names (none for a plain file)."""
+        try:
+            with h5py.File(path, "r") as f:
+                text = _attr_text(f.attrs.get(MANIFEST_ATTR))
+        except H5_ERRORS as e:
+            raise CorruptData(str(path), f"cannot open HDF5 file ({e})") from e
+        if text is None:
+            return []
+        parts = _part_list(Manifest.from_json(text, f"{path}:{MANIFEST_ATTR}"), Path(path)) or []
+        return [p.relative_to(Path(path).parent).as_posix() for p, _ in parts]
+
     def _read_manifests(self, version: int | None) -> tuple[Manifest, Manifest]:
         """(the latest manifest, that of ``version``: the latest when None) in the file at ``path``."""
         if not has_signature(self.path):
