@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, option_differences
+from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, file_stat, option_differences
 from packer.conversion.inputs import Item
 from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
@@ -56,11 +56,6 @@ class AppendPlan:
     by_key: bool = False  # the pack recorded no input sizes and times: stored inputs matched by key
 
     @property
-    def version(self) -> int:
-        """The version the append publishes."""
-        return self.base.manifest.version + 1
-
-    @property
     def new_classes(self) -> list[str]:
         return self.classes[len(self.base.manifest.classes):]
 
@@ -89,24 +84,14 @@ class AppendPlan:
             parts.append("the pack records no input sizes and times: stored inputs matched by key only")
         return "; ".join(parts)
 
-    def version_rows(self, new_rows: np.ndarray | None, new_keys: Sequence[str]) -> list[list[Any]]:
-        """``[key, label, size, mtime_ns]`` of each sample of the version the append publishes
-        (its fingerprint's inputs): the kept stored samples, then the new ones."""
-        keys = self.base.stored_keys()
-        table = self.base.reader.sources()
-        kept = [p for a, b in self.base.kept() for p in range(a, b)]
-        rows = [[keys[p], *(_row(table, p))] for p in kept]
-        for i, key in enumerate(new_keys):
-            size, mtime, label = (int(v) for v in new_rows[i]) if new_rows is not None else (-1, -1, -1)
-            rows.append([key, label, size, mtime])
-        return rows
-
-
-def _row(table: np.ndarray | None, p: int) -> list[int]:
-    if table is None:
-        return [-1, -1, -1]
-    size, mtime, label = (int(v) for v in table[p])
-    return [label, size, mtime]
+    def fingerprint(self, fp: dict[str, Any]) -> dict[str, Any]:
+        """The published version's fingerprint: the append run's (its options, the classes, the
+        inputs it packed), with the inputs of the version it continued as ``parent`` (a chain:
+        O(new inputs), not a pass over every stored one)."""
+        parent = self.base.manifest.fingerprint.get("inputs") if self.base.manifest.fingerprint else None
+        return {**fp, "inputs": {**fp["inputs"], "parent": parent,
+                                 "appended_to": {"version": self.base.manifest.version,
+                                                 "count": len(self.base.reader)}}}
 
 
 def _refuse_kind(out: Path, reader: Reader, format: str) -> None:
@@ -180,19 +165,16 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     keys = reader.keys
     positions = reader.positions()
     table = reader.sources()
-    rows = None if table is None else table.tolist()  # (a list: one lookup per input, not numpy's)
-    stored = {key: int(p) for key, p in zip(keys, positions)}
-    todo, seen, changed = [], set(), []
-    for it in items:
-        p = stored.get(it.key)
-        if p is None:
-            todo.append(it)
-            continue
-        seen.add(it.key)
-        if rows is not None and (rows[p][2] != it.label or list(_stat(it.path)) != rows[p][:2]):
-            changed.append(it.key)
-            if prune:
-                todo.append(it)
+    stored = dict(zip(keys, positions.tolist()))
+    at = [stored.get(it.key, -1) for it in items]
+    found = [i for i, p in enumerate(at) if p >= 0]
+    is_changed = np.zeros(len(items), dtype=bool)
+    if table is not None and found:  # the identity --resume compares: size, mtime, label
+        now = np.array([file_stat(items[i].path) + (items[i].label,) for i in found], dtype=np.int64)
+        is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
+    changed = [items[i].key for i in found if is_changed[i]]
+    todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
+    seen = {items[i].key for i in found}
     removed = [k for k in keys if k not in seen]
     keep = None
     if prune and (removed or changed):
@@ -203,11 +185,3 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
                       if keep is not None else {})
     return AppendPlan(base, todo, new_classes, removed=removed, changed=changed, prune=prune,
                       by_key=table is None)
-
-
-def _stat(path: str) -> tuple[int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return -1, -1
-    return st.st_size, st.st_mtime_ns

@@ -26,7 +26,7 @@ from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.placement import is_packer_output
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
                                            differences, file_stat, input_rows, input_stats, load_inputs,
-                                           save_inputs)
+                                           option_differences, save_inputs)
 from packer.conversion.executors.base import WorkResult, as_result
 from packer.conversion.options import RunOptions
 from packer.formats import Writer, open_reader
@@ -188,6 +188,13 @@ def _check_finished(out: Path, fp: Fingerprint, items: int) -> Report:
         note = "every checksum checked; its manifest records no fingerprint, so options and inputs were not compared"
     else:
         diff = differences(recorded, fp)
+        if reader.manifest.version > 1:  # an appended output: its inputs are another run's business
+            now = fp.to_dict()
+            diff = option_differences(recorded.get("options") or {}, now["options"])
+            if recorded.get("format") != now["format"]:
+                diff.insert(0, f"format: {recorded.get('format')} -> {now['format']}")
+            note = (f"every checksum and the options checked; version {reader.manifest.version} of an appended "
+                    "output: rerun --append to add what is new")
         if diff:
             raise ResumeRefused(f"{out}: is complete but was made differently from this run:\n  "
                                 + "\n  ".join(diff) + "\n(use --overwrite to make it again)")
@@ -212,6 +219,9 @@ def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer:
         if not refuse:
             return _State(failures=input_failures)
         raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from e
+    if append is not None and "append_to" not in ckpt:
+        raise UsageError(f"{writer.out}: {state_path.parent.name} is an unfinished run that rewrites the output, "
+                         "not an append; finish it with --resume (or remove it), then append")
     done = min(int(ckpt.get("items_done", 0)), len(items))
     failed = {f["key"] for f in ckpt.get("failures", []) if f.get("index", -1) >= 0 and not f.get("note")}
     stored = {it.key for it in items[:done]} - failed  # their files must not have changed
@@ -382,10 +392,8 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
             stats = [[*row, size, mtime] for row, size, mtime in zip(stats, seen[0::2], seen[1::2])]
             writer.fingerprint = fp.with_files(stats).to_dict()
         writer.sources = _sample_sources(stats, st, writer.count)
-        if append is not None:  # the published version's own fingerprint: its samples' inputs
-            rows = append.version_rows(writer.sources, writer.keys)
-            writer.fingerprint = Fingerprint(format=writer.format_name, classes=writer.classes, options=options,
-                                             stats=rows).to_dict()
+        if append is not None:  # the published version's: this run's, chained to the version it continued
+            writer.fingerprint = append.fingerprint(writer.fingerprint)
         for name in (INPUTS_NAME, INPUT_STATS_NAME) if append is None else ():  # (an append's go at its publish)
             (writer.resume_state_path().parent / name).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],

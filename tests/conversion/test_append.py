@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -284,3 +283,61 @@ def test_split_parts_merged_then_appended_and_appended_packs_merged(fmt, trees, 
     packer.merge([merged, other], both, any_parts=True)
     assert samples(both) == samples(merged) + samples(other)
     assert packer.verify(both).ok
+
+
+def test_a_pruned_records_version_streams_its_own_samples(trees, tmp_path):
+    src = fresh(tmp_path, trees)
+    out = out_path(tmp_path, "records")
+    packer.pack(src, out, format="records", workers=0, samples_per_shard=16)
+    for name in ("img_0000.jpg", "img_0021.jpg"):
+        (src / "class_0" / name).unlink()
+    grow(src, trees)
+    packer.pack(src, out, format="records", workers=0, samples_per_shard=16, append=True, prune=True)
+    reader = open_reader(out)
+    assert len(reader) == 68 and sum(reader.shard_counts) == 68
+    ds = packer.StreamingDataset(out, decode="bytes", shuffle=True, seed=1)
+    got = sorted(image for image, _ in ds)
+    assert got == sorted(bytes(reader.read(i).data) for i in range(len(reader)))
+
+
+def test_resume_of_an_appended_output_checks_its_options(trees, tmp_path):
+    src = fresh(tmp_path, trees)
+    out = out_path(tmp_path, "lmdb")
+    packer.pack(src, out, format="lmdb", workers=0)
+    grow(src, trees, cls="class_1")
+    packer.pack(src, out, format="lmdb", workers=0, append=True)
+    report = packer.pack(src, out, format="lmdb", workers=0, resume=True)
+    assert report.status == "complete" and "rerun --append" in report.summary()
+    with pytest.raises(packer.PackerError, match="--short-side: \\(unset\\) -> 16"):
+        packer.pack(src, out, format="lmdb", workers=0, resume=True, resize=packer.ResizeSpec(short_side=16))
+    r = CliRunner().invoke(main, ["inspect", str(out)])
+    assert r.exit_code == 0 and "versions: 2 (reading 2" in r.output and "added stored 60..69" in r.output, r.output
+
+
+def test_an_lmdb_appended_to_in_this_process_is_read_after_the_append(trees, tmp_path):
+    """py-lmdb opens a file once per process: while this process's writer holds the output, a
+    reader of it says so (OutputChanged), never CorruptData; after, it reads its version."""
+    import lmdb
+
+    from packer.errors import OutputChanged
+    from packer.formats.lmdb import close_env
+
+    src = fresh(tmp_path, trees)
+    out = out_path(tmp_path, "lmdb")
+    packer.pack(src, out, format="lmdb", workers=0)
+    reader = open_reader(out)
+    first = bytes(reader.read(0).data)
+    close_env(out)  # what the append's writer does before it opens the environment
+    env = lmdb.open(str(out), subdir=True, readahead=False)
+    try:
+        with pytest.raises(OutputChanged, match="being appended to by this process"):
+            reader.read(0)
+    finally:
+        env.close()
+    assert bytes(reader.read(0).data) == first
+    hdf5 = out_path(tmp_path, "hdf5")
+    packer.pack(src, hdf5, format="hdf5", workers=0)
+    grow(src, trees)
+    packer.pack(src, hdf5, format="hdf5", workers=0, append=True)
+    part = packer.PackedDataset(hdf5.with_name(hdf5.name + ".parts") / "v2.h5", decode="bytes")
+    assert len(part) == 10 and part.keys == [f"class_3/late_{i:04d}.jpg" for i in range(10)]

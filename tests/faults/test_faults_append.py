@@ -201,3 +201,17 @@ def test_a_reader_opened_before_an_append_reads_only_its_version(fmt, built, tmp
     assert _samples(out) == reference and passes >= 1
     reopened = open_reader(out, version=1)
     assert [bytes(reopened.read(i).data) for i in range(OLD)] == [d for _, d, _ in before]
+
+
+def test_an_unfinished_rewrite_beside_the_output_is_not_taken_for_an_append(built, tmp_path):
+    """A killed ``--overwrite`` left its partial beside OUT: ``--append`` refuses it, naming it,
+    instead of discarding it, and leaves both as they are."""
+    src, v1, _ = built("records")
+    out = _copy(v1, tmp_path)
+    killed = run_packer(*_argv("records", src, out, "--overwrite"), kill_at="journal:2")
+    assert killed.returncode == -signal.SIGKILL
+    partial = out.with_name(out.name + ".partial")
+    before = sorted(p.name for p in partial.iterdir())
+    r = run_packer(*_argv("records", src, out, "--append"))
+    assert r.returncode == 1 and "is an unfinished run that rewrites the output, not an append" in r.stderr, r.stderr
+    assert sorted(p.name for p in partial.iterdir()) == before and len(open_reader(out)) == OLD

@@ -12,7 +12,7 @@ import numpy as np
 
 from packer.codecs.fields import BLOB_FMT
 from packer.codecs.image import sniff_format
-from packer.errors import CorruptData, FormatError, OutputChanged
+from packer.errors import CorruptData, FormatError
 from packer.formats.hdf5.layout import H5_ERRORS, HDF5_SUFFIXES, MANIFEST_ATTR, has_signature
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
@@ -323,6 +323,7 @@ class HDF5Reader(Reader):
 
     def _load_keys(self) -> Sequence[str]:
         """The ``keys`` datasets (the files store their keys themselves), by stored position."""
+        self._check_unchanged()  # appended to since: the keys are in the parts now
         keys: list[str] = []
         for path, count in self._storage():
             try:
@@ -337,6 +338,7 @@ class HDF5Reader(Reader):
 
     def sources(self) -> np.ndarray | None:
         """The ``sources`` datasets (a part without one: -1 rows), by stored position."""
+        self._check_unchanged()
         rows, found = [], False
         for path, count in self._storage():
             try:

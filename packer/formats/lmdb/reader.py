@@ -71,8 +71,8 @@ class LmdbReader(Reader):
         except (lmdb.Error, CorruptData):
             if not self._follow():  # the same file as before: the error is the file's
                 raise
-            close_env(self.path)  # an environment mapped before the append grew the file
-            return self._value(index, None)
+        close_env(self.path)  # an environment mapped before the append grew the file
+        return self._value(index, None)
 
     def _value(self, index: int, txn: lmdb.Transaction | None) -> bytes:
         try:

@@ -122,8 +122,13 @@ class RecordsReader(Reader):
 
     @property
     def shard_counts(self) -> list[int]:
-        """Records per shard, in shard order."""
-        return [int(s["count"]) for s in self.manifest.shards]
+        """This version's samples per shard, in shard order (all the shard's records, unless a
+        pruned version leaves some out)."""
+        counts = [int(s["count"]) for s in self.manifest.shards]
+        if self._select is None:
+            return counts
+        ends = np.cumsum(counts)
+        return np.bincount(np.searchsorted(ends, self.positions(), side="right"), minlength=len(counts)).tolist()
 
     def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._index is None:
