@@ -157,7 +157,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if plan.empty:
             _discard_partial(writer, claim)  # an append published before its files went
             return Report(str(out), count=len(plan.base.reader), items=len(items), status="current",
-                          version=plan.base.manifest.version, note=plan.note(), labels=getattr(classes, "note", ""))
+                          version=plan.base.manifest.version, note=plan.note())
         items, writer.classes = plan.items, list(plan.classes)
     writer.created_by = created_by(recorded)
     job = ImageJob(check=check, resize=resize, raw=raw)
@@ -171,5 +171,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     with ex:
         report = run(items, how.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
                      desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index), append=plan)
-    report.labels = getattr(classes, "note", "")
+    report.labels = getattr(classes, "note", "") if plan is None else (  # the tree's order may not be the pack's
+        f"{len(plan.base.manifest.classes)} classes keep the pack's labels"
+        + (f", {len(plan.new_classes)} new ones labelled from {len(plan.base.manifest.classes)}" if plan.new_classes else ""))
     return report

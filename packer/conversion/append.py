@@ -16,6 +16,7 @@ pack, a shuffled pack and a part of a split run.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -170,12 +171,15 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     found = [i for i, p in enumerate(at) if p >= 0]
     is_changed = np.zeros(len(items), dtype=bool)
     if table is not None and found:  # the identity --resume compares: size, mtime, label
-        now = np.array([file_stat(items[i].path) + (items[i].label,) for i in found], dtype=np.int64)
+        now = np.fromiter(itertools.chain.from_iterable((*file_stat(items[i].path), items[i].label) for i in found),
+                          dtype=np.int64, count=3 * len(found)).reshape(-1, 3)
         is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
-    changed = [items[i].key for i in found if is_changed[i]]
+    changed = [items[i].key for i in np.flatnonzero(is_changed)]
     todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
-    seen = {items[i].key for i in found}
-    removed = [k for k in keys if k not in seen]
+    removed: list[str] = []
+    if len(found) < len(keys):  # (every stored input still there: the usual case, no pass)
+        seen = {items[i].key for i in found}
+        removed = [k for k in keys if k not in seen]
     keep = None
     if prune and (removed or changed):
         drop = {stored[k] for k in removed + changed}
