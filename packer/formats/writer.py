@@ -250,6 +250,8 @@ class Writer(abc.ABC):
                     raise UsageError(f"{self.out}: exists (use --overwrite or --resume)")
                 self._remove(self.out)
                 self._remove(self.failures_path(self.out))
+                for extra in self.belonging(self.out):  # an appended output's files beside it
+                    self._remove(extra)
             if self.single_file:
                 os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
             recheck()
@@ -420,6 +422,12 @@ class Writer(abc.ABC):
     def resume_state_path(self) -> Path:
         """The checkpoint file the converter writes after each durable commit."""
         return self.journal_dir / ".resume.json"
+
+    @classmethod
+    def belonging(cls, out: Path) -> list[Path]:
+        """Files or folders beside the output ``out`` that are part of it (an appended HDF5
+        output's ``.parts``): an ``--overwrite`` removes them with it. None by default."""
+        return []
 
     @classmethod
     def failures_path(cls, out: Path) -> Path:

@@ -341,3 +341,15 @@ def test_an_lmdb_appended_to_in_this_process_is_read_after_the_append(trees, tmp
     packer.pack(src, hdf5, format="hdf5", workers=0, append=True)
     part = packer.PackedDataset(hdf5.with_name(hdf5.name + ".parts") / "v2.h5", decode="bytes")
     assert len(part) == 10 and part.keys == [f"class_3/late_{i:04d}.jpg" for i in range(10)]
+
+
+def test_overwrite_of_an_appended_hdf5_output_takes_its_parts_along(trees, tmp_path):
+    src = fresh(tmp_path, trees)
+    out = out_path(tmp_path, "hdf5")
+    packer.pack(src, out, format="hdf5", workers=0)
+    grow(src, trees)
+    packer.pack(src, out, format="hdf5", workers=0, append=True)
+    parts = out.with_name(out.name + ".parts")
+    assert sorted(p.name for p in parts.iterdir()) == ["v1.h5", "v2.h5"]
+    packer.pack(src, out, format="hdf5", workers=0, overwrite=True)
+    assert not parts.exists() and len(open_reader(out)) == 70 and open_reader(out).version == 1

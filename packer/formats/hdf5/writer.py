@@ -241,7 +241,11 @@ class HDF5Writer(Writer):
     # -- appending: the new samples are a part file beside a head file -------------------------
     def parts_dir(self) -> Path:
         """The folder of an appended output's part files: ``{out}.parts`` beside it."""
-        return self.out.with_name(self.out.name + ".parts")
+        return self.belonging(self.out)[0]
+
+    @classmethod
+    def belonging(cls, out: Path) -> list[Path]:
+        return [out.with_name(out.name + ".parts")]
 
     def _part_name(self, version: int) -> str:
         return f"{self.parts_dir().name}/v{version}.h5"
