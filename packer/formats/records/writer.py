@@ -16,13 +16,12 @@ from packer.codecs.tfexample import encode_example, example_pieces
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import field_features, sample_features, sample_pieces
-from packer.fileio import fsync_path, parse_bytes
+from packer.fileio import fsync_path, parse_bytes, place
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
 from packer.formats.segments import SegmentShard, remove_segment_files
 from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import write_keys
-from packer.fileio import place
 from packer.formats.writer import Segments, Writer
 from packer.integrity import crc32c, mask_crc, masked_crc32c
 from packer.manifest import Manifest, atomic_write_bytes
@@ -294,7 +293,7 @@ class RecordsWriter(Writer):
         for shard in self.shards:
             for name in (shard["index"], shard["file"]):
                 place(self.workdir / name, self.out / name)
-        _fsync_dir(self.out)
+        fsync_path(self.out)
         version.shards = [*self.append_to.manifest.shards, *self.shards]
         write_keys(self.out, keys)
 
