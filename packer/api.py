@@ -151,7 +151,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         append: add the inputs not in ``out`` yet after its samples, as its next version
             (docs/append.md): the samples there stay byte for byte, the options must be the
             pack's, new classes get the labels after the pack's; an interrupted append is
-            continued. A missing ``out`` is packed as by a plain run. Image packs only.
+            continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
+            or list file only (not field packs, not dataset sources).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
 
@@ -199,6 +200,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         raise UsageError("list_path names files under a folder; source_format must be 'folder' or None with it")
     kind = "folder" if list_path is not None else detect_source(src, source_format)
     if kind != "folder":
+        # an append matches inputs by file path, size and mtime: a source's samples are members of
+        # shards (tar members, rows), which have none of their own
+        _appendable(out, append, f"dataset sources ({kind}: tar shards, Hugging Face or Parquet inputs)")
         from packer.commands.pack_sources import pack_source
 
         def build_source(path: str, claim: Any) -> Any:
@@ -230,6 +234,13 @@ def _appendable(out: PathLike, append: bool, not_for: str) -> None:
     if append and is_url(out):
         raise UsageError(f"{redact(str(out))}: --append to a URL is not supported yet (docs/append.md); append "
                          "to a local copy, then upload it")
+    if append and not is_url(out):
+        from packer.commands.export import EXPORT_NAME
+
+        if (Path(out) / EXPORT_NAME).is_file():
+            raise UsageError(f"{out}: is a `packer export` output (tar shards or Parquet files), not a pack: "
+                             "--append adds to packs; append to the pack it was exported from, then export "
+                             "that again")
 
 
 @checked

@@ -205,6 +205,43 @@ def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
         packer.pack(src, "https://example.invalid/x.lmdb", append=True)
 
 
+@pytest.mark.parametrize("kind", ["wds", "hf", "parquet"])
+def test_dataset_sources_are_refused_and_their_packs_left_as_they_are(kind, trees, tmp_path):
+    """An append tells inputs by their file's size and mtime: a source's samples are tar members
+    or rows of shared files, so a source is refused before any work, whether OUT exists or not."""
+    pytest.importorskip("webdataset")
+    pytest.importorskip("datasets")
+    from tests.support.sources import write_hf, write_shards
+
+    if kind == "wds":
+        src = tmp_path / "wds"
+        write_shards(trees["old"], src, per_shard=16)
+    else:
+        src = write_hf(trees["old"], tmp_path / ("data.parquet" if kind == "parquet" else kind),
+                       parquet=kind == "parquet")
+    out = out_path(tmp_path, "lmdb")
+    with pytest.raises(UsageError, match=rf"not supported for dataset sources \({kind}: "):
+        packer.pack(src, out, format="lmdb", workers=0, append=True)
+    assert not out.exists()
+    packer.pack(src, out, format="lmdb", workers=0)
+    before = samples(out)
+    r = CliRunner().invoke(main, ["to-lmdb", str(src), str(out), "--workers", "0", "--append"])
+    assert r.exit_code != 0 and "not supported for dataset sources" in r.output, r.output
+    assert samples(out) == before and open_reader(out).manifest.version == 1
+
+
+def test_an_export_is_not_appended_to(trees, tmp_path):
+    src = fresh(tmp_path, trees)
+    pack = out_path(tmp_path, "lmdb")
+    packer.pack(src, pack, format="lmdb", workers=0)
+    exported = tmp_path / "exported"
+    packer.export(pack, exported, to="wds")
+    files = sorted(p.name for p in exported.iterdir())
+    with pytest.raises(UsageError, match="is a `packer export` output"):
+        packer.pack(src, exported, format="lmdb", workers=0, append=True)
+    assert sorted(p.name for p in exported.iterdir()) == files
+
+
 def test_a_label_map_must_keep_the_labels(trees, tmp_path):
     src = fresh(tmp_path, trees)
     out = out_path(tmp_path, "lmdb")
