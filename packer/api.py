@@ -97,7 +97,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
          resume: bool = False, overwrite: bool = False, num_shards: int = 1, shard_index: int = 0,
          timeout: Optional[float] = None, strict: bool = False, force: bool = False,
          break_lock: bool = False, coco: Optional[PathLike] = None, manifest: Optional[PathLike] = None,
-         schema: Optional[dict] = None, drop_empty: bool = False, source_format: Optional[str] = None) -> Report:
+         schema: Optional[dict] = None, drop_empty: bool = False, source_format: Optional[str] = None,
+         append: bool = False, prune: bool = False) -> Report:
     """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``; or, with
     ``coco`` or ``manifest``, samples of many typed fields (docs/fields.md); or a dataset
     source: WebDataset tar shards, a Hugging Face ``save_to_disk`` folder or Parquet files
@@ -147,9 +148,17 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         source_format: what ``src`` is: ``folder``, ``wds`` (tar shards), ``hf`` (a
             ``save_to_disk`` folder) or ``parquet``; None: detected from the path
             (``packer.conversion.sources.detect_source``).
+        append: add the inputs not in ``out`` yet after its samples, as its next version
+            (docs/append.md): the samples there stay byte for byte, the options must be the
+            pack's, new classes get the labels after the pack's; an interrupted append is
+            continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
+            or list file only (not field packs, not dataset sources).
+        prune: with ``append``: the next version leaves out the samples whose inputs are gone or
+            changed (otherwise they are reported and kept).
 
     Returns:
-        The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``).
+        The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``; an append's
+        ``version`` and ``added``).
     """
     from packer.commands.pack_images import pack_images
     from packer.conversion.options import InputOptions, RunOptions
@@ -159,7 +168,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                           shard_index=shard_index)
     run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
-                     break_lock=break_lock)
+                     break_lock=break_lock, append=append, prune=prune)
+    _appendable(out, append, "")
     records = {"shard_size": shard_size, "samples_per_shard": samples_per_shard, "name": name}
     if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
@@ -170,6 +180,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
         if source_format not in (None, "folder"):
             raise UsageError("source_format does not apply to coco= or manifest= (their images are files under src)")
+        _appendable(out, append, "field packs (coco=, manifest=)")
         from packer.commands.pack_fields import pack_fields
 
         def build_fields(path: str, claim: Any) -> Any:
@@ -189,6 +200,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         raise UsageError("list_path names files under a folder; source_format must be 'folder' or None with it")
     kind = "folder" if list_path is not None else detect_source(src, source_format)
     if kind != "folder":
+        # an append matches inputs by file path, size and mtime: a source's samples are members of
+        # shards (tar members, rows), which have none of their own
+        _appendable(out, append, f"dataset sources ({kind}: tar shards, Hugging Face or Parquet inputs)")
         from packer.commands.pack_sources import pack_source
 
         def build_source(path: str, claim: Any) -> Any:
@@ -206,8 +220,27 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                            writer_options=writer_options, input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, class_index=class_index)
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
-                    max_failures)
+    return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
+                          sources=sources), max_failures)
+
+
+def _appendable(out: PathLike, append: bool, not_for: str) -> None:
+    """Refuse ``append`` where it is not (yet) supported: ``not_for`` names the command's outputs."""
+    from packer.remote.url import is_url, redact
+
+    if append and not_for:
+        raise UsageError(f"--append is not supported for {not_for} yet (docs/append.md); pack the "
+                         "inputs again, or pack the new ones apart")
+    if append and is_url(out):
+        raise UsageError(f"{redact(str(out))}: --append to a URL is not supported yet (docs/append.md); append "
+                         "to a local copy, then upload it")
+    if append and not is_url(out):
+        from packer.commands.export import EXPORT_NAME
+
+        if (Path(out) / EXPORT_NAME).is_file():
+            raise UsageError(f"{out}: is a `packer export` output (tar shards or Parquet files), not a pack: "
+                             "--append adds to packs; append to the pack it was exported from, then export "
+                             "that again")
 
 
 @checked
@@ -222,7 +255,7 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                   commit_every: int = 1000, workers: Optional[int] = None, executor: str = "local",
                   max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                   shard_index: int = 0, timeout: float = 600.0, strict: bool = False, force: bool = False,
-                  break_lock: bool = False) -> DecodeReport:
+                  break_lock: bool = False, append: bool = False, prune: bool = False) -> DecodeReport:
     """Pre-decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``), or frames packed into ``lmdb``, ``hdf5`` or ``records``.
 
@@ -252,12 +285,15 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, force, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
+        append, prune: not supported for frame outputs yet (a UsageError; docs/append.md).
 
     Returns:
         The run's ``DecodeReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
     """
     from packer.commands.decode_frames import FlowOptions, FrameOptions, decode_frames as decode
     from packer.conversion.options import InputOptions, RunOptions
+
+    _appendable(out, append or prune, "decode-frames outputs (video frames)")
 
     # the option objects, built (and so checked) once, here, and handed down as they are
     frames = FrameOptions(short_side=short_side, size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
@@ -288,7 +324,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 copy: bool = False, commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
-                break_lock: bool = False) -> VideoPackReport:
+                break_lock: bool = False, append: bool = False, prune: bool = False) -> VideoPackReport:
     """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
 
     The library form of ``packer pack-videos``. Each video becomes one sample: H.264 (or HEVC, AV1) in MP4
@@ -319,12 +355,15 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
+        append, prune: not supported for video packs yet (a UsageError; docs/append.md).
 
     Returns:
         The run's ``VideoPackReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
     """
     from packer.commands.pack_videos import VideoPackOptions, pack_videos as pack_v
     from packer.conversion.options import InputOptions, RunOptions
+
+    _appendable(out, append or prune, "pack-videos outputs")
 
     # the option objects, built (and so checked) once, here, and handed down as they are
     pack = VideoPackOptions(short_side=short_side, fps=fps, stride=stride, max_frames=max_frames, codec=codec,

@@ -18,7 +18,7 @@ from typing import Callable
 from packer.errors import UsageError
 
 __all__ = ["file_sha256", "MAX_INPUT_BYTES", "max_input_bytes", "not_regular", "read_file", "read_file_stat",
-           "remove_path", "fsync_path", "visible_files", "parse_bytes"]
+           "remove_path", "fsync_path", "visible_files", "parse_bytes", "place"]
 
 # O_NONBLOCK: opening a named pipe must not wait for a writer (the fstat after the open refuses
 # anything that is not a regular file before a byte is read; on a regular file it changes nothing)
@@ -147,6 +147,30 @@ def remove_path(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def place(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Make ``dst`` the file ``src`` is, atomically (whatever ``dst`` was is replaced), and keep
+    ``src``: a hard link (no copy), a copy where the file system has none. Doing it again does
+    nothing more (an append's publish, redone after a kill, uses it)."""
+    src, dst = Path(src), Path(dst)
+    try:
+        if os.path.samefile(src, dst):
+            return
+    except OSError:
+        pass
+    tmp = dst.with_name(f".{dst.name}.place-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:  # no hard links here: a copy, made durable before it takes the name
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],

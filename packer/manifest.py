@@ -11,12 +11,14 @@ from typing import Any
 
 from packer.errors import CorruptData, FormatError
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "Manifest", "created_by", "atomic_write_bytes",
-           "manifest_checksum"]
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FAILURES_NAME", "VERSIONS_DIR", "Manifest", "created_by",
+           "atomic_write_bytes", "manifest_checksum"]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "packer.json"
 FAILURES_NAME = "failures.jsonl"
+# every published version's manifest of an output that was appended to (``versions/{n}.json``)
+VERSIONS_DIR = "versions"
 
 
 @dataclass
@@ -42,6 +44,33 @@ class Manifest:
     # A field pack's typed fields (``packer.codecs.fields.Schema.to_json``); empty for
     # image-and-label outputs, which then keep their bytes as before.
     schema: list[dict[str, Any]] = field(default_factory=list)
+    # Versions (docs/append.md). A pack is version 1; each ``--append`` publishes the next one.
+    # Storage only grows: samples keep their *stored position* for good, and a version is a
+    # selection of stored positions (``select``: half-open ``[start, stop)`` ranges, in order;
+    # empty: the first ``count``). ``stored``: how many positions the storage holds at this
+    # version (0: ``count``). ``added``/``removed``: what this version changed against
+    # ``parent``; ``history``: a summary of every earlier version (with its ``identity()``).
+    version: int = 1
+    parent: int | None = None
+    stored: int = 0
+    select: list[list[int]] = field(default_factory=list)
+    added: dict[str, Any] = field(default_factory=dict)
+    removed: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    # HDF5 after an append: the files that hold the stored positions, in order (``{file, count}``,
+    # relative to the head file's folder).
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def physical(self) -> int:
+        """Stored positions at this version (a pruned version selects fewer of them)."""
+        return self.stored or self.count
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The stored positions of this version's samples, as ``[start, stop)`` ranges in order."""
+        if not self.select:
+            return [(0, self.count)] if self.count else []
+        return [(int(a), int(b)) for a, b in self.select]
 
     @property
     def holds(self) -> str:
@@ -64,9 +93,14 @@ class Manifest:
         # (a shallow dict: ``dataclasses.asdict`` deep-copies every nested list and dict, a
         # video dataset's entries included, only for them to be serialized)
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for k in ("shards", "videos", "extra", "fingerprint", "integrity", "schema"):
+        for k in ("shards", "videos", "extra", "fingerprint", "integrity", "schema", "stored", "select", "added",
+                  "removed", "history", "parts"):
             if not d[k]:
                 d.pop(k)
+        if d["version"] == 1:  # a pack never appended to reads as it always did
+            d.pop("version")
+        if d["parent"] is None:
+            d.pop("parent")
         d["checksum"] = manifest_checksum(d)
         return json.dumps(d, indent=1, ensure_ascii=False) + "\n"
 
@@ -91,10 +125,13 @@ class Manifest:
             m = cls(**{k: v for k, v in d.items() if k in known})
             m.count = int(m.count)
             m.failures = int(m.failures)
+            m.version = int(m.version)
+            m.stored = int(m.stored)
         except (TypeError, ValueError) as e:
             raise FormatError(f"{source}: malformed manifest ({e})") from e
         if not isinstance(m.classes, list) or m.count < 0:
             raise FormatError(f"{source}: malformed manifest (classes/count)")
+        _check_versioning(m, source)
         return m
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -102,8 +139,10 @@ class Manifest:
         atomic_write_bytes(Path(directory) / MANIFEST_NAME, self.to_json().encode())
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "Manifest":
-        """Read ``packer.json`` from ``directory``."""
+    def load(cls, directory: str | os.PathLike, version: int | None = None) -> "Manifest":
+        """Read ``packer.json`` from ``directory`` (the latest version), or the manifest of
+        ``version`` (``versions/{version}.json``; FormatError naming the versions there when
+        the output has no such version)."""
         p = Path(directory) / MANIFEST_NAME
         try:
             text = p.read_text(encoding="utf-8")
@@ -111,7 +150,36 @@ class Manifest:
             raise FormatError(f"{directory}: no {MANIFEST_NAME} (not a packer output)") from None
         except (OSError, UnicodeDecodeError) as e:
             raise FormatError(f"{p}: cannot read manifest ({e})") from e
-        return cls.from_json(text, str(p))
+        latest = cls.from_json(text, str(p))
+        if version is None or version == latest.version:
+            return latest
+        old = Path(directory) / VERSIONS_DIR / f"{version}.json"
+        if not 1 <= version < latest.version or not old.is_file():
+            raise FormatError(f"{directory}: has no version {version} (versions 1..{latest.version})")
+        try:
+            m = cls.from_json(old.read_text(encoding="utf-8"), str(old))
+        except (OSError, UnicodeDecodeError) as e:
+            raise FormatError(f"{old}: cannot read manifest ({e})") from e
+        if m.version != version:
+            raise CorruptData(str(old), f"holds version {m.version}, not {version}")
+        return m
+
+
+def _check_versioning(m: Manifest, source: str) -> None:
+    """FormatError unless the version fields are whole: a version >= 1, a selection of sorted,
+    disjoint ranges inside the storage that adds up to ``count``."""
+    if m.version < 1 or m.stored < 0 or (m.stored and m.stored < m.count):
+        raise FormatError(f"{source}: malformed manifest (version {m.version}, stored {m.stored}, count {m.count})")
+    if not m.select:
+        return
+    total, end = 0, 0
+    for r in m.select:
+        if (not isinstance(r, list) or len(r) != 2 or not all(type(v) is int for v in r)
+                or not end <= r[0] <= r[1] <= m.physical):
+            raise FormatError(f"{source}: malformed manifest (select range {r!r})")
+        total, end = total + r[1] - r[0], r[1]
+    if total != m.count:
+        raise FormatError(f"{source}: malformed manifest (select holds {total} positions, count is {m.count})")
 
 
 def manifest_checksum(fields: dict[str, Any]) -> str:

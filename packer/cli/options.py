@@ -84,6 +84,14 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Which part of the input this job converts (with --num-shards).")(fn)
     fn = click.option("--num-shards", type=int, default=1, show_default=True,
                       help="Split the sorted input into N parts across jobs.")(fn)
+    fn = click.option("--prune", is_flag=True,
+                      help="With --append: the new version leaves out the samples whose inputs are gone "
+                           "or changed (otherwise they are reported and kept).")(fn)
+    fn = click.option("--append", is_flag=True,
+                      help="Add the inputs not in OUT yet after its samples, as its next version (the "
+                           "samples there stay byte for byte; the options must be the pack's; new "
+                           "classes get the next labels); rerun to complete an interrupted append. "
+                           "Image packs only (see docs/append.md).")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
                       help="Continue an interrupted run with the same options and inputs (a differing "

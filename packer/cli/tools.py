@@ -36,6 +36,16 @@ def inspect(path, as_json, grid, show, seed, grid_boxes, grid_labels):
                f"{info['bytes_on_disk'] / 1e6:.1f} MB on disk, {info['failures']} failures at packing")
     if "shards" in info:
         click.echo(f"shards: {info['shards']}")
+    if len(info.get("versions", ())) > 1:
+        click.echo(f"versions: {len(info['versions'])} (reading {info['version']}; PackedDataset(path, version=N) "
+                   "reads another)")
+        for v in info["versions"]:
+            added = v.get("added", {}).get("samples")
+            what = [f"{v['count']} samples"] + ([f"added stored {added[0]}..{added[1] - 1}"] if added else [])
+            if v.get("removed"):
+                what.append(f"left out {v['removed'].get('samples', 0)}")
+            parent = f" (from {v['parent']})" if v.get("parent") else ""
+            click.echo(f"  {v['version']}{parent}: {', '.join(what)}" + (f"  [{v['command']}]" if v.get("command") else ""))
     if "fields" in info:
         click.echo("fields: " + ", ".join(f"{name}:{spec}" for name, spec in info["fields"].items()))
     if info.get("categories"):

@@ -23,7 +23,7 @@ from packer.codecs.video_pack import VIDEO_FMT, count_frames, index_mp4, pack_st
 from packer.formats.videofiles import MP4_FMT
 
 __all__ = ["inspect_dataset", "render_grid", "box_rectangle", "BOX_COLOURS", "verify_dataset", "VerifyResult",
-           "disk_usage"]
+           "disk_usage", "versions_of"]
 
 
 def disk_usage(path: str | os.PathLike) -> int:
@@ -73,6 +73,17 @@ def _field_summaries(schema: Any, blob: bytes) -> dict[str, str]:
     return out
 
 
+def versions_of(m: Any) -> list[dict[str, Any]]:
+    """Every version of an output, oldest first, as its manifest's ``history`` and its own fields
+    say: number, parent, count, what it added and removed, the command that made it."""
+    fields = ("version", "parent", "count", "added", "removed", "command")
+    rows = [{k: h[k] for k in fields if k in h} for h in m.history]
+    rows.append({k: v for k, v in (("version", m.version), ("parent", m.parent), ("count", m.count),
+                                   ("added", m.added), ("removed", m.removed),
+                                   ("command", m.created_by.get("command"))) if v not in (None, {})})
+    return rows
+
+
 def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]:
     """Format, count, classes, bytes on disk and the first ``show`` keys with their sizes; for a
     field pack also its schema (``fields``: name -> type), a COCO pack's category map
@@ -102,6 +113,8 @@ def inspect_dataset(path: str | os.PathLike, *, show: int = 5) -> dict[str, Any]
         info["videos"] = len(m.videos)
     if m.shards:
         info["shards"] = len(m.shards)
+    info["version"] = m.version
+    info["versions"] = versions_of(m)
     return info
 
 
@@ -298,4 +311,34 @@ def _verify(path: str | os.PathLike, reader: Any, decode_images: bool, note: str
     result.checked = len(reader)
     if getattr(reader, "verify_note", None):
         result.notes.append(reader.verify_note)
+    if reader.manifest.version > 1:
+        _verify_versions(path, reader, decodes, report, result)
     return result
+
+
+def _verify_versions(path: str | os.PathLike, latest: Any, decodes: Any, report: Any, result: VerifyResult) -> None:
+    """Every earlier version of an appended output: its manifest, keys and structure, and the
+    samples it holds that the latest version left out (the others were read just now)."""
+    n = latest.manifest.version
+    if is_url(path):
+        result.notes.append(f"{n} versions: the latest checked (earlier versions are checked locally)")
+        return
+    held = set(latest.positions().tolist())
+    extra = 0
+    for v in range(1, n):
+        try:
+            older = open_reader(path, version=v)
+        except PackerError as e:
+            report(e)
+            continue
+        try:
+            only = [i for i, p in enumerate(older.positions().tolist()) if p not in held]
+            for problem in older.verify(check_record=decodes, indices=only):
+                report(problem)
+            held.update(older.positions().tolist())
+            extra += len(only)
+        finally:
+            older.close()
+    result.checked += extra
+    result.notes.append(f"{n} versions: every version's manifest, keys and structure checked; each stored "
+                        f"sample read once ({extra} only in earlier versions)")

@@ -1,6 +1,7 @@
 """Pack an image dataset into any packed format: the library call behind ``to-lmdb`` & co."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -8,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from packer.claim import Claim
+from packer.conversion.append import plan_append
 from packer.conversion.runner import Report, check_output_arg, run
+from packer.fileio import remove_path
+from packer.formats.sidecars import partial_path
 from packer.errors import UsageError
 from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.plans import choose_plan
@@ -65,6 +69,16 @@ class ImageJob:
         return Sample(item.key, data, info.fmt, item.label, info.height, info.width, info.channels)
 
 
+def _discard_partial(writer: Any, claim: Claim | None) -> None:
+    """Remove what an append left after publishing its version (a kill before its cleanup)."""
+    if not (writer.workdir.exists() or writer.journal_dir.exists()):
+        return
+    if claim is not None:
+        claim.partial(writer.workdir, writer.journal_dir).adopt()  # never another live run's
+    for path in (writer.workdir, writer.journal_dir):
+        remove_path(path)
+
+
 def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str = "lmdb",
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
                 writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
@@ -101,7 +115,19 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if resize.format != "keep":
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    if run_opts.append and listing is not None:  # packer.api refuses it first; a direct call too
+        raise UsageError("--append is not supported for dataset sources (tar shards, Hugging Face or "
+                         "Parquet inputs) yet (docs/append.md): it matches inputs by file size and mtime")
+    appending = run_opts.append and Path(out).exists()
+    if run_opts.append:
+        if inputs.num_shards > 1 or shuffle is not None:
+            raise UsageError("--append packs the new inputs in one run, in input order: not with "
+                             "--num-shards or --shuffle")
+        if not appending:  # nothing to append to yet: a plain run (continuing an interrupted one)
+            run_opts = dataclasses.replace(run_opts, append=False, prune=False,
+                                           resume=partial_path(out).exists())
+    else:
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
     bad: list[InputFailure] = []  # list lines / entries that cannot be items: recorded, not dropped
     if listing is None:
         items, classes = image_items(src, list_path=inputs.list_path, exts=inputs.exts,
@@ -135,19 +161,33 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     # every writer option (shard sizes, names, commit sizes) as the writer holds it is part of the
     # record and of the resume fingerprint (packer.conversion.fingerprint)
     recorded["writer"] = writer_settings(writer, writer_options)
+    plan = None
+    if appending:  # the inputs not in OUT yet, labelled as the pack labels them
+        plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune,
+                           listed=inputs.list_path is not None)
+        if plan.empty:
+            _discard_partial(writer, claim)  # an append published before its files went
+            return Report(str(out), count=len(plan.base.reader), items=len(items), status="current",
+                          version=plan.base.manifest.version, note=plan.note())
+        items, writer.classes = plan.items, list(plan.classes)
     writer.created_by = created_by(recorded)
     job = ImageJob(check=check, resize=resize, raw=raw)
     if run_opts.workers is not None and run_opts.workers < 0:
         raise UsageError("--workers must be >= 0")
-    plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers,
-                       resizing=resize is not None or raw, executor=run_opts.executor,
-                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
-    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-    ex = plan.executor(writer)
+    how = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers,
+                      resizing=resize is not None or raw, executor=run_opts.executor,
+                      fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    log.info("to-%s: %s (%s)", format, how.mode, how.why)
+    ex = how.executor(writer)
     with ex:
-        report = run(items, plan.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
-                     desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
-    report.labels = listing.note if listing is not None else getattr(classes, "note", "")
+        report = run(items, how.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
+                     desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index), append=plan)
+    if plan is not None:  # the tree's order may not be the pack's
+        report.labels = (f"{len(plan.base.manifest.classes)} classes keep the pack's labels"
+                         + (f", {len(plan.new_classes)} new ones labelled from {len(plan.base.manifest.classes)}"
+                            if plan.new_classes else ""))
+    else:
+        report.labels = listing.note if listing is not None else getattr(classes, "note", "")
     return report
 
 

@@ -34,7 +34,7 @@ from packer.formats.sidecars import fsync_append
 from packer.manifest import FORMAT_VERSION, atomic_write_bytes
 
 __all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "differences", "save_inputs",
-           "load_inputs", "append_input_stats", "INPUT_STATS_NAME",
+           "load_inputs", "append_input_stats", "INPUT_STATS_NAME", "option_differences", "COMMIT_OPTIONS",
            "writer_settings"]
 
 # created_by options that say where the input lives, not what the output holds: moving the
@@ -210,10 +210,7 @@ def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = 
     if old.get("format") != now["format"] or old.get("format_version") != now["format_version"]:
         lines.append(f"format: {old.get('format')} v{old.get('format_version')} -> "
                      f"{now['format']} v{now['format_version']}")
-    before, after = old.get("options") or {}, now["options"]
-    for name in sorted(set(before) | set(after)):
-        if before.get(name) != after.get(name):
-            lines.append(f"{_option_name(name)}: {_show(before.get(name))} -> {_show(after.get(name))}")
+    lines.extend(option_differences(old.get("options") or {}, now["options"]))
     if old.get("classes") != now["classes"]:
         lines.append(f"classes: {len(old.get('classes') or [])} before ({_preview(old.get('classes'))}), "
                      f"{len(now['classes'])} now ({_preview(now['classes'])})")
@@ -238,6 +235,13 @@ def differences(old: Any, new: Fingerprint, old_stats: list[list[Any]] | None = 
                 lines.append(f"{len(changed)} inputs changed since the first run (size or mtime), "
                              f"e.g. {changed[0]}")
     return lines
+
+
+def option_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """One line per option that differs between two fingerprints' (flattened) ``options``:
+    ``--short-side: 64 -> 128``."""
+    return [f"{_option_name(name)}: {_show(before.get(name))} -> {_show(after.get(name))}"
+            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
 
 
 def _preview(names: Any) -> str:

@@ -64,6 +64,10 @@ class RunOptions:
         force: start even when the disk space estimate says the output will not fit.
         break_lock: take the claim on the output even from a run that may be alive
             (``--break-lock``; see ``packer.claim``).
+        append: add the inputs not in the existing output as its next version (docs/append.md;
+            an interrupted append is continued); a missing output is packed as by a plain run.
+        prune: with ``append``: the next version leaves out the stored samples whose inputs are
+            gone or changed (a changed input is packed anew).
     """
 
     workers: Optional[int] = None
@@ -76,12 +80,18 @@ class RunOptions:
     commit_every: Optional[int] = None
     force: bool = False
     break_lock: bool = False
+    append: bool = False
+    prune: bool = False
 
     def __post_init__(self) -> None:
         if self.max_failures < 0:
             raise UsageError("--max-failures must be >= 0")
         if self.resume and self.overwrite:
             raise UsageError("--resume and --overwrite exclude each other")
+        if self.append and self.overwrite:
+            raise UsageError("--append and --overwrite exclude each other")
+        if self.prune and not self.append:
+            raise UsageError("--prune goes with --append")
         if self.commit_every is not None and self.commit_every < 1:
             raise UsageError("--commit-every must be >= 1")
         if self.timeout is not None and self.timeout <= 0:  # 0: no limit, as every command says

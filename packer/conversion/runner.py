@@ -26,7 +26,7 @@ from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.placement import is_packer_output
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
                                            differences, file_stat, input_rows, input_stats, load_inputs,
-                                           save_inputs)
+                                           option_differences, save_inputs)
 from packer.conversion.executors.base import WorkResult, as_result
 from packer.conversion.options import RunOptions
 from packer.formats import Writer, open_reader
@@ -35,6 +35,7 @@ from packer.formats.sidecars import partial_path
 from packer.heap import tune_heap
 from packer.manifest import atomic_write_bytes
 from packer.conversion.inputs import InputFailure, Item
+from packer.conversion.append import AppendPlan
 
 __all__ = ["WorkResult", "Report", "run", "check_output_arg", "counted_failures", "as_result"]
 
@@ -51,11 +52,13 @@ class Report:
     failures: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0
     bytes: int = 0
-    status: str = "done"  # done | resumed | complete | uploaded (a URL OUT done earlier)
+    status: str = "done"  # done | resumed | complete | uploaded (a URL OUT done earlier) | appended
     strict: bool = False  # partial decodes count as failures
     note: str = ""  # what a finished-output --resume checked
     upload: Any = None  # a URL OUT: the UploadReport of its upload (packer.remote.upload)
     labels: str = ""  # where the labels came from (a class-folder tree's label map or order)
+    version: int = 1  # the version of the output published (an --append publishes the next one)
+    added: int = 0  # an --append: the samples it added
 
     @property
     def failed(self) -> int:
@@ -71,6 +74,14 @@ class Report:
             return f"{self.out}: already complete and uploaded; nothing to do"
         unusable = sum(1 for f in self.failures if f.get("stage") == "input")
         lines = f" ({unusable} input lines or entries unusable)" if unusable else ""
+        if self.status == "current":
+            note = f"; {self.note}" if self.note else ""
+            return f"{self.out}: version {self.version} holds every input ({self.count} samples); nothing to append{note}"
+        if self.status == "appended":
+            note = f"; {self.note}" if self.note else ""
+            return (f"{self.out}: version {self.version}: {self.added} samples added from {self.items} new inputs"
+                    f"{lines} ({self.count} in all), {self.failed} failed, {self.bytes / 1e6:.1f} MB in "
+                    f"{self.elapsed:.1f}s{note}")
         return (f"{self.out}: {self.count} samples from {self.items} inputs{lines}, {self.failed} failed, "
                 f"{self.bytes / 1e6:.1f} MB in {self.elapsed:.1f}s ({rate:.0f} samples/s)")
 
@@ -100,8 +111,9 @@ class _Checkpointer:
 
     def __init__(self, path: Path, fp: dict[str, Any], items_done: int, samples: int,
                  failures: list[dict[str, Any]], entries: list[dict[str, Any]], overwrite: bool,
-                 stats: list[int] | None = None):
+                 stats: list[int] | None = None, base: dict[str, Any] | None = None):
         self.path = path
+        self.base = base  # an --append: the published version it continues
         # a fresh run's size and mtime_ns per item as it was read (two ints an item, flat: no
         # tuple per item for the garbage collector to walk), journaled up to each durable point
         self.stats = stats
@@ -137,6 +149,8 @@ class _Checkpointer:
         state = {"fingerprint": self.fp, "overwrite": self.overwrite, "items_done": self.items_done, "samples": self.samples,
                  "failures": [f for f in self.failures if f["index"] < self.items_done],
                  "entries": [e for e in self.entries if e["index"] < self.items_done]}
+        if self.base is not None:
+            state["append_to"] = self.base
         try:
             atomic_write_bytes(self.path, json.dumps(state).encode())
         except OSError as e:
@@ -174,6 +188,13 @@ def _check_finished(out: Path, fp: Fingerprint, items: int) -> Report:
         note = "every checksum checked; its manifest records no fingerprint, so options and inputs were not compared"
     else:
         diff = differences(recorded, fp)
+        if reader.manifest.version > 1:  # an appended output: its inputs are another run's business
+            now = fp.to_dict()
+            diff = option_differences(recorded.get("options") or {}, now["options"])
+            if recorded.get("format") != now["format"]:
+                diff.insert(0, f"format: {recorded.get('format')} -> {now['format']}")
+            note = (f"every checksum and the options checked; version {reader.manifest.version} of an appended "
+                    "output: rerun --append to add what is new")
         if diff:
             raise ResumeRefused(f"{out}: is complete but was made differently from this run:\n  "
                                 + "\n  ".join(diff) + "\n(use --overwrite to make it again)")
@@ -182,21 +203,37 @@ def _check_finished(out: Path, fp: Fingerprint, items: int) -> Report:
 
 
 def _resume_state(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer,
-                  executor: Executor, fp: Fingerprint, input_failures: list[dict[str, Any]]) -> _State:
+                  executor: Executor, fp: Fingerprint, input_failures: list[dict[str, Any]],
+                  append: AppendPlan | None = None, refuse: bool = True) -> _State:
     """The state a ``--resume`` continues from: the checkpoint's prefix, cut back to the first
     earlier failure that now succeeds (so the result equals an uninterrupted run). A checkpoint
-    whose fingerprint differs from this run's is refused before any work (ResumeRefused)."""
+    whose fingerprint differs from this run's is refused before any work (ResumeRefused); an
+    ``--append`` that is not told ``--resume`` (``refuse`` False) starts its work again instead
+    (nothing of it was published)."""
     state_path = writer.resume_state_path()
     if not state_path.exists():
         return _State(failures=input_failures)
     try:
         ckpt = json.loads(state_path.read_text())
     except (OSError, ValueError) as e:
+        if not refuse:
+            return _State(failures=input_failures)
         raise CorruptData(str(state_path), f"unreadable resume checkpoint ({e}); use --overwrite") from e
+    if append is not None and "append_to" not in ckpt:
+        raise UsageError(f"{writer.out}: {state_path.parent.name} is an unfinished run that rewrites the output, "
+                         "not an append; finish it with --resume (or remove it), then append")
     done = min(int(ckpt.get("items_done", 0)), len(items))
     failed = {f["key"] for f in ckpt.get("failures", []) if f.get("index", -1) >= 0 and not f.get("note")}
     stored = {it.key for it in items[:done]} - failed  # their files must not have changed
     diff = differences(ckpt.get("fingerprint"), fp, load_inputs(state_path.parent), stored)
+    if append is not None and ckpt.get("append_to") != append.base_identity():
+        then = ckpt.get("append_to") or {}
+        diff.insert(0, f"the interrupted append continued version {then.get('version', '?')} "
+                       f"(identity {then.get('identity', '?')}), this one version {append.base.manifest.version} "
+                       f"(identity {append.base_identity()['identity']})")
+    if diff and not refuse:
+        log.info("%s: the interrupted append differs from this one; starting it again", writer.out)
+        return _State(failures=input_failures)
     if diff:  # the partial output is left as it is
         raise ResumeRefused(f"{writer.out}: cannot resume, this run differs from the interrupted one:\n  "
                             + "\n  ".join(diff) + "\n(rerun with the first run's options, or use --overwrite)")
@@ -239,7 +276,8 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
         unit: str = "img", sample_unit: str | None = None, input_failures: Sequence[InputFailure] = (),
-        all_in: Callable[[], None] | None = None, claim: Claim | None = None) -> Report:
+        all_in: Callable[[], None] | None = None, claim: Claim | None = None,
+        append: AppendPlan | None = None) -> Report:
     """Run ``work_fn`` over ``items`` with ``executor`` and pack the results with ``writer``.
 
     Args:
@@ -261,6 +299,10 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
         claim: the run's claim on ``writer.out`` (``packer.claim``, taken where the run
             started): handed to the writer as the guard of its partial output and checked at
             each durable commit. None: an unclaimed run (a Writer used directly).
+        append: an ``--append`` (``packer.conversion.append``): ``items`` are the inputs it packs
+            after the samples of the output's latest version, and ``writer`` publishes the next
+            version. An interrupted append is continued (``options.resume``: only when it is the
+            same append, else refused; without it, else started again).
     Returns:
         a Report.
     """
@@ -268,31 +310,38 @@ def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *
     tune_heap()  # freed buffers reused, not faulted in again per sample (packer.heap)
     if claim is not None:
         writer.guard = claim.partial(writer.workdir, writer.journal_dir)
-    return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures, all_in, claim)
+    if append is not None:
+        writer.append_to = append.base
+    return _run(items, work_fn, writer, executor, opts, desc, unit, sample_unit, input_failures, all_in, claim,
+                append)
 
 
 def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, executor: Executor | None,
          opts: RunOptions, desc: str, unit: str, sample_unit: str | None,
          input_failures: Sequence[InputFailure] = (), all_in: Callable[[], None] | None = None,
-         claim: Claim | None = None) -> Report:
+         claim: Claim | None = None, append: AppendPlan | None = None) -> Report:
     """``run``'s work, under ``claim`` when there is one."""
     check_claim = claim.check if claim is not None else (lambda: None)
     executor = executor or InlineExecutor()
     out = writer.out
     start = time.monotonic()
+    resuming = opts.resume or (append is not None and writer.resume_state_path().exists())
     # A resume compares every input's file with the first run's before any work: stat them all
     # now. A fresh run takes each file's size and mtime when it is packed (the work's own read,
     # ``Sample.source_stat``, else a stat then), so no pass over the inputs comes first.
-    stats = input_stats(items) if opts.resume else input_rows(items)
+    stats = input_stats(items) if resuming else input_rows(items)
     options = writer.created_by.get("options", {})
     fp = Fingerprint(format=writer.format_name, classes=writer.classes, options=options, stats=stats)
     n_inputs = len(items) + len(input_failures)
-    if opts.resume and not partial_path(out).exists() and out.exists():
+    if opts.resume and append is None and not partial_path(out).exists() and out.exists():
         return _check_finished(out, fp, n_inputs)
     # Input lines the parser could not use come first (index -1: always in the kept prefix).
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
-    st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines) if opts.resume
+    st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines, append, refuse=opts.resume) if resuming
           else _State(failures=bad_lines))
+    if resuming and not st.resumed:  # nothing to continue: a fresh run, which takes each file's stat as it reads
+        stats = input_rows(items)
+        fp = Fingerprint(format=writer.format_name, classes=writer.classes, options=options, stats=stats)
     writer.open(resume_samples=st.samples if st.resumed else None)
     writer.fingerprint = fp.to_dict()
     try:
@@ -301,9 +350,9 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         raise WriteError(f"{out}: cannot save the input table ({e.strerror or e})") from e
     # A resumed --overwrite run may still replace the old output it was started over.
     overwrite = opts.overwrite or st.overwrite
-    seen: list[int] | None = None if opts.resume else []  # size, mtime_ns per item read (flat)
+    seen: list[int] | None = [] if not st.resumed else None  # size, mtime_ns per item read (flat)
     cp = _Checkpointer(writer.resume_state_path(), fp.to_dict(), st.items_done, st.samples, st.failures, st.entries,
-                       overwrite, stats=seen)
+                       overwrite, stats=seen, base=append.base_identity() if append is not None else None)
     def durable(n: int) -> None:  # a run whose claim was broken stops at its next commit
         check_claim()
         cp.durable(n)
@@ -340,9 +389,12 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                 all_in()
             writer.flush()
         if seen is not None:  # the files' digest, now that every input's size and mtime is known
-            writer.fingerprint = fp.with_files([[*row, size, mtime] for row, size, mtime
-                                                in zip(stats, seen[0::2], seen[1::2])]).to_dict()
-        for name in (INPUTS_NAME, INPUT_STATS_NAME):
+            stats = [[*row, size, mtime] for row, size, mtime in zip(stats, seen[0::2], seen[1::2])]
+            writer.fingerprint = fp.with_files(stats).to_dict()
+        writer.sources = _sample_sources(stats, st, writer.count)
+        if append is not None:  # the published version's: this run's, chained to the version it continued
+            writer.fingerprint = append.fingerprint(writer.fingerprint)
+        for name in (INPUTS_NAME, INPUT_STATS_NAME) if append is None else ():  # (an append's go at its publish)
             (writer.resume_state_path().parent / name).unlink(missing_ok=True)
         manifest = writer.close(failures=[_public(f) for f in st.failures],
                                 videos=[_public(e) for e in st.entries], overwrite=overwrite,
@@ -353,5 +405,24 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         raise
     return Report(str(out), count=manifest.count, items=n_inputs,
                   failures=[_public(f) for f in st.failures], elapsed=time.monotonic() - start,
-                  bytes=writer.bytes_written, status="resumed" if st.resumed else "done",
-                  strict=opts.strict)
+                  bytes=writer.bytes_written, status="appended" if append is not None else
+                  "resumed" if st.resumed else "done", strict=opts.strict, version=manifest.version,
+                  added=writer.count, note=append.note() if append is not None else "")
+
+
+def _sample_sources(stats: list[list[Any]], st: _State, count: int) -> Any:
+    """Per stored sample, ``(size, mtime_ns, label)`` of its input (``sources.bin``: what
+    ``--append`` compares inputs with), from the per-input rows: every input but the failed
+    ones gave one sample. None when that is not so (a video's frames, multi-label items)."""
+    import numpy as np
+
+    if st.entries or len(stats) < count or any(len(row) != 4 for row in stats[:1]):
+        return None
+    failed = {f["index"] for f in st.failures if f.get("index", -1) >= 0 and not f.get("note")}
+    rows = [(row[2], row[3], row[1]) for i, row in enumerate(stats) if i not in failed]
+    if len(rows) != count:
+        return None
+    try:
+        return np.array(rows, dtype=np.int64).reshape(count, 3)
+    except (TypeError, ValueError):  # a multi-label item's list of labels
+        return None

@@ -99,6 +99,8 @@ class PackedDataset(torch.utils.data.Dataset):
             arrays as tensors) so that ``torchvision.transforms.v2`` (as ``transform``) moves
             boxes and masks with the pixels; needs torchvision. See
             ``packer.data.fields.FieldDecoder``.
+        version: of an output that was appended to, the version to read (None: the latest;
+            docs/append.md). A dataset reads its version's samples whatever is appended later.
     """
 
     def __init__(self, path: str | os.PathLike, *, decode: str | Callable[[Any], Any] = "pil",
@@ -106,7 +108,7 @@ class PackedDataset(torch.utils.data.Dataset):
                  target_transform: Callable[[int], Any] | None = None, check_crc: bool = True,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
                  remote: Any = None, fields: Sequence[str] | str | None = None, masks: str | None = None,
-                 tv_tensors: bool = False):
+                 tv_tensors: bool = False, version: int | None = None):
         if not callable(decode) and decode not in DECODE_MODES:
             raise UsageError(f"decode must be one of {DECODE_MODES}, not {decode!r}")
         if cache_dir is not None or cache_limit is not None or remote is not None:
@@ -116,7 +118,7 @@ class PackedDataset(torch.utils.data.Dataset):
             remote = remote or RemoteOptions()
             remote = replace(remote, cache_dir=cache_dir if cache_dir is not None else remote.cache_dir,
                              cache_limit=cache_limit if cache_limit is not None else remote.cache_limit)
-        self.reader: Reader = open_reader(path, check_crc=check_crc, remote=remote)
+        self.reader: Reader = open_reader(path, check_crc=check_crc, remote=remote, version=version)
         self.path = str(path)
         require_holds(self.reader.manifest, self.path, "PackedDataset", ("images", "frames"))
         self.decode = decode

@@ -135,15 +135,22 @@ def detect_format(path: str | os.PathLike) -> str:
     raise FormatError(f"{path}: not a packed dataset (no {MANIFEST_NAME}, format not recognised)")
 
 
-def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True) -> Reader:
+def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True,
+                version: int | None = None) -> Reader:
     """Open a local packed output by path; the manifest chooses the reader.
 
     A list of paths is a set of TFRecord files written by other tools (with ``.idx`` indexes).
     URLs are opened by ``packer.remote.open_reader``, which calls this for local paths.
+    ``version``: of an output that was appended to, the version to read (None: the latest;
+    docs/append.md).
     """
+    more = {} if version is None else {"version": version}
     if isinstance(path, (list, tuple)):
-        return FORMATS.reader("records")(path, check_crc=check_crc)
-    return _reader_class(detect_format(path))(path, check_crc=check_crc)
+        return FORMATS.reader("records")(path, check_crc=check_crc, **more)
+    name = detect_format(path)
+    if version is not None and name not in FORMATS:
+        raise FormatError(f"{path}: a {name} output has no versions (only image packs are appended to)")
+    return _reader_class(name)(path, check_crc=check_crc, **more)
 
 
 __getattr__ = lazy_exports(__name__, {"Writer": "packer.formats.writer"})  # the base writer

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 from packer.codecs.fields import Schema
-from packer.errors import CorruptData, FormatError, OutputChanged
+from packer.errors import CorruptData, FormatError, OutputChanged, PackerError
 from packer.formats.sample import Record, Sample
-from packer.formats.sidecars import CHECKSUMS_FILE, KEYS_FILE, keys_checksum, load_checksums, load_keys
+from packer.formats.sidecars import (CHECKSUMS_FILE, KEYS_FILE, SOURCES_FILE, array_checksum, keys_checksum,
+                                     load_checksums, load_keys, load_sources)
 from packer.integrity import crc32c
 from packer.heap import tune_heap
-from packer.manifest import Manifest
+from packer.manifest import MANIFEST_NAME, VERSIONS_DIR, Manifest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,17 +40,27 @@ def output_identity(path: str | os.PathLike) -> tuple[int, int, int] | None:
 class Reader(abc.ABC):
     """Random access to a packed output. Handles open lazily per process; picklable.
 
+    An output that was appended to (docs/append.md) has versions; a reader reads one of them,
+    the latest by default, and keeps reading exactly that version's samples while later ones
+    are published: storage only grows, and a sample's *stored position* never changes. A
+    version's samples are a selection of stored positions (``Manifest.ranges``): position
+    ``i`` of the reader is stored position ``_check_index(i)``.
+
     Args:
         path: the packed output.
         check_crc: verify each value's CRC32C when it is read (default on).
+        version: which version to read (None: the latest).
     """
 
     format_name: ClassVar[str] = ""
 
-    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
         tune_heap()  # decoded images reuse freed heap pages instead of faulting in fresh ones (packer.heap)
+        if version is not None and (type(version) is not int or version < 1):
+            raise FormatError(f"{path}: version must be a positive int, not {version!r}")
         self.path = Path(path)
         self.check_crc = check_crc
+        self.version_asked = version
         self._identity = self._current_identity()
         self.manifest = self._load_manifest()
         self._check_unchanged()  # not replaced between the stat and the manifest read
@@ -58,8 +69,41 @@ class Reader(abc.ABC):
                                               f"not {self.format_name!r}")
         self._pid: int | None = None
         self._keys: Sequence[str] | None = None
+        self._stored_keys: Sequence[str] | None = None
         self._crcs: "np.ndarray | None" = None
         self._schema: Schema | None = None
+        self._set_selection()
+
+    def _set_selection(self) -> None:
+        """The stored position of each of this version's samples, by ranges (None: ``0..count-1``)."""
+        ranges = self.manifest.ranges() if self.manifest.select else None
+        if ranges is None or ranges == [(0, self.manifest.count)]:
+            self._select = None
+            return
+        import numpy as np
+
+        starts = np.cumsum([0] + [b - a for a, b in ranges[:-1]], dtype=np.int64)
+        self._select = (starts, np.array([a for a, _ in ranges], dtype=np.int64))
+
+    @property
+    def version(self) -> int:
+        """The version this reader reads (1 for an output never appended to)."""
+        return self.manifest.version
+
+    @property
+    def grown(self) -> bool:
+        """True when the output holds (or may hold) stored positions past this version's: its
+        sidecars are then longer than this version needs (docs/append.md)."""
+        return self.manifest.version > 1 or (self.path / VERSIONS_DIR).is_dir()
+
+    def positions(self) -> "np.ndarray":
+        """The stored position of each sample of this version, in order."""
+        import numpy as np
+
+        if self._select is None:
+            return np.arange(len(self), dtype=np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self.manifest.ranges()]
+                              or [np.zeros(0, np.int64)])
 
     @property
     def schema(self) -> Schema | None:
@@ -76,9 +120,53 @@ class Reader(abc.ABC):
         raise OutputChanged if the output at ``path`` is no longer the one this reader opened (an
         ``--overwrite`` renames a new output over it). Formats call it after opening any file of
         the output by path, and where a read fails, so a reader never mixes the old manifest with
-        new data nor calls a replaced file damaged. The identity travels with a pickled reader."""
-        if self._identity is not None and self._current_identity() != self._identity:
+        new data nor calls a replaced file damaged. The identity travels with a pickled reader.
+        An output that was only appended to still holds this reader's version: the reader
+        follows it (``_holds_my_version``) and goes on reading its version's samples."""
+        if self._identity is not None:
+            now = self._current_identity()
+            if now != self._identity:
+                if not self._holds_my_version():
+                    raise self._changed()
+                self._identity = now
+
+    def _holds_my_version(self) -> bool:
+        """Does the output at ``path`` now still hold this reader's version, unchanged (only later
+        versions were published, or an append is under way)? Its latest manifest is this version's
+        or lists it, by ``identity()``, among the earlier ones."""
+        try:
+            latest = self._latest_manifest()
+        except PackerError:
+            return False
+        mine = self.manifest
+        if latest.version == mine.version:
+            held = latest.identity() == mine.identity()
+        else:
+            want = mine.identity()
+            held = any(h.get("version") == mine.version and h.get("identity") == want for h in latest.history)
+        if held:
+            self._followed(latest)
+        return held
+
+    def _followed(self, latest: Manifest) -> None:
+        """Hook: the output was appended to and still holds this reader's version; ``latest`` is
+        its latest manifest (a format whose storage moved says where it is now)."""
+
+    def manifest_text(self) -> str:
+        """This version's manifest exactly as it was published (what ``versions/`` keeps of it)."""
+        kept = self.path / VERSIONS_DIR / f"{self.version}.json"
+        path = kept if kept.is_file() else self.path / MANIFEST_NAME
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise FormatError(f"{path}: cannot read manifest ({e})") from e
+        if Manifest.from_json(text, str(path)).identity() != self.manifest.identity():
             raise self._changed()
+        return text
+
+    def _latest_manifest(self) -> Manifest:
+        """The latest manifest now at ``path`` (read again)."""
+        return Manifest.load(self.path)
 
     def _current_identity(self) -> tuple[int, ...] | None:
         """Which version of the output is there now (None: none to hold on to)."""
@@ -89,12 +177,18 @@ class Reader(abc.ABC):
         return OutputChanged(str(self.path))
 
     def _load_manifest(self) -> Manifest:
-        return Manifest.load(self.path)
+        return Manifest.load(self.path, self.version_asked)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
         """True when ``path`` looks like this format (used where no manifest says so)."""
         return False
+
+    @classmethod
+    def files_beside(cls, path: Path) -> list[str]:
+        """Files beside the single-file output at ``path`` that its samples are read from
+        (names relative to its folder: an appended HDF5 output's parts); none by default."""
+        return []
 
     def __len__(self) -> int:
         return self.manifest.count
@@ -107,17 +201,38 @@ class Reader(abc.ABC):
     def keys(self) -> Sequence[str]:
         """Sample keys by position (loaded once, checked against the manifest's ``integrity``)."""
         if self._keys is None:
-            keys = self._load_keys()
+            stored = self._load_keys()
             self._check_unchanged()  # the keys of the output the manifest came from
+            keys = stored if self._select is None else [stored[int(p)] for p in self.positions()]
             source = self._keys_source()
             if source is not None:
                 self._check_integrity("keys", keys_checksum(keys), source)
-            self._keys = keys
+            self._stored_keys, self._keys = stored, keys
         return self._keys
 
     def _load_keys(self) -> Sequence[str]:
-        """The keys by position: ``keys.json`` unless the format stores them itself."""
-        return load_keys(self.path, len(self))
+        """The keys by stored position (``manifest.physical`` of them): ``keys.json`` unless the
+        format stores them itself."""
+        return load_keys(self.path, self.manifest.physical, grown=self.grown)
+
+    def sources(self) -> "np.ndarray | None":
+        """Per stored position of this version: the source file's size and mtime (ns) as it was
+        packed, and the label (``--append`` compares inputs with it); None when not recorded."""
+        rows = load_sources(self.path / SOURCES_FILE, self.manifest.physical)
+        if rows is not None:
+            self._check_integrity("sources", array_checksum(rows, "<i8"), self.path / SOURCES_FILE)
+        return rows
+
+    def stored_key(self, position: int) -> str:
+        """The key of stored position ``position`` (``_check_index``'s result)."""
+        if self._select is None:
+            return self.keys[position]
+        return self.stored_keys()[position]
+
+    def stored_keys(self) -> Sequence[str]:
+        """The key of every stored position of this version (a pruned version's too)."""
+        _ = self.keys  # loads (and checks) both lists
+        return self._stored_keys
 
     def _keys_source(self) -> Path | None:
         """Where the keys are stored, or None when they derive from the (checksummed) manifest."""
@@ -133,10 +248,10 @@ class Reader(abc.ABC):
                                            f"(manifest records {want}, stored {name} give {actual})")
 
     def _key_name(self, index: int) -> str | None:
-        """The key of sample ``index`` for an error message; never raises."""
+        """The key of stored position ``index`` for an error message; never raises."""
         try:
-            return self.keys[index]
-        except (CorruptData, IndexError):
+            return self.stored_key(index)
+        except (PackerError, IndexError):
             return self._fallback_key(index)
 
     def _fallback_key(self, index: int) -> str | None:
@@ -146,7 +261,7 @@ class Reader(abc.ABC):
     def _checksums(self) -> "np.ndarray":
         """The ``checksums.bin`` sidecar (loaded once), for formats that keep CRCs there."""
         if self._crcs is None:
-            crcs = load_checksums(self.path / CHECKSUMS_FILE, len(self))
+            crcs = load_checksums(self.path / CHECKSUMS_FILE, self.manifest.physical, grown=self.grown)
             self._check_unchanged()
             self._crcs = crcs
         return self._crcs
@@ -154,7 +269,8 @@ class Reader(abc.ABC):
     def _check_crc32c(self, data: Any, index: int, *, file: str | os.PathLike,
                       expected: int | None = None) -> None:
         """When ``check_crc`` is on: CorruptData naming ``file``, the position and the key unless
-        ``data`` has the CRC32C stored for sample ``index`` (``expected``, else ``checksums.bin``)."""
+        ``data`` has the CRC32C stored for stored position ``index`` (``expected``, else
+        ``checksums.bin``)."""
         if not self.check_crc:
             return
         want = int(self._checksums()[index]) if expected is None else int(expected)
@@ -177,22 +293,30 @@ class Reader(abc.ABC):
         Formats that keep per-sample ``extra`` fields (video frame numbers) override this.
         """
         rec = self.read(index)
-        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label,
+        return Sample(self.stored_key(self._check_index(index)), rec.data, rec.fmt, rec.label,
                       rec.height, rec.width, rec.channels)
 
     def _check_index(self, index: int) -> int:
+        """The stored position of sample ``index`` (IndexError when out of range)."""
         n = len(self)
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError(f"{self.path}: index {index} out of range for {n} samples")
+        if self._select is not None:
+            starts, firsts = self._select
+            k = int(starts.searchsorted(index, side="right")) - 1
+            return int(firsts[k]) + index - int(starts[k])
         return index
 
-    def verify(self, *, check_record: Callable[[int, Record], None] | None = None) -> Iterator[CorruptData]:
+    def verify(self, *, check_record: Callable[[int, Record], None] | None = None,
+               indices: Sequence[int] | None = None) -> Iterator[CorruptData]:
         """Check structure and every value's checksum; yield each problem found.
 
         ``check_record(index, record)`` runs on each record read (``packer verify`` decodes the
-        image there) and raises CorruptData for a problem of its own.
+        image there) and raises CorruptData for a problem of its own. ``indices``: read only
+        these samples (``packer verify`` reads an older version's samples that a later version
+        dropped; the others it reads once, in the latest version).
         """
         try:
             self.keys  # noqa: B018 (loading them checks them)
@@ -200,7 +324,7 @@ class Reader(abc.ABC):
             yield e
         for problem in self.verify_structure():
             yield problem
-        for i in range(len(self)):
+        for i in (range(len(self)) if indices is None else indices):
             try:
                 rec = self.read(i)
                 if check_record is not None:

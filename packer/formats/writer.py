@@ -22,9 +22,10 @@ from packer.errors import CorruptData, UsageError, WriteError
 from packer.fileio import remove_path
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample
-from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, fsync_append, keys_checksum, partial_path,
-                                     write_failures)
-from packer.manifest import FAILURES_NAME, Manifest
+from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, SOURCE_COLUMNS, array_checksum, fsync_append,
+                                     keys_checksum, partial_path, write_failures, write_sources)
+from packer.formats.versions import AppendBase, keep_base, next_version, save_versions
+from packer.manifest import FAILURES_NAME, VERSIONS_DIR, Manifest
 
 __all__ = ["Writer", "Segments"]
 
@@ -60,7 +61,8 @@ def _no_check() -> None:
 class Writer(abc.ABC):
     """Base writer: a context manager; ``add(sample)`` in packed order, ``close() -> Manifest``.
 
-    Publishing is ``close()``'s rename of ``{out}.partial`` to ``out``, and only there. A run
+    Publishing is ``close()``'s rename of ``{out}.partial`` to ``out``, and only there (an
+    append publishes a new version of ``out`` instead: see ``append_to``). A run
     that holds a claim on ``out`` sets ``guard`` before ``open`` (``packer.claim.PartialGuard``;
     a format knows it only by its three methods): ``open`` has it ``adopt()`` an existing
     partial before touching it and ``stamp()`` the run token into it, and ``close`` calls
@@ -82,6 +84,11 @@ class Writer(abc.ABC):
     single_file: ClassVar[bool] = False
     # The guard of the partial output under the run's claim (see the class docstring), or None.
     guard: Any = None
+    # The published version of ``out`` this writer appends to (``packer.formats.versions``), set
+    # before ``open``; None: a new output. Appending, ``{out}.partial`` holds the run's journals
+    # (and what the format writes apart: record shards, an HDF5 part file) and the publish is
+    # the next version's manifest (``_close_appended``).
+    append_to: AppendBase | None = None
     # Whether ``add`` may keep a reference to ``sample.data`` / ``sample.prepared`` after it
     # returns (a batch held until the commit). A writer that copies them during ``add`` says
     # False and may be handed views into shared memory (``packer.conversion.plans.shm``).
@@ -119,6 +126,9 @@ class Writer(abc.ABC):
         # set by the command, kept in the manifest
         self.schema: Any = None
         self.manifest_extra: dict[str, Any] = {}  # the manifest's ``extra`` (a COCO pack's categories)
+        # per sample, the source file's size and mtime (ns) as read and the label (``sources.bin``:
+        # what ``--append`` compares inputs with); set by the runner before ``close``, or None
+        self.sources: Any = None
         self._opened = False
 
     def segment_record(self) -> Callable[[Sample], tuple[Any, int]]:
@@ -227,7 +237,14 @@ class Writer(abc.ABC):
                             integrity={"keys": keys_checksum(self.keys)},  # a format may add more in _finish
                             **({"schema": self.schema.to_json(),
                                 "fields": self.schema.names + ["key"]} if self.schema is not None else {}))
+        sources = self._sources_rows()
+        if sources is not None:
+            manifest.integrity["sources"] = array_checksum(sources, "<i8")
+        if self.append_to is not None:
+            return self._close_appended(manifest, failures)
         try:
+            if sources is not None and not self.single_file:
+                write_sources(self.workdir, sources)
             self._finish(manifest)
             self._close_handles()
             write_failures(self.failures_path(self.workdir), failures)
@@ -241,6 +258,8 @@ class Writer(abc.ABC):
                     raise UsageError(f"{self.out}: exists (use --overwrite or --resume)")
                 self._remove(self.out)
                 self._remove(self.failures_path(self.out))
+                for extra in self.belonging(self.out):  # an appended output's files beside it
+                    self._remove(extra)
             if self.single_file:
                 os.replace(self.failures_path(self.workdir), self.failures_path(self.out))
             recheck()
@@ -250,6 +269,87 @@ class Writer(abc.ABC):
         self._opened = False
         log.info("wrote %s: %d samples, %d failures", self.out, self.count, len(failures))
         return manifest
+
+    def _sources_rows(self) -> Any:
+        """``sources`` as an int64 array of one row per sample, or None (not given, or not one
+        row per sample: a video's frames)."""
+        if self.sources is None:
+            return None
+        import numpy as np
+
+        rows = np.asarray(self.sources, dtype=np.int64)
+        return rows if rows.shape == (self.count, SOURCE_COLUMNS) else None
+
+    # -- appending (``append_to``) -----------------------------------------------------------
+    def _close_appended(self, added: Manifest, failures: list[dict[str, Any]]) -> Manifest:
+        """Publish the next version of ``out``: the format makes the new samples part of the
+        output (``_finish_appended``: idempotent, nothing a reader of a published version reads
+        changes), then the version's manifest is published atomically (``_publish_version``)
+        and the working files go. A kill anywhere before that leaves the published version as
+        it was, and the journals to resume from."""
+        import numpy as np
+
+        base = self.append_to
+        keys = base.stored_keys() + self.keys
+        ours = self._sources_rows()
+        old = base.reader.sources()
+        sources = None
+        if ours is not None or old is not None:
+            if old is None:  # packed before inputs were recorded: unknown for the old positions
+                old = np.full((base.stored, SOURCE_COLUMNS), -1, dtype=np.int64)
+            if ours is None:
+                ours = np.full((self.count, SOURCE_COLUMNS), -1, dtype=np.int64)
+            sources = np.concatenate([old, ours])
+        version = next_version(base, added, keys=keys, sources=sources, extra_added=self._added(base.stored))
+        try:
+            self._sweep()
+            if not self.single_file:
+                keep_base(self.out, base)  # first: the sidecars are about to grow
+            self._finish_appended(version, added, keys)
+            self._close_handles()
+            if sources is not None and not self.single_file:
+                write_sources(self.out, sources)
+            write_failures(self.failures_path(self.out), failures)
+            recheck = self.guard.before_publish() if self.guard is not None else _no_check
+            recheck()
+            self._publish_version(version)
+            self._remove(self.workdir)
+            self._remove_journal_dir()
+        except OSError as e:
+            raise WriteError(f"{self.out}: cannot publish version {version.version} ({e.strerror or e})") from e
+        self._opened = False
+        log.info("appended to %s: version %d, %d samples added, %d in all", self.out, version.version,
+                 self.count, version.count)
+        return version
+
+    def _sweep(self) -> None:
+        """Remove the temporaries a publish killed half way left in the output (this run holds
+        its claim: no other run writes there): ``.{name}.tmp-*``, ``.place-*``, ``.head-*``."""
+        if self.single_file:
+            places = [(self.out.parent, f".{self.out.name}"), (self.out.with_name(self.out.name + ".parts"), ".")]
+        else:
+            places = [(self.out, "."), (self.out / VERSIONS_DIR, ".")]
+        for folder, prefix in places:
+            if folder.is_dir():
+                for p in folder.iterdir():
+                    if p.name.startswith(prefix) and any(t in p.name for t in (".tmp-", ".place-", ".head-")):
+                        p.unlink(missing_ok=True)
+
+    def _added(self, first: int) -> dict[str, Any]:
+        """What a format says of the samples an append added after stored position ``first``
+        (the manifest's ``added``: LMDB key range, record shards, HDF5 part file)."""
+        return {}
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """Appending: make the new samples part of ``out`` (without changing anything a reader of
+        a published version reads), fill in ``version``'s format fields. ``added``: the new
+        samples' own manifest; ``keys``: every stored position's. Must be idempotent (a resumed
+        append does it again). The formats that can be appended to implement it."""
+        raise UsageError(f"{self.out}: the {self.format_name} format cannot be appended to")
+
+    def _publish_version(self, version: Manifest) -> None:
+        """Appending: publish ``version`` atomically (a folder output: ``packer.json``)."""
+        save_versions(self.out, self.append_to, version)
 
     def abort(self) -> None:
         """Release handles, keeping the partial output for ``--resume``."""
@@ -284,6 +384,12 @@ class Writer(abc.ABC):
         writer.schema = getattr(first, "schema", None)  # field packs merge into a field pack
         if writer.schema is not None:
             writer.manifest_extra = dict(first.manifest.extra)
+        tables = [reader.sources() for reader in parts]  # the inputs' table goes along (--append uses it)
+        if all(t is not None for t in tables):
+            import numpy as np
+
+            chosen = [t[reader.positions()] for t, reader in zip(tables, parts)]
+            writer.sources = np.concatenate(chosen) if chosen else None
         videos_before = 0
         with writer:
             for reader in parts:
@@ -324,6 +430,12 @@ class Writer(abc.ABC):
     def resume_state_path(self) -> Path:
         """The checkpoint file the converter writes after each durable commit."""
         return self.journal_dir / ".resume.json"
+
+    @classmethod
+    def belonging(cls, out: Path) -> list[Path]:
+        """Files or folders beside the output ``out`` that are part of it (an appended HDF5
+        output's ``.parts``): an ``--overwrite`` removes them with it. None by default."""
+        return []
 
     @classmethod
     def failures_path(cls, out: Path) -> Path:

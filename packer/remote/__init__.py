@@ -18,18 +18,25 @@ __all__ = ["open_reader", "NodeCache", "cache_events", "default_cache_dir", "Rem
            "RetryPolicy", "RemoteOptions", "RemoteSource", "open_remote", "is_url", "redact"]
 
 
-def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True, remote: Any = None) -> Any:
+def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = True, remote: Any = None,
+                version: int | None = None) -> Any:
     """Open any packed output by local path or URL; the manifest chooses the reader.
 
     A URL (``s3://``, ``https://``, anything fsspec resolves) is read through the node cache as
     ``remote`` (a ``RemoteOptions``) says; a local path, or a list of TFRecord files written by
-    other tools, is opened by ``packer.formats.open_reader``.
+    other tools, is opened by ``packer.formats.open_reader``. ``version``: of an output that was
+    appended to, the version to read (None: the latest; local outputs only, docs/append.md).
     """
     if is_url(path):
+        if version is not None:
+            from packer.errors import UsageError
+
+            raise UsageError(f"{redact(str(path))}: version= is for local outputs (at a URL the latest "
+                             "version is read); see docs/append.md")
         return open_remote(path, check_crc=check_crc, options=remote)
     from packer.formats import open_reader as open_local
 
-    return open_local(path, check_crc=check_crc)
+    return open_local(path, check_crc=check_crc, version=version)
 
 
 def open_remote(url: str, *, check_crc: bool = True, options: Any = None) -> Any:
@@ -119,7 +126,10 @@ def _open_single_file(source: Any, *, check_crc: bool):
     path = parent.fetch(name)
     for beside in spec.beside(name):
         _fetch_optional(parent, beside)
-    return resolve(spec.reader)(path, check_crc=check_crc)
+    reader = resolve(spec.reader)
+    for part in reader.files_beside(path):  # an appended output's part files (docs/append.md)
+        parent.fetch(part)
+    return reader(path, check_crc=check_crc)
 
 
 __getattr__ = lazy_exports(__name__, {

@@ -64,7 +64,7 @@ def test_encoded_round_trip(packed):
         assert data == path.read_bytes()
         assert ds.keys[i] == f"{path.parent.name}/{path.name}" and label == int(path.parent.name[-1])
     with h5py.File(enc, "r") as f:
-        assert set(f) == {"blobs", "offsets", "labels", "keys", "crc32c", "shapes"}
+        assert set(f) == {"blobs", "offsets", "labels", "keys", "crc32c", "shapes", "sources"}
         assert f["blobs"].dtype == np.uint8 and f["blobs"].ndim == 1
         assert f["offsets"].dtype == np.int64 and f["offsets"].shape == (25,)
         assert f["offsets"][-1] == f["blobs"].shape[0]
@@ -335,9 +335,9 @@ def test_direct_reads_equal_reads_through_hdf5(tmp_path, pixels):
         w.add(s)
     w.close()
     direct = open_reader(out)
-    assert direct._open().chunk_offsets is not None  # the fast path is in use
+    assert direct._open().parts[0].chunk_offsets is not None  # the fast path is in use
     hdf5 = open_reader(out)
-    hdf5._open().chunk_offsets = None
+    hdf5._open().parts[0].chunk_offsets = None
     for i, s in enumerate(samples):
         a, b = direct.read(i), hdf5.read(i)
         assert a.data == b.data == s.data and a.label == b.label == s.label

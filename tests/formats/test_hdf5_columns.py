@@ -119,8 +119,8 @@ def test_direct_reads_equal_reads_through_hdf5(tmp_path, rows):
     out = tmp_path / "f.h5"
     _write(out, rows, chunk_bytes=64)
     direct, through = open_reader(out), open_reader(out)
-    assert all(o.table is not None for o in direct._open().columns.opened if o.rows)
-    for o in through._open().columns.opened:
+    assert all(o.table is not None for o in direct._open().parts[0].columns.opened if o.rows)
+    for o in through._open().parts[0].columns.opened:  # (a field pack is one part: never appended to)
         o.table = None
     for i in range(len(rows)):
         assert direct.read(i).data == through.read(i).data
@@ -162,12 +162,13 @@ def test_a_sample_that_does_not_fit_its_schema_is_refused_before_anything_is_sto
 
 
 def test_image_packs_keep_their_layout(tmp_path):
-    """An image-only pack has the datasets it had before field packs had datasets of their own."""
+    """An image-only pack has the datasets it had before field packs had datasets of their own
+    (and ``sources``, the input table ``--append`` compares inputs with)."""
     src = write_image_folder(tmp_path / "src", count=6)
     out = tmp_path / "i.h5"
     packer.pack(src, out, format="hdf5", workers=0)
     with h5py.File(out, "r") as f:
-        assert set(f) == {"blobs", "offsets", "shapes", "labels", "keys", "crc32c"}
+        assert set(f) == {"blobs", "offsets", "shapes", "labels", "keys", "crc32c", "sources"}
         assert f["blobs"].chunks == (1 << 20,) and f["offsets"].chunks == (1 << 13,)
 
 

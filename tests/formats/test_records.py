@@ -65,7 +65,7 @@ def test_round_trip(image_folder, packed):
     assert isinstance(reader, RecordsReader) and len(reader) == len(items) == 24
     assert reader.classes == classes
     assert sorted(os.listdir(packed)) == sorted(
-        ["packer.json", "keys.json", "failures.jsonl"]
+        ["packer.json", "keys.json", "sources.bin", "failures.jsonl"]
         + [f"train-{i:05d}.tfrecord{s}" for i in range(5) for s in ("", ".idx")])
     m = json.loads((packed / "packer.json").read_text())
     assert m["format"] == "records" and m["count"] == 24

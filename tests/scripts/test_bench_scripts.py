@@ -183,13 +183,14 @@ def test_read_probes_the_peers_in_the_peer_interpreter_by_importing_them(tmp_pat
     ("scripts.bench.video", "clips", "decode-frames --workers 2"),
     ("scripts.bench.resize", "pre-resize", "resized / original"),
     ("scripts.bench.export", "export", "packer export --to wds / bare tar + checks"),
+    ("scripts.bench.append", "append", "**append / pack**"),
 ])
 def test_section_quick(tmp_path, module, section, expect):
     doc = run_bench(module, ["--quick", section], tmp_path / "results")
     sec = doc["figures"]["sections"][section]
     assert sec["argv"] and sec["seconds"] > 0
     assert expect in sec["markdown"]
-    if section in ("write", "clips", "pre-resize", "export"):  # the figures the README's table reads (and export's)
+    if section in ("write", "clips", "pre-resize", "export", "append"):  # the README table's figures (and export's, append's)
         assert sec["figures"]["targets"] and all(t["value"] > 0 for t in sec["figures"]["targets"])
 
 

@@ -6,8 +6,9 @@ Two ways to choose the moment:
   checkpoint reaching N samples, a file appearing) and SIGKILL the whole process group;
 * from inside, at an exact point of the writer (:func:`packer_cmd` with ``kill_at``): the
   process SIGKILLs itself on the Nth sample added (mid-batch), just before the Nth journal
-  append (data committed, journal not: a kill during a commit), or just before / after the
-  final atomic rename. A real SIGKILL either way: no ``finally``, no ``atexit``, no flush.
+  append (data committed, journal not: a kill during a commit), just before / after the
+  final atomic rename, or just before the Nth rename or link of an append's publish. A real
+  SIGKILL either way: no ``finally``, no ``atexit``, no flush.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from scripts.timing import scaled
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
 # journal append; an export's: before its Nth shard is journaled), "rename:0" (before the final
-# rename), "renamed:0" (right after it).
+# rename), "renamed:0" (right after it), "publish:N" (before the Nth os.replace or os.link of an
+# --append's publish, which renames and links files one by one: Writer._close_appended).
 KILL_PROGRAM = r"""
 import os, signal, sys
 hold = os.environ.get("PACKER_TEST_HOLD", "")
@@ -67,6 +69,22 @@ if spec:
             m = importlib.import_module(mod)
             if getattr(m, "fsync_append", None) is real:
                 m.fsync_append = hooked_append
+    elif where == "publish":
+        publishing, calls = [False], [0]
+        def counted(real):
+            def call(*a, **k):
+                if publishing[0]:
+                    calls[0] += 1
+                    if calls[0] >= n:
+                        die()
+                return real(*a, **k)
+            return call
+        os.replace, os.link = counted(os.replace), counted(os.link)
+        close_appended = base.Writer._close_appended
+        def hooked_close(self, *a, **k):
+            publishing[0] = True
+            return close_appended(self, *a, **k)
+        base.Writer._close_appended = hooked_close
     elif where in ("rename", "renamed"):
         real_replace = os.replace
         def hooked_replace(src, dst, *a, **k):

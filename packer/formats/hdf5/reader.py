@@ -12,12 +12,12 @@ import numpy as np
 
 from packer.codecs.fields import BLOB_FMT, encode_blob
 from packer.codecs.image import sniff_format
-from packer.errors import CorruptData, FormatError, OutputChanged
+from packer.errors import CorruptData, FormatError
 from packer.formats.hdf5.columns import FIELDS_GROUP, FieldColumns, chunk_table, read_rows
 from packer.formats.hdf5.layout import H5_ERRORS, HDF5_SUFFIXES, MANIFEST_ATTR, has_signature
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
-from packer.formats.sidecars import array_checksum
+from packer.formats.sidecars import SOURCE_COLUMNS, array_checksum
 from packer.manifest import Manifest
 
 __all__ = ["HDF5Reader"]
@@ -69,53 +69,190 @@ class _Open:
         return data
 
 
+class _Parts:
+    """This process's open files of an output (one, or an appended output's parts in order) and
+    the per-stored-position tables joined: labels, CRCs (``labels[p]`` is stored position ``p``'s)."""
+
+    def __init__(self, parts: list[_Open]):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(h.labels) for h in parts[:-1]], dtype=np.int64)
+        self.one = parts[0] if len(parts) == 1 else None
+        join = (lambda arrays: arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+        self.labels = join([h.labels for h in parts])
+        self.crcs = join([h.crcs for h in parts])
+
+    def locate(self, position: int) -> tuple[_Open, int]:
+        """The open part of stored position ``position`` and the position within it."""
+        if self.one is not None:
+            return self.one, position
+        k = int(self.starts.searchsorted(position, side="right")) - 1
+        return self.parts[k], position - int(self.starts[k])
+
+    def close(self) -> None:
+        for h in self.parts:
+            h.close()
+
+
+def _part_list(m: Manifest, head: Path) -> list[tuple[Path, int]] | None:
+    """The part files (path, count) an appended output's ``parts`` names, beside ``head``; None
+    when the file holds its samples itself. CorruptData for a name that leaves the folder."""
+    if not m.parts:
+        return None
+    out = []
+    for k, part in enumerate(m.parts):
+        name, count = part.get("file") if isinstance(part, dict) else None, part.get("count") if isinstance(part, dict) else None
+        if (not isinstance(name, str) or not name or os.path.isabs(name) or ".." in Path(name).parts
+                or type(count) is not int or count < 0):
+            raise CorruptData(f"{head}:{MANIFEST_ATTR}", f"parts[{k}] is not a file and count beside the head file")
+        out.append((head.parent / name, count))
+    return out
+
+
+def _attr_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 class HDF5Reader(Reader):
-    """Random access to a packer ``.h5`` file (encoded or raw)."""
+    """Random access to a packer ``.h5`` file (encoded or raw).
+
+    An output that was appended to is a *head* file (the manifest of every version, no data)
+    whose ``parts`` are standard packer HDF5 files beside it, each holding the samples one
+    version added (docs/append.md); the reader reads the stored positions through them.
+    """
 
     format_name = "hdf5"
 
-    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
-        self._h: _Open | None = None
-        super().__init__(path, check_crc=check_crc)
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
+        self._h: _Parts | None = None
+        self._parts: list[tuple[Path, int]] | None = None
+        super().__init__(path, check_crc=check_crc, version=version)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
         return path.is_file() and (path.suffix.lower() in HDF5_SUFFIXES or has_signature(path))
 
-    def _load_manifest(self) -> Manifest:
+    @classmethod
+    def files_beside(cls, path: Path) -> list[str]:
+        """The part files an appended output's head names (none for a plain file)."""
+        try:
+            with h5py.File(path, "r") as f:
+                text = _attr_text(f.attrs.get(MANIFEST_ATTR))
+        except H5_ERRORS as e:
+            raise CorruptData(str(path), f"cannot open HDF5 file ({e})") from e
+        if text is None:
+            return []
+        parts = _part_list(Manifest.from_json(text, f"{path}:{MANIFEST_ATTR}"), Path(path)) or []
+        return [p.relative_to(Path(path).parent).as_posix() for p, _ in parts]
+
+    def _read_manifests(self, version: int | None) -> tuple[Manifest, Manifest]:
+        """(the latest manifest, that of ``version``: the latest when None) in the file at ``path``."""
         if not has_signature(self.path):
             raise CorruptData(str(self.path), "not an HDF5 file (no HDF5 signature)")
         try:
             with h5py.File(self.path, "r") as f:
-                text = f.attrs.get(MANIFEST_ATTR)
+                text = _attr_text(f.attrs.get(MANIFEST_ATTR))
+                latest = None if text is None else Manifest.from_json(text, f"{self.path}:{MANIFEST_ATTR}")
+                old = None
+                if latest is not None and version is not None and version != latest.version:
+                    old = _attr_text(f.attrs.get(f"{MANIFEST_ATTR}_v{version}"))
         except H5_ERRORS as e:
             raise CorruptData(str(self.path), f"cannot open HDF5 file ({e})") from e
-        if text is None:
+        if latest is None:
             raise FormatError(f"{self.path}: HDF5 file without a {MANIFEST_ATTR!r} attribute "
                               "(not a finished packer output)")
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        return Manifest.from_json(str(text), f"{self.path}:{MANIFEST_ATTR}")
+        if version is None or version == latest.version:
+            return latest, latest
+        if old is None or not 1 <= version < latest.version:
+            raise FormatError(f"{self.path}: has no version {version} (versions 1..{latest.version})")
+        m = Manifest.from_json(old, f"{self.path}:{MANIFEST_ATTR}_v{version}")
+        if m.version != version:
+            raise CorruptData(f"{self.path}:{MANIFEST_ATTR}_v{version}", f"holds version {m.version}, not {version}")
+        return latest, m
+
+    def _load_manifest(self) -> Manifest:
+        latest, m = self._read_manifests(self.version_asked)
+        self._parts = _part_list(latest, self.path)
+        return m
+
+    def _latest_manifest(self) -> Manifest:
+        return self._read_manifests(None)[0]
+
+    def manifest_text(self) -> str:
+        """This version's manifest exactly as published: the head's attribute of it (a file
+        never appended to: its own manifest attribute)."""
+        try:
+            with h5py.File(self.path, "r") as f:
+                text = _attr_text(f.attrs.get(f"{MANIFEST_ATTR}_v{self.version}"))
+                if text is None and not self.manifest.parts and self._parts is None:
+                    text = _attr_text(f.attrs.get(MANIFEST_ATTR))
+        except H5_ERRORS as e:
+            raise CorruptData(str(self.path), f"cannot open HDF5 file ({e})") from e
+        if text is None or Manifest.from_json(text, str(self.path)).identity() != self.manifest.identity():
+            raise self._changed()
+        return text
+
+    def _followed(self, latest: Manifest) -> None:
+        self._parts = _part_list(latest, self.path)  # the stored positions live in the parts now
+
+    def _storage(self) -> list[tuple[Path, int]]:
+        """The files that hold this version's stored positions, with their counts."""
+        if self._parts is None:
+            return [(self.path, self.manifest.physical)]
+        used, total = [], 0
+        for path, count in self._parts:
+            if total >= self.manifest.physical:
+                break
+            used.append((path, count))
+            total += count
+        if total != self.manifest.physical:
+            raise CorruptData(f"{self.path}:{MANIFEST_ATTR}", f"its parts hold {total} samples, not the "
+                                                             f"{self.manifest.physical} stored at version {self.version}")
+        return used
 
     # -- per-process state ------------------------------------------------------------------
-    def _open(self) -> _Open:
+    def _open(self) -> _Parts:
         h, pid = self._h, os.getpid()
         if h is not None and self._pid == pid:
             return h
         with _OPEN_LOCK:  # packer.Loader's threads share one reader: open once
             return self._open_locked(pid)
 
-    def _open_locked(self, pid: int) -> _Open:
+    def _open_locked(self, pid: int) -> _Parts:
         if self._h is not None and self._pid == pid:
             return self._h
-        if self._h is not None and self._h.fd >= 0:  # inherited across fork: drop the parent's
-            os.close(self._h.fd)  # (this process's copy of the descriptor only)
+        if self._h is not None:  # inherited across fork: drop the parent's descriptors
+            for h in self._h.parts:  # (this process's copies only)
+                if h.fd >= 0:
+                    os.close(h.fd)
         self._h = None
-        columns, f, schema = None, None, self.schema
+        self._check_unchanged()  # an output appended to since: its samples are in the parts now
+        parts: list[_Open] = []
         try:
-            f = h5py.File(self.path, "r", rdcc_nbytes=0)
+            for path, count in self._storage():
+                parts.append(self._open_part(path, count))
+            opened = _Parts(parts)
+            self._check_tables(opened)
+            self._check_unchanged()  # every file opened is the output the manifest came from
+        except BaseException:
+            for h in parts:
+                h.close()
+            raise
+        self._h = opened
+        self._pid = pid
+        return opened
+
+    def _open_part(self, path: Path, n: int) -> _Open:
+        """One file of the output, its tables loaded and checked against the ``n`` samples it holds."""
+        columns, schema = None, self.schema
+        try:
+            f = h5py.File(path, "r", rdcc_nbytes=0)
+        except H5_ERRORS as e:
+            self._check_unchanged()  # gone because the output was replaced: say so
+            raise CorruptData(str(path), f"cannot open HDF5 file ({e})") from e
+        try:
             raw = "pixels" in f
-            n = len(self)
             labels = f["labels"][:]
             crcs = f["crc32c"][:]
             shapes = None if raw else f["shapes"][:]
@@ -127,13 +264,12 @@ class HDF5Reader(Reader):
                 offsets = None if raw else f["offsets"][:]
                 data = f["pixels"] if raw else f["blobs"]
         except H5_ERRORS as e:
-            if f is not None:
-                f.close()
+            f.close()
             self._check_unchanged()  # gone because the output was replaced: say so
-            raise CorruptData(str(self.path), f"cannot read HDF5 datasets ({e})") from e
+            raise CorruptData(str(path), f"cannot read HDF5 datasets ({e})") from e
         if (schema is not None) != fields:
             f.close()
-            raise FormatError(f"{self.path}: the manifest {'has' if schema is not None else 'has no'} field "
+            raise FormatError(f"{path}: the manifest {'has' if schema is not None else 'has no'} field "
                               f"schema, the file {'has' if fields else 'has no'} '{FIELDS_GROUP}' datasets "
                               "(a field pack of a development version of packer kept one blob per sample: "
                               "pack it again)")
@@ -141,37 +277,34 @@ class HDF5Reader(Reader):
                                 ("offsets", offsets, n + 1), ("shapes", shapes, n)):
             if arr is not None and arr.shape[0] != want:
                 f.close()
-                raise CorruptData(str(self.path), f"dataset {name!r} holds {arr.shape[0]} entries, "
-                                                  f"expected {want} (manifest count {n})")
+                raise CorruptData(str(path), f"dataset {name!r} holds {arr.shape[0]} entries, "
+                                             f"expected {want} (manifest count {n})")
         if raw and data.shape[0] != n:
             f.close()
-            raise CorruptData(str(self.path), f"dataset 'pixels' holds {data.shape[0]} samples, manifest says {n}")
-        try:  # the label and shape arrays live outside the CRC'd sample bytes: one pass over each
-            self._check_integrity("labels", array_checksum(labels, "<i8"), f"{self.path}:labels")
-            if shapes is not None:
-                self._check_integrity("shapes", array_checksum(shapes, "<u4"), f"{self.path}:shapes")
-        except CorruptData:
-            f.close()
-            raise
+            raise CorruptData(str(path), f"dataset 'pixels' holds {data.shape[0]} samples, manifest says {n}")
         h = _Open(f, data, labels, crcs, offsets, shapes, columns=columns)
         if columns is not None:
             table = None
             if columns.direct:
-                h.fd = os.open(self.path, os.O_RDONLY)
+                h.fd = os.open(path, os.O_RDONLY)
         elif raw and data.chunks != (1,) + data.shape[1:]:
             table = None  # several samples per chunk: read through HDF5
         else:
             table = chunk_table(data)
         if table is not None:
-            h.fd, h.chunk_offsets = os.open(self.path, os.O_RDONLY), table
-        try:  # both handles opened the file the manifest came from, not an --overwrite's new one
-            self._check_unchanged()
-        except OutputChanged:
-            h.close()
-            raise
-        self._h = h
-        self._pid = pid
+            h.fd, h.chunk_offsets = os.open(path, os.O_RDONLY), table
         return h
+
+    def _check_tables(self, opened: _Parts) -> None:
+        """The label and shape arrays live outside the CRC'd sample bytes: one pass over each,
+        this version's positions, against the manifest's ``integrity``."""
+        chosen = None if self._select is None else self.positions()
+        labels = opened.labels if chosen is None else opened.labels[chosen]
+        self._check_integrity("labels", array_checksum(labels, "<i8"), f"{self.path}:labels")
+        if all(h.shapes is not None for h in opened.parts):
+            shapes = np.concatenate([h.shapes for h in opened.parts]) if len(opened.parts) > 1 else opened.parts[0].shapes
+            self._check_integrity("shapes", array_checksum(shapes if chosen is None else shapes[chosen], "<u4"),
+                                  f"{self.path}:shapes")
 
     def _handle_attrs(self) -> tuple[str, ...]:
         return ("_h",)
@@ -186,36 +319,68 @@ class HDF5Reader(Reader):
         return f"{self.path}:keys"
 
     def _load_keys(self) -> Sequence[str]:
-        """The ``keys`` dataset (the file stores its keys itself)."""
-        try:
-            with h5py.File(self.path, "r") as f:
-                keys = list(f["keys"].asstr()[:])
-        except H5_ERRORS as e:
-            raise CorruptData(str(self.path), f"cannot read keys ({e})") from e
-        if len(keys) != len(self):
-            raise CorruptData(str(self.path), f"holds {len(keys)} keys, manifest says {len(self)}")
+        """The ``keys`` datasets (the files store their keys themselves), by stored position."""
+        self._check_unchanged()  # appended to since: the keys are in the parts now
+        keys: list[str] = []
+        for path, count in self._storage():
+            try:
+                with h5py.File(path, "r") as f:
+                    part = list(f["keys"].asstr()[:])
+            except H5_ERRORS as e:
+                raise CorruptData(str(path), f"cannot read keys ({e})") from e
+            if len(part) != count:
+                raise CorruptData(str(path), f"holds {len(part)} keys, manifest says {count}")
+            keys.extend(part)
         return keys
+
+    def sources(self) -> np.ndarray | None:
+        """The ``sources`` datasets (a part without one: -1 rows), by stored position."""
+        self._check_unchanged()
+        rows, found = [], False
+        for path, count in self._storage():
+            try:
+                with h5py.File(path, "r") as f:
+                    part = f["sources"][:] if "sources" in f else None
+            except H5_ERRORS as e:
+                raise CorruptData(str(path), f"cannot read the input table ({e})") from e
+            if part is not None and part.shape != (count, SOURCE_COLUMNS):
+                raise CorruptData(str(path), f"dataset 'sources' is {part.shape}, not {count} rows")
+            found = found or part is not None
+            rows.append(part if part is not None else np.full((count, SOURCE_COLUMNS), -1, dtype=np.int64))
+        if not found:
+            return None
+        table = np.concatenate(rows).astype(np.int64, copy=False)
+        self._check_integrity("sources", array_checksum(table, "<i8"), f"{self.path}:sources")
+        return table
+
+    def stored_tables(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Labels and shapes (None for raw pixels) of every stored position (an append's
+        manifest checks them over its selection)."""
+        h = self._open()
+        shapes = [p.shapes for p in h.parts]
+        return h.labels, (None if any(s is None for s in shapes) else np.concatenate(shapes))
 
     def read(self, index: int) -> Record:
         index = self._check_index(index)
         h = self._open()
+        part, local = h.locate(index)
         try:
-            if h.columns is not None:
-                data = encode_blob(h.columns.read(index, h.fd))
-                height, width, channels = (int(v) for v in h.shapes[index])
+            if part.columns is not None:
+                data = encode_blob(part.columns.read(local, part.fd))
+                height, width, channels = (int(v) for v in part.shapes[local])
                 fmt = BLOB_FMT
-            elif h.offsets is None:
-                data = h.read_bytes(index, 0, 0)
-                height, width, channels = h.shape[1:]
+            elif part.offsets is None:
+                data = part.read_bytes(local, 0, 0)
+                height, width, channels = part.shape[1:]
                 fmt = "raw"
             else:
-                start, end = int(h.offsets[index]), int(h.offsets[index + 1])
-                if not 0 <= start <= end <= h.shape[0]:
-                    raise CorruptData(str(self.path), f"offsets {start}..{end} outside the {h.shape[0]}-byte "
+                start, end = int(part.offsets[local]), int(part.offsets[local + 1])
+                if not 0 <= start <= end <= part.shape[0]:
+                    raise CorruptData(str(self.path), f"offsets {start}..{end} outside the {part.shape[0]}-byte "
                                                       "blobs dataset", position=f"sample {index}",
                                       key=self._key_name(index))
-                data = h.read_bytes(index, start, end)
-                height, width, channels = (int(v) for v in h.shapes[index])
+                data = part.read_bytes(local, start, end)
+                height, width, channels = (int(v) for v in part.shapes[local])
                 fmt = sniff_format(data)
         except H5_ERRORS as e:
             raise CorruptData(str(self.path), f"HDF5 read failed ({e})", position=f"sample {index}",
@@ -230,17 +395,18 @@ class HDF5Reader(Reader):
         except CorruptData as e:
             yield e
             return
-        if h.columns is not None:
-            for problem in h.columns.problems():
-                yield CorruptData(str(self.path), problem)
-        if h.offsets is not None:
-            o = h.offsets
-            if o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != h.data.shape[0]:
-                yield CorruptData(str(self.path), "dataset 'offsets' is not a non-decreasing 0..len(blobs) index")
+        for part, (path, _) in zip(h.parts, self._storage()):
+            if part.columns is not None:
+                for problem in part.columns.problems():
+                    yield CorruptData(str(path), problem)
+            if part.offsets is not None:
+                o = part.offsets
+                if o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != part.data.shape[0]:
+                    yield CorruptData(str(path), "dataset 'offsets' is not a non-decreasing 0..len(blobs) index")
         videos = self.manifest.videos
         if videos:
             try:
-                vo = h.file["video_offsets"][:]
+                vo = h.parts[0].file["video_offsets"][:]
             except H5_ERRORS as e:
                 yield CorruptData(str(self.path), f"cannot read video_offsets ({e})")
                 return

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import h5py
@@ -19,6 +20,7 @@ from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
 from packer.formats.segments import remove_segment_files
 from packer.formats.sidecars import array_checksum
+from packer.fileio import place
 from packer.formats.writer import Segments, Writer
 from packer.integrity import crc32c
 from packer.manifest import Manifest
@@ -278,8 +280,87 @@ class HDF5Writer(Writer):
                                                            dtype="i8"))
             f.create_dataset("video_keys", data=[str(v["key"]) for v in manifest.videos],
                              dtype=h5py.string_dtype("utf-8"))
+        sources = self._sources_rows()
+        if sources is not None:  # what --append compares inputs with (docs/append.md)
+            if "sources" in f:
+                del f["sources"]
+            f.create_dataset("sources", data=sources)
         f.attrs[MANIFEST_ATTR] = manifest.to_json()
         f.flush()
+
+    # -- appending: the new samples are a part file beside a head file -------------------------
+    def parts_dir(self) -> Path:
+        """The folder of an appended output's part files: ``{out}.parts`` beside it."""
+        return self.belonging(self.out)[0]
+
+    @classmethod
+    def belonging(cls, out: Path) -> list[Path]:
+        return [out.with_name(out.name + ".parts")]
+
+    def _part_name(self, version: int) -> str:
+        return f"{self.parts_dir().name}/v{version}.h5"
+
+    def _added(self, first: int) -> dict[str, Any]:
+        return {"parts": [self._part_name(self.append_to.manifest.version + 1)]} if self.count else {}
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """The partial file is finished as a standalone pack of the new samples (``added``) and
+        linked into ``{out}.parts`` as the new version's part; the first append links the output
+        itself there as the part of version 1 (no copy: a reader holding it keeps reading it)."""
+        base = self.append_to
+        self._finish(added)
+        self._close_handles()
+        folder = self.parts_dir()
+        folder.mkdir(exist_ok=True)
+        parts = [dict(p) for p in base.manifest.parts]
+        if not parts:  # the output is one plain file yet: it becomes the first part
+            first = self._part_name(base.manifest.version)
+            place(self.out, self.out.parent / first)
+            parts = [{"file": first, "count": base.stored}]
+        if self.count:
+            name = self._part_name(version.version)
+            place(self.workdir, self.out.parent / name)
+            parts.append({"file": name, "count": self.count})
+        version.parts = parts
+        labels, shapes = base.reader.stored_tables()
+        with h5py.File(self.workdir, "r") as f:
+            labels = np.concatenate([labels, f["labels"][:]])
+            if shapes is not None and "shapes" in f:
+                shapes = np.concatenate([shapes, f["shapes"][:]])
+            else:
+                shapes = None
+        chosen = np.concatenate([np.arange(a, b) for a, b in version.ranges()] or [np.zeros(0, np.int64)])
+        version.integrity["labels"] = array_checksum(labels[chosen], "<i8")
+        if shapes is not None:
+            version.integrity["shapes"] = array_checksum(shapes[chosen], "<u4")
+
+    def _publish_version(self, version: Manifest) -> None:
+        """A new head file (every version's manifest, no data) replaces the output atomically."""
+        texts = dict(self._version_texts())
+        texts[version.version] = version.to_json()
+        tmp = self.out.with_name(f".{self.out.name}.head-{os.getpid()}")
+        try:
+            with h5py.File(tmp, "w") as f:
+                f.attrs[MANIFEST_ATTR] = texts[version.version]
+                for n, text in sorted(texts.items()):
+                    f.attrs[f"{MANIFEST_ATTR}_v{n}"] = text
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.out)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _version_texts(self) -> Iterator[tuple[int, str]]:
+        """Every published version's manifest as it was published (the base's head, or file)."""
+        base = self.append_to
+        if not base.manifest.parts:
+            yield base.manifest.version, base.text
+            return
+        with h5py.File(self.out, "r") as f:
+            for n in range(1, base.manifest.version + 1):
+                text = f.attrs.get(f"{MANIFEST_ATTR}_v{n}")
+                if text is not None:
+                    yield n, text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
     def _close_handles(self) -> None:
         self._deleter.join()

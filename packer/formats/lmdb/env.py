@@ -100,6 +100,9 @@ def _open_env(path: str | os.PathLike, expect: FileId | None) -> lmdb.Environmen
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
                         max_readers=1024, subdir=True)
     except lmdb.Error as e:
+        if "already open" in str(e):  # this process's own writer holds it (an --append under way)
+            raise OutputChanged(shown, "being appended to by this process (py-lmdb opens a file once per "
+                                       "process); read it once the append is done") from e
         raise CorruptData(path, f"cannot open LMDB environment ({e})") from e
     if data_file(path) != expect:  # replaced while it was being opened: the map may be either
         env.close()

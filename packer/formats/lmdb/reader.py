@@ -10,21 +10,28 @@ import lmdb
 from packer.codecs.fields import BLOB_FMT
 from packer.codecs.image import sniff_format
 from packer.codecs.protowire import decode_datum
-from packer.errors import CorruptData
+from packer.errors import CorruptData, OutputChanged, PackerError
 from packer.formats.lmdb.env import close_env, data_file, lmdb_key, open_env
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
+from packer.formats.sidecars import partial_path
 
 __all__ = ["LmdbReader"]
 
 
 class LmdbReader(Reader):
-    """Random access to a packer LMDB (or any Caffe-Datum LMDB with a packer manifest)."""
+    """Random access to a packer LMDB (or any Caffe-Datum LMDB with a packer manifest).
+
+    An ``--append`` adds keys to the same ``data.mdb`` while readers read it (docs/append.md):
+    a reader follows the grown file as long as the output still holds its version
+    (``_follow``), and a read that meets the writer (an environment closed or out of map, a
+    torn page) is read again once from the file as it is now, CRC-checked.
+    """
 
     format_name = "lmdb"
 
-    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
-        super().__init__(path, check_crc=check_crc)
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
+        super().__init__(path, check_crc=check_crc, version=version)
         self._mdb = data_file(self.path)  # the data.mdb this reader's manifest describes
         self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
@@ -35,12 +42,39 @@ class LmdbReader(Reader):
     def _env(self) -> lmdb.Environment:
         # The environment of exactly that data.mdb (keyed by its identity): one opened before an
         # --overwrite keeps mapping the old file (the old data, consistently); once it is gone,
-        # OutputChanged, never the new file under the old manifest.
-        return open_env(self.path, self._mdb)
+        # OutputChanged, never the new file under the old manifest. A data.mdb that only grew
+        # (an append) still holds this version: followed.
+        try:
+            return open_env(self.path, self._mdb)
+        except OutputChanged:
+            self._follow()
+            return open_env(self.path, self._mdb)
+
+    def _follow(self) -> bool:
+        """The data.mdb changed since this reader last looked: go on with the file as it is now
+        when the output still holds this reader's version (an append added keys past it; True),
+        else OutputChanged. False when data.mdb is the one this reader knows."""
+        now = data_file(self.path)
+        if now == self._mdb:
+            return False
+        self._check_unchanged()
+        if not self._holds_my_version():
+            raise self._changed()
+        self._mdb = now
+        return True
 
     def read_value(self, index: int, txn: lmdb.Transaction | None = None) -> bytes:
         """The raw stored value (a serialized ``Datum``) at ``index``, CRC-checked if enabled."""
         index = self._check_index(index)
+        try:
+            return self._value(index, txn)
+        except (lmdb.Error, CorruptData):
+            if not self._follow():  # the same file as before: the error is the file's
+                raise
+        close_env(self.path)  # an environment mapped before the append grew the file
+        return self._value(index, None)
+
+    def _value(self, index: int, txn: lmdb.Transaction | None) -> bytes:
         try:
             if txn is None:
                 with self._env().begin(buffers=False) as txn:
@@ -48,6 +82,8 @@ class LmdbReader(Reader):
             else:
                 value = txn.get(lmdb_key(index))
         except lmdb.Error as e:
+            if data_file(self.path) != self._mdb:
+                raise  # read_value follows the file and reads again
             self._check_unchanged()  # its environment closed because the output was replaced: say so
             raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
                               position=f"sample {index}") from e
@@ -97,9 +133,19 @@ class LmdbReader(Reader):
         except CorruptData as e:
             yield e
             return
-        if entries != len(self):
+        stored = self.manifest.physical
+        # keys past the stored positions: a later version's, or an append's until it publishes
+        if entries < stored or (entries > stored and not partial_path(self.path).exists()
+                                and not self._later_versions()):
             yield CorruptData(str(self.path / "data.mdb"),
-                              f"{entries} entries, manifest says {len(self)}")
+                              f"{entries} entries, manifest says {stored}")
+
+    def _later_versions(self) -> bool:
+        """True when a later version than this reader's has been published."""
+        try:
+            return self._latest_manifest().version > self.manifest.version
+        except PackerError:
+            return False
 
     def _handle_attrs(self) -> tuple[str, ...]:
         return ()

@@ -1,12 +1,14 @@
 """LMDB format, writing: Caffe ``Datum`` values in batched transactions."""
 from __future__ import annotations
 
+from typing import Any
+
 import lmdb
 
 from packer.codecs.fields import BLOB_FMT
 from packer.codecs.protowire import encode_datum
 from packer.errors import WriteError
-from packer.formats.lmdb.env import lmdb_key
+from packer.formats.lmdb.env import close_env, lmdb_key
 from packer.formats.sample import Sample
 from packer.formats.sidecars import write_checksums, write_keys
 from packer.formats.writer import Writer
@@ -28,6 +30,10 @@ class LmdbWriter(Writer):
     pages the transaction needs; when the next value would not fit it commits early, grows the
     map, and opens a new transaction (the base's journal still marks durability only at its own
     commits; a resume drops anything stored past the journal).
+
+    Appending (``append_to``), the new values go into the output's own ``data.mdb`` under the
+    keys after its stored positions: invisible to every published version (each reads its own
+    positions), and published by the next version's manifest (docs/append.md).
     """
 
     format_name = "lmdb"
@@ -36,18 +42,22 @@ class LmdbWriter(Writer):
     def _open(self, resume_samples: int) -> None:
         self._txn: lmdb.Transaction | None = None
         self._need = 0  # bytes the open transaction may take, estimated (see ``_write``)
-        data = self.workdir / "data.mdb"
+        where = self.workdir if self.append_to is None else self.out
+        self._first = 0 if self.append_to is None else self.append_to.stored
+        data = where / "data.mdb"
         size = max(_INITIAL_MAP, 2 * data.stat().st_size if data.exists() else 0)
+        if self.append_to is not None:
+            close_env(self.out)  # py-lmdb opens a file once per process: this process's readers let go
         # meminit=True: unused page bytes are zeroed, not leftover heap memory, so the same
         # samples committed in the same batches give a byte-identical data.mdb.
         try:
-            self._env = lmdb.open(str(self.workdir), map_size=size, subdir=True, meminit=True,
+            self._env = lmdb.open(str(where), map_size=size, subdir=True, meminit=True,
                                   max_dbs=0, readahead=False)
             self._psize = self._env.stat()["psize"]
-            if resume_samples:
+            if resume_samples or self._first:  # (appending: an interrupted append's keys past the journal too)
                 with self._env.begin(write=True) as txn:
                     cur = txn.cursor()
-                    if cur.set_range(lmdb_key(resume_samples)):
+                    if cur.set_range(lmdb_key(self._first + resume_samples)):
                         while cur.delete():
                             pass
         except lmdb.Error as e:
@@ -72,7 +82,7 @@ class LmdbWriter(Writer):
             if self._txn is None or self._need + need > self._room:
                 self._begin(need)
             self._need += need
-            self._txn.put(lmdb_key(index), value, append=True)
+            self._txn.put(lmdb_key(self._first + index), value, append=True)
         except lmdb.Error as e:  # disk full, an estimate too small: the open txn is lost, the run fails
             self._abort_txn()
             raise WriteError(f"{self.workdir / 'data.mdb'}: write failed ({e})") from e
@@ -113,6 +123,17 @@ class LmdbWriter(Writer):
         write_keys(self.workdir, self.keys)
         write_checksums(self.workdir, self.crcs)
         manifest.save(self.workdir)
+
+    def _added(self, first: int) -> dict[str, Any]:
+        return {"keys": [lmdb_key(first).decode(), lmdb_key(first + self.count - 1).decode()]} if self.count else {}
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """The values are in ``data.mdb`` already: the sidecars of every stored position."""
+        import numpy as np
+
+        old = self.append_to.reader._checksums()
+        write_keys(self.out, keys)
+        write_checksums(self.out, np.concatenate([np.asarray(old, dtype="<u4"), np.asarray(self.crcs, dtype="<u4")]))
 
     def _close_handles(self) -> None:
         env = getattr(self, "_env", None)

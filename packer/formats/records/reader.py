@@ -51,8 +51,8 @@ def _checked_shards(manifest: Manifest, source: Path) -> Manifest:
         if "sha256" in shard and not isinstance(shard["sha256"], str):
             raise CorruptData(str(source), f"{where} has an invalid 'sha256'")
         total += count
-    if total != manifest.count:
-        raise CorruptData(str(source), f"shard counts add up to {total}, manifest count is {manifest.count}")
+    if total != manifest.physical:
+        raise CorruptData(str(source), f"shard counts add up to {total}, manifest count is {manifest.physical}")
     return manifest
 
 
@@ -67,7 +67,8 @@ class RecordsReader(Reader):
 
     format_name = "records"
 
-    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, check_crc: bool = True):
+    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, check_crc: bool = True,
+                 version: int | None = None):
         self._foreign: list[Path] | None = None
         if isinstance(path, (list, tuple)):
             if not path:
@@ -79,7 +80,9 @@ class RecordsReader(Reader):
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._maps: collections.OrderedDict[int, tuple[mmap.mmap | None, memoryview]] = collections.OrderedDict()
         self._root: Path | None = None
-        super().__init__(path, check_crc=check_crc)
+        if self._foreign is not None and version is not None:
+            raise FormatError(f"{path}: TFRecord files without a packer manifest have no versions")
+        super().__init__(path, check_crc=check_crc, version=version)
 
     def _current_identity(self) -> tuple[int, ...] | None:
         return None if self._foreign is not None else super()._current_identity()  # other tools' files
@@ -103,7 +106,7 @@ class RecordsReader(Reader):
 
     def _load_manifest(self) -> Manifest:
         if self._foreign is None:
-            return _checked_shards(Manifest.load(self.path), self.path / MANIFEST_NAME)
+            return _checked_shards(Manifest.load(self.path, self.version_asked), self.path / MANIFEST_NAME)
         manifest, self._index = foreign_manifest(self._foreign, self.root)
         return manifest
 
@@ -119,8 +122,13 @@ class RecordsReader(Reader):
 
     @property
     def shard_counts(self) -> list[int]:
-        """Records per shard, in shard order."""
-        return [int(s["count"]) for s in self.manifest.shards]
+        """This version's samples per shard, in shard order (all the shard's records, unless a
+        pruned version leaves some out)."""
+        counts = [int(s["count"]) for s in self.manifest.shards]
+        if self._select is None:
+            return counts
+        ends = np.cumsum(counts)
+        return np.bincount(np.searchsorted(ends, self.positions(), side="right"), minlength=len(counts)).tolist()
 
     def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._index is None:
@@ -134,9 +142,9 @@ class RecordsReader(Reader):
                 sizes.append(z)
             self._check_unchanged()  # the indexes of the shards the manifest lists
             index = join_index(offsets, sizes)
-            if len(index[0]) != len(self):
+            if len(index[0]) != self.manifest.physical:
                 raise CorruptData(str(self.path), f"shards hold {len(index[0])} records, "
-                                                  f"manifest says {len(self)}")
+                                                  f"manifest says {self.manifest.physical}")
             self._index = index
         return self._index
 
@@ -244,8 +252,8 @@ class RecordsReader(Reader):
             raise self._corrupt(self._check_index(index), k, str(e), f"record {local}") from e
         names = (("video/index", "video_index"), ("frame/index", "frame_index"))
         extra = {key: feats[name][0] for name, key in names if feats.get(name) and isinstance(feats[name][0], int)}
-        return Sample(self.keys[self._check_index(index)], rec.data, rec.fmt, rec.label, rec.height, rec.width,
-                      rec.channels, extra)
+        return Sample(self.stored_key(self._check_index(index)), rec.data, rec.fmt, rec.label, rec.height,
+                      rec.width, rec.channels, extra)
 
     def read(self, index: int) -> Record:
         feats, k, local = self._features(index)
@@ -298,8 +306,8 @@ class RecordsReader(Reader):
             if s.get("sha256"):
                 if sha256_file(shard).hexdigest() != s["sha256"]:
                     yield CorruptData(str(shard), "sha256 mismatch (shard changed since it was written)")
-        if total != len(self):
-            yield CorruptData(str(self.path), f"shards list {total} records, manifest says {len(self)}")
+        if total != self.manifest.physical:
+            yield CorruptData(str(self.path), f"shards list {total} records, manifest says {self.manifest.physical}")
         if self._foreign is None:
             try:
                 _ = self.keys

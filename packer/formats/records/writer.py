@@ -16,7 +16,7 @@ from packer.codecs.tfexample import encode_example, example_pieces
 from packer.codecs.tfrecord import CRC_STRUCT, frame_record, index_path, read_index, scan_tfrecord, write_index
 from packer.errors import CorruptData, UsageError
 from packer.formats.records.example import field_features, sample_features, sample_pieces
-from packer.fileio import fsync_path, parse_bytes
+from packer.fileio import fsync_path, parse_bytes, place
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
 from packer.formats.segments import SegmentShard, remove_segment_files
@@ -150,11 +150,12 @@ class RecordsWriter(Writer):
         return self._shard_bytes + next_size > self.shard_size
 
     # -- the seam ------------------------------------------------------------------------------
+    # (``i``: the shard's number among this writer's; appending, the output's shards come first)
     def _shard_path(self, i: int) -> Path:
-        return self.workdir / shard_name(self.name, i)
+        return self.workdir / shard_name(self.name, self._first_shard + i)
 
     def _tmp_path(self, i: int) -> Path:
-        return self.workdir / f".{shard_name(self.name, i)}.partial"
+        return self.workdir / f".{shard_name(self.name, self._first_shard + i)}.partial"
 
     def _start_shard(self, offsets: list[int] | None = None, sizes: list[int] | None = None) -> None:
         i = len(self.shards)
@@ -170,6 +171,7 @@ class RecordsWriter(Writer):
 
     def _open(self, resume_samples: int) -> None:
         self.shards = []
+        self._first_shard = 0 if self.append_to is None else len(self.append_to.manifest.shards)
         self._fh = None
         self._offsets, self._sizes, self._shard_bytes = [], [], 0
         reopened = False
@@ -215,7 +217,7 @@ class RecordsWriter(Writer):
         pattern = re.compile(SHARD_RE.format(name=re.escape(self.name)))
         for p in self.workdir.iterdir():
             m = pattern.match(p.name)
-            if m and int(m.group(1)) >= first:
+            if m and int(m.group(1)) >= self._first_shard + first:
                 p.unlink()
 
     def _options(self) -> dict[str, Any]:
@@ -280,6 +282,20 @@ class RecordsWriter(Writer):
         write_keys(self.workdir, self.keys)
         manifest.save(self.workdir)
         self._remove(self.workdir / SHARDS_JOURNAL)
+
+    def _added(self, first: int) -> dict[str, Any]:
+        return {"shards": [s["file"] for s in self.shards]} if self.shards else {}
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """Each new shard (and its index first) goes into the output under its own name, linked
+        so that the partial keeps it until the version is published; then ``keys.json``."""
+        remove_segment_files(self.workdir)
+        for shard in self.shards:
+            for name in (shard["index"], shard["file"]):
+                place(self.workdir / name, self.out / name)
+        fsync_path(self.out)
+        version.shards = [*self.append_to.manifest.shards, *self.shards]
+        write_keys(self.out, keys)
 
     def _close_handles(self) -> None:
         if self._fh is not None:

@@ -1,0 +1,191 @@
+"""``--append``: which inputs an append packs into an existing output, and what its next version keeps.
+
+An input is *in* the output when a sample of the latest version has its key, and the source
+file still has the size and mtime it had when it was packed (``sources.bin``, the identity a
+``--resume`` compares), with the same label. Every other input is packed, after the samples
+there, in the order a fresh pack gives them (inputs that failed before are tried again). A
+stored sample whose input is gone is *removed*, one whose file changed is *changed*: both are
+reported and kept as they are, unless ``prune``, which leaves them out of the next version (a
+changed input is then packed anew). Nothing stored is ever rewritten (docs/append.md).
+
+What an append may not change is refused before any work, naming it: the format, an option
+that changes a sample's bytes (the fingerprint's options: resize, quality, check mode, format,
+extensions, shard layout), an existing label (new classes get the labels after the pack's;
+a ``--class-index`` must number the pack's classes as the pack does), a field pack, a video
+pack, a shuffled pack and a part of a split run.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, file_stat, option_differences
+from packer.conversion.inputs import Item
+from packer.errors import PackerError, UsageError
+from packer.formats import Reader, open_reader
+from packer.formats.versions import AppendBase, merge_ranges
+
+__all__ = ["AppendPlan", "plan_append", "PART_OPTIONS"]
+
+log = logging.getLogger(__name__)
+
+# created_by options that say which part of a split run a pack is, not what it holds
+PART_OPTIONS = frozenset({"num_shards", "shard_index", "listing"})
+# what an append need not share with the pack: that, and where a run may stop (a records shard's
+# size is its own option, ``samples_per_shard``/``shard_size``)
+IGNORED = PART_OPTIONS | COMMIT_OPTIONS
+
+
+@dataclass
+class AppendPlan:
+    """What an append does: pack ``items`` after the samples of ``base``'s version, under
+    ``classes``; ``removed`` and ``changed`` name the stored samples whose inputs are gone or
+    changed (left out of the next version when ``prune``)."""
+
+    base: AppendBase
+    items: list[Item]
+    classes: list[str]
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    prune: bool = False
+    by_key: bool = False  # the pack recorded no input sizes and times: stored inputs matched by key
+
+    @property
+    def new_classes(self) -> list[str]:
+        return self.classes[len(self.base.manifest.classes):]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to pack and nothing to leave out: no new version."""
+        return not self.items and not (self.prune and (self.removed or self.changed))
+
+    def base_identity(self) -> dict[str, Any]:
+        """Which published version the append continues (a resume must continue the same)."""
+        m = self.base.manifest
+        return {"version": m.version, "identity": m.identity(), "stored": self.base.stored}
+
+    def note(self) -> str:
+        """What the report says of the append besides its counts."""
+        parts = []
+        if self.new_classes:
+            shown = ", ".join(self.new_classes[:3]) + (", ..." if len(self.new_classes) > 3 else "")
+            parts.append(f"{len(self.new_classes)} new classes ({shown}) labelled from "
+                         f"{len(self.base.manifest.classes)}")
+        for what, keys in (("gone", self.removed), ("changed since they were packed", self.changed)):
+            if keys:
+                fate = "left out of this version" if self.prune else "kept (--prune leaves them out)"
+                parts.append(f"{len(keys)} stored inputs {what}, {fate}, e.g. {keys[0]}")
+        if self.by_key:
+            parts.append("the pack records no input sizes and times: stored inputs matched by key only")
+        return "; ".join(parts)
+
+    def fingerprint(self, fp: dict[str, Any]) -> dict[str, Any]:
+        """The published version's fingerprint: the append run's (its options, the classes, the
+        inputs it packed), with the inputs of the version it continued as ``parent`` (a chain:
+        O(new inputs), not a pass over every stored one)."""
+        parent = self.base.manifest.fingerprint.get("inputs") if self.base.manifest.fingerprint else None
+        return {**fp, "inputs": {**fp["inputs"], "parent": parent,
+                                 "appended_to": {"version": self.base.manifest.version,
+                                                 "count": len(self.base.reader)}}}
+
+
+def _refuse_kind(out: Path, reader: Reader, format: str) -> None:
+    m = reader.manifest
+    options = m.created_by.get("options") or {}
+    if m.format != format:
+        raise UsageError(f"{out}: is a {m.format} output; append to it with to-{m.format}")
+    if m.schema:
+        raise UsageError(f"{out}: is a field pack (--coco/--manifest); --append is for image packs (not yet "
+                         "for field packs)")
+    if m.kind != "images":
+        raise UsageError(f"{out}: holds video frames; --append is for image packs (not yet for videos)")
+    if options.get("shuffle") is not None:
+        raise UsageError(f"{out}: was packed with --shuffle (one permutation of the inputs it was made "
+                         "from); it cannot be appended to: pack it again")
+    if int(options.get("num_shards") or 1) > 1:
+        raise UsageError(f"{out}: is part {options.get('shard_index')} of a split run (--num-shards "
+                         f"{options.get('num_shards')}); merge the parts, then append to the merged output")
+
+
+def _check_options(out: Path, reader: Reader, format: str, options: dict[str, Any]) -> None:
+    """UsageError naming every option that differs from the pack's (what decides the bytes)."""
+    def flat(opts: dict[str, Any]) -> dict[str, Any]:
+        got = Fingerprint(format=format, classes=[], options=opts, stats=[]).options
+        # (a merged records output repeats its writer's options at the top: compared once)
+        return {k: v for k, v in got.items() if k.rsplit(".", 1)[-1] not in IGNORED and f"writer.{k}" not in got}
+
+    diff = option_differences(flat(reader.manifest.created_by.get("options") or {}), flat(options))
+    if diff:
+        raise UsageError(f"{out}: cannot append, this run's options differ from the pack's:\n  " + "\n  ".join(diff)
+                         + "\n(give the options the pack was made with; packer inspect shows them)")
+
+
+def _classes(out: Path, old: list[str], classes: Sequence[str], items: Sequence[Item],
+             listed: bool, indexed: bool) -> tuple[list[str], list[Item]]:
+    """The next version's classes and the items labelled by them: the pack's labels never change;
+    a class the pack lacks gets the next label (in sorted order), or the given label map's."""
+    if listed:  # a list gives its own labels: the classes are "0".."max label"
+        n = max([len(old)] + [it.label + 1 for it in items])
+        return list(old) + [str(i) for i in range(len(old), n)], list(items)
+    if indexed:  # --class-index: its numbering, which must agree with the pack's
+        for i, name in enumerate(old):
+            if i >= len(classes) or classes[i] != name:
+                got = classes[i] if i < len(classes) else "no class"
+                raise UsageError(f"{out}: the --class-index gives label {i} to {got!r}, the pack to {name!r}; "
+                                 "an existing label never changes")
+        return list(classes), list(items)
+    known = {name: i for i, name in enumerate(old)}
+    fresh = sorted(name for name in set(classes) if name not in known)
+    label_of = {**known, **{name: len(old) + k for k, name in enumerate(fresh)}}
+    relabel = [label_of[name] for name in classes]
+    return list(old) + fresh, [it if relabel[it.label] == it.label else Item(it.key, it.path, relabel[it.label])
+                               for it in items]
+
+
+def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence[str], *, format: str,
+                options: dict[str, Any], prune: bool = False, listed: bool = False) -> AppendPlan:
+    """What appending ``items`` (a fresh pack's inputs, labelled by ``classes``) to the output at
+    ``out`` does: refuses what an append may not change (see the module docstring); ``options``
+    are the run's ``created_by`` options, ``listed`` says the items come from a list file."""
+    out = Path(out)
+    try:
+        reader = open_reader(out)
+        text = reader.manifest_text()
+    except PackerError as e:
+        raise UsageError(f"{out}: cannot append to it ({e})") from e
+    _refuse_kind(out, reader, format)
+    _check_options(out, reader, format, options)
+    indexed = getattr(classes, "label_map", None) not in (None, "sorted", "list")
+    new_classes, items = _classes(out, reader.classes, classes, items, listed, indexed)
+    keys = reader.keys
+    positions = reader.positions()
+    table = reader.sources()
+    stored = dict(zip(keys, positions.tolist()))
+    at = [stored.get(it.key, -1) for it in items]
+    found = [i for i, p in enumerate(at) if p >= 0]
+    is_changed = np.zeros(len(items), dtype=bool)
+    if table is not None and found:  # the identity --resume compares: size, mtime, label
+        now = np.fromiter(itertools.chain.from_iterable((*file_stat(items[i].path), items[i].label) for i in found),
+                          dtype=np.int64, count=3 * len(found)).reshape(-1, 3)
+        is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
+    changed = [items[i].key for i in np.flatnonzero(is_changed)]
+    todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
+    removed: list[str] = []
+    if len(found) < len(keys):  # (every stored input still there: the usual case, no pass)
+        seen = {items[i].key for i in found}
+        removed = [k for k in keys if k not in seen]
+    keep = None
+    if prune and (removed or changed):
+        drop = {stored[k] for k in removed + changed}
+        keep = merge_ranges([[p, p + 1] for p in positions.tolist() if p not in drop])
+    base = AppendBase(reader, text, keep=keep,
+                      removed={"samples": len(removed) + len(changed), "gone": removed[:20], "changed": changed[:20]}
+                      if keep is not None else {})
+    return AppendPlan(base, todo, new_classes, removed=removed, changed=changed, prune=prune,
+                      by_key=table is None)
