@@ -76,9 +76,10 @@ def _row(src: Path, out: Path, fmt: str, append: bool, workers: int | None) -> d
     return row
 
 
-def _trees(n: int, work: Path) -> tuple[Path, Path, list[Path]]:
+def _trees(n: int, work: Path, size: tuple[int, int] = (72, 96)) -> tuple[Path, Path, list[Path]]:
     """(the whole generated tree, the tree to pack: linked files, the 1% held back for the append)."""
-    every = image_folder(work / f"images-{n}", count=n + n // 100, classes=10, size=(72, 96))
+    h, w = size
+    every = image_folder(work / f"images-{n}-{h}x{w}", count=n + n // 100, classes=10, size=size)
     files = sorted(every.rglob("*.jpg"))
     late = set(files[::101][: n // 100])  # spread over the classes and the sorted order
     src = work / f"src-{n}"
@@ -114,12 +115,14 @@ def section_append(argv: list[str]) -> dict[str, Any]:
     ap.add_argument("--formats", default="lmdb,records,hdf5")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: packer's choice)")
+    ap.add_argument("--size", default="72x96", help="HxW of the generated images (photo-like: 375x500)")
     args = ap.parse_args(argv)
+    size = tuple(int(v) for v in args.size.lower().split("x"))
     WORK.mkdir(parents=True, exist_ok=True)
-    every, src, late = _trees(args.n, WORK)
-    figures: dict[str, Any] = {"n": args.n, "added": len(late), "targets": [], "rows": {}}
+    every, src, late = _trees(args.n, WORK, size)
+    figures: dict[str, Any] = {"n": args.n, "size": list(size), "added": len(late), "targets": [], "rows": {}}
     rows = []
-    print(f"\n== append {len(late)} images to a pack of {args.n} ({args.rounds} rounds, fresh processes, "
+    print(f"\n== append {len(late)} images to a pack of {args.n} {size[0]}x{size[1]} JPEGs ({args.rounds} rounds, fresh processes, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}) ==\n")
     for fmt in args.formats.split(","):
         runs: dict[str, list[dict[str, Any]]] = {"pack": [], "append": [], "pack all": []}
