@@ -34,7 +34,7 @@ from packer.formats.sidecars import fsync_append
 from packer.manifest import FORMAT_VERSION, atomic_write_bytes
 
 __all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "differences", "save_inputs",
-           "load_inputs", "append_input_stats", "INPUT_STATS_NAME", "option_differences", "COMMIT_OPTIONS",
+           "load_inputs", "append_input_stats", "item_stat", "INPUT_STATS_NAME", "option_differences", "COMMIT_OPTIONS",
            "writer_settings"]
 
 # created_by options that say where the input lives, not what the output holds: moving the
@@ -91,10 +91,18 @@ def file_stat(path: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def item_stat(item: Any) -> tuple[int, int]:
+    """What the resume compares of an item's input: its ``identity()`` where it has one (a
+    sample inside a container: ``packer.conversion.inputs.SourceItem``), else its file's
+    ``file_stat``."""
+    identity = getattr(item, "identity", None)
+    return identity() if identity is not None else file_stat(item.path)
+
+
 def input_stats(items: Sequence[Any]) -> list[list[Any]]:
     """``[key, label, size, mtime_ns]`` per item (size and mtime -1 when the source is missing;
     the label is the list of labels of a multi-label item)."""
-    return [row + list(file_stat(it.path)) for row, it in zip(input_rows(items), items)]
+    return [row + list(item_stat(it)) for row, it in zip(input_rows(items), items)]
 
 
 def _flatten(options: dict[str, Any], neutral: frozenset, prefix: str = "") -> dict[str, Any]:

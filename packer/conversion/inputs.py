@@ -392,6 +392,13 @@ class SourceItem(FieldItem):
         ``CorruptSample`` naming the container and the key when one cannot be read."""
         raise NotImplementedError
 
+    def identity(self) -> tuple[int, int]:
+        """The ``(size, mtime_ns)`` the resume compares: the container file's (``(-1, -1)`` when
+        it cannot be stat'ed); a container at a URL gives what stands for its version."""
+        from packer.conversion.fingerprint import file_stat
+
+        return file_stat(self.path)
+
 
 @dataclass
 class SourceListing:

@@ -25,7 +25,7 @@ from packer.claim import Claim
 from packer.conversion.executors import Executor, InlineExecutor, Outcome
 from packer.conversion.placement import is_packer_output
 from packer.conversion.fingerprint import (INPUT_STATS_NAME, INPUTS_NAME, Fingerprint, append_input_stats,
-                                           differences, file_stat, input_rows, input_stats, load_inputs,
+                                           differences, input_rows, input_stats, item_stat, load_inputs,
                                            option_differences, save_inputs)
 from packer.conversion.executors.base import WorkResult, as_result
 from packer.conversion.options import RunOptions
@@ -373,11 +373,11 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
                 if outcome.ok and type(value) is Sample:  # the common case, as _store does it
                     add(value)
                     if record is not None:
-                        record(value.source_stat or file_stat(items[index].path))
+                        record(value.source_stat or item_stat(items[index]))
                 else:
                     _store(index, items[index], outcome, writer, st)
                     if record is not None:
-                        record(file_stat(items[index].path))
+                        record(item_stat(items[index]))
                 processed((index, writer.count))
                 if update is not None:
                     update(1)

@@ -375,6 +375,35 @@ def fetch_source(url: str, *, storage_options: dict | None = None) -> Path:
     return dest
 
 
+_IDENTITIES: dict[tuple[str, int], tuple[int, int]] = {}
+
+
+def url_identity(local: str) -> tuple[int, int]:
+    """What stands for a URL shard's version in the resume's ``(size, mtime_ns)``: the object's
+    size and a number made from its ETag and modification time, as ``fetch_source`` recorded them
+    beside the cached copy (the same on every node; ``(-1, -1)`` when no record is there). A
+    shard replaced at its URL between two runs then refuses the resume, as a changed local
+    file does."""
+    marker = Path(local).with_name(f".{Path(local).name}.source.json")
+    try:
+        at = marker.stat().st_mtime_ns
+    except OSError:
+        return -1, -1
+    got = _IDENTITIES.get((local, at))
+    if got is None:
+        import hashlib
+
+        try:
+            stamp = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            return -1, -1
+        digest = hashlib.sha256(f"{stamp.get('etag', '')}|{stamp.get('mtime', '')}".encode()).digest()
+        size = stamp.get("size")
+        got = (size if isinstance(size, int) else -1, int.from_bytes(digest[:7], "little"))
+        _IDENTITIES[(local, at)] = got
+    return got
+
+
 # -- reading members where the work runs --------------------------------------------------------------
 class _Files:
     """Open shards of this process (at most ``keep``, least recently used closed first), read with
@@ -435,7 +464,11 @@ class TarSample(SourceItem):
         if len(data) != size:
             raise CorruptSample(self.key, self.path, f"member .{name} is cut short: {len(data)} of {size} bytes "
                                                      "(the shard changed since it was listed)", stage="read")
-        return data, ((st.st_size, st.st_mtime_ns) if self.local == self.path else None)
+        return data, ((st.st_size, st.st_mtime_ns) if self.local == self.path else url_identity(self.local))
+
+    def identity(self) -> tuple[int, int]:
+        """The shard's ``(size, mtime_ns)``; a URL shard's ``url_identity``."""
+        return super().identity() if self.local == self.path else url_identity(self.local)
 
     def read(self) -> tuple[bytes, tuple[int, int] | None]:
         for (name, offset, size), kind in zip(self.members, self.types):

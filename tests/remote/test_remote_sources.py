@@ -33,3 +33,27 @@ def test_shards_in_s3_pack_into_s3(bucket, tmp_path, s3):
             (a[k] == b[k]).all() if hasattr(a[k], "all") else a[k] == b[k] for k in a)
     again = packer.pack(f"{bucket}/wds/shard-{{000000..000002}}.tar", f"{bucket}/out", workers=0, resume=True)
     assert again.status == "uploaded"
+
+
+def test_a_shard_replaced_at_its_url_refuses_the_resume(bucket, tmp_path, s3):
+    """A URL shard's version (its size, ETag and modification time, recorded beside the cached
+    copy) is what the resume compares: a shard replaced between two runs refuses a --resume
+    that would otherwise call the output complete (the cached copies had no file identity)."""
+    import fsspec
+
+    from packer.errors import ResumeRefused
+
+    tree = write_image_folder(tmp_path / "tree", count=12)
+    shards = write_shards(tree, tmp_path / "wds", per_shard=6, cls=True)
+    other = write_shards(write_image_folder(tmp_path / "tree2", count=12, seed=7), tmp_path / "wds2",
+                         per_shard=6, cls=True)
+    fs = fsspec.filesystem("s3", **s3.storage_options)
+    prefix = f"{bucket.removeprefix('s3://')}/moving"
+    for shard in shards:
+        fs.put_file(str(shard), f"{prefix}/{shard.name}")
+    src = f"{bucket}/moving/shard-{{000000..000001}}.tar"
+    packer.pack(src, tmp_path / "out.lmdb", workers=0)
+    assert packer.pack(src, tmp_path / "out.lmdb", workers=0, resume=True).status == "complete"
+    fs.put_file(str(other[1]), f"{prefix}/{shards[1].name}")  # the second shard replaced, same keys
+    with pytest.raises(ResumeRefused, match="made differently"):
+        packer.pack(src, tmp_path / "out.lmdb", workers=0, resume=True)
