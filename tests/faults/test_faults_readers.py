@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from packer import FrameDataset, PackedDataset, PackedVideoDataset, StreamingDataset
-from packer.errors import OutputChanged
+from packer.errors import CorruptData, OutputChanged
 from packer.formats import open_reader
+from packer.formats.lmdb.env import data_file
 from tests.support.inputs import write_image_folder, write_video_folder
 from tests.support.killing import run_packer
 from scripts.timing import scaled
@@ -218,10 +219,13 @@ def _read_all_pickled(pickled, n):
     return [ds[i] for i in range(n)]
 
 
-def test_lmdb_reader_never_maps_a_new_file_given_the_old_inode(tmp_path):
+@pytest.mark.parametrize("swap", ["data.mdb", "every file"])
+def test_lmdb_reader_never_maps_a_new_file_given_the_old_identity(swap, tmp_path):
     """A reader opened (unread) on v1 whose data.mdb is deleted and whose inode number the file
-    system then gives to another output's data.mdb (mtime kept) at the same path: the inode alone would
-    match, and the new values would be read under v1's manifest (silently with check_crc=False)."""
+    system then gives to another output's data.mdb (size and mtime kept) at the same path: the
+    file's identity alone would match, and the new values would be read under v1's manifest
+    (silently with check_crc=False). With the whole output swapped file by file the manifest
+    says so (OutputChanged); with data.mdb alone, the stored CRCs do (CorruptData)."""
     a, b = _images(tmp_path)
     out, other = tmp_path / "out.lmdb", tmp_path / "other.lmdb"
     _pack("lmdb", a, out)
@@ -236,10 +240,19 @@ def test_lmdb_reader_never_maps_a_new_file_given_the_old_inode(tmp_path):
         shutil.copy2(other / "data.mdb", out / "data.mdb")
         if os.stat(out / "data.mdb").st_ino == inode:
             break
-    else:
-        pytest.skip("this file system never reused the inode number")
-    assert _old_or_named_error(_reads(SimpleNamespace(reader=lazy), len(old)), old,
-                               [None] * len(old), out) == len(old)
+    if swap == "every file":
+        for f in other.iterdir():
+            if f.is_file() and f.name != "data.mdb":
+                shutil.copy2(f, out / (f.name + ".tmp"))
+                os.replace(out / (f.name + ".tmp"), out / f.name)
+    # where this file system gave another number, the identity the reader holds is made to
+    # match the new file's: exactly what a reused number (with size and mtime) produces
+    lazy._mdb = data_file(out)
+    got = _reads(SimpleNamespace(reader=lazy), len(old))
+    want = OutputChanged if swap == "every file" else CorruptData
+    for i, g in enumerate(got):
+        assert isinstance(g, want), f"sample {i}: {g!r:.80}"
+        assert str(out) in str(g)
 
 
 def test_lmdb_old_and_new_readers_in_one_process(tmp_path):

@@ -12,6 +12,7 @@ from packer.codecs.image import sniff_format
 from packer.codecs.protowire import decode_datum
 from packer.errors import CorruptData, OutputChanged, PackerError
 from packer.formats.lmdb.env import close_env, data_file, lmdb_key, open_env
+from packer.integrity import crc32c
 from packer.formats.reader import Reader
 from packer.formats.sample import Record
 from packer.formats.sidecars import partial_path
@@ -33,6 +34,7 @@ class LmdbReader(Reader):
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
         super().__init__(path, check_crc=check_crc, version=version)
         self._mdb = data_file(self.path)  # the data.mdb this reader's manifest describes
+        self._tied: lmdb.Environment | None = None  # the environment ``_tie`` last checked
         self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
     @classmethod
@@ -45,10 +47,34 @@ class LmdbReader(Reader):
         # OutputChanged, never the new file under the old manifest. A data.mdb that only grew
         # (an append) still holds this version: followed.
         try:
-            return open_env(self.path, self._mdb)
+            env = open_env(self.path, self._mdb)
         except OutputChanged:
             self._follow()
-            return open_env(self.path, self._mdb)
+            env = open_env(self.path, self._mdb)
+        if env is not self._tied:
+            self._tie(env)
+        return env
+
+    def _tie(self, env: lmdb.Environment) -> None:
+        """Before this reader reads an environment it has not read yet: is its data.mdb the one
+        this manifest describes? The file's identity (device, inode, size, mtime) can match
+        another output's data.mdb (a freed inode number given again, the mtime copied with it),
+        so the output must still hold this version (``_check_unchanged``: a replaced manifest is
+        OutputChanged) and the stored CRC32C of this version's first and last samples must match,
+        whatever ``check_crc`` says (two reads per environment and process). One damaged sample
+        is left to its own read to name; both differing is a data.mdb from elsewhere."""
+        self._check_unchanged()
+        n = self.manifest.physical
+        if n:
+            crcs = self._checksums()
+            with env.begin(buffers=False) as txn:
+                differ = [i for i in {0, n - 1}
+                          if (v := txn.get(lmdb_key(i))) is None or crc32c(v) != int(crcs[i])]
+            if len(differ) == len({0, n - 1}):
+                raise CorruptData(str(self.path / "data.mdb"),
+                                  "not this output's data.mdb: the stored CRC32C of samples "
+                                  f"{sorted(differ)} differ (replaced without its manifest?)")
+        self._tied = env
 
     def _follow(self) -> bool:
         """The data.mdb changed since this reader last looked: go on with the file as it is now
@@ -148,7 +174,7 @@ class LmdbReader(Reader):
             return False
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ()
+        return ("_tied",)
 
     def close(self) -> None:
         close_env(self.path)
