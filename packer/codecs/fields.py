@@ -2,7 +2,7 @@
 
 A field pack's schema is a list of named, typed fields (``image``, ``int``, ``float``, ``str``,
 ``bytes``, ``json``, ``labels``, ``ndarray`` of a dtype with fixed or variable leading dimension,
-``rle`` masks, ``video``), stored in the manifest so a reader needs only the path (as mosaicml streaming's
+``rle`` masks, ``segmentation`` (COCO polygons or RLE per object), ``video``), stored in the manifest so a reader needs only the path (as mosaicml streaming's
 ``format/mds/encodings.py`` table and index do). Each type turns a value into its canonical bytes
 (``encode``) and back (``decode``), and into one ``tf.train.Example`` feature and back
 (``feature`` / ``from_feature``). Nothing is pickled.
@@ -25,6 +25,11 @@ ndarray    the array's C-order bytes in the declared dtype; ``shape`` fixes ever
            a leading ``None`` (variable length: ``(None, 4)`` is N boxes)
 rle        COCO run-length masks: compact JSON ``[{"size": [h, w], "counts": "..."}, ...]``
            (compressed counts, as ``pycocotools.mask.encode`` gives them)
+segmentation
+           COCO instance masks as given, one per object (``Segmentation``): ``u32 height, u32
+           width, u32 n``, then per object ``u8 kind``: 0 no mask; 1 polygons: ``u32 parts,
+           u32 lengths[parts]`` (coordinates each) and float64 ``x, y`` coordinates; 2 a
+           compressed RLE: ``u32 length`` and its ASCII counts
 video      a packed video (``packer.codecs.video_pack.pack_stream``: frame index + MP4 bytes)
 =========  ===================================================================================
 """
@@ -37,9 +42,11 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from packer.errors import UsageError
+
 __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesField", "JsonField",
-           "LabelsField", "NdarrayField", "RleField", "VideoField", "ENCODINGS", "Schema", "parse_field",
-           "encode_blob", "split_blob", "BLOB_FMT", "BOXES"]
+           "LabelsField", "NdarrayField", "RleField", "Segmentation", "SegmentationField", "VideoField", "ENCODINGS",
+           "Schema", "parse_field", "encode_blob", "split_blob", "pycocotools_mask", "BLOB_FMT", "BOXES"]
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
 BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
@@ -47,6 +54,7 @@ BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _COMPRESSED = re.compile(r"[!-~]*")  # a compressed RLE's characters: printable ASCII, no space
 _U32 = struct.Struct("<I")
+_SEG_HEAD = struct.Struct("<III")  # a segmentation's height, width and object count
 
 
 class Field:
@@ -367,9 +375,213 @@ class RleField(Field):
         return value
 
 
+def pycocotools_mask() -> Any:
+    """``pycocotools.mask``, or a UsageError naming the extra that installs it."""
+    try:
+        from pycocotools import mask
+    except ImportError as e:
+        raise UsageError("COCO masks need pycocotools: pip install 'packer[coco]'") from e
+    return mask
+
+
+class Segmentation:
+    """One image's COCO instance masks as the annotation file gave them, at ``height`` x
+    ``width`` (the stored image's pixels): per object its polygons (float64 arrays of ``x, y``
+    pairs, at least 3 points each), a compressed RLE string, or None (no mask). Kept as given so
+    that a training pipeline that transforms polygons (Detectron2, MMDetection) gets them exact;
+    ``rle()`` draws them as ``pycocotools`` does (bit for bit what drawing them at pack time gave).
+
+    Args:
+        height, width: the image size the coordinates and RLEs are in.
+        objects: one entry per object: a list of polygons (each a flat sequence of numbers), a
+            compressed RLE (a ``{"size", "counts"}`` dict of this size, or its counts string),
+            or None.
+    """
+
+    __slots__ = ("height", "width", "objects")
+
+    def __init__(self, *, height: int, width: int, objects: Sequence[Any]):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < 1 << 32
+                   for v in (height, width)):
+            raise ValueError(f"segmentation size {height!r} x {width!r}: non-negative integers")
+        self.height, self.width = int(height), int(width)
+        self.objects = [self._object(obj) for obj in objects]
+
+    def _object(self, obj: Any) -> list[np.ndarray] | str | None:
+        if obj is None or (isinstance(obj, list) and not obj):
+            return None
+        if isinstance(obj, Mapping):
+            size, obj = obj.get("size"), obj.get("counts")
+            if not isinstance(size, (list, tuple)) or list(size) != [self.height, self.width]:
+                raise ValueError(f"an RLE of size {size!r} in a {self.height}x{self.width} segmentation")
+            if not isinstance(obj, (str, bytes, bytearray)):
+                raise ValueError("RLE counts must be compressed (pycocotools.mask.encode / frPyObjects)")
+        if isinstance(obj, (bytes, bytearray)):
+            obj = bytes(obj).decode("ascii", "replace")
+        if isinstance(obj, str):
+            if not _COMPRESSED.fullmatch(obj):
+                raise ValueError("RLE counts must be compressed (pycocotools.mask.encode / frPyObjects)")
+            return obj
+        if not isinstance(obj, (list, tuple)):
+            raise ValueError(f"an object's mask is polygons, an RLE or None, not {type(obj).__name__}")
+        polys = []
+        for p in obj:
+            try:
+                arr = np.array(p, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"a polygon is a list of numbers ({e})") from e
+            if len(arr) % 2 or len(arr) < 6 or not np.isfinite(arr).all():
+                raise ValueError(f"a polygon is at least 3 finite x, y points (got {len(arr)} numbers)")
+            polys.append(arr)
+        return polys
+
+    @classmethod
+    def trusted(cls, height: int, width: int, objects: list[list[np.ndarray] | str | None]) -> "Segmentation":
+        """A Segmentation of objects already in its form and checked (float64 polygon arrays,
+        compressed counts, None): a packer source's, without checking them again."""
+        seg = cls.__new__(cls)
+        seg.height, seg.width, seg.objects = height, width, objects
+        return seg
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segmentation) or (self.height, self.width, len(self)) != \
+                (other.height, other.width, len(other)):
+            return False
+        for a, b in zip(self.objects, other.objects):
+            if isinstance(a, list) and isinstance(b, list):
+                if len(a) != len(b) or not all(np.array_equal(x, y) for x, y in zip(a, b)):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        kinds = ["polygons" if isinstance(o, list) else "rle" if o is not None else "none" for o in self.objects]
+        return f"Segmentation({self.height}x{self.width}, {kinds})"
+
+    def rle(self) -> list[dict[str, Any]]:
+        """One COCO RLE dict (compressed counts) per object, drawn by pycocotools: every polygon
+        by one ``frPyObjects`` call, an object of several parts their ``merge``; no mask is an
+        empty one."""
+        h, w = self.height, self.width
+        polys: list[np.ndarray] = []
+        for obj in self.objects:
+            if isinstance(obj, list):
+                polys += obj
+        mask = pycocotools_mask()
+        drawn = mask.frPyObjects(polys, h, w) if polys else []
+        out, at = [], 0
+        for obj in self.objects:
+            if isinstance(obj, list):
+                counts = drawn[at]["counts"] if len(obj) == 1 else mask.merge(drawn[at:at + len(obj)])["counts"]
+                at += len(obj)
+            elif obj is None:
+                counts = mask.frPyObjects({"size": [h, w], "counts": [h * w]}, h, w)["counts"]
+            else:
+                counts = obj
+            out.append({"size": [h, w], "counts": counts.decode("ascii") if isinstance(counts, bytes) else counts})
+        return out
+
+    def to_coco(self) -> list[Any]:
+        """Each object's COCO ``segmentation`` value, as JSON takes it: polygons as lists of
+        numbers, an RLE as ``{"size", "counts"}``, no mask as ``[]``."""
+        return [[p.tolist() for p in obj] if isinstance(obj, list) else [] if obj is None
+                else {"size": [self.height, self.width], "counts": obj} for obj in self.objects]
+
+    def encode(self) -> bytes:
+        """The field's canonical bytes (module doc)."""
+        parts = [_SEG_HEAD.pack(self.height, self.width, len(self.objects))]
+        for obj in self.objects:
+            if obj is None:
+                parts.append(b"\0")
+            elif isinstance(obj, str):
+                text = obj.encode("ascii")
+                parts.append(struct.pack("<BI", 2, len(text)))
+                parts.append(text)
+            else:
+                parts.append(struct.pack(f"<BI{len(obj)}I", 1, len(obj), *(len(p) for p in obj)))
+                parts += [p.tobytes() if p.dtype == np.float64 else p.astype(np.float64).tobytes() for p in obj]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> "Segmentation":
+        """A Segmentation from its canonical bytes (the polygons copied out of ``data``);
+        ValueError when they are malformed."""
+        data = bytes(data)
+        end = len(data)
+        if end < _SEG_HEAD.size:
+            raise ValueError(f"{end} bytes are shorter than a segmentation's header")
+        h, w, n = _SEG_HEAD.unpack_from(data, 0)
+        pos, objects = _SEG_HEAD.size, []
+        try:
+            for _ in range(n):
+                kind = data[pos]
+                pos += 1
+                if kind == 0:
+                    objects.append(None)
+                elif kind == 2:
+                    length = _U32.unpack_from(data, pos)[0]
+                    text = data[pos + 4:pos + 4 + length]
+                    pos += 4 + length
+                    if len(text) != length or not _COMPRESSED.fullmatch(text.decode("ascii")):
+                        raise ValueError("a malformed RLE")
+                    objects.append(text.decode("ascii"))
+                elif kind == 1:
+                    parts = _U32.unpack_from(data, pos)[0]
+                    lengths = struct.unpack_from(f"<{parts}I", data, pos + 4)
+                    pos += 4 + 4 * parts
+                    total = sum(lengths)
+                    if not parts or pos + 8 * total > end or any(k % 2 or k < 6 for k in lengths):
+                        raise ValueError("malformed polygons")
+                    coords = np.frombuffer(data, "<f8", total, pos).astype(np.float64)
+                    pos += 8 * total
+                    cuts = np.cumsum(lengths)[:-1]
+                    objects.append(np.split(coords, cuts) if parts > 1 else [coords])
+                else:
+                    raise ValueError(f"an object of kind {kind}")
+        except (IndexError, struct.error, UnicodeDecodeError) as e:
+            raise ValueError(f"a segmentation cut short ({e})") from e
+        if pos != end:
+            raise ValueError(f"a segmentation of {n} objects ends at byte {pos} of {end}")
+        return cls.trusted(h, w, objects)
+
+
+class SegmentationField(Field):
+    """COCO instance masks as the annotation file gave them (polygons or RLE per object, at the
+    stored image's size): a ``Segmentation``. ``PackedDataset`` returns them drawn as COCO RLE
+    dicts (``masks="rle"``), decoded arrays (``masks="decode"``) or as stored
+    (``masks="segmentation"``)."""
+
+    type_name = "segmentation"
+
+    def encode(self, value: Any) -> bytes:
+        if not isinstance(value, Segmentation):
+            if not isinstance(value, Mapping) or set(value) != {"size", "objects"}:
+                raise self._bad(value, "a Segmentation or {'size': [h, w], 'objects': [...]}")
+            size = value["size"]
+            if not isinstance(size, (list, tuple)) or len(size) != 2:
+                raise self._bad(value, "size is [height, width]")
+            try:
+                value = Segmentation(height=size[0], width=size[1], objects=value["objects"])
+            except ValueError as e:
+                raise self._bad(value, str(e)) from e
+        return value.encode()
+
+    def decode(self, data: bytes | memoryview) -> Segmentation:
+        try:
+            return Segmentation.decode(data)
+        except ValueError as e:
+            raise ValueError(f"field {self.name!r}: {e}") from e
+
+
 ENCODINGS: dict[str, type[Field]] = {cls.type_name: cls for cls in (
     ImageField, VideoField, IntField, FloatField, StrField, BytesField, JsonField, LabelsField, NdarrayField,
-    RleField)}
+    RleField, SegmentationField)}
 
 
 def parse_field(name: str, spec: str | Mapping[str, Any]) -> Field:

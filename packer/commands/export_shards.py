@@ -60,7 +60,7 @@ ROW_GROUP_BYTES = 100_000_000
 # (``webdataset.autodecode``) turn back into the value (``.cls`` -> int, ``.json`` -> JSON,
 # ``.txt`` -> str, ``.npy`` -> numpy array; ``.bin`` stays bytes). Images: their own format.
 EXTENSIONS = {"int": "cls", "float": "json", "str": "txt", "bytes": "bin", "json": "json", "labels": "json",
-              "ndarray": "npy", "rle": "json", "video": "mp4"}
+              "ndarray": "npy", "rle": "json", "segmentation": "json", "video": "mp4"}
 
 # sniff_format's names -> the file extension webdataset (and Pillow) know them by
 _IMAGE_EXTS = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "gif": "gif"}
@@ -258,6 +258,8 @@ def _member(column: Column, data: bytes | memoryview) -> tuple[str, bytes | memo
         return ext, _npy(_decoded(f, data))
     if kind == "video":
         return ext, _decoded(f, data).mp4  # the MP4 stream (its frame index is rebuilt from it)
+    if kind == "segmentation":  # drawn: COCO RLE dicts, as an ``rle`` field exports
+        return ext, json.dumps(_decoded(f, data).rle(), separators=(",", ":")).encode("ascii")
     if kind in ("str", "json", "rle"):
         _decoded(f, data)  # well-formed UTF-8 text, JSON, an RLE list: what a reader decodes
     return ext, data  # str (UTF-8), bytes, json and rle (compact JSON): stored as they are
@@ -335,7 +337,7 @@ def _arrow_type(pa: Any, f: Field) -> Any:
         for d in reversed(f.shape[1:]):
             t = pa.list_(t, d)
         return pa.list_(t) if f.shape[0] is None else pa.list_(t, f.shape[0])
-    if kind == "rle":
+    if kind in ("rle", "segmentation"):  # (a segmentation's polygons drawn: ``_cell``)
         return pa.list_(pa.struct([("size", pa.list_(pa.int64())), ("counts", pa.string())]))
     return {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bytes": pa.binary(), "video": pa.binary(),
             "json": pa.string(), "labels": pa.list_(pa.int64())}[kind]
@@ -364,6 +366,8 @@ def _cell(f: Field, data: bytes | memoryview) -> Any:
     if kind == "json":
         _decoded(f, data)
         return bytes(data).decode("utf-8")
+    if kind == "segmentation":
+        return _decoded(f, data).rle()
     return _decoded(f, data)
 
 

@@ -67,6 +67,8 @@ def _field_summaries(schema: Any, blob: bytes) -> dict[str, str]:
             out[f.name] = f"{value.dtype}{list(value.shape)}"
         elif f.type_name == "rle":
             out[f.name] = f"{len(value)} masks"
+        elif f.type_name == "segmentation":
+            out[f.name] = f"{len(value)} masks ({sum(isinstance(o, list) for o in value.objects)} as polygons)"
         else:
             text = repr(value)
             out[f.name] = text if len(text) <= 40 else text[:37] + "..."

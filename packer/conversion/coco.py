@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.codecs.fields import Schema
+from packer.codecs.fields import Schema, Segmentation, pycocotools_mask
 from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
@@ -82,7 +82,7 @@ def instances_schema() -> Schema:
     """The fields of an instances pack."""
     return Schema({"image": "image", "image_id": "int", "boxes": "ndarray:float32:*,4",
                    "labels": "ndarray:int64:*", "category_ids": "ndarray:int64:*", "iscrowd": "ndarray:uint8:*",
-                   "area": "ndarray:float32:*", "annotation_ids": "ndarray:int64:*", "masks": "rle",
+                   "area": "ndarray:float32:*", "annotation_ids": "ndarray:int64:*", "masks": "segmentation",
                    "orig_size": "ndarray:int64:2"})
 
 
@@ -103,13 +103,7 @@ class CocoSource:
     kind: str
 
 
-def need_pycocotools() -> Any:
-    """``pycocotools.mask``, or a UsageError naming the extra that installs it."""
-    try:
-        from pycocotools import mask
-    except ImportError as e:
-        raise UsageError("COCO masks need pycocotools: pip install 'packer[coco]'") from e
-    return mask
+need_pycocotools = pycocotools_mask  # (the name this module's users know)
 
 
 def _int_id(value: Any) -> bool:
@@ -557,9 +551,9 @@ class AnnotationRecords:
 
 def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Schema) -> dict[str, Any]:
     """The stored fields of one COCO image (without ``image``) for an image stored at
-    ``height`` x ``width``: boxes as xyxy float32 and masks as compressed RLE, both scaled by
-    the stored size over ``orig_size`` (the polygons scaled then drawn at the stored size, RLE
-    masks resized nearest-neighbour), the area scaled by both factors."""
+    ``height`` x ``width``: boxes as xyxy float32 and the masks as a ``Segmentation``, both
+    scaled by the stored size over ``orig_size`` (polygon coordinates multiplied, RLE masks
+    resized nearest-neighbour), the area scaled by both factors."""
     oh, ow = (int(v) for v in values["orig_size"])
     captions = "captions" in schema.by_name
     ann = decode_annotations(values["annotations"])
@@ -578,39 +572,25 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
         area = area * (sx * sy)
     out.update(boxes=xyxy.astype(np.float32), labels=rec["label"].astype(np.int64),
                category_ids=rec["category_id"].astype(np.int64), iscrowd=rec["iscrowd"].copy(),
-               area=area.astype(np.float32), masks=_masks(ann, oh, ow, height, width))
+               area=area.astype(np.float32), masks=_stored_masks(ann, oh, ow, height, width))
     return out
 
 
-def _masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> list[dict[str, Any]]:
-    """One compressed RLE per object at ``height`` x ``width``. Every polygon of the image is
-    drawn by one ``frPyObjects`` call; an object of several is their merge (of one: itself, as
-    ``merge`` gives it)."""
-    n = len(ann)
-    if not n:
-        return []
-    mask = need_pycocotools()
+def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> Segmentation:
+    """The objects' masks at ``height`` x ``width`` as the file gave them: polygons (their
+    coordinates scaled), compressed RLE strings (an uncompressed one compressed, a scaled one
+    resized nearest-neighbour) or None. Nothing is drawn: ``Segmentation.rle`` draws them."""
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
-    segs = [ann.segmentation(i) for i in range(n)]
-    polys: list[np.ndarray] = []
-    spans: list[tuple[int, int]] = []
-    for kind, seg in segs:
+    objects: list[Any] = []
+    for i in range(len(ann)):
+        kind, seg = ann.segmentation(i)
         if kind == "poly":
-            start = len(polys)
-            polys += [(p.reshape(-1, 2) * (sx, sy)).ravel() for p in seg] if scaled else seg
-            spans.append((start, len(polys)))
-    drawn = mask.frPyObjects(polys, height, width) if polys else []
-    out: list[dict[str, Any]] = []
-    k = 0
-    for kind, seg in segs:
-        if kind == "poly":
-            a, b = spans[k]
-            k += 1
-            counts = drawn[a]["counts"] if b - a == 1 else mask.merge(drawn[a:b])["counts"]
+            objects.append([(p.reshape(-1, 2) * (sx, sy)).ravel() for p in seg] if scaled else seg)
         elif kind == "rle" and isinstance(seg, str) and not scaled:
-            counts = seg
+            objects.append(seg)
         elif kind == "rle":
+            mask = pycocotools_mask()
             rle = mask.frPyObjects({"size": [oh, ow], "counts": seg.tolist()}, oh, ow) if not isinstance(seg, str) \
                 else {"size": [oh, ow], "counts": seg.encode("ascii")}
             if scaled:
@@ -618,8 +598,7 @@ def _masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> list[
 
                 m = cv2.resize(mask.decode(rle), (width, height), interpolation=cv2.INTER_NEAREST)
                 rle = mask.encode(np.asfortranarray(m))
-            counts = rle["counts"]
-        else:  # an object without a mask: an empty one
-            counts = mask.encode(np.zeros((height, width), dtype=np.uint8, order="F"))["counts"]
-        out.append({"size": [height, width], "counts": counts.decode("ascii") if isinstance(counts, bytes) else counts})
-    return out
+            objects.append(rle["counts"].decode("ascii"))
+        else:
+            objects.append(None)
+    return Segmentation.trusted(height, width, objects)

@@ -92,8 +92,9 @@ class PackedDataset(torch.utils.data.Dataset):
             prefetch, access, retries); ``cache_dir``/``cache_limit`` given here win.
         fields: a field pack's fields to return, in that order (a name or a list; default all);
             only these are decoded.
-        masks: a field pack's ``rle`` masks as COCO RLE dicts (``"rle"``, the default) or
-            ``(N, H, W)`` uint8 arrays (``"decode"``, pycocotools).
+        masks: a field pack's masks as COCO RLE dicts (``"rle"``, the default: polygons drawn),
+            ``(N, H, W)`` uint8 arrays (``"decode"``, pycocotools) or as stored
+            (``"segmentation"``: COCO's polygons kept, ``packer.codecs.fields.Segmentation``).
         tv_tensors: a field pack's samples as torchvision ``tv_tensors`` (``Image``,
             ``BoundingBoxes`` XYXY with the stored image's ``canvas_size``, ``Mask``; other
             arrays as tensors) so that ``torchvision.transforms.v2`` (as ``transform``) moves

@@ -3,8 +3,9 @@
 ``FieldDecoder`` is the one place a stored field blob becomes ``{name: value}``; every reader
 (``PackedDataset``, and through it ``StreamingDataset`` and ``Loader``) calls it. Only the
 selected fields are decoded (the blob is split into views without a copy; nothing else is
-touched), image fields as the dataset's ``decode`` says, ``rle`` masks as COCO RLE dicts or
-decoded ``(N, H, W)`` uint8 arrays (``masks="decode"``, pycocotools); with ``tv_tensors=True``
+touched), image fields as the dataset's ``decode`` says, masks (``segmentation`` or ``rle``
+fields) as COCO RLE dicts, decoded ``(N, H, W)`` uint8 arrays (``masks="decode"``, pycocotools)
+or as stored (``masks="segmentation"``: polygons kept); with ``tv_tensors=True``
 as torchvision ``tv_tensors`` (``Image``, ``BoundingBoxes``, ``Mask``) so that
 ``torchvision.transforms.v2`` moves boxes and masks with the pixels.
 
@@ -25,10 +26,11 @@ from packer.codecs.fields import Field, Schema
 from packer.codecs.image import to_chw
 from packer.errors import UsageError
 
-__all__ = ["FieldDecoder", "collate_fields", "collate_field", "varies", "MASK_MODES", "decode_masks",
+__all__ = ["FieldDecoder", "collate_fields", "collate_field", "varies", "MASK_MODES", "MASK_TYPES", "decode_masks",
            "COUNT_SUFFIX", "field_collate"]
 
-MASK_MODES = ("rle", "decode")
+MASK_MODES = ("rle", "decode", "segmentation")
+MASK_TYPES = ("rle", "segmentation")  # the field types ``masks=`` applies to
 COUNT_SUFFIX = "_count"  # collate_fields(pad=True): ``boxes`` -> ``boxes_count``
 
 
@@ -58,7 +60,7 @@ def varies(field: Field) -> bool:
     """Whether ``field``'s values differ in length from sample to sample (an ndarray with a
     variable leading dimension, a label list, RLE masks): ``collate_fields`` keeps such a field
     a list, or pads it, even in a batch whose samples happen to agree."""
-    return field.type_name in ("labels", "rle") or (field.type_name == "ndarray" and field.shape[0] is None)
+    return field.type_name in ("labels", *MASK_TYPES) or (field.type_name == "ndarray" and field.shape[0] is None)
 
 
 def _torchvision_tv_tensors() -> Any:
@@ -91,7 +93,9 @@ class FieldDecoder:
         schema: the pack's schema.
         image: ``(data) -> image`` for each image field (``PackedDataset``'s decode).
         fields: the names to return (None: every field), in that order.
-        masks: ``"rle"`` (COCO RLE dicts) or ``"decode"`` (``(N, H, W)`` uint8 arrays); None:
+        masks: ``"rle"`` (COCO RLE dicts; a ``segmentation`` field's polygons drawn),
+            ``"decode"`` (``(N, H, W)`` uint8 arrays) or ``"segmentation"`` (as stored: a
+            ``Segmentation`` with the polygons as given, an ``rle`` field's dicts); None:
             ``"rle"``, or ``"decode"`` with ``tv_tensors``.
         tv_tensors: return torchvision ``tv_tensors``: image fields as ``Image`` (C x H x W), the
             detection boxes (``Schema.boxes``) as ``BoundingBoxes`` (XYXY, ``canvas_size`` the
@@ -107,7 +111,7 @@ class FieldDecoder:
             raise UsageError(f"masks must be one of {MASK_MODES}, not {masks!r}")
         if not isinstance(tv_tensors, bool):
             raise UsageError(f"tv_tensors must be True or False, not {tv_tensors!r}")
-        if tv_tensors and masks == "rle":
+        if tv_tensors and masks != "decode":
             raise UsageError("tv_tensors=True returns masks as tv_tensors.Mask (decoded): leave masks unset")
         names = list(schema.names if fields is None else ([fields] if isinstance(fields, str) else fields))
         unknown = [n for n in names if n not in schema.by_name]
@@ -132,6 +136,9 @@ class FieldDecoder:
             f = self.schema.by_name[name]
             if f.type_name == "image":
                 out[name] = self.image(parts[name])
+            elif f.type_name == "segmentation" and self.masks != "segmentation":
+                seg = f.decode(parts[name])
+                out[name] = decode_masks(seg.rle(), seg.height, seg.width) if self.masks == "decode" else seg.rle()
             elif f.type_name == "rle" and self.masks == "decode":
                 rles = f.decode(parts[name])
                 h, w = (rles[0]["size"] if rles else self._canvas(parts))
@@ -160,7 +167,7 @@ class FieldDecoder:
             elif boxes is not None and name == boxes.name:
                 canvas = canvas or self._canvas(parts)
                 out[name] = tv.BoundingBoxes(torch.from_numpy(value), format="XYXY", canvas_size=canvas)
-            elif f.type_name == "rle":
+            elif f.type_name in MASK_TYPES:
                 out[name] = tv.Mask(torch.from_numpy(value))
             elif isinstance(value, np.ndarray):
                 out[name] = torch.from_numpy(value)

@@ -14,8 +14,8 @@ the source files with pycocotools. Every row is a FRESH process (``run_fresh``).
   processes each, interleaved: samples/s of the run (what the progress bar shows: the listing
   and the annotation file's parse are not in it), CPU-seconds per sample of the run (the
   process and its workers, from ``getrusage``), and of the listing alone (parse included); and
-  in one process, the per-sample CPU of the image-only work, the field work and, of it,
-  pycocotools drawing the polygons.
+  in one process, the per-sample CPU of the image-only work, the field work and pycocotools
+  drawing the image's polygons (which a reader does when it returns masks drawn).
 * ``read``: one detection sample (image, boxes, labels, decoded masks) read and decoded from
   an LMDB COCO pack (``PackedDataset(decode="numpy", masks="decode")``) against the source
   files with pycocotools (``COCO`` index, Pillow or OpenCV decode, ``annToMask`` per
@@ -356,8 +356,8 @@ def write_main(argv: list[str]) -> dict[str, Any]:
         cpu = {k: v * 1e6 for k, v in parts["cpu_s"].items()}
         print(f"\nPer sample in one process (no workers; the least of {args.repeats} interleaved rounds over "
               f"{parts['count']} images): the image-only work {cpu['image job']:.0f} µs CPU, the field work "
-              f"{cpu['field job']:.0f} µs, of which pycocotools drawing the image's polygons alone "
-              f"{cpu['pycocotools polygon drawing']:.0f} µs.")
+              f"{cpu['field job']:.0f} µs; pycocotools drawing the image's polygons (now on read, "
+              f"`masks=\"rle\"` or `\"decode\"`: no longer in the field work) {cpu['pycocotools polygon drawing']:.0f} µs.")
         name = f"{size[0]}x{size[1]}"
         figures["configs"][name] = {**runs, "parts": parts}
         figures["targets"] += [

@@ -82,7 +82,7 @@ def test_schema_refuses_repeats_unknown_types_and_bad_names():
         Schema([parse_field("a", "int"), parse_field("a", "str")])
     with pytest.raises(ValueError, match="missing"):
         Schema({"a": "int", "b": "str"}).encode({"a": 1})
-    assert set(ENCODINGS) == {"image", "int", "float", "str", "bytes", "json", "labels", "ndarray", "rle", "video"}
+    assert set(ENCODINGS) == {"image", "int", "float", "str", "bytes", "json", "labels", "ndarray", "rle", "segmentation", "video"}
 
 
 def test_masks_are_compressed_coco_rle_that_pycocotools_decodes():

@@ -45,7 +45,7 @@ def test_inspect_shows_the_schema_the_category_map_and_the_fields(coco_packs, fm
     assert r.exit_code == 0, r.output
     assert ("fields: image:image, image_id:int, boxes:ndarray:float32:*,4, labels:ndarray:int64:*, "
             "category_ids:ndarray:int64:*, iscrowd:ndarray:uint8:*, area:ndarray:float32:*, "
-            "annotation_ids:ndarray:int64:*, masks:rle, orig_size:ndarray:int64:2") in r.output
+            "annotation_ids:ndarray:int64:*, masks:segmentation, orig_size:ndarray:int64:2") in r.output
     assert "COCO instances categories (label=id name): 0=1 cat1, 1=3 cat3, 2=7 cat7, 3=18 cat18" in r.output
     assert "  [0] images/img_000.jpg" in r.output
     assert "image=jpeg, " in r.output and "image_id=1000  boxes=float32[3, 4]" in r.output and "masks=3 masks" in r.output

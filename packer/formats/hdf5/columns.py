@@ -7,7 +7,7 @@ field without packer:
 
 * a **fixed-size** field (``int``, ``float``, an ``ndarray`` whose every dimension is fixed) is one
   ``(N, *shape)`` dataset of its dtype: sample i is row i;
-* a **variable-length** field (``image``, ``str``, ``bytes``, ``json``, ``rle``: uint8 bytes;
+* a **variable-length** field (``image``, ``str``, ``bytes``, ``json``, ``rle``, ``segmentation``: uint8 bytes;
   ``labels``: int64; an ``ndarray`` with a variable leading dimension: ``(rows, *shape[1:])`` of
   its dtype) is a flat dataset of every sample's values back to back, plus
   ``field_offsets/<name>`` (int64, N+1): sample i is rows ``offsets[i]:offsets[i+1]``.
