@@ -139,7 +139,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         force: start even when the disk space estimate says the output will not fit.
         break_lock: take the claim on ``out`` even from a run that may still be alive.
         coco: a COCO instances or captions JSON over the images under ``src``: one sample per
-            image with its boxes, labels, crowd flags, areas and RLE masks (or captions).
+            image with its boxes, labels, crowd flags, areas and masks (polygons or RLE, as
+            given), or with its captions.
         manifest: a sample manifest (``.jsonl``, ``.csv``, ``.parquet``): one sample per row, a
             field per column, image paths relative to ``src``.
         schema: the manifest's ``{column: type}`` (``"int"``, ``"ndarray:float32:*,4"``, ...;

@@ -58,7 +58,7 @@ def decode_masks(rles: list[dict[str, Any]], height: int, width: int) -> np.ndar
 
 def varies(field: Field) -> bool:
     """Whether ``field``'s values differ in length from sample to sample (an ndarray with a
-    variable leading dimension, a label list, RLE masks): ``collate_fields`` keeps such a field
+    variable leading dimension, a label list, masks): ``collate_fields`` keeps such a field
     a list, or pads it, even in a batch whose samples happen to agree."""
     return field.type_name in ("labels", *MASK_TYPES) or (field.type_name == "ndarray" and field.shape[0] is None)
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from packer.codecs.fields import (ENCODINGS, NdarrayField, Schema, encode_blob, parse_field, split_blob)
+from packer.codecs.fields import (ENCODINGS, NdarrayField, Schema, Segmentation, encode_blob, parse_field,
+                                  split_blob)
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text()
                            | st.floats(allow_nan=False, allow_infinity=False),
@@ -94,3 +95,74 @@ def test_masks_are_compressed_coco_rle_that_pycocotools_decodes():
     back = f.decode(f.encode([rle, {"size": rle["size"], "counts": rle["counts"].decode()}]))
     assert all(isinstance(r["counts"], str) for r in back)
     np.testing.assert_array_equal(mask_util.decode(back), np.stack([m, m], axis=-1))
+
+
+_polygon = st.lists(st.floats(-1e4, 1e4), min_size=3, max_size=12).map(lambda v: v * 2)  # even, >= 6
+_object = st.none() | st.lists(_polygon, min_size=1, max_size=3) | st.text("0123456789:;<=>?@ABCDEFGH", max_size=20)
+
+
+@given(h=st.integers(0, 2000), w=st.integers(0, 2000), objects=st.lists(_object, max_size=6))
+def test_a_segmentation_round_trips_exactly(h, w, objects):
+    """Polygons keep every float64 coordinate, RLE strings and missing masks stay what they were."""
+    seg = Segmentation(height=h, width=w, objects=objects)
+    f = parse_field("masks", "segmentation")
+    back = f.decode(f.encode(seg))
+    assert back == seg and (back.height, back.width) == (h, w)
+    for got, given_ in zip(back.objects, objects):
+        if given_ is None or given_ == []:
+            assert got is None
+        elif isinstance(given_, list):
+            assert [p.tolist() for p in got] == [[float(v) for v in p] for p in given_]
+        else:
+            assert got == given_
+    assert f.decode(f.encode({"size": [h, w], "objects": back.to_coco()})) == seg
+
+
+@given(h=st.integers(0, 50), w=st.integers(0, 50), objects=st.lists(_object, min_size=1, max_size=4),
+       data=st.data())
+def test_a_cut_or_padded_segmentation_is_a_value_error(h, w, objects, data):
+    f = parse_field("masks", "segmentation")
+    raw = f.encode(Segmentation(height=h, width=w, objects=objects))
+    cut = data.draw(st.integers(1, len(raw)))
+    with pytest.raises(ValueError, match="'masks'"):
+        f.decode(raw[:-cut])
+    with pytest.raises(ValueError, match="'masks'"):
+        f.decode(raw + b"\0")
+
+
+@pytest.mark.parametrize("objects, why", [
+    ([[[1.0, 2.0, 3.0, 4.0]]], "at least 3"),
+    ([[[1.0, 2.0, 3.0, 4.0, 5.0]]], "at least 3"),
+    ([[[1.0, 2.0, 3.0, 4.0, 5.0, float("nan")]]], "finite"),
+    ([[["a", 2.0, 3.0, 4.0, 5.0, 6.0]]], "numbers"),
+    ([{"size": [4, 4], "counts": "0"}], "size"),
+    ([{"size": [3, 3], "counts": [9]}], "compressed"),
+    (["a b"], "compressed"),
+    ([7], "polygons, an RLE or None"),
+])
+def test_a_malformed_segmentation_is_a_value_error(objects, why):
+    with pytest.raises(ValueError, match=why):
+        Segmentation(height=3, width=3, objects=objects)
+    with pytest.raises(ValueError, match="'masks'"):
+        parse_field("masks", "segmentation").encode({"size": [3, 3], "objects": objects})
+
+
+def test_a_segmentation_draws_what_pycocotools_draws():
+    """``rle()``: each object's polygons drawn and merged, an RLE as given, no mask an empty one;
+    the same masks pycocotools gives for the COCO ``segmentation`` values."""
+    mask_util = pytest.importorskip("pycocotools.mask")
+    h, w = 20, 30
+    square = [2.0, 2.0, 12.0, 2.0, 12.0, 9.5, 2.0, 9.5]
+    tri = [20.0, 1.0, 28.5, 15.0, 15.0, 18.0]
+    m = np.zeros((h, w), dtype=np.uint8, order="F")
+    m[5:15, 3:7] = 1
+    rle = mask_util.encode(m)
+    seg = Segmentation(height=h, width=w, objects=[[square], [square, tri], rle, None])
+    got = seg.rle()
+    assert all(r["size"] == [h, w] and isinstance(r["counts"], str) for r in got)
+    want = [mask_util.merge(mask_util.frPyObjects([square], h, w)), mask_util.merge(mask_util.frPyObjects([square, tri], h, w)),
+            rle, mask_util.encode(np.zeros((h, w), dtype=np.uint8, order="F"))]
+    for g, x in zip(got, want):
+        np.testing.assert_array_equal(mask_util.decode(g), mask_util.decode(x))
+        assert g["counts"] == x["counts"].decode()
+    assert seg.to_coco()[2] == {"size": [h, w], "counts": rle["counts"].decode()} and seg.to_coco()[3] == []

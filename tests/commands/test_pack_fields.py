@@ -112,6 +112,39 @@ def test_short_side_scales_boxes_and_masks_with_the_image(coco_src, tmp_path, fm
 
 
 @pytest.mark.parametrize("fmt", ALL)
+@pytest.mark.parametrize("short_side", [None, 32])
+def test_masks_as_stored_are_the_source_polygons_scaled(coco_src, tmp_path, fmt, short_side):
+    """``masks="segmentation"``: each object's polygons as the file gave them, every coordinate
+    times the stored size over the source size (float64), a compressed RLE as given where the
+    image is not resized; ``rle()`` of them is what ``masks="rle"`` returns."""
+    out = out_path(tmp_path, fmt)
+    packer.pack(coco_src["root"], out, format=fmt, coco=coco_src["instances"], workers=0,
+                resize=packer.ResizeSpec(short_side=short_side) if short_side else None)
+    data = json.loads(coco_src["instances"].read_text())
+    ds = packer.PackedDataset(out, decode="numpy", masks="segmentation")
+    drawn = packer.PackedDataset(out, decode="bytes", fields=["masks"])
+    polygons = 0
+    for i, img in enumerate(data["images"]):
+        s = ds[i]
+        h, w = s["image"].shape[:2]
+        sx, sy = w / img["width"], h / img["height"]
+        seg = s["masks"]
+        assert (seg.height, seg.width) == (h, w)
+        anns = [a for a in data["annotations"] if a["image_id"] == img["id"]]
+        assert len(seg) == len(anns)
+        for obj, a in zip(seg.objects, anns):
+            src = a["segmentation"]
+            if isinstance(src, list) and src:
+                polygons += 1
+                want = [(np.asarray(p, dtype=np.float64).reshape(-1, 2) * (sx, sy)).ravel() for p in src]
+                assert len(obj) == len(want) and all(np.array_equal(g, x) for g, x in zip(obj, want))
+            elif isinstance(src, dict) and isinstance(src["counts"], str) and not short_side:
+                assert obj == src["counts"]
+        assert seg.rle() == drawn[i]["masks"]
+    assert polygons > 5
+
+
+@pytest.mark.parametrize("fmt", ALL)
 def test_captions_round_trip(coco_src, tmp_path, fmt):
     out = out_path(tmp_path, fmt)
     packer.pack(coco_src["root"], out, format=fmt, coco=coco_src["captions"], workers=0)
