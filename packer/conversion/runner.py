@@ -391,6 +391,9 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
         if seen is not None:  # the files' digest, now that every input's size and mtime is known
             stats = [[*row, size, mtime] for row, size, mtime in zip(stats, seen[0::2], seen[1::2])]
             writer.fingerprint = fp.with_files(stats).to_dict()
+            if append is None:  # the checkpoint holds it before the input table goes: a kill from
+                cp.fp = writer.fingerprint  # here to the publish resumes on the digest alone
+                cp.save()
         writer.sources = _sample_sources(stats, st, writer.count)
         if append is not None:  # the published version's: this run's, chained to the version it continued
             writer.fingerprint = append.fingerprint(writer.fingerprint)

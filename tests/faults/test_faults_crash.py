@@ -13,9 +13,10 @@ from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, s
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
-# two journals of one commit, just before the final rename, right after it.
+# two journals of one commit, with every input done before the publish starts, just before the
+# final rename, right after it.
 FAST_POINTS = ["journal:3"]
-SLOW_POINTS = ["rename:0", "add:1", "add:25", "journal:1", "journal:8", "renamed:0"]
+SLOW_POINTS = ["close:0", "rename:0", "add:1", "add:25", "journal:1", "journal:8", "renamed:0"]
 KILL_POINTS = FAST_POINTS + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW_POINTS]
 
 

@@ -26,8 +26,8 @@ from scripts.timing import scaled
 
 
 # Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
-# journal append; an export's: before its Nth shard is journaled), "rename:0" (before the final
-# rename), "renamed:0" (right after it), "publish:N" (before the Nth os.replace or os.link of an
+# journal append; an export's: before its Nth shard is journaled), "close:0" (every input done,
+# before the writer starts publishing), "rename:0" (before the final rename), "renamed:0" (right after it), "publish:N" (before the Nth os.replace or os.link of an
 # --append's publish, which renames and links files one by one: Writer._close_appended).
 KILL_PROGRAM = r"""
 import os, signal, sys
@@ -85,6 +85,10 @@ if spec:
             publishing[0] = True
             return close_appended(self, *a, **k)
         base.Writer._close_appended = hooked_close
+    elif where == "close":  # the run is done and the writer about to publish (its journals still there)
+        def hooked_close_start(self, *a, **k):
+            die()
+        base.Writer.close = hooked_close_start
     elif where in ("rename", "renamed"):
         real_replace = os.replace
         def hooked_replace(src, dst, *a, **k):
