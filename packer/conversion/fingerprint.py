@@ -284,9 +284,16 @@ def _inputs_line(old: dict[str, Any], new: Fingerprint, old_stats: list[list[Any
 def save_inputs(directory: Path, stats: list[list[Any]]) -> None:
     """Keep the per-input table beside the resume checkpoint (written once, at the start): full
     rows, or ``[key, label]`` rows whose sizes and mtimes ``append_input_stats`` adds as the
-    run goes (any older stat journal is dropped)."""
-    (Path(directory) / INPUT_STATS_NAME).unlink(missing_ok=True)
+    run goes (any older stat journal is dropped). In the order a kill between the two steps
+    leaves resumable: full rows replace the table before the old journal goes (which adds
+    nothing to a full row); short rows, after it (it would add its stats to them)."""
+    journal = Path(directory) / INPUT_STATS_NAME
+    full = bool(stats) and len(stats[0]) > 2
+    if not full:
+        journal.unlink(missing_ok=True)
     atomic_write_bytes(Path(directory) / INPUTS_NAME, json.dumps(stats, ensure_ascii=False).encode("utf-8"))
+    if full:
+        journal.unlink(missing_ok=True)
 
 
 def append_input_stats(directory: Path, stats: Sequence[int]) -> None:

@@ -143,3 +143,17 @@ def test_with_files_equals_a_fingerprint_of_the_full_rows(rows):
     assert start.inputs["files_sha256"] is None or not rows
     done = start.with_files(rows)
     assert done.to_dict() == Fingerprint(format="lmdb", classes=["a"], options={"x": 1}, stats=rows).to_dict()
+
+
+def test_a_full_table_over_a_stale_stat_journal_reads_as_itself(tmp_path):
+    """A resumed run writes its full table before it drops the first run's stat journal: a kill
+    between the two leaves both, and the journal adds nothing to full rows."""
+    from packer.conversion import fingerprint as fpm
+
+    fpm.save_inputs(tmp_path, [["a.jpg", 0], ["b.jpg", 1]])
+    fpm.append_input_stats(tmp_path, [11, 111, 22, 222])
+    new = [["a.jpg", 0, 13, 133], ["b.jpg", 1, 24, 244]]
+    fpm.atomic_write_bytes(tmp_path / fpm.INPUTS_NAME, json.dumps(new).encode())  # save_inputs' first step
+    assert fpm.load_inputs(tmp_path) == new
+    fpm.save_inputs(tmp_path, new)
+    assert fpm.load_inputs(tmp_path) == new and not (tmp_path / fpm.INPUT_STATS_NAME).exists()
