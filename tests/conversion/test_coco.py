@@ -196,7 +196,9 @@ def test_an_item_holds_its_annotations_compactly(source, tmp_path):
 
 def test_the_struct_and_numpy_forms_of_a_record_agree():
     assert coco._ANN.size == coco.ANNOTATION.itemsize and coco._CAP.size == coco.CAPTION.itemsize
-    values = (3, 77, 18, 5, 1.5, 2.5, 3.5, 4.5, 9.25, 1, 0x21, 2, 480, 640, 96)
+    values = (3, 77, 18, 5, 1.5, 2.5, 3.5, 4.5, 9.25, 1, 0x61, 2, 480, 640, 96, 51)
     rec = np.frombuffer(coco._ANN.pack(*values), coco.ANNOTATION)[0]
     assert (rec["file_index"], rec["id"], rec["category_id"], rec["label"], *rec["bbox"], rec["area"], rec["iscrowd"],
-            rec["flags"], rec["kind"], rec["rle_height"], rec["rle_width"], rec["seg_len"]) == values
+            rec["flags"], rec["kind"], rec["rle_height"], rec["rle_width"], rec["seg_len"], rec["kp_len"]) == values
+    unpacked = coco._ANN.unpack(coco._ANN.pack(*values))
+    assert (unpacked[coco._F_FLAGS], unpacked[coco._F_SEG_LEN], unpacked[coco._F_KP_LEN]) == (0x61, 96, 51)
