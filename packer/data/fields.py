@@ -5,8 +5,8 @@
 selected fields are decoded (the blob is split into views without a copy; nothing else is
 touched), image fields as the dataset's ``decode`` says, ``rle`` masks as COCO RLE dicts or
 decoded ``(N, H, W)`` uint8 arrays (``masks="decode"``, pycocotools); with ``tv_tensors=True``
-as torchvision ``tv_tensors`` (``Image``, ``BoundingBoxes``, ``Mask``) so that
-``torchvision.transforms.v2`` moves boxes and masks with the pixels.
+as torchvision ``tv_tensors`` (``Image``, ``BoundingBoxes``, ``Mask``, ``KeyPoints``) so that
+``torchvision.transforms.v2`` moves boxes, masks and keypoints with the pixels.
 
 ``collate_fields`` batches a list of such dicts: fixed fields are stacked into one tensor,
 variable-length ones (boxes, labels, masks, captions) kept as lists or, with ``pad=True``,
@@ -26,10 +26,12 @@ from packer.codecs.image import to_chw
 from packer.errors import UsageError
 
 __all__ = ["FieldDecoder", "collate_fields", "collate_field", "varies", "MASK_MODES", "decode_masks",
-           "COUNT_SUFFIX", "field_collate"]
+           "COUNT_SUFFIX", "VISIBILITY_SUFFIX", "field_collate"]
 
 MASK_MODES = ("rle", "decode")
 COUNT_SUFFIX = "_count"  # collate_fields(pad=True): ``boxes`` -> ``boxes_count``
+# tv_tensors=True: ``keypoints`` (N, K, 3) -> ``keypoints`` KeyPoints (N, K, 2) + ``keypoints_visibility`` (N, K)
+VISIBILITY_SUFFIX = "_visibility"
 
 
 def decode_masks(rles: list[dict[str, Any]], height: int, width: int) -> np.ndarray:
@@ -95,8 +97,11 @@ class FieldDecoder:
             ``"rle"``, or ``"decode"`` with ``tv_tensors``.
         tv_tensors: return torchvision ``tv_tensors``: image fields as ``Image`` (C x H x W), the
             detection boxes (``Schema.boxes``) as ``BoundingBoxes`` (XYXY, ``canvas_size`` the
-            stored image's (H, W)), masks as ``Mask`` (N x H x W), other arrays and label lists
-            as tensors. The first image must decode at its stored size (boxes are in its pixels).
+            stored image's (H, W)), masks as ``Mask`` (N x H x W), the keypoints
+            (``Schema.keypoints``, N x K x 3) as ``KeyPoints`` (N x K x 2: x, y, the same canvas)
+            with their visibility beside them as ``<name>_visibility`` (N x K int64), other arrays
+            and label lists as tensors. The first image must decode at its stored size (boxes and
+            keypoints are in its pixels).
     """
 
     def __init__(self, schema: Schema, *, image: Callable[[bytes], Any], fields: Sequence[str] | str | None = None,
@@ -122,6 +127,15 @@ class FieldDecoder:
         self.tv = _torchvision_tv_tensors() if tv_tensors else None
         # the names of the selected fields whose length varies by sample (collate_fields' ``variable``)
         self.variable = [n for n in names if varies(schema.by_name[n])]
+        # tv_tensors' KeyPoints (torchvision 0.23 on; before it, keypoints stay one N x K x 3 tensor)
+        points = schema.keypoints if self.tv is not None and hasattr(self.tv, "KeyPoints") else None
+        self.points = points.name if points is not None and points.name in names else None
+        if self.points is not None:
+            visibility = self.points + VISIBILITY_SUFFIX
+            if visibility in schema.by_name:
+                raise UsageError(f"tv_tensors=True returns {self.points!r}'s visibility as {visibility!r}, a field "
+                                 "of this pack: select fields without it")
+            self.variable.append(visibility)
 
     def __call__(self, blob: bytes | memoryview) -> dict[str, Any]:
         """``{name: value}`` of the selected fields; ValueError when the blob or a field is
@@ -145,7 +159,7 @@ class FieldDecoder:
         first = self.schema.image_fields[0] if self.schema.image_fields else None
         boxes = self.schema.boxes
         canvas: tuple[int, int] | None = None
-        for name, value in out.items():
+        for name, value in list(out.items()):
             f = self.schema.by_name[name]
             if f.type_name == "image":
                 chw = _chw(value)
@@ -160,6 +174,10 @@ class FieldDecoder:
             elif boxes is not None and name == boxes.name:
                 canvas = canvas or self._canvas(parts)
                 out[name] = tv.BoundingBoxes(torch.from_numpy(value), format="XYXY", canvas_size=canvas)
+            elif name == self.points:
+                canvas = canvas or self._canvas(parts)
+                out[name] = tv.KeyPoints(torch.from_numpy(np.ascontiguousarray(value[..., :2])), canvas_size=canvas)
+                out[name + VISIBILITY_SUFFIX] = torch.from_numpy(value[..., 2].astype(np.int64))
             elif f.type_name == "rle":
                 out[name] = tv.Mask(torch.from_numpy(value))
             elif isinstance(value, np.ndarray):
