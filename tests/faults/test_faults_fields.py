@@ -62,6 +62,7 @@ def _flip_field(out: Path, fmt: str, field: str) -> None:
         raw = bytearray(shard.read_bytes())
         offset, size = (int(v) for v in (out / r.manifest.shards[0]["index"]).read_text().splitlines()[SAMPLE].split())
         name = feature_name(schema, field).encode()
+        name = bytes([0x0A, len(name)]) + name  # the map entry's key, whole ("keypoints" is in "num_keypoints")
         at = raw.index(name, offset, offset + size) + len(name)
         assert raw[at] == 0x12  # the map entry's Feature value follows its key
         length, pos = decode_varint(bytes(raw[at + 1:at + 11]), 0)
@@ -89,8 +90,35 @@ def _flip_field(out: Path, fmt: str, field: str) -> None:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("fmt", ALL)
 def test_a_flipped_bit_in_any_field_is_corrupt_data_naming_the_sample(packed, tmp_path, fmt, field):
+    _a_flipped_bit_is_corrupt_data(packed[fmt], tmp_path, fmt, field)
+
+
+@pytest.fixture(scope="module")
+def keypoints_packed(tmp_path_factory) -> dict[str, Path]:
+    """A person keypoints pack (``write_coco(keypoints=17)``) in each format; sample ``SAMPLE``
+    has labelled keypoints."""
+    from packer.synth import write_coco
+
+    root = tmp_path_factory.mktemp("kp")
+    path = write_coco(root / "src", images=4, annotations=12, size=(32, 40), empty=0.0, keypoints=17, seed=1)
+    outs = {}
+    for fmt in ALL:
+        outs[fmt] = out_path(root, fmt, fmt)
+        packer.pack(root / "src", outs[fmt], format=fmt, coco=path, workers=0)
+    assert packer.PackedDataset(outs["lmdb"], decode="bytes")[SAMPLE]["num_keypoints"].sum() > 0
+    return outs
+
+
+@pytest.mark.parametrize("field", ["keypoints", "num_keypoints"])
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_flipped_bit_in_a_keypoint_field_is_corrupt_data_naming_the_sample(keypoints_packed, tmp_path, fmt,
+                                                                             field):
+    _a_flipped_bit_is_corrupt_data(keypoints_packed[fmt], tmp_path, fmt, field)
+
+
+def _a_flipped_bit_is_corrupt_data(packed: Path, tmp_path: Path, fmt: str, field: str) -> None:
     out = out_path(tmp_path, fmt)
-    (shutil.copy if packed[fmt].is_file() else shutil.copytree)(packed[fmt], out)
+    (shutil.copy if packed.is_file() else shutil.copytree)(packed, out)
     key = open_reader(out).keys[SAMPLE]
     _flip_field(out, fmt, field)
     ds = packer.PackedDataset(out, decode="numpy")
