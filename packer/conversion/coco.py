@@ -76,6 +76,7 @@ _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 _F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE, _F_SEG_LEN, _F_KP_LEN = 2, 4, 10, 11, 12, 14, 15
 _FAILED, _ASIDE, _KP_GIVEN = 0x10, 0x20, 0x40
 _NUMBER = {int, float}  # the types json gives numbers (a bool is not one)
+_VISIBILITIES = {0, 1, 2}  # a keypoint's v: not labelled, labelled but hidden, visible (1.0 is 1)
 _I64 = (-(1 << 63), 1 << 63)
 
 # The order of the checks of an instance annotation: the first that fails is its reason.
@@ -298,20 +299,22 @@ def _keypoint_values(a: dict) -> tuple[int, bytes]:
     ``x, y, v`` numbers, v in {0, 1, 2}, ``num_keypoints`` (when given) the count of v > 0."""
     kp, flags, labelled, data = a.get("keypoints"), 0, 0, b""
     if kp is not None:
-        if type(kp) is not list or not set(map(type, kp)) <= _NUMBER:
+        types = set(map(type, kp)) if type(kp) is list else None
+        if types is None or not types <= _NUMBER:
             raise _Failed(_KEYPOINTS, "keypoints is not a list of numbers [x1, y1, v1, ...]")
         if len(kp) % 3:
             raise _Failed(_KEYPOINTS, f"keypoints has {len(kp)} numbers, not 3 (x, y, v) per point")
         try:
             values = array("d", kp)
-        except OverflowError:
+        except OverflowError:  # an integer past float64's range
             values = None
-        if values is None or not all(map(isfinite, values)):
+        if values is None or float in types and not all(map(isfinite, values)):
             raise _Failed(_KEYPOINTS, "keypoints are not finite numbers")
-        for i, v in enumerate(kp[2::3]):
-            if v not in (0, 1, 2):
-                raise _Failed(_VISIBILITY, f"keypoint {i} has visibility {v!r}, not 0, 1 or 2")
-            labelled += v != 0
+        visibility = kp[2::3]
+        if not set(visibility) <= _VISIBILITIES:
+            i, v = next((i, v) for i, v in enumerate(visibility) if v not in _VISIBILITIES)
+            raise _Failed(_VISIBILITY, f"keypoint {i} has visibility {v!r}, not 0, 1 or 2")
+        labelled = len(visibility) - visibility.count(0)
         flags, data = _KP_GIVEN, values.tobytes()
     given = a.get("num_keypoints")
     if given is not None and (type(given) is not int or given != labelled):
@@ -382,12 +385,12 @@ class _Points:
         if n != 3 * self.k:
             return f"keypoints has {n} numbers, not 3 x {self.k} (its category's {self.k} keypoints)"
         values = struct.unpack_from(f"<{n}d", self.store, pos + _ANN.size + rec[_F_SEG_LEN])
-        lo, right, bottom = -BOX_SLACK, width + BOX_SLACK, height + BOX_SLACK
-        for i in range(0, n, 3):
-            x, y, v = values[i:i + 3]
+        xs, ys, lo, right, bottom = values[0::3], values[1::3], -BOX_SLACK, width + BOX_SLACK, height + BOX_SLACK
+        if min(xs) >= lo and min(ys) >= lo and max(xs) <= right and max(ys) <= bottom:
+            return None  # (the common case: every point inside, those not labelled too)
+        for i, (x, y, v) in enumerate(zip(xs, ys, values[2::3])):
             if v and (x < lo or y < lo or x > right or y > bottom):
-                return (f"keypoint {i // 3} ({names[i // 3]}) at ({x!r}, {y!r}) is outside the "
-                        f"{width}x{height} image")
+                return f"keypoint {i} ({names[i]}) at ({x!r}, {y!r}) is outside the {width}x{height} image"
         return None
 
 
