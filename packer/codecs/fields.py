@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesField", "JsonField",
            "LabelsField", "NdarrayField", "RleField", "VideoField", "ENCODINGS", "Schema", "parse_field",
-           "encode_blob", "split_blob", "BLOB_FMT", "BOXES", "KEYPOINTS"]
+           "encode_blob", "split_blob", "BLOB_FMT", "BOXES"]
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
 BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.codecs.fields import Schema, parse_field
+from packer.codecs.fields import Schema
 from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
@@ -99,8 +99,8 @@ def keypoints_schema(k: int) -> Schema:
     """The fields of an instances pack whose categories name ``k`` keypoints (COCO person
     keypoints): ``instances_schema``'s, then ``keypoints`` (x, y, v of each point) and
     ``num_keypoints`` (the labelled points, v > 0) per object."""
-    return Schema([*instances_schema().fields, parse_field("keypoints", f"ndarray:float32:*,{k},3"),
-                   parse_field("num_keypoints", "ndarray:int64:*")])
+    return Schema({**instances_schema().by_name, "keypoints": f"ndarray:float32:*,{k},3",
+                   "num_keypoints": "ndarray:int64:*"})
 
 
 def captions_schema() -> Schema:
@@ -667,6 +667,17 @@ def decode_annotations(data: "AnnotationRecords") -> Annotations:
     return Annotations(data)
 
 
+def _keypoints(ann: Annotations, k: int, sx: float, sy: float) -> dict[str, np.ndarray]:
+    """A keypoints pack's ``keypoints`` (``(N, k, 3)`` float32 x, y, v: x and y scaled by ``sx``,
+    ``sy`` as ``sample_fields`` scales the boxes, in float64 then stored as float32, so a point
+    (0, 0, 0) stays one; v as given) and ``num_keypoints`` (each object's labelled points, v > 0)."""
+    points = ann.keypoints(k)
+    if (sx, sy) != (1.0, 1.0):
+        points[..., :2] *= (sx, sy)
+    return {"keypoints": points.astype(np.float32),
+            "num_keypoints": np.count_nonzero(points[..., 2], axis=1).astype(np.int64)}
+
+
 class AnnotationRecords:
     """An item's annotations: the records (``kind`` ``instances``: ``ANNOTATION``, ``captions``:
     ``CAPTION``) at ``offsets`` of ``store``, each followed by its payload. ``store`` is the
@@ -702,8 +713,7 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     """The stored fields of one COCO image (without ``image``) for an image stored at
     ``height`` x ``width``: boxes as xyxy float32 and masks as compressed RLE, both scaled by
     the stored size over ``orig_size`` (the polygons scaled then drawn at the stored size, RLE
-    masks resized nearest-neighbour), the area scaled by both factors; in a keypoints pack
-    the keypoints scaled as the boxes are (``_keypoints``)."""
+    masks resized nearest-neighbour), the area scaled by both factors."""
     oh, ow = (int(v) for v in values["orig_size"])
     captions = "captions" in schema.by_name
     ann = decode_annotations(values["annotations"])
@@ -720,23 +730,12 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     if (sx, sy) != (1.0, 1.0):  # (times 1.0 is the same number)
         xyxy *= (sx, sy, sx, sy)
         area = area * (sx * sy)
+    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
+        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
     out.update(boxes=xyxy.astype(np.float32), labels=rec["label"].astype(np.int64),
                category_ids=rec["category_id"].astype(np.int64), iscrowd=rec["iscrowd"].copy(),
                area=area.astype(np.float32), masks=_masks(ann, oh, ow, height, width))
-    if "keypoints" in schema.by_name:
-        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
     return out
-
-
-def _keypoints(ann: Annotations, k: int, sx: float, sy: float) -> dict[str, np.ndarray]:
-    """``keypoints``: ``(N, k, 3)`` float32 x, y, v, x and y scaled by ``sx``, ``sy`` as the boxes
-    are (float64, then stored as float32; a point (0, 0, 0) stays one), v as given; and
-    ``num_keypoints``: the labelled points (v > 0) of each object."""
-    points = ann.keypoints(k)
-    if (sx, sy) != (1.0, 1.0):
-        points[..., :2] *= (sx, sy)
-    return {"keypoints": points.astype(np.float32),
-            "num_keypoints": np.count_nonzero(points[..., 2], axis=1).astype(np.int64)}
 
 
 def _masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> list[dict[str, Any]]:

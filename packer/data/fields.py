@@ -5,8 +5,8 @@
 selected fields are decoded (the blob is split into views without a copy; nothing else is
 touched), image fields as the dataset's ``decode`` says, ``rle`` masks as COCO RLE dicts or
 decoded ``(N, H, W)`` uint8 arrays (``masks="decode"``, pycocotools); with ``tv_tensors=True``
-as torchvision ``tv_tensors`` (``Image``, ``BoundingBoxes``, ``Mask``, ``KeyPoints``) so that
-``torchvision.transforms.v2`` moves boxes, masks and keypoints with the pixels.
+as torchvision ``tv_tensors`` (``Image``, ``BoundingBoxes``, ``Mask``) so that
+``torchvision.transforms.v2`` moves boxes and masks with the pixels.
 
 ``collate_fields`` batches a list of such dicts: fixed fields are stacked into one tensor,
 variable-length ones (boxes, labels, masks, captions) kept as lists or, with ``pad=True``,
@@ -26,7 +26,7 @@ from packer.codecs.image import to_chw
 from packer.errors import UsageError
 
 __all__ = ["FieldDecoder", "collate_fields", "collate_field", "varies", "MASK_MODES", "decode_masks",
-           "COUNT_SUFFIX", "VISIBILITY_SUFFIX", "field_collate"]
+           "COUNT_SUFFIX", "field_collate"]
 
 MASK_MODES = ("rle", "decode")
 COUNT_SUFFIX = "_count"  # collate_fields(pad=True): ``boxes`` -> ``boxes_count``
@@ -171,13 +171,13 @@ class FieldDecoder:
                             f"stored as {canvas}; its boxes and masks are in the stored pixels: decode whole images "
                             f"(decode='tensor') and resize or crop with torchvision.transforms.v2")
                 out[name] = tv.Image(chw)
-            elif boxes is not None and name == boxes.name:
-                canvas = canvas or self._canvas(parts)
-                out[name] = tv.BoundingBoxes(torch.from_numpy(value), format="XYXY", canvas_size=canvas)
-            elif name == self.points:
+            elif name == self.points:  # KeyPoints hold x, y: v beside them
                 canvas = canvas or self._canvas(parts)
                 out[name] = tv.KeyPoints(torch.from_numpy(np.ascontiguousarray(value[..., :2])), canvas_size=canvas)
                 out[name + VISIBILITY_SUFFIX] = torch.from_numpy(value[..., 2].astype(np.int64))
+            elif boxes is not None and name == boxes.name:
+                canvas = canvas or self._canvas(parts)
+                out[name] = tv.BoundingBoxes(torch.from_numpy(value), format="XYXY", canvas_size=canvas)
             elif f.type_name == "rle":
                 out[name] = tv.Mask(torch.from_numpy(value))
             elif isinstance(value, np.ndarray):
