@@ -3,7 +3,8 @@
 Used by ``packer demo``, the tests and the benchmarks, so none of them needs a download.
 Their JPEG size and decode cost are close to real photos of the same resolution (flat
 random noise or flat colours would make JPEG decode unrealistically slow or fast).
-``write_coco`` writes a COCO-shaped instances file of any size (and images for it).
+``write_coco`` writes a COCO-shaped instances (or person keypoints) file of any size (and images
+for it).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["natural_image", "jpeg_bytes", "make_image_folder", "write_video", "write_video_folder", "write_coco",
-           "rle_string"]
+           "rle_string", "COCO_KEYPOINTS", "COCO_SKELETON"]
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -106,6 +107,14 @@ def write_video_folder(root: str | os.PathLike, *, per_class: int = 2, classes: 
 COCO_CATEGORY_IDS = tuple(i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83))
 
 
+# COCO's person keypoints (person_keypoints_*.json): names, and the skeleton's 1-based pairs
+COCO_KEYPOINTS = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
+                  "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee",
+                  "right_knee", "left_ankle", "right_ankle")
+COCO_SKELETON = ((16, 14), (14, 12), (17, 15), (15, 13), (12, 13), (6, 12), (7, 13), (6, 7), (6, 8), (7, 9), (8, 10),
+                 (9, 11), (2, 3), (1, 2), (1, 3), (2, 4), (3, 5), (4, 6), (5, 7))
+
+
 def rle_string(counts: list[int]) -> str:
     """COCO's compressed RLE string of run lengths (pycocotools' ``rleToString``)."""
     out = []
@@ -168,10 +177,22 @@ def _annotation(rng: np.random.Generator, aid: int, iid: int, height: int, width
             "area": round(area, 2), "bbox": [x0, y0, round(float(xs.max()) - x0, 2), round(float(ys.max()) - y0, 2)]}
 
 
+def _person(rng: np.random.Generator, ann: dict, k: int) -> dict:
+    """``ann`` as a person with ``k`` keypoints, as COCO writes them: integer pixels inside its
+    box, v 0 (not labelled: 0, 0, 0), 1 (labelled, hidden) or 2 (visible); a crowd region's all
+    zero."""
+    x0, y0, w, h = ann["bbox"]
+    v = np.zeros(k, dtype=np.int64) if ann["iscrowd"] else rng.choice(3, size=k, p=(0.3, 0.2, 0.5))
+    xs = rng.integers(int(np.floor(x0)), int(np.floor(x0 + w)) + 1, k) * (v > 0)
+    ys = rng.integers(int(np.floor(y0)), int(np.floor(y0 + h)) + 1, k) * (v > 0)
+    return {**ann, "category_id": 1, "keypoints": np.stack([xs, ys, v], axis=1).ravel().tolist(),
+            "num_keypoints": int(np.count_nonzero(v))}
+
+
 def write_coco(root: str | os.PathLike, *, images: int = 100, annotations: int = 700, size: tuple[int, int] = (64, 64),
                seed: int = 0, empty: float = 0.05, crowd: float = 0.01, compressed: float = 0.005,
                points: tuple[int, int] = (8, 40), distinct: int = 256, write_images: bool = True,
-               name: str = "instances.json") -> Path:
+               name: str = "instances.json", keypoints: int = 0) -> Path:
     """A COCO-shaped instances file ``root/name`` (and, with ``write_images``, its JPEGs under
     ``root/images/``); returns the file's path.
 
@@ -182,6 +203,11 @@ def write_coco(root: str | os.PathLike, *, images: int = 100, annotations: int =
     uncompressed RLE, ``compressed`` objects as compressed RLE, the 80 COCO category ids (listed
     after the annotations, as COCO's own files do). The images are ``distinct`` photo-like JPEGs
     repeated. Written a batch at a time: the whole file is never held.
+
+    ``keypoints=K`` writes a person keypoints file instead (``person_keypoints_*.json``'s
+    layout): one category, ``person`` (id 1), naming K keypoints (COCO's 17 names and skeleton for
+    17) and every annotation a person with ``keypoints`` (some not labelled, v 0; some v 1 or 2)
+    and ``num_keypoints``.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -209,9 +235,17 @@ def write_coco(root: str | os.PathLike, *, images: int = 100, annotations: int =
         for start in range(0, annotations, 10_000):
             batch = [_annotation(rng, 1 + k, ids[int(owner[k])], height, width, crowd, compressed, points)
                      for k in range(start, min(start + 10_000, annotations))]
+            if keypoints:
+                batch = [_person(rng, a, keypoints) for a in batch]
             f.write(("," if start else "") + json.dumps(batch, separators=(",", ":"))[1:-1])
         f.write('],"categories":')
-        f.write(json.dumps([{"supercategory": "thing", "id": c, "name": f"category {c}"} for c in COCO_CATEGORY_IDS],
-                           separators=(",", ":")))
+        if keypoints:
+            names = list(COCO_KEYPOINTS) if keypoints == len(COCO_KEYPOINTS) else [f"point {i}" for i in range(keypoints)]
+            skeleton = COCO_SKELETON if keypoints == len(COCO_KEYPOINTS) else [(i, i + 1) for i in range(1, keypoints)]
+            cats = [{"supercategory": "person", "id": 1, "name": "person", "keypoints": names,
+                     "skeleton": [list(e) for e in skeleton]}]
+        else:
+            cats = [{"supercategory": "thing", "id": c, "name": f"category {c}"} for c in COCO_CATEGORY_IDS]
+        f.write(json.dumps(cats, separators=(",", ":")))
         f.write("}")
     return path

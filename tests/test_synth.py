@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from packer.synth import rle_string, write_coco
+from packer.synth import COCO_KEYPOINTS, COCO_SKELETON, rle_string, write_coco
 
 COCO = pytest.importorskip("pycocotools.coco").COCO
 mask_util = pytest.importorskip("pycocotools.mask")
@@ -37,3 +37,27 @@ def test_write_coco_is_read_by_pycocotools(tmp_path):
 def test_rle_string_is_pycocotools_compression(counts):
     h, w = 1, sum(counts)
     assert mask_util.frPyObjects({"size": [h, w], "counts": counts}, h, w)["counts"].decode() == rle_string(counts)
+
+
+def test_write_coco_keypoints_is_a_person_keypoints_file(tmp_path):
+    path = write_coco(tmp_path, images=12, annotations=60, size=(24, 32), crowd=0.1, seed=2, write_images=False,
+                      keypoints=17)
+    coco = COCO(str(path))
+    (person,) = coco.loadCats(coco.getCatIds())
+    assert person["name"] == "person" and person["keypoints"] == list(COCO_KEYPOINTS)
+    assert person["skeleton"] == [list(e) for e in COCO_SKELETON]
+    seen = set()
+    for a in coco.loadAnns(coco.getAnnIds()):
+        kp = np.array(a["keypoints"]).reshape(17, 3)
+        seen |= set(kp[:, 2].tolist())
+        assert a["category_id"] == 1 and a["num_keypoints"] == np.count_nonzero(kp[:, 2])
+        assert (kp[kp[:, 2] == 0] == 0).all()  # not labelled: (0, 0, 0), as COCO writes it
+        x, y, w, h = a["bbox"]
+        labelled = kp[kp[:, 2] > 0]
+        assert ((labelled[:, 0] >= np.floor(x)) & (labelled[:, 0] <= x + w + 1) & (labelled[:, 1] >= np.floor(y))
+                & (labelled[:, 1] <= y + h + 1)).all()
+    assert seen == {0, 1, 2}
+    other = json.loads(write_coco(tmp_path, images=3, annotations=5, write_images=False, keypoints=4,
+                                  name="k4.json").read_text())["categories"]
+    assert other[0]["keypoints"] == ["point 0", "point 1", "point 2", "point 3"]
+    assert other[0]["skeleton"] == [[1, 2], [2, 3], [3, 4]]

@@ -53,6 +53,13 @@ def inspect(path, as_json, grid, show, seed, grid_boxes, grid_labels):
         shown = ", ".join(f"{c['label']}={c.get('id')} {c.get('name')}" for c in cats[:10])
         click.echo(f"COCO {info.get('coco_kind')} categories (label=id name): {shown}"
                    + (f" ... ({len(cats)})" if len(cats) > 10 else ""))
+        named: dict[tuple, list[str]] = {}  # (names, skeleton) -> the labels that name them
+        for c in cats:
+            if c.get("keypoints"):
+                named.setdefault((tuple(c["keypoints"]), len(c.get("skeleton") or ())), []).append(str(c["label"]))
+        for (names, edges), labels in named.items():
+            click.echo(f"keypoints of label {', '.join(labels[:10])}{' ...' if len(labels) > 10 else ''} "
+                       f"({len(names)}, skeleton of {edges} edges): {', '.join(names)}")
     elif info["classes"]:
         shown = ", ".join(info["classes"][:10]) + (" ..." if len(info["classes"]) > 10 else "")
         click.echo(f"classes: {shown}")

@@ -50,6 +50,7 @@ __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesFi
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
 BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
+KEYPOINTS = "keypoints"  # the field name that makes a keypoints pack (``Schema.keypoints``)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _COMPRESSED = re.compile(r"[!-~]*")  # a compressed RLE's characters: printable ASCII, no space
@@ -677,6 +678,15 @@ class Schema:
         shape ``(N, 4)``, xyxy in the stored (first) image's pixels; None in other packs."""
         f = self.by_name.get(BOXES)
         return f if isinstance(f, NdarrayField) and f.shape == (None, 4) else None
+
+    @property
+    def keypoints(self) -> "NdarrayField | None":
+        """The keypoints of a keypoints pack: its ``keypoints`` field when that is an ndarray of
+        shape ``(N, K, 3)`` (per object K points: x, y in the stored (first) image's pixels, and
+        COCO's visibility v); None in other packs."""
+        f = self.by_name.get(KEYPOINTS)
+        return f if isinstance(f, NdarrayField) and len(f.shape) == 3 and f.shape[0] is None and f.shape[2] == 3 \
+            else None
 
     def to_json(self) -> list[dict[str, Any]]:
         """The manifest's ``schema``: one dict per field."""

@@ -1,12 +1,15 @@
 """COCO annotation files as field items: one item per image with its annotations, checked.
 
 ``coco_items(annotations, root)`` reads an ``instances_*.json`` (boxes, categories, crowd flags,
-areas, polygon or RLE masks) or a ``captions_*.json``; every image becomes a ``FieldItem``.
+areas, polygon or RLE masks; with keypoints where its categories name them, as
+``person_keypoints_*.json`` does) or a ``captions_*.json``; every image becomes a ``FieldItem``.
 Category ids map to contiguous labels ``0..K-1`` in ascending id (``categories``, stored in the
-manifest). A bad annotation (an unknown image id or category, a negative box size, a box
-outside its image, a polygon of fewer than 3 points, a malformed RLE) is an ``InputFailure``
-naming the image and the annotation ids; its image is not packed (a missing annotation would
-train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
+manifest with their keypoint names and skeleton). A bad annotation (an unknown image id or
+category, a negative box size, a box outside its image, a polygon of fewer than 3 points, a
+malformed RLE, keypoints that are not 3 numbers per named point, a visibility not 0, 1 or 2, a
+labelled point outside the image, a ``num_keypoints`` that does not count the labelled points)
+is an ``InputFailure`` naming the image and the annotation ids; its image is not packed (a
+missing annotation would train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
 turns the values into the stored fields with ``sample_fields``.
 
 **Memory.** The file is never parsed whole (``json.load`` of a COCO-sized file holds over 2 GB
@@ -14,7 +17,8 @@ of dicts, lists and floats, as ``pycocotools.coco.COCO(file)`` does): ``object_m
 (``packer.codecs.json_stream``) decodes one image or annotation at a time, and each
 annotation is checked and appended at once to one buffer, as a fixed-size binary record
 (``ANNOTATION``) followed by its mask (polygons as float64 coordinates, RLE counts as int64
-runs or the compressed string); each image keeps where its annotations' records are. The
+runs or the compressed string) and its keypoints (float64 ``x, y, v``, none when it gave
+none); each image keeps where its annotations' records are. The
 file's members may come in any order (COCO's own files list the categories last), so the
 checks that need the image's size or the categories run once the file is read, on the
 records, in the order ``json.load``-based checking ran them (the same failure, with the same
@@ -42,7 +46,8 @@ from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
-__all__ = ["CocoSource", "coco_items", "instances_schema", "captions_schema", "sample_fields", "need_pycocotools",
+__all__ = ["CocoSource", "coco_items", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
+           "need_pycocotools",
            "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
 log = logging.getLogger(__name__)
@@ -52,30 +57,34 @@ log = logging.getLogger(__name__)
 BOX_SLACK = 0.01
 
 # One instance annotation as stored (little-endian, no padding), then its mask's ``seg_len``
-# bytes: ``file_index`` is its position in the file's list, ``flags`` bits 0-3 say which bbox
-# values were JSON integers (for the reasons, which show the bbox as written), bit 4 that a
-# check failed while it was read, bit 5 that its RLE size or bbox did not fit int64/float64
-# exactly (kept aside). ``kind``: 0 no mask, 1 polygons (u32 count, u32 lengths, float64
-# coordinates), 2 RLE runs (int64 each), 3 a compressed RLE string (ASCII).
+# bytes, then its ``kp_len`` keypoint values (float64 ``x, y, v`` per point): ``file_index`` is
+# its position in the file's list, ``flags`` bits 0-3 say which bbox values were JSON integers
+# (for the reasons, which show the bbox as written), bit 4 that a check failed while it was
+# read, bit 5 that its RLE size or bbox did not fit int64/float64 exactly (kept aside), bit 6
+# that it gave ``keypoints`` (``[]`` too). ``kind``: 0 no mask, 1 polygons (u32 count, u32
+# lengths, float64 coordinates), 2 RLE runs (int64 each), 3 a compressed RLE string (ASCII).
 ANNOTATION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("category_id", "<i8"), ("label", "<i8"),
                        ("bbox", "<f8", (4,)), ("area", "<f8"), ("iscrowd", "u1"), ("flags", "u1"), ("kind", "u1"),
-                       ("rle_height", "<i8"), ("rle_width", "<i8"), ("seg_len", "<u4")])
+                       ("rle_height", "<i8"), ("rle_width", "<i8"), ("seg_len", "<u4"), ("kp_len", "<u4")])
 # One caption: its file index, id and UTF-8 length (the text follows).
 CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
-_ANN = struct.Struct("<qqqq4ddBBBqqI")  # the same records for struct (tests/conversion/test_coco.py checks)
+_ANN = struct.Struct("<qqqq4ddBBBqqII")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
-_F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE = 2, 4, 10, 11, 12
-_FAILED, _ASIDE = 0x10, 0x20
+_F_CATEGORY, _F_BOX, _F_FLAGS, _F_KIND, _F_RLE, _F_SEG_LEN, _F_KP_LEN = 2, 4, 10, 11, 12, 14, 15
+_FAILED, _ASIDE, _KP_GIVEN = 0x10, 0x20, 0x40
 _NUMBER = {int, float}  # the types json gives numbers (a bool is not one)
+_VISIBILITIES = {0, 1, 2}  # a keypoint's v: not labelled, labelled but hidden, visible (1.0 is 1)
 _I64 = (-(1 << 63), 1 << 63)
 
 # The order of the checks of an instance annotation: the first that fails is its reason.
 # Those marked (later) need the image's size or the categories, so they run once the file is read.
+# The keypoint checks (_KEYPOINTS on) apply only in a file whose categories name keypoints.
 (_CATEGORY, _BBOX, _FINITE, _NEGATIVE, _OUTSIDE, _CROWD, _AREA, _SEGMENTATION, _RLE_SIZE_IS_IMAGE, _RLE_COUNTS,
- _RLE_COVER, _PASSED) = range(12)  # _CATEGORY, _OUTSIDE, _RLE_SIZE_IS_IMAGE: (later)
+ _RLE_COVER, _KEYPOINTS, _VISIBILITY, _NUM_KEYPOINTS, _KP_COUNT, _KP_OUTSIDE,
+ _PASSED) = range(17)  # _CATEGORY, _OUTSIDE, _RLE_SIZE_IS_IMAGE, _KP_COUNT, _KP_OUTSIDE: (later)
 
 
 def instances_schema() -> Schema:
@@ -84,6 +93,14 @@ def instances_schema() -> Schema:
                    "labels": "ndarray:int64:*", "category_ids": "ndarray:int64:*", "iscrowd": "ndarray:uint8:*",
                    "area": "ndarray:float32:*", "annotation_ids": "ndarray:int64:*", "masks": "segmentation",
                    "orig_size": "ndarray:int64:2"})
+
+
+def keypoints_schema(k: int) -> Schema:
+    """The fields of an instances pack whose categories name ``k`` keypoints (COCO person
+    keypoints): ``instances_schema``'s, then ``keypoints`` (x, y, v of each point) and
+    ``num_keypoints`` (the labelled points, v > 0) per object."""
+    return Schema({**instances_schema().by_name, "keypoints": f"ndarray:float32:*,{k},3",
+                   "num_keypoints": "ndarray:int64:*"})
 
 
 def captions_schema() -> Schema:
@@ -211,7 +228,7 @@ def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, t
     integer, not a bool".)"""
     cid = a.get("category_id")
     flags, box, area, crowd = 0, (0.0, 0.0, 0.0, 0.0), 0.0, 0
-    kind, rh, rw, seg = _NONE, 0, 0, b""
+    kind, rh, rw, seg, points = _NONE, 0, 0, b"", b""
     try:
         if type(cid) is not int or not _I64[0] <= cid < _I64[1]:  # no category has it (their ids are int64)
             raise _Failed(_CATEGORY, f"unknown category id {cid!r}")
@@ -258,8 +275,46 @@ def _instance_record(j: int, a: dict, aside: dict[int, Any], failed: dict[int, t
             if size is not None:
                 aside.setdefault(j, {})["size"] = size
                 flags |= _ASIDE
+    else:  # (apart: in a file without keypoint categories a failure here is no failure, the mask stays)
+        try:
+            given, points = _keypoint_values(a)
+            flags |= given
+        except _Failed as e:
+            failed[j] = (e.stage, e.reason)
+            flags |= _FAILED
     return _ANN.pack(j, a["id"], cid if type(cid) is int and _I64[0] <= cid < _I64[1] else 0, -1, *box, area,
-                     crowd, flags, kind, rh, rw, len(seg)), seg
+                     crowd, flags, kind, rh, rw, len(seg), len(points) // 8), seg + points
+
+
+def _keypoint_values(a: dict) -> tuple[int, bytes]:
+    """``(flags, values)`` of annotation ``a``'s keypoints: ``_KP_GIVEN`` when it has a
+    ``keypoints`` list (``[]`` too) and its numbers as float64, with the checks that need neither
+    the image nor the categories (``_Failed`` for the first that fails): a list of finite
+    ``x, y, v`` numbers, v in {0, 1, 2}, ``num_keypoints`` (when given) the count of v > 0."""
+    kp, flags, labelled, data = a.get("keypoints"), 0, 0, b""
+    if kp is not None:
+        types = set(map(type, kp)) if type(kp) is list else None
+        if types is None or not types <= _NUMBER:
+            raise _Failed(_KEYPOINTS, "keypoints is not a list of numbers [x1, y1, v1, ...]")
+        if len(kp) % 3:
+            raise _Failed(_KEYPOINTS, f"keypoints has {len(kp)} numbers, not 3 (x, y, v) per point")
+        try:
+            values = array("d", kp)
+        except OverflowError:  # an integer past float64's range
+            values = None
+        if values is None or float in types and not all(map(isfinite, values)):
+            raise _Failed(_KEYPOINTS, "keypoints are not finite numbers")
+        visibility = kp[2::3]
+        if not set(visibility) <= _VISIBILITIES:
+            i, v = next((i, v) for i, v in enumerate(visibility) if v not in _VISIBILITIES)
+            raise _Failed(_VISIBILITY, f"keypoint {i} has visibility {v!r}, not 0, 1 or 2")
+        labelled = len(visibility) - visibility.count(0)
+        flags, data = _KP_GIVEN, values.tobytes()
+    given = a.get("num_keypoints")
+    if given is not None and (type(given) is not int or given != labelled):
+        raise _Failed(_NUM_KEYPOINTS, f"num_keypoints {given!r} is not the number of labelled (v > 0) "
+                                      f"keypoints, {labelled}")
+    return flags, data
 
 
 def _caption_record(j: int, a: dict, failed: dict[int, tuple[int, str]]) -> tuple[bytes, bytes]:
@@ -281,11 +336,15 @@ def _box_text(rec: tuple, aside: dict[str, Any] | None) -> str:
 
 
 def _first_failure(rec: tuple, failed: tuple[int, str] | None, aside: dict[str, Any] | None,
-                   label_of: dict[int, int], height: int, width: int) -> str | None:
-    """The reason of the first check annotation ``rec`` (an unpacked record) fails, in the
-    checks' order, or None: the one found while it was read (``failed``) unless a check made
-    now, of an earlier stage, fails."""
+                   label_of: dict[int, int], height: int, width: int, points: "_Points | None" = None,
+                   pos: int = 0) -> str | None:
+    """The reason of the first check annotation ``rec`` (an unpacked record, at ``pos`` of the
+    store) fails, in the checks' order, or None: the one found while it was read (``failed``)
+    unless a check made now, of an earlier stage, fails. ``points``: the file's keypoint checks
+    (None: its categories name no keypoints, and they do not apply)."""
     stage = failed[0] if failed is not None else _PASSED
+    if stage >= _KEYPOINTS and points is None:
+        failed, stage = None, _PASSED
     if rec[_F_CATEGORY] not in label_of and stage > _CATEGORY:
         return f"unknown category id {rec[_F_CATEGORY]!r}"
     if stage > _OUTSIDE:
@@ -296,7 +355,37 @@ def _first_failure(rec: tuple, failed: tuple[int, str] | None, aside: dict[str, 
         size = aside["size"] if aside and "size" in aside else [rec[_F_RLE], rec[_F_RLE + 1]]
         if size != [height, width]:
             return f"malformed RLE: size {size} is not the image's [{height}, {width}]"
-    return failed[1] if failed is not None else None
+    if failed is not None:
+        return failed[1]
+    return points.why(rec, pos, height, width) if points is not None else None
+
+
+class _Points:
+    """The keypoint checks that need the categories or the image, in a file whose categories
+    name ``k`` keypoints (``names``: by category id, those that name them): an annotation of such
+    a category that gives keypoints gives ``3 k`` numbers, one of another category none, and a
+    labelled point (v > 0) is inside the image (``BOX_SLACK``)."""
+
+    def __init__(self, k: int, names: dict[int, list[str]], store: bytearray):
+        self.k, self.names, self.store = k, names, store
+
+    def why(self, rec: tuple, pos: int, height: int, width: int) -> str | None:
+        """The reason annotation ``rec`` (at ``pos``) fails these checks, or None."""
+        n, names = rec[_F_KP_LEN], self.names.get(rec[_F_CATEGORY])
+        if names is None:
+            return f"keypoints given, but category {rec[_F_CATEGORY]} names no keypoints" if n else None
+        if not rec[_F_FLAGS] & _KP_GIVEN:
+            return None  # none given: k points of zeros (not labelled)
+        if n != 3 * self.k:
+            return f"keypoints has {n} numbers, not 3 x {self.k} (its category's {self.k} keypoints)"
+        values = struct.unpack_from(f"<{n}d", self.store, pos + _ANN.size + rec[_F_SEG_LEN])
+        xs, ys, lo, right, bottom = values[0::3], values[1::3], -BOX_SLACK, width + BOX_SLACK, height + BOX_SLACK
+        if min(xs) >= lo and min(ys) >= lo and max(xs) <= right and max(ys) <= bottom:
+            return None  # (the common case: every point inside, those not labelled too)
+        for i, (x, y, v) in enumerate(zip(xs, ys, values[2::3])):
+            if v and (x < lo or y < lo or x > right or y > bottom):
+                return f"keypoint {i} ({names[i]}) at ({x!r}, {y!r}) is outside the {width}x{height} image"
+        return None
 
 
 class _Reader:
@@ -315,6 +404,8 @@ class _Reader:
         self.malformed: list[tuple[int, str]] = []  # (file index, reason): annotations of no image id
         self.categories: Any = None
         self.have_images = False
+        self.with_keypoints = 0  # annotations that have a "keypoints" member
+        self.points: _Points | None = None  # the keypoint checks, once the categories are known
 
     def read(self) -> None:
         path = self.path
@@ -369,6 +460,7 @@ class _Reader:
             return
         head, payload = _caption_record(j, a, self.failed) if self.kind == "captions" else \
             _instance_record(j, a, self.aside, self.failed)
+        self.with_keypoints += "keypoints" in a
         store = self.store
         group = self.groups.get(a["image_id"])
         if group is None:
@@ -376,6 +468,40 @@ class _Reader:
         group.append(len(store))
         store += head
         store += payload
+
+
+def _category(c: dict, path: str, kind: str) -> dict[str, Any]:
+    """A category as the manifest keeps it: ``{id, name}``, and in an instances file whose
+    category names keypoints (COCO person keypoints) its ``keypoints`` names and ``skeleton``
+    (pairs of 1-based keypoint numbers, as COCO writes them); UsageError when they are malformed."""
+    out = {"id": c["id"], "name": str(c.get("name", c["id"]))}
+    names = c.get("keypoints")
+    if kind != "instances" or names is None or names == []:
+        return out
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UsageError(f"{path}: category {c['id']}: 'keypoints' is not a list of keypoint names")
+    skeleton = c.get("skeleton")
+    skeleton = [] if skeleton is None else skeleton
+    if not isinstance(skeleton, list) or not all(
+            isinstance(e, list) and len(e) == 2 and all(_int_id(k) and 1 <= k <= len(names) for k in e)
+            for e in skeleton):
+        raise UsageError(f"{path}: category {c['id']}: 'skeleton' is not a list of [a, b] pairs of keypoint "
+                         f"numbers 1..{len(names)}")
+    out.update(keypoints=list(names), skeleton=[list(e) for e in skeleton])
+    return out
+
+
+def _keypoint_checks(categories: list[dict[str, Any]], path: str, store: bytearray) -> _Points | None:
+    """The keypoint checks of a file whose categories name keypoints (None: none does);
+    UsageError when they name different numbers (a pack stores K points per object)."""
+    named = [c for c in categories if "keypoints" in c]
+    if not named:
+        return None
+    if len({len(c["keypoints"]) for c in named}) > 1:
+        shown = ", ".join(f"id {c['id']} {c['name']!r} ({len(c['keypoints'])})" for c in named)
+        raise UsageError(f"{path}: categories name different numbers of keypoints ({shown}); a pack stores the "
+                         "same number of keypoints for every object")
+    return _Points(len(named[0]["keypoints"]), {c["id"]: c["keypoints"] for c in named}, store)
 
 
 def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_empty: bool = False,
@@ -398,11 +524,15 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
         raise UsageError(f"{ann_path}: malformed 'categories' (each needs an integer id)")
     if not isinstance(cats, list):
         cats = []
-    categories = sorted(({"id": c["id"], "name": str(c.get("name", c["id"]))} for c in cats if isinstance(c, dict)
-                         and _int_id(c.get("id"))), key=lambda c: c["id"])
+    categories = sorted((_category(c, ann_path, kind) for c in cats if isinstance(c, dict) and _int_id(c.get("id"))),
+                        key=lambda c: c["id"])
     label_of = {c["id"]: i for i, c in enumerate(categories)}
     if len(label_of) != len(categories):
         raise UsageError(f"{ann_path}: repeated category ids")
+    r.points = _keypoint_checks(categories, ann_path, r.store)
+    if r.points is None and r.with_keypoints:
+        log.warning("%s: %d annotations have keypoints, but no category names them (a category's 'keypoints'): "
+                    "they are not packed", ann_path, r.with_keypoints)
 
     for reason, key in r.image_failures:
         bad_line(failures, ann_path, 0, reason, key=key)
@@ -437,7 +567,8 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
                 continue
         items.append(FieldItem(key, str(root / key), iid, {"image_id": iid, "orig_size": (height, width),
                                                            "annotations": AnnotationRecords(r.store, offsets, kind)}))
-    schema = captions_schema() if kind == "captions" else instances_schema()
+    schema = captions_schema() if kind == "captions" else \
+        instances_schema() if r.points is None else keypoints_schema(r.points.k)
     return CocoSource(items, schema, categories if kind == "instances" else [], kind)
 
 
@@ -445,18 +576,20 @@ def _check_instances(r: _Reader, offsets: array, label_of: dict[int, int], heigh
                      width: int) -> list[str]:
     """The reasons an image's annotations fail (file order); none: each one's label filled in."""
     reasons = []
-    store, unpack, failed, aside = r.store, _ANN.unpack_from, r.failed, r.aside
+    store, unpack, failed, aside, points = r.store, _ANN.unpack_from, r.failed, r.aside, r.points
     for pos in offsets:
         rec = unpack(store, pos)
         if rec[_F_FLAGS] & (_FAILED | _ASIDE) or rec[_F_CATEGORY] not in label_of:
             j = rec[0]
-            why = _first_failure(rec, failed.pop(j, None), aside.pop(j, None), label_of, height, width)
+            why = _first_failure(rec, failed.pop(j, None), aside.pop(j, None), label_of, height, width, points, pos)
         else:  # (the common case inline: only the checks made now)
             x, y, w, h = rec[_F_BOX:_F_BOX + 4]
             why = None
             if x < -BOX_SLACK or y < -BOX_SLACK or x + w > width + BOX_SLACK or y + h > height + BOX_SLACK or \
                     (rec[_F_KIND] >= _RLE_RUNS and (rec[_F_RLE] != height or rec[_F_RLE + 1] != width)):
-                why = _first_failure(rec, None, None, label_of, height, width)
+                why = _first_failure(rec, None, None, label_of, height, width, points, pos)
+            elif points is not None:
+                why = points.why(rec, pos, height, width)
         if why is not None:
             reasons.append(f"annotation {rec[1]}: {why}")
         elif not reasons:
@@ -511,6 +644,13 @@ class Annotations:
             return "rle", bytes(blob[start:end]).decode("ascii")
         return "none", None
 
+    def keypoints(self, k: int) -> np.ndarray:
+        """``(N, k, 3)`` float64: each annotation's keypoints (x, y, v), zeros where it gave none."""
+        out = np.zeros((len(self), k, 3))
+        for i in np.flatnonzero(self.records["kp_len"]).tolist():
+            out[i] = np.frombuffer(self.blob, "<f8", 3 * k, self.spans[i][1]).reshape(k, 3)
+        return out
+
     def captions(self) -> list[str]:
         """The captions' texts."""
         return [bytes(self.blob[a:b]).decode("utf-8", "surrogatepass") for a, b in self.spans]
@@ -519,6 +659,17 @@ class Annotations:
 def decode_annotations(data: "AnnotationRecords") -> Annotations:
     """An item's ``annotations`` (see the module doc) as records and payloads."""
     return Annotations(data)
+
+
+def _keypoints(ann: Annotations, k: int, sx: float, sy: float) -> dict[str, np.ndarray]:
+    """A keypoints pack's ``keypoints`` (``(N, k, 3)`` float32 x, y, v: x and y scaled by ``sx``,
+    ``sy`` as ``sample_fields`` scales the boxes, in float64 then stored as float32, so a point
+    (0, 0, 0) stays one; v as given) and ``num_keypoints`` (each object's labelled points, v > 0)."""
+    points = ann.keypoints(k)
+    if (sx, sy) != (1.0, 1.0):
+        points[..., :2] *= (sx, sy)
+    return {"keypoints": points.astype(np.float32),
+            "num_keypoints": np.count_nonzero(points[..., 2], axis=1).astype(np.int64)}
 
 
 class AnnotationRecords:
@@ -538,11 +689,14 @@ class AnnotationRecords:
         return len(self.offsets)
 
     def __reduce__(self) -> tuple:
-        dtype, length = (ANNOTATION, "seg_len") if self.kind == "instances" else (CAPTION, "text_len")
+        instances = self.kind == "instances"
+        dtype, length = (ANNOTATION, "seg_len") if instances else (CAPTION, "text_len")
         size, at = dtype.itemsize, dtype.fields[length][1]
         store, parts, offsets, pos = self.store, [], array("q"), 0
         for o in self.offsets:
             n = size + struct.unpack_from("<I", store, o + at)[0]
+            if instances:  # then the keypoints' float64 values
+                n += 8 * struct.unpack_from("<I", store, o + at + 4)[0]
             parts.append(bytes(store[o:o + n]))
             offsets.append(pos)
             pos += n
@@ -570,6 +724,8 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     if (sx, sy) != (1.0, 1.0):  # (times 1.0 is the same number)
         xyxy *= (sx, sy, sx, sy)
         area = area * (sx * sy)
+    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
+        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
     out.update(boxes=xyxy.astype(np.float32), labels=rec["label"].astype(np.int64),
                category_ids=rec["category_id"].astype(np.int64), iscrowd=rec["iscrowd"].copy(),
                area=area.astype(np.float32), masks=_stored_masks(ann, oh, ow, height, width))

@@ -147,6 +147,15 @@ class PackedDataset(torch.utils.data.Dataset):
         return self.reader.classes
 
     @property
+    def categories(self) -> list[dict[str, Any]]:
+        """A COCO pack's categories by label (``classes`` are their names): ``{id, name}``, with
+        ``keypoints`` (the names of the points of ``keypoints[:, k]``) and ``skeleton`` (pairs of
+        1-based point numbers, as COCO writes them) where the annotation file names keypoints.
+        Empty for other packs."""
+        coco = self.reader.manifest.extra.get("coco")
+        return [dict(c) for c in coco.get("categories") or []] if isinstance(coco, dict) else []
+
+    @property
     def keys(self) -> list[str]:
         """Sample keys (source paths relative to the input root) by position."""
         return self.reader.keys

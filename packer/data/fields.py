@@ -32,6 +32,8 @@ __all__ = ["FieldDecoder", "collate_fields", "collate_field", "varies", "MASK_MO
 MASK_MODES = ("rle", "decode", "segmentation")
 MASK_TYPES = ("rle", "segmentation")  # the field types ``masks=`` applies to
 COUNT_SUFFIX = "_count"  # collate_fields(pad=True): ``boxes`` -> ``boxes_count``
+# tv_tensors=True: ``keypoints`` (N, K, 3) -> ``keypoints`` KeyPoints (N, K, 2) + ``keypoints_visibility`` (N, K)
+VISIBILITY_SUFFIX = "_visibility"
 
 
 def decode_masks(rles: list[dict[str, Any]], height: int, width: int) -> np.ndarray:
@@ -99,8 +101,11 @@ class FieldDecoder:
             ``"rle"``, or ``"decode"`` with ``tv_tensors``.
         tv_tensors: return torchvision ``tv_tensors``: image fields as ``Image`` (C x H x W), the
             detection boxes (``Schema.boxes``) as ``BoundingBoxes`` (XYXY, ``canvas_size`` the
-            stored image's (H, W)), masks as ``Mask`` (N x H x W), other arrays and label lists
-            as tensors. The first image must decode at its stored size (boxes are in its pixels).
+            stored image's (H, W)), masks as ``Mask`` (N x H x W), the keypoints
+            (``Schema.keypoints``, N x K x 3) as ``KeyPoints`` (N x K x 2: x, y, the same canvas)
+            with their visibility beside them as ``<name>_visibility`` (N x K int64), other arrays
+            and label lists as tensors. The first image must decode at its stored size (boxes and
+            keypoints are in its pixels).
     """
 
     def __init__(self, schema: Schema, *, image: Callable[[bytes], Any], fields: Sequence[str] | str | None = None,
@@ -126,6 +131,15 @@ class FieldDecoder:
         self.tv = _torchvision_tv_tensors() if tv_tensors else None
         # the names of the selected fields whose length varies by sample (collate_fields' ``variable``)
         self.variable = [n for n in names if varies(schema.by_name[n])]
+        # tv_tensors' KeyPoints (torchvision 0.23 on; before it, keypoints stay one N x K x 3 tensor)
+        points = schema.keypoints if self.tv is not None and hasattr(self.tv, "KeyPoints") else None
+        self.points = points.name if points is not None and points.name in names else None
+        if self.points is not None:
+            visibility = self.points + VISIBILITY_SUFFIX
+            if visibility in schema.by_name:
+                raise UsageError(f"tv_tensors=True returns {self.points!r}'s visibility as {visibility!r}, a field "
+                                 "of this pack: select fields without it")
+            self.variable.append(visibility)
 
     def __call__(self, blob: bytes | memoryview) -> dict[str, Any]:
         """``{name: value}`` of the selected fields; ValueError when the blob or a field is
@@ -152,7 +166,7 @@ class FieldDecoder:
         first = self.schema.image_fields[0] if self.schema.image_fields else None
         boxes = self.schema.boxes
         canvas: tuple[int, int] | None = None
-        for name, value in out.items():
+        for name, value in list(out.items()):
             f = self.schema.by_name[name]
             if f.type_name == "image":
                 chw = _chw(value)
@@ -164,6 +178,10 @@ class FieldDecoder:
                             f"stored as {canvas}; its boxes and masks are in the stored pixels: decode whole images "
                             f"(decode='tensor') and resize or crop with torchvision.transforms.v2")
                 out[name] = tv.Image(chw)
+            elif name == self.points:  # KeyPoints hold x, y: v beside them
+                canvas = canvas or self._canvas(parts)
+                out[name] = tv.KeyPoints(torch.from_numpy(np.ascontiguousarray(value[..., :2])), canvas_size=canvas)
+                out[name + VISIBILITY_SUFFIX] = torch.from_numpy(value[..., 2].astype(np.int64))
             elif boxes is not None and name == boxes.name:
                 canvas = canvas or self._canvas(parts)
                 out[name] = tv.BoundingBoxes(torch.from_numpy(value), format="XYXY", canvas_size=canvas)

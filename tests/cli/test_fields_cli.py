@@ -80,3 +80,21 @@ def test_inspect_grid_box_flags_are_the_library_call(tmp_path):
         info = packer.inspect(out, grid=tmp_path / "lib.png", **kw)
         assert info["grid"]["positions"] == list(range(len(BOX_IMAGES)))
         assert np.array_equal(np.asarray(Image.open(tmp_path / "lib.png")), np.asarray(Image.open(tmp_path / "cli.png")))
+
+
+def test_coco_flag_packs_keypoints_as_the_library_call_and_inspect_shows_their_names(tmp_path):
+    from packer.synth import COCO_KEYPOINTS, write_coco
+
+    path = write_coco(tmp_path, images=5, annotations=12, size=(32, 40), keypoints=17, seed=3)
+    r = CliRunner().invoke(main, ["to-lmdb", "--coco", str(path), "--root", str(tmp_path), "--short-side", "20",
+                                  "--workers", "0", str(tmp_path / "cli")])
+    assert r.exit_code == 0, r.output
+    packer.pack(tmp_path, tmp_path / "lib", coco=path, resize=packer.ResizeSpec(short_side=20), workers=0)
+    assert packed_snapshot(tmp_path / "cli") == packed_snapshot(tmp_path / "lib")
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "cli"), "--show", "1"])
+    assert r.exit_code == 0, r.output
+    assert "keypoints:ndarray:float32:*,17,3, num_keypoints:ndarray:int64:*" in r.output
+    assert "COCO instances categories (label=id name): 0=1 person" in r.output
+    assert f"keypoints of label 0 (17, skeleton of 19 edges): {', '.join(COCO_KEYPOINTS)}" in r.output
+    info = json.loads(CliRunner().invoke(main, ["inspect", str(tmp_path / "cli"), "--json"]).output)
+    assert info["categories"][0]["keypoints"] == list(COCO_KEYPOINTS) and len(info["categories"][0]["skeleton"]) == 19

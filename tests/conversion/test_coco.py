@@ -14,13 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from packer.codecs import json_stream
 from packer.codecs.fields import Segmentation
 from packer.conversion import coco
 from packer.conversion.inputs import FieldItem
 from packer.errors import UsageError
-from packer.synth import rle_string, write_coco
+from packer.synth import COCO_KEYPOINTS, COCO_SKELETON, rle_string, write_coco
 from tests.support import coco_reference
 
 mask_util = pytest.importorskip("pycocotools.mask")
@@ -200,7 +202,129 @@ def test_an_item_holds_its_annotations_compactly(source, tmp_path):
 
 def test_the_struct_and_numpy_forms_of_a_record_agree():
     assert coco._ANN.size == coco.ANNOTATION.itemsize and coco._CAP.size == coco.CAPTION.itemsize
-    values = (3, 77, 18, 5, 1.5, 2.5, 3.5, 4.5, 9.25, 1, 0x21, 2, 480, 640, 96)
+    values = (3, 77, 18, 5, 1.5, 2.5, 3.5, 4.5, 9.25, 1, 0x61, 2, 480, 640, 96, 51)
     rec = np.frombuffer(coco._ANN.pack(*values), coco.ANNOTATION)[0]
     assert (rec["file_index"], rec["id"], rec["category_id"], rec["label"], *rec["bbox"], rec["area"], rec["iscrowd"],
-            rec["flags"], rec["kind"], rec["rle_height"], rec["rle_width"], rec["seg_len"]) == values
+            rec["flags"], rec["kind"], rec["rle_height"], rec["rle_width"], rec["seg_len"], rec["kp_len"]) == values
+    unpacked = coco._ANN.unpack(coco._ANN.pack(*values))
+    assert (unpacked[coco._F_FLAGS], unpacked[coco._F_SEG_LEN], unpacked[coco._F_KP_LEN]) == (0x61, 96, 51)
+
+
+# -- keypoints (person_keypoints_*.json) ------------------------------------------------------
+
+def _keypoint_file(tmp_path: Path, change=None) -> Path:
+    """A person keypoints file (``write_coco(keypoints=17)``), changed by ``change(data)``."""
+    data = json.loads(write_coco(tmp_path / "w", images=12, annotations=50, size=(30, 40), crowd=0.1, empty=0.2,
+                                 keypoints=17, write_images=False, seed=7).read_text())
+    if change is not None:
+        change(data)
+    path = tmp_path / "person_keypoints.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_keypoint_categories_add_keypoint_fields_and_keep_their_names(tmp_path):
+    path = _keypoint_file(tmp_path)
+    got = coco.coco_items(path, tmp_path, failures=[])
+    assert got.schema == coco.keypoints_schema(17)
+    assert got.schema.names == coco.instances_schema().names + ["keypoints", "num_keypoints"]
+    assert got.schema.by_name["keypoints"].spec() == "ndarray:float32:*,17,3"
+    assert got.categories == [{"id": 1, "name": "person", "keypoints": list(COCO_KEYPOINTS),
+                               "skeleton": [list(e) for e in COCO_SKELETON]}]
+    anns = json.loads(path.read_text())["annotations"]
+    for item in got.items:
+        x = coco.sample_fields(item.values, height=30, width=40, schema=got.schema)
+        want = [a for a in anns if a["image_id"] == item.values["image_id"]]
+        src = np.array([a["keypoints"] for a in want], dtype=np.float64).reshape(-1, 17, 3)
+        assert np.array_equal(x["keypoints"], src.astype(np.float32))
+        assert x["num_keypoints"].tolist() == [a["num_keypoints"] for a in want]
+        again = pickle.loads(pickle.dumps(item))  # a spawned worker's item carries its keypoints too
+        y = coco.sample_fields(again.values, height=15, width=60, schema=got.schema)
+        assert np.array_equal(y["keypoints"], (src * (1.5, 0.5, 1)).astype(np.float32))
+
+
+def test_a_file_without_keypoint_categories_keeps_its_schema_and_ignores_keypoints(source, tmp_path, caplog):
+    data = json.loads(json.dumps(source))
+    data["annotations"][0]["keypoints"] = [1, 2, 7]  # malformed too: not checked where no category names them
+    data["annotations"][1].update(keypoints=[1, 2, 2], num_keypoints=5)
+    path = _write(data, tmp_path / "instances.json", ORDERS["COCO's (categories last)"], None)
+    with caplog.at_level("WARNING"):
+        _same(path, tmp_path)  # what the reference (which knows no keypoints) gives
+    assert "2 annotations have keypoints, but no category names them" in caplog.text
+
+
+def _names(k: int) -> list[str]:
+    return [f"p{i}" for i in range(k)]
+
+
+@pytest.mark.parametrize("categories, message", [
+    ([{"id": 1, "name": "person", "keypoints": _names(17)}, {"id": 2, "name": "hand", "keypoints": _names(21)}],
+     r"categories name different numbers of keypoints \(id 1 'person' \(17\), id 2 'hand' \(21\)\)"),
+    ([{"id": 1, "name": "person", "keypoints": "nose"}], "category 1: 'keypoints' is not a list of keypoint names"),
+    ([{"id": 1, "name": "person", "keypoints": _names(3), "skeleton": [[1, 4]]}],
+     r"category 1: 'skeleton' is not a list of \[a, b\] pairs of keypoint numbers 1..3"),
+])
+def test_malformed_keypoint_categories_are_a_usage_error_naming_them(tmp_path, categories, message):
+    def change(data):
+        data["categories"] = categories
+    with pytest.raises(UsageError, match=message):
+        coco.coco_items(_keypoint_file(tmp_path, change), tmp_path, failures=[])
+
+
+def test_an_object_of_a_category_without_keypoint_names_has_k_points_of_zeros(tmp_path):
+    def change(data):
+        data["categories"].append({"id": 2, "name": "ball"})
+        for a in data["annotations"][::3]:
+            a["category_id"] = 2
+            del a["keypoints"], a["num_keypoints"]
+        del data["annotations"][1]["keypoints"]  # a person without keypoints: zeros too
+        data["annotations"][1]["num_keypoints"] = 0
+    path = _keypoint_file(tmp_path, change)
+    failures: list = []
+    got = coco.coco_items(path, tmp_path, failures=failures)
+    assert not failures and got.categories[1] == {"id": 2, "name": "ball"}
+    anns = {a["id"]: a for a in json.loads(path.read_text())["annotations"]}
+    zeros = 0
+    for item in got.items:
+        x = coco.sample_fields(item.values, height=30, width=40, schema=got.schema)
+        for aid, kp, n in zip(x["annotation_ids"].tolist(), x["keypoints"], x["num_keypoints"].tolist()):
+            src = anns[aid].get("keypoints")
+            assert np.array_equal(kp, np.zeros((17, 3)) if src is None else np.reshape(src, (17, 3)))
+            assert n == anns[aid]["num_keypoints"] if src is not None else n == 0
+            zeros += src is None
+    assert zeros > 10
+
+
+_V = st.sampled_from([0, 1, 2, 1.0, 3, -1, 0.5, True, None, "2"])
+_XY = st.one_of(st.integers(-10, 100), st.floats(-10, 100), st.just(float("nan")), st.just(float("inf")),
+                st.just(10 ** 400), st.booleans(), st.text(max_size=1))
+
+
+@given(st.lists(st.tuples(_XY, _XY, _V), max_size=6), st.integers(0, 2), st.one_of(st.none(), st.integers(-1, 7)))
+def test_keypoint_values_keep_good_lists_exactly_and_name_the_first_fault(points, cut, num):
+    """``_keypoint_values`` against a plain reading of the rules: a list of numbers, 3 per point,
+    finite, v 0, 1 or 2, ``num_keypoints`` (when given) the labelled count; a good list is kept
+    exactly as float64."""
+    kp = [v for p in points for v in p][:max(0, 3 * len(points) - cut)] if points else []
+    a = {"keypoints": kp} if num is None else {"keypoints": kp, "num_keypoints": num}
+    numbers = all(type(v) in (int, float) for v in kp)
+    finite = numbers and all(isinstance(v, int) and abs(v) < 1e300 or isinstance(v, float) and np.isfinite(v)
+                             for v in kp)
+    good_v = all(v in (0, 1, 2) for v in kp[2::3])
+    labelled = sum(v != 0 for v in kp[2::3])
+    if not numbers or len(kp) % 3 or not finite:
+        want = coco._KEYPOINTS
+    elif not good_v:
+        want = coco._VISIBILITY
+    elif num is not None and num != labelled:
+        want = coco._NUM_KEYPOINTS
+    else:
+        want = None
+    try:
+        flags, data = coco._keypoint_values(a)
+    except coco._Failed as e:
+        assert e.stage == want, (kp, e.reason)
+        assert "keypoint" in e.reason
+        return
+    assert want is None and flags == coco._KP_GIVEN
+    assert np.frombuffer(data, "<f8").tolist() == [float(v) for v in kp]

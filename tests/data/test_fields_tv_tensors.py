@@ -1,10 +1,11 @@
-"""``tv_tensors=True``: torchvision's ``transforms.v2`` move boxes and masks with the pixels.
+"""``tv_tensors=True``: torchvision's ``transforms.v2`` move boxes, masks and keypoints with the pixels.
 
 torchvision's wheels are built for one torch release, and none installs beside the main
 environment's torch: the tests that need it skip there, naming why, and run in a venv with a
 matching pair (docs/fields.md, "tv_tensors", says how). The error without torchvision is tested
 where it is missing. The pack is ``pack_box_coco``'s: each box is a white rectangle on black, so
-a transformed box can be checked against the transformed pixels.
+a transformed box can be checked against the transformed pixels; in its keypoints variant each
+object's keypoints are its box's corners, so they can be checked against the transformed boxes.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader
 import packer
 from packer.data import DecodeResizeCrop
 from packer.errors import UsageError
-from tests.support.coco import BOX_IMAGES, pack_box_coco
+from tests.support.coco import BOX_IMAGES, BOX_KEYPOINT_CATEGORIES, pack_box_coco
 
 pytest.importorskip("pycocotools")
 
@@ -139,3 +140,72 @@ def test_a_decode_that_changes_the_size_is_refused_naming_why(pack):
     ds = packer.PackedDataset(pack, tv_tensors=True, decode=DecodeResizeCrop(32, 32))
     with pytest.raises(UsageError, match="boxes and masks are in the stored pixels"):
         ds[0]
+
+
+@pytest.fixture(scope="module")
+def keypoints_pack(tmp_path_factory):
+    return pack_box_coco(tmp_path_factory.mktemp("keypoints"), keypoints=True)
+
+
+def corners(boxes: torch.Tensor) -> torch.Tensor:
+    """The four corners of each xyxy box as keypoints: (N, 4, 2)."""
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    return torch.stack([torch.stack(p, -1) for p in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1)
+
+
+@needs_torchvision
+def test_keypoints_are_tv_keypoints_on_the_image_canvas_with_their_visibility(keypoints_pack):
+    ds = packer.PackedDataset(keypoints_pack, tv_tensors=True)
+    for i, (w, h, boxes) in enumerate(BOX_IMAGES):
+        s = ds[i]
+        kp, vis = s["keypoints"], s["keypoints_visibility"]
+        assert type(kp) is tv_tensors.KeyPoints and kp.canvas_size == (h, w) and kp.shape == (len(boxes), 5, 2)
+        assert vis.dtype == torch.int64 and vis.shape == (len(boxes), 5)
+        for k, (*_, cat) in enumerate(boxes):
+            named = cat in BOX_KEYPOINT_CATEGORIES  # category 18 names none: zeros, not labelled
+            assert vis[k].tolist() == ([2, 2, 2, 2, 0] if named else [0] * 5)
+            want = corners(s["boxes"][k:k + 1].as_subclass(torch.Tensor))[0] if named else torch.zeros(4, 2)
+            assert torch.equal(kp[k, :4].as_subclass(torch.Tensor), want) and not kp[k, 4].any()
+        assert s["num_keypoints"].tolist() == [4 if b[4] in BOX_KEYPOINT_CATEGORIES else 0 for b in boxes]
+    assert "keypoints_visibility" in ds.variable_fields
+    plain = packer.PackedDataset(keypoints_pack, decode="tensor")[0]["keypoints"]  # without tv_tensors: x, y, v
+    assert type(plain) is np.ndarray and plain.shape == (3, 5, 3) and plain.dtype == np.float32
+
+
+@needs_torchvision
+def test_a_resize_and_a_flip_move_keypoints_with_the_boxes(keypoints_pack):
+    """A resize scales keypoints by the boxes' factors, exactly; a horizontal flip takes a box's
+    x to ``W - x`` and a keypoint's to ``W - 1 - x`` (torchvision's convention: a keypoint is a
+    pixel's position, a box edge the boundary between pixels)."""
+    ds = packer.PackedDataset(keypoints_pack, tv_tensors=True)
+    resize, flip = v2.Resize((30, 50)), v2.RandomHorizontalFlip(p=1)
+    checked = 0
+    for i, (w, h, boxes) in enumerate(BOX_IMAGES):
+        s = ds[i]
+        named = torch.tensor([b[4] in BOX_KEYPOINT_CATEGORIES for b in boxes], dtype=torch.bool)
+        r = resize(s)
+        assert type(r["keypoints"]) is tv_tensors.KeyPoints and r["keypoints"].canvas_size == (30, 50)
+        assert torch.equal(r["keypoints"][named, :4].as_subclass(torch.Tensor),
+                           corners(r["boxes"][named].as_subclass(torch.Tensor)))
+        assert torch.equal(r["keypoints_visibility"], s["keypoints_visibility"])
+        f = flip(s)
+        fb = f["boxes"].as_subclass(torch.Tensor)
+        assert fb.tolist() == [[w - x1, y0, w - x0, y1] for x0, y0, x1, y1, _ in boxes]
+        got = f["keypoints"][named, :4].as_subclass(torch.Tensor)
+        want = corners(fb[named])[:, [1, 0, 3, 2]] - torch.tensor([1.0, 0.0])  # left and right corners swap
+        assert torch.equal(got, want)
+        checked += int(named.sum())
+    assert checked >= 5
+
+
+@needs_torchvision
+def test_padded_batches_carry_keypoints_and_their_visibility(keypoints_pack):
+    ds = packer.PackedDataset(keypoints_pack, tv_tensors=True, fields=["image", "boxes", "keypoints"])
+    batch = next(iter(DataLoader(ds, batch_size=len(BOX_IMAGES), collate_fn=ds.collate_fn(pad=True))))
+    n = [len(b[2]) for b in BOX_IMAGES]
+    assert batch["keypoints"].shape == (len(n), max(n), 5, 2) and batch["keypoints_count"].tolist() == n
+    assert batch["keypoints_visibility"].shape == (len(n), max(n), 5)
+    assert batch["keypoints_visibility_count"].tolist() == n
+    for i in range(len(n)):
+        assert torch.equal(batch["keypoints"][i, :n[i]], ds[i]["keypoints"].as_subclass(torch.Tensor))
+        assert not batch["keypoints"][i, n[i]:].any()

@@ -23,7 +23,7 @@ from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS, open_reader
 from packer.formats.lmdb.env import close_env
 from packer.formats.records.example import feature_name
-from tests.support.coco import make_coco
+from tests.support.coco import make_box_coco, make_coco
 
 pytest.importorskip("pycocotools")
 
@@ -62,6 +62,7 @@ def _flip_field(out: Path, fmt: str, field: str) -> None:
         raw = bytearray(shard.read_bytes())
         offset, size = (int(v) for v in (out / r.manifest.shards[0]["index"]).read_text().splitlines()[SAMPLE].split())
         name = feature_name(schema, field).encode()
+        name = bytes([0x0A, len(name)]) + name  # the map entry's key, whole ("keypoints" is in "num_keypoints")
         at = raw.index(name, offset, offset + size) + len(name)
         assert raw[at] == 0x12  # the map entry's Feature value follows its key
         length, pos = decode_varint(bytes(raw[at + 1:at + 11]), 0)
@@ -89,8 +90,35 @@ def _flip_field(out: Path, fmt: str, field: str) -> None:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("fmt", ALL)
 def test_a_flipped_bit_in_any_field_is_corrupt_data_naming_the_sample(packed, tmp_path, fmt, field):
+    _a_flipped_bit_is_corrupt_data(packed[fmt], tmp_path, fmt, field)
+
+
+@pytest.fixture(scope="module")
+def keypoints_packed(tmp_path_factory) -> dict[str, Path]:
+    """A person keypoints pack (``write_coco(keypoints=17)``) in each format; sample ``SAMPLE``
+    has labelled keypoints."""
+    from packer.synth import write_coco
+
+    root = tmp_path_factory.mktemp("kp")
+    path = write_coco(root / "src", images=4, annotations=12, size=(32, 40), empty=0.0, keypoints=17, seed=1)
+    outs = {}
+    for fmt in ALL:
+        outs[fmt] = out_path(root, fmt, fmt)
+        packer.pack(root / "src", outs[fmt], format=fmt, coco=path, workers=0)
+    assert packer.PackedDataset(outs["lmdb"], decode="bytes")[SAMPLE]["num_keypoints"].sum() > 0
+    return outs
+
+
+@pytest.mark.parametrize("field", ["keypoints", "num_keypoints"])
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_flipped_bit_in_a_keypoint_field_is_corrupt_data_naming_the_sample(keypoints_packed, tmp_path, fmt,
+                                                                             field):
+    _a_flipped_bit_is_corrupt_data(keypoints_packed[fmt], tmp_path, fmt, field)
+
+
+def _a_flipped_bit_is_corrupt_data(packed: Path, tmp_path: Path, fmt: str, field: str) -> None:
     out = out_path(tmp_path, fmt)
-    (shutil.copy if packed[fmt].is_file() else shutil.copytree)(packed[fmt], out)
+    (shutil.copy if packed.is_file() else shutil.copytree)(packed, out)
     key = open_reader(out).keys[SAMPLE]
     _flip_field(out, fmt, field)
     ds = packer.PackedDataset(out, decode="numpy")
@@ -236,6 +264,80 @@ def test_a_bad_annotation_is_a_recorded_failure_naming_its_ids(coco_src, tmp_pat
         assert bad["file_name"] not in open_reader(out).keys
     lines = (out / "failures.jsonl").read_text().splitlines()
     assert [json.loads(line)["reason"] for line in lines] == [failure["reason"]]
+
+
+@pytest.fixture(scope="module")
+def keypoints_src(tmp_path_factory) -> Path:
+    """A keypoints file (``make_box_coco(keypoints=True)``): every object's keypoints its box's
+    corners and a point not labelled, but those of category 18, which names none."""
+    root = tmp_path_factory.mktemp("keypoints")
+    make_box_coco(root, keypoints=True)
+    return root
+
+
+def _keypoints_of(image_index, k, change):
+    def edit(data, src):
+        iid = data["images"][image_index]["id"]
+        change([a for a in data["annotations"] if a["image_id"] == iid][k])
+    return edit
+
+
+def _set_point(i, x, y, v):
+    def change(ann):
+        ann["keypoints"][3 * i:3 * i + 3] = [x, y, v]
+    return change
+
+
+KEYPOINT_CASES = {  # image 0 is 64x48 (its object 1, category 7, names 5 keypoints); image 1's object is of 18
+    "keypoints not a list of numbers": (0, 1, lambda a: a.update(keypoints="1 2 2"),
+                                        "keypoints is not a list of numbers [x1, y1, v1, ...]"),
+    "keypoints not 3 numbers a point": (0, 1, lambda a: a.update(keypoints=a["keypoints"][:14]),
+                                        "keypoints has 14 numbers, not 3 (x, y, v) per point"),
+    "keypoints of fewer points than named": (0, 1, lambda a: a.update(keypoints=a["keypoints"][:12]),
+                                             "keypoints has 12 numbers, not 3 x 5 (its category's 5 keypoints)"),
+    "keypoints not finite": (0, 1, _set_point(1, float("nan"), 10, 2), "keypoints are not finite numbers"),
+    "visibility not 0, 1 or 2": (0, 1, _set_point(1, 60, 10, 3), "keypoint 1 has visibility 3, not 0, 1 or 2"),
+    "labelled keypoint outside the image": (0, 1, _set_point(1, 70, 10, 1),
+                                            "keypoint 1 (top_right) at (70.0, 10.0) is outside the 64x48 image"),
+    "num_keypoints not the labelled count": (0, 1, lambda a: a.update(num_keypoints=3),
+                                             "num_keypoints 3 is not the number of labelled (v > 0) keypoints, 4"),
+    "keypoints of a category naming none": (1, 0, lambda a: a.update(keypoints=[1, 1, 2] * 5),
+                                            "keypoints given, but category 18 names no keypoints"),
+}
+
+
+@pytest.mark.parametrize("case", list(KEYPOINT_CASES))
+def test_a_bad_keypoint_annotation_is_a_recorded_failure_naming_its_ids(keypoints_src, tmp_path, case):
+    image, k, change, reason = KEYPOINT_CASES[case]
+    src = tmp_path / "src"
+    shutil.copytree(keypoints_src, src)
+    data = json.loads((src / "boxes.json").read_text())
+    _keypoints_of(image, k, change)(data, src)
+    (src / "boxes.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    report = packer.pack(src, out, coco=src / "boxes.json", workers=0, max_failures=5)
+    assert report.failed == 1, report.failures
+    (failure,) = report.failures
+    bad = data["images"][image]
+    aid = [a for a in data["annotations"] if a["image_id"] == bad["id"]][k]["id"]
+    assert failure["stage"] == "input" and failure["key"] == bad["file_name"]
+    assert failure["reason"] == f"image id {bad['id']}: annotation {aid}: {reason}", failure
+    assert report.count == len(data["images"]) - 1  # every other image packed, with its keypoints
+    ds = packer.PackedDataset(out, decode="bytes", fields=["image_id", "keypoints"])
+    assert bad["file_name"] not in ds.keys and len(ds) == report.count
+    assert all(s["keypoints"].shape[1:] == (5, 3) for s in ds)
+
+
+def test_keypoint_categories_of_different_counts_are_a_clear_error_and_write_nothing(keypoints_src, tmp_path):
+    data = json.loads((keypoints_src / "boxes.json").read_text())
+    data["categories"][0].update(keypoints=data["categories"][0]["keypoints"][:3], skeleton=[[1, 2]])
+    path = tmp_path / "boxes.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"categories name different numbers of keypoints \(id 1 'cat1' \(3\), "
+                                         r"id 3 'cat3' \(5\), id 7 'cat7' \(5\)\)") as e:
+        packer.pack(keypoints_src, tmp_path / "out", coco=path, workers=0)
+    assert str(path) in str(e.value)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("change, message", [

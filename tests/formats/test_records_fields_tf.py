@@ -78,3 +78,40 @@ def test_tensorflow_parses_a_caption_manifest_with_a_variable_float_array(tmp_pa
         assert g["caption"].numpy().decode("utf-8") == row["caption"]
         assert tf.io.decode_raw(g["scores"], tf.float64).numpy().tolist() == row["scores"]
         assert int(g["label"]) == row["label"]
+
+
+def test_tensorflow_parses_keypoints_as_the_object_detection_api_does(tmp_path):
+    """The exact ``keypoints`` field, and the Object Detection API's keypoint features
+    (``TfExampleDecoder(num_keypoints=K)`` reads x, y and visibility and reshapes them to
+    ``(N, K)``): normalized by the stored size, each object's K points in turn."""
+    from packer.synth import write_coco
+
+    path = write_coco(tmp_path, images=6, annotations=20, size=(40, 56), crowd=0.1, keypoints=17, seed=4)
+    out = tmp_path / "out"
+    packer.pack(tmp_path, out, format="records", coco=path, workers=0)
+    spec = {"keypoints": tf.io.FixedLenFeature([], tf.string),
+            "num_keypoints": tf.io.FixedLenFeature([], tf.string),
+            "image/width": tf.io.FixedLenFeature([], tf.int64), "image/height": tf.io.FixedLenFeature([], tf.int64),
+            "image/object/keypoint/x": tf.io.VarLenFeature(tf.float32),
+            "image/object/keypoint/y": tf.io.VarLenFeature(tf.float32),
+            "image/object/keypoint/visibility": tf.io.VarLenFeature(tf.int64),
+            "image/object/keypoint/num": tf.io.VarLenFeature(tf.int64)}
+    ds = packer.PackedDataset(out, decode="bytes", fields=["keypoints", "num_keypoints"])
+    files = sorted(str(p) for p in out.glob("*.tfrecord"))
+    n = labelled = 0
+    for i, raw in enumerate(tf.data.TFRecordDataset(files)):
+        got, want = tf.io.parse_single_example(raw, spec), ds[i]
+        kp = tf.reshape(tf.io.decode_raw(got["keypoints"], tf.float32), (-1, 17, 3)).numpy()
+        np.testing.assert_array_equal(kp, want["keypoints"])
+        np.testing.assert_array_equal(tf.io.decode_raw(got["num_keypoints"], tf.int64).numpy(), want["num_keypoints"])
+        w, h = int(got["image/width"]), int(got["image/height"])
+        x = tf.reshape(tf.sparse.to_dense(got["image/object/keypoint/x"]), (-1, 17)).numpy()
+        y = tf.reshape(tf.sparse.to_dense(got["image/object/keypoint/y"]), (-1, 17)).numpy()
+        v = tf.reshape(tf.sparse.to_dense(got["image/object/keypoint/visibility"]), (-1, 17)).numpy()
+        np.testing.assert_allclose(x * w, want["keypoints"][..., 0], rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(y * h, want["keypoints"][..., 1], rtol=1e-6, atol=1e-5)
+        assert v.tolist() == want["keypoints"][..., 2].astype(np.int64).tolist()
+        assert tf.sparse.to_dense(got["image/object/keypoint/num"]).numpy().tolist() == want["num_keypoints"].tolist()
+        labelled += int(want["num_keypoints"].sum())
+        n += 1
+    assert n == len(ds) and labelled > 0

@@ -5,7 +5,9 @@ annotations, categories with gaps in their ids; the files pycocotools reads as t
 
 ``make_box_coco``: PNG images, black but for a white rectangle per annotation exactly where its
 box and polygon are, so that what a transform or a drawing does to boxes can be checked
-against the pixels.
+against the pixels; with ``keypoints=True`` each object of a category that names them
+(``BOX_KEYPOINTS``: every category but 18) has its box's corners as keypoints and one point
+not labelled.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-__all__ = ["make_coco", "make_box_coco", "pack_box_coco", "BOX_IMAGES", "CATEGORY_IDS"]
+__all__ = ["make_coco", "make_box_coco", "pack_box_coco", "box_keypoints", "BOX_IMAGES", "BOX_KEYPOINTS",
+           "BOX_KEYPOINT_CATEGORIES", "CATEGORY_IDS"]
 
 CATEGORY_IDS = (1, 3, 7, 18)  # gaps, as COCO's own ids have: labels 0..3 in this order
 
@@ -110,8 +113,20 @@ BOX_IMAGES = (
 )
 
 
-def make_box_coco(root: Path) -> Path:
-    """``root/boxes/*.png`` and ``root/boxes.json`` (``BOX_IMAGES``); returns the JSON's path."""
+# keypoints=True: the names, and the categories that name them (18 does not: its objects get zeros)
+BOX_KEYPOINTS = ("top_left", "top_right", "bottom_right", "bottom_left", "unlabelled")
+BOX_KEYPOINT_CATEGORIES = (1, 3, 7)
+
+
+def box_keypoints(x0: float, y0: float, x1: float, y1: float) -> list[float]:
+    """A box's ``BOX_KEYPOINTS`` as COCO's flat ``[x, y, v, ...]``: its corners, visible, then
+    one point not labelled."""
+    return [x0, y0, 2, x1, y0, 2, x1, y1, 2, x0, y1, 2, 0, 0, 0]
+
+
+def make_box_coco(root: Path, *, keypoints: bool = False) -> Path:
+    """``root/boxes/*.png`` and ``root/boxes.json`` (``BOX_IMAGES``); returns the JSON's path.
+    ``keypoints``: a keypoints file (``box_keypoints`` of each object whose category names them)."""
     images, anns = [], []
     for i, (w, h, boxes) in enumerate(BOX_IMAGES):
         arr = np.zeros((h, w, 3), dtype=np.uint8)
@@ -122,18 +137,24 @@ def make_box_coco(root: Path) -> Path:
             anns.append({"id": 100 * (i + 1) + k, "image_id": 10 + i, "category_id": cat, "iscrowd": 0,
                          "segmentation": [[x0, y0, x1, y0, x1, y1, x0, y1]], "area": float((x1 - x0) * (y1 - y0)),
                          "bbox": [x0, y0, x1 - x0, y1 - y0]})
+            if keypoints and cat in BOX_KEYPOINT_CATEGORIES:
+                anns[-1].update(keypoints=box_keypoints(x0, y0, x1, y1), num_keypoints=4)
         (root / "boxes").mkdir(parents=True, exist_ok=True)
         Image.fromarray(arr).save(root / name)
     categories = [{"id": c, "name": f"cat{c}", "supercategory": "thing"} for c in CATEGORY_IDS]
+    if keypoints:
+        for c in categories:
+            if c["id"] in BOX_KEYPOINT_CATEGORIES:
+                c.update(keypoints=list(BOX_KEYPOINTS), skeleton=[[1, 2], [2, 3], [3, 4], [4, 1]])
     path = root / "boxes.json"
     path.write_text(json.dumps({"images": images, "annotations": anns, "categories": categories}))
     return path
 
 
-def pack_box_coco(root: Path) -> Path:
+def pack_box_coco(root: Path, *, keypoints: bool = False) -> Path:
     """``make_box_coco`` in ``root``, packed into ``root/out.lmdb``; returns the pack's path."""
     import packer
 
     out = root / "out.lmdb"
-    packer.pack(root, out, coco=make_box_coco(root), workers=0)
+    packer.pack(root, out, coco=make_box_coco(root, keypoints=keypoints), workers=0)
     return out

@@ -10,7 +10,7 @@ from packer.codecs.fields import Schema, encode_blob
 from packer.formats.sample import Record, Sample
 
 __all__ = ["sample_features", "sample_pieces", "record_of", "field_features", "fields_blob", "feature_name",
-           "DETECTION_FEATURES"]
+           "DETECTION_FEATURES", "KEYPOINT_FEATURES"]
 
 # What a detection pack (a schema with ``boxes`` ndarray float32 (N, 4), xyxy pixels) adds in the
 # TF Object Detection API's layout (``create_coco_tf_record.py``), derived from the exact fields:
@@ -18,6 +18,12 @@ __all__ = ["sample_features", "sample_pieces", "record_of", "field_features", "f
 DETECTION_FEATURES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax",
                       "image/object/bbox/ymax", "image/object/class/label", "image/object/is_crowd",
                       "image/object/area", "image/source_id")
+# What a keypoints pack (``Schema.keypoints``: (N, K, 3) x, y pixels and v) adds in the same layout
+# (``create_coco_tf_record.py`` with keypoints): x and y normalized by the stored width and height,
+# each object's K points in turn, v as stored, and each object's labelled points
+# (``num_keypoints``); ``TfExampleDecoder(num_keypoints=K)`` reads x, y and visibility.
+KEYPOINT_FEATURES = ("image/object/keypoint/x", "image/object/keypoint/y", "image/object/keypoint/visibility",
+                     "image/object/keypoint/num")
 
 
 def sample_features(sample: Sample) -> dict[str, Any]:
@@ -92,7 +98,7 @@ def feature_name(schema: Schema, name: str) -> str:
 def field_features(schema: Schema, sample: Sample) -> dict[str, Any]:
     """The features of a field sample (``sample.data`` a field blob): one per field (exact: what
     ``fields_blob`` reads back), the first image's ImageNet-style companions and, for detection
-    data, the Object Detection API's (``DETECTION_FEATURES``)."""
+    data, the Object Detection API's (``DETECTION_FEATURES``, and ``KEYPOINT_FEATURES`` with keypoints)."""
     parts = schema.split(sample.data)
     feats: dict[str, Any] = {}
     for f in schema.fields:
@@ -120,6 +126,15 @@ def field_features(schema: Schema, sample: Sample) -> dict[str, Any]:
         f = schema.by_name.get("image_id")
         if f is not None and f.type_name == "int":
             feats["image/source_id"] = str(f.decode(parts["image_id"])).encode("ascii")
+    points = schema.keypoints
+    if points is not None and sample.height > 0 and sample.width > 0:
+        kp = points.decode(parts[points.name]).astype("float64")
+        x, y, v = (kp[..., j].ravel() for j in range(3))
+        feats.update(dict(zip(KEYPOINT_FEATURES[:3], (FloatList(x / sample.width), FloatList(y / sample.height),
+                                                      Int64List(int(k) for k in v)))))
+        f = schema.by_name.get("num_keypoints")
+        if f is not None and f.type_name == "ndarray":
+            feats[KEYPOINT_FEATURES[3]] = Int64List(int(k) for k in f.decode(parts["num_keypoints"]))
     return feats
 
 
