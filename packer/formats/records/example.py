@@ -47,22 +47,44 @@ def sample_features(sample: Sample) -> dict[str, Any]:
     return feats
 
 
+# An image's features that repeat from sample to sample, laid out once: (channels, label) ->
+# their two entries, (format, height, width) -> their three (cleared when full: any labels)
+_HEADS: dict[tuple, bytes] = {}
+_TAILS: dict[tuple, bytes] = {}
+_LAID_OUT = 1 << 14
+
+
+def _laid_out(cache: dict[tuple, bytes], key: tuple, entries: bytes) -> bytes:
+    if len(cache) >= _LAID_OUT:
+        cache.clear()
+    cache[key] = entries
+    return entries
+
+
 def sample_pieces(sample: Sample) -> tuple[list, int]:
     """``example_pieces(sample_features(sample))``: the Example's bytes as pieces, the image
     bytes not copied, and their length. An image (no ``extra``: the per-sample hot path of
-    ``to-records``) is laid out directly in ~2 µs instead of the generic encoder's ~5: its
-    features in name order, with the same entries (tested byte for byte against the generic
-    encoder)."""
+    ``to-records``) is laid out directly, its features in name order with the same entries
+    (tested byte for byte against the generic encoder); the entries that repeat from sample to
+    sample (channels and label, format and size) are made once, so only the image's and the
+    file name's entries are new per sample (~2 µs instead of the generic encoder's ~5)."""
     if sample.extra:
         return example_pieces(sample_features(sample))
     data = sample.data
-    before = (feature_entry("image/channels", int(sample.channels))
-              + feature_entry("image/class/label", int(sample.label))
-              + bytes_entry_head("image/encoded", len(data)))
-    after = (feature_entry("image/filename", sample.key.encode("utf-8"))
-             + feature_entry("image/format", sample.fmt.encode("ascii"))
-             + feature_entry("image/height", int(sample.height))
-             + feature_entry("image/width", int(sample.width)))
+    head = _HEADS.get((sample.channels, sample.label))
+    if head is None:
+        head = _laid_out(_HEADS, (sample.channels, sample.label),
+                         feature_entry("image/channels", int(sample.channels))
+                         + feature_entry("image/class/label", int(sample.label)))
+    tail = _TAILS.get((sample.fmt, sample.height, sample.width))
+    if tail is None:
+        tail = _laid_out(_TAILS, (sample.fmt, sample.height, sample.width),
+                         feature_entry("image/format", sample.fmt.encode("ascii"))
+                         + feature_entry("image/height", int(sample.height))
+                         + feature_entry("image/width", int(sample.width)))
+    name = sample.key.encode("utf-8")
+    before = head + bytes_entry_head("image/encoded", len(data))
+    after = bytes_entry_head("image/filename", len(name)) + name + tail
     length = len(before) + len(data) + len(after)
     head = example_head(length)
     return [head, before, data, after], len(head) + length
