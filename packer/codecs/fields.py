@@ -46,7 +46,8 @@ from packer.errors import UsageError
 
 __all__ = ["Field", "ImageField", "IntField", "FloatField", "StrField", "BytesField", "JsonField",
            "LabelsField", "NdarrayField", "RleField", "Segmentation", "SegmentationField", "VideoField", "ENCODINGS",
-           "Schema", "parse_field", "encode_blob", "split_blob", "pycocotools_mask", "BLOB_FMT", "BOXES"]
+           "Schema", "parse_field", "encode_blob", "split_blob", "pycocotools_mask", "BLOB_FMT", "BOXES",
+           "SEGMENTATION_HEAD"]
 
 BLOB_FMT = "fields"  # the ``fmt`` of a Sample/Record whose data is a field blob
 BOXES = "boxes"  # the field name that makes a detection pack (``Schema.boxes``)
@@ -55,7 +56,7 @@ KEYPOINTS = "keypoints"  # the field name that makes a keypoints pack (``Schema.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 _COMPRESSED = re.compile(r"[!-~]*")  # a compressed RLE's characters: printable ASCII, no space
 _U32 = struct.Struct("<I")
-_SEG_HEAD = struct.Struct("<III")  # a segmentation's height, width and object count
+SEGMENTATION_HEAD = struct.Struct("<III")  # a segmentation's height, width and object count
 
 
 class Field:
@@ -399,14 +400,22 @@ class Segmentation:
             or None.
     """
 
-    __slots__ = ("height", "width", "objects")
+    __slots__ = ("height", "width", "_objects", "_encoded")
 
     def __init__(self, *, height: int, width: int, objects: Sequence[Any]):
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < 1 << 32
                    for v in (height, width)):
             raise ValueError(f"segmentation size {height!r} x {width!r}: non-negative integers")
         self.height, self.width = int(height), int(width)
-        self.objects = [self._object(obj) for obj in objects]
+        self._encoded: bytes | None = None
+        self._objects = [self._object(obj) for obj in objects]
+
+    @property
+    def objects(self) -> list[list[np.ndarray] | str | None]:
+        """Per object: its polygons (float64 arrays), its compressed RLE string, or None."""
+        if self._objects is None:
+            self._objects = Segmentation.decode(self._encoded)._objects
+        return self._objects
 
     def _object(self, obj: Any) -> list[np.ndarray] | str | None:
         if obj is None or (isinstance(obj, list) and not obj):
@@ -441,7 +450,17 @@ class Segmentation:
         """A Segmentation of objects already in its form and checked (float64 polygon arrays,
         compressed counts, None): a packer source's, without checking them again."""
         seg = cls.__new__(cls)
-        seg.height, seg.width, seg.objects = height, width, objects
+        seg.height, seg.width, seg._objects, seg._encoded = height, width, objects, None
+        return seg
+
+    @classmethod
+    def from_encoded(cls, data: bytes) -> "Segmentation":
+        """A Segmentation of canonical bytes a packer source built from values it checked
+        (``packer.conversion.coco``: the annotation file's polygons are already in this
+        layout); its objects are decoded only when asked for, its bytes stored as they are."""
+        seg = cls.__new__(cls)
+        seg.height, seg.width, _ = SEGMENTATION_HEAD.unpack_from(data, 0)
+        seg._objects, seg._encoded = None, data
         return seg
 
     def __len__(self) -> int:
@@ -496,7 +515,9 @@ class Segmentation:
 
     def encode(self) -> bytes:
         """The field's canonical bytes (module doc)."""
-        parts = [_SEG_HEAD.pack(self.height, self.width, len(self.objects))]
+        if self._encoded is not None:
+            return self._encoded
+        parts = [SEGMENTATION_HEAD.pack(self.height, self.width, len(self.objects))]
         for obj in self.objects:
             if obj is None:
                 parts.append(b"\0")
@@ -515,10 +536,10 @@ class Segmentation:
         ValueError when they are malformed."""
         data = bytes(data)
         end = len(data)
-        if end < _SEG_HEAD.size:
+        if end < SEGMENTATION_HEAD.size:
             raise ValueError(f"{end} bytes are shorter than a segmentation's header")
-        h, w, n = _SEG_HEAD.unpack_from(data, 0)
-        pos, objects = _SEG_HEAD.size, []
+        h, w, n = SEGMENTATION_HEAD.unpack_from(data, 0)
+        pos, objects = SEGMENTATION_HEAD.size, []
         try:
             for _ in range(n):
                 kind = data[pos]

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.codecs.fields import Schema, Segmentation, pycocotools_mask
+from packer.codecs.fields import SEGMENTATION_HEAD, Schema, Segmentation, pycocotools_mask
 from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
@@ -70,6 +70,7 @@ ANNOTATION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("category_id", "<i
 CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
 _ANN = struct.Struct("<qqqq4ddBBBqqII")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
+_RLE_HEAD = struct.Struct("<BI")  # a stored segmentation's RLE object: kind 2, its length
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
@@ -619,7 +620,7 @@ class Annotations:
         self.blob = blob
         self.records = np.frombuffer(b"".join([blob[o:o + size] for o in data.offsets]), dtype)
         self.spans = [(o + size, o + size + n) for o, n in zip(data.offsets, self.records[length].tolist())]
-        self._kinds = self.records["kind"].tolist() if kind == "instances" else []
+        self.kinds = self.records["kind"].tolist() if kind == "instances" else []
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -627,7 +628,7 @@ class Annotations:
     def segmentation(self, i: int) -> tuple[str, Any]:
         """``("poly", [float64 arrays])``, ``("rle", int64 runs or the compressed string)`` or
         ``("none", None)`` of annotation ``i``."""
-        kind, (start, end) = self._kinds[i], self.spans[i]
+        kind, (start, end) = self.kinds[i], self.spans[i]
         blob = self.blob
         if kind == _POLY:
             n = struct.unpack_from("<I", blob, start)[0]
@@ -712,7 +713,8 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     captions = "captions" in schema.by_name
     ann = decode_annotations(values["annotations"])
     rec = ann.records
-    out: dict[str, Any] = {"image_id": values["image_id"], "annotation_ids": rec["id"].astype(np.int64),
+    # (the records' int64 and uint8 columns are the fields' dtypes: views, copied once by the encode)
+    out: dict[str, Any] = {"image_id": values["image_id"], "annotation_ids": rec["id"],
                            "orig_size": np.array((oh, ow), dtype=np.int64)}
     if captions:
         out["captions"] = ann.captions()
@@ -726,8 +728,8 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
         area = area * (sx * sy)
     if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
         out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
-    out.update(boxes=xyxy.astype(np.float32), labels=rec["label"].astype(np.int64),
-               category_ids=rec["category_id"].astype(np.int64), iscrowd=rec["iscrowd"].copy(),
+    out.update(boxes=xyxy.astype(np.float32), labels=rec["label"], category_ids=rec["category_id"],
+               iscrowd=rec["iscrowd"],
                area=area.astype(np.float32), masks=_stored_masks(ann, oh, ow, height, width))
     return out
 
@@ -735,26 +737,35 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
 def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> Segmentation:
     """The objects' masks at ``height`` x ``width`` as the file gave them: polygons (their
     coordinates scaled), compressed RLE strings (an uncompressed one compressed, a scaled one
-    resized nearest-neighbour) or None. Nothing is drawn: ``Segmentation.rle`` draws them."""
+    resized nearest-neighbour) or None. Nothing is drawn: ``Segmentation.rle`` draws them.
+    A polygon payload of the records is already the field's layout (``u32 parts, u32
+    lengths, float64 coordinates``): it is copied as it is (its coordinates scaled in place of
+    the originals), so the canonical bytes are made without an array per polygon."""
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
-    objects: list[Any] = []
-    for i in range(len(ann)):
-        kind, seg = ann.segmentation(i)
-        if kind == "poly":
-            objects.append([(p.reshape(-1, 2) * (sx, sy)).ravel() for p in seg] if scaled else seg)
-        elif kind == "rle" and isinstance(seg, str) and not scaled:
-            objects.append(seg)
-        elif kind == "rle":
+    blob, unpack = ann.blob, struct.unpack_from
+    parts: list[Any] = [SEGMENTATION_HEAD.pack(height, width, len(ann))]
+    for kind, (start, end) in zip(ann.kinds, ann.spans):
+        if kind == _POLY:
+            if scaled:
+                at = start + 4 * (unpack("<I", blob, start)[0] + 1)
+                coords = np.frombuffer(blob, "<f8", (end - at) // 8, at).reshape(-1, 2) * (sx, sy)
+                parts += (b"\x01", blob[start:at], coords.tobytes())
+            else:
+                parts += (b"\x01", blob[start:end])
+        elif kind == _RLE_STRING and not scaled:
+            parts += (_RLE_HEAD.pack(2, end - start), blob[start:end])
+        elif kind in (_RLE_STRING, _RLE_RUNS):
             mask = pycocotools_mask()
-            rle = mask.frPyObjects({"size": [oh, ow], "counts": seg.tolist()}, oh, ow) if not isinstance(seg, str) \
-                else {"size": [oh, ow], "counts": seg.encode("ascii")}
+            rle = {"size": [oh, ow], "counts": bytes(blob[start:end])} if kind == _RLE_STRING else \
+                mask.frPyObjects({"size": [oh, ow], "counts": np.frombuffer(blob, "<i8", (end - start) // 8, start)
+                                  .tolist()}, oh, ow)
             if scaled:
                 import cv2
 
                 m = cv2.resize(mask.decode(rle), (width, height), interpolation=cv2.INTER_NEAREST)
                 rle = mask.encode(np.asfortranarray(m))
-            objects.append(rle["counts"].decode("ascii"))
+            parts += (_RLE_HEAD.pack(2, len(rle["counts"])), rle["counts"])
         else:
-            objects.append(None)
-    return Segmentation.trusted(height, width, objects)
+            parts.append(b"\0")
+    return Segmentation.from_encoded(b"".join(parts))
