@@ -5,10 +5,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from packer.errors import CorruptData
+from packer.errors import CorruptData, PackerError
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample
+from packer.formats.sidecars import KEYS_FILE
 from packer.formats.videofiles import LIST_NAME, MP4_FMT, list_text
+from packer.manifest import Manifest
 
 __all__ = ["VideoFilesReader"]
 
@@ -18,14 +20,21 @@ class VideoFilesReader(Reader):
 
     format_name = "files"
 
-    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True):
-        super().__init__(path, check_crc=check_crc)
+    def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
+        super().__init__(path, check_crc=check_crc, version=version)
         self.videos = self.manifest.videos
 
-    def _keys_source(self) -> None:
-        return None  # the manifest's videos, which its checksum covers
+    def _keys_source(self) -> Path | None:
+        # the manifest's videos, which its checksum covers; an appended output's keys.json holds
+        # every stored position's (a pruned version lists fewer videos)
+        return self.path / KEYS_FILE if self._appended() else None
+
+    def _appended(self) -> bool:
+        return self.grown and (self.path / KEYS_FILE).is_file()
 
     def _load_keys(self) -> Sequence[str]:
+        if self._appended():
+            return super()._load_keys()
         return [v["key"] for v in self.videos]
 
     def _key_name(self, index: int) -> None:
@@ -33,7 +42,8 @@ class VideoFilesReader(Reader):
 
     def file_path(self, index: int) -> tuple[Path, dict[str, Any]]:
         """The file of the video at ``index`` and its manifest entry."""
-        v = self.videos[self._check_index(index)]
+        self._check_index(index)
+        v = self.videos[index]
         return self.path / v["file"], v
 
     def read(self, index: int) -> Record:
@@ -44,7 +54,7 @@ class VideoFilesReader(Reader):
             self._check_unchanged()
             raise CorruptData(str(path), f"cannot read video ({e.strerror or e})", position=f"sample {index}") from e
         self._check_unchanged()
-        self._check_crc32c(data, index, file=path)
+        self._check_crc32c(data, self._check_index(index), file=path)
         return Record(data, int(v["label"]), MP4_FMT, int(v.get("height", 0)), int(v.get("width", 0)), 3)
 
     def sample(self, index: int) -> Sample:
@@ -60,8 +70,17 @@ class VideoFilesReader(Reader):
         if len(self.videos) != len(self):
             yield CorruptData(str(self.path), f"{len(self.videos)} videos, manifest count says {len(self)}")
         listed = self.path / LIST_NAME
+        if self.grown and not self._latest():
+            return  # an earlier version: the list gives the latest one's videos
         try:
             if listed.read_text(encoding="utf-8") != list_text(self.videos):
                 yield CorruptData(str(listed), "does not match the manifest's videos")
         except (OSError, ValueError) as e:
             yield CorruptData(str(listed), f"cannot read list file ({e})")
+
+    def _latest(self) -> bool:
+        """Whether this reader reads the output's latest version (the list gives its videos)."""
+        try:
+            return Manifest.load(self.path).identity() == self.manifest.identity()
+        except PackerError:
+            return False
