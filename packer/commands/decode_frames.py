@@ -302,9 +302,25 @@ def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: A
                        prune=run_opts.prune, listed=inputs.list_path is not None, holds=holds)
     if plan.empty:
         _discard_partial(writer, claim)
-    else:
-        writer.classes = list(plan.classes)
+        return plan
+    _refuse_taken(out, to, plan)
+    writer.classes = list(plan.classes)
     return plan
+
+
+def _refuse_taken(out: Path, to: str, plan: AppendPlan) -> None:
+    """An output of files (frame folders, video files) stores a video under its own name, which
+    an earlier version may hold still (a video ``--prune`` left out, or a changed one it packs
+    anew): refused, naming it, as the version reading it must keep it."""
+    suffix = {"frames": "", "files": ".mp4"}.get(to)
+    if suffix is None:
+        return
+    taken = [it.frame_dir + suffix for it in plan.items if (out / (it.frame_dir + suffix)).exists()]
+    if taken:
+        raise UsageError(f"{out}: {len(taken)} of the videos to add have files there already, kept for an earlier "
+                         f"version (e.g. {taken[0]}: a video --prune left out, or one that changed since); an "
+                         f"output of {'frame folders' if to == 'frames' else 'video files'} stores a video once under "
+                         "its name: pack the videos into a new output")
 
 
 def current_report(cls: type, out: Path, plan: AppendPlan, items: int) -> Any:
