@@ -30,7 +30,7 @@ from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import partial_path
 from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
-from packer.manifest import atomic_write_bytes, created_by
+from packer.manifest import Manifest, atomic_write_bytes, created_by
 from packer.conversion.diskspace import (Estimate, check_space, disk_used, encoded_bound, estimate_output, fits,
                                         human_bytes, sample_items)
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, listing, parse_exts, partition, run_failures
@@ -311,11 +311,16 @@ def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: A
 def _refuse_taken(out: Path, to: str, plan: AppendPlan) -> None:
     """An output of files (frame folders, video files) stores a video under its own name, which
     an earlier version may hold still (a video ``--prune`` left out, or a changed one it packs
-    anew): refused, naming it, as the version reading it must keep it."""
+    anew): refused, naming it, as the version reading it must keep it. (Files there that no
+    version lists were moved in by an interrupted append: its rerun replaces them.)"""
     suffix = {"frames": "", "files": ".mp4"}.get(to)
     if suffix is None:
         return
-    taken = [it.frame_dir + suffix for it in plan.items if (out / (it.frame_dir + suffix)).exists()]
+    taken = [name for name in (it.frame_dir + suffix for it in plan.items) if (out / name).exists()]
+    if taken:  # (rare: only then every version's manifest is read)
+        latest = plan.base.manifest.version
+        listed = {str(v["frame_dir"]) + suffix for n in range(1, latest + 1) for v in Manifest.load(out, n).videos}
+        taken = [name for name in taken if name in listed]
     if taken:
         raise UsageError(f"{out}: {len(taken)} of the videos to add have files there already, kept for an earlier "
                          f"version (e.g. {taken[0]}: a video --prune left out, or one that changed since); an "

@@ -10,7 +10,7 @@ from packer.errors import CorruptData, PackerError
 from packer.formats.frames.layout import DEFAULT_TEMPLATE, EXT_FMT, check_template, list_files, video_streams
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample
-from packer.formats.sidecars import KEYS_FILE
+from packer.formats.sidecars import KEYS_FILE, partial_path
 from packer.manifest import Manifest
 
 __all__ = ["FramesReader"]
@@ -125,9 +125,12 @@ class FramesReader(Reader):
                 yield CorruptData(str(d), f"holds {n} files, the list says {v['length']} frames")
 
     def _latest(self) -> bool:
-        """Whether this reader reads the output's latest version (the list files give its videos)."""
+        """Whether the list files give this reader's videos: it reads the output's latest version,
+        and no append is under way (``OUT.partial``: it rewrites them before its publish)."""
         if not self.grown:
             return True
+        if partial_path(self.path).exists():
+            return False
         try:
             return Manifest.load(self.path).identity() == self.manifest.identity()
         except PackerError:

@@ -65,6 +65,8 @@ def publish_folders(writer: Writer, names: Sequence[str], keys: list[str], lists
             if not dst.exists():
                 raise WriteError(f"{src}: a new video's files are missing")
             continue  # moved by an earlier try of this publish
+        if dst.exists() or dst.is_symlink():  # moved by an interrupted append never published (the
+            writer._remove(dst)               # plan refuses the names a published version holds)
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dst)
     old = np.asarray(writer.append_to.reader._checksums(), dtype="<u4")

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 from packer.errors import CorruptData, PackerError
 from packer.formats.reader import Reader
 from packer.formats.sample import Record, Sample
-from packer.formats.sidecars import KEYS_FILE
+from packer.formats.sidecars import KEYS_FILE, partial_path
 from packer.formats.videofiles import LIST_NAME, MP4_FMT, list_text
 from packer.manifest import Manifest
 
@@ -70,7 +70,7 @@ class VideoFilesReader(Reader):
         if len(self.videos) != len(self):
             yield CorruptData(str(self.path), f"{len(self.videos)} videos, manifest count says {len(self)}")
         listed = self.path / LIST_NAME
-        if self.grown and not self._latest():
+        if not self._latest():
             return  # an earlier version: the list gives the latest one's videos
         try:
             if listed.read_text(encoding="utf-8") != list_text(self.videos):
@@ -79,7 +79,12 @@ class VideoFilesReader(Reader):
             yield CorruptData(str(listed), f"cannot read list file ({e})")
 
     def _latest(self) -> bool:
-        """Whether this reader reads the output's latest version (the list gives its videos)."""
+        """Whether the list files give this reader's videos: it reads the output's latest version,
+        and no append is under way (``OUT.partial``: it rewrites them before its publish)."""
+        if not self.grown:
+            return True
+        if partial_path(self.path).exists():
+            return False
         try:
             return Manifest.load(self.path).identity() == self.manifest.identity()
         except PackerError:
