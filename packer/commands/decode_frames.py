@@ -42,7 +42,8 @@ from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
-           "list_videos", "run_record", "source_entry", "partial_note", "video_report", "appending", "plan_video_append"]
+           "list_videos", "run_record", "source_entry", "partial_note", "video_report", "appending",
+           "plan_video_append", "current_report", "append_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -290,13 +291,17 @@ def appending(out: str | os.PathLike, run_opts: RunOptions, inputs: InputOptions
     return False, dataclasses.replace(run_opts, append=False, prune=False, resume=partial_path(out).exists())
 
 
-def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: Any, *, to: str, holds: str,
-                      run_opts: RunOptions, inputs: InputOptions, claim: Claim | None) -> AppendPlan:
+def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: Any, *, append: bool, to: str,
+                      holds: str, run_opts: RunOptions, inputs: InputOptions,
+                      claim: Claim | None) -> AppendPlan | None:
     """The ``--append`` of a video run (``holds``: ``frames`` or ``videos``): the videos not in
     ``out`` yet, labelled as the pack labels them, into ``writer`` (its classes set); refuses
     what an append may not change (``packer.conversion.append``). An empty plan has discarded
-    what an append published before its files went."""
+    what an append published before its files went. None: not an append (``append`` False)."""
     from packer.commands.pack_images import _discard_partial
+
+    if not append:
+        return None
 
     plan = plan_append(out, items, classes, format=to, options=writer.created_by.get("options") or {},
                        prune=run_opts.prune, listed=inputs.list_path is not None, holds=holds)
@@ -451,13 +456,11 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             writer_options.update(flow_tmpl=flow.flow_tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
-    plan = None
-    if append:
-        plan = plan_video_append(out, items, classes, writer, to=to, holds="frames", run_opts=run_opts,
-                                 inputs=inputs, claim=claim)
-        if plan.empty:
-            return current_report(DecodeReport, out, plan, len(items))
-        items = plan.items
+    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="frames", run_opts=run_opts,
+                             inputs=inputs, claim=claim)
+    if plan is not None and plan.empty:
+        return current_report(DecodeReport, out, plan, len(items))
+    items = plan.items if plan is not None else items
     if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
         # the workers write the frame files themselves: no frame's bytes cross to this process
         job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,

@@ -271,13 +271,11 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
                           whole=whole)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         commit_every=run_opts.commit_every or 100)
-    plan = None
-    if append:
-        plan = plan_video_append(out, items, classes, writer, to=to, holds="videos", run_opts=run_opts,
-                                 inputs=inputs, claim=claim)
-        if plan.empty:
-            return current_report(VideoPackReport, out, plan, len(items))
-        items = plan.items
+    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="videos", run_opts=run_opts,
+                             inputs=inputs, claim=claim)
+    if plan is not None and plan.empty:
+        return current_report(VideoPackReport, out, plan, len(items))
+    items = plan.items if plan is not None else items
     ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
     closing = BackgroundClose(ex)
     try:

@@ -16,7 +16,8 @@ import packer
 from packer.errors import UsageError
 from packer.formats import open_reader
 from packer.synth import write_video
-from tests.support.inputs import write_video_folder
+from tests.conversion.test_append import stored_hashes as image_hashes
+from tests.support.inputs import write_image_folder, write_video_folder
 
 SIZE = (32, 40)
 # (command, --to); the slow ones re-encode or write one more kind of the same storage
@@ -72,16 +73,11 @@ def samples(path: Path, **kw) -> list[tuple]:
 def stored_hashes(out: Path, to: str) -> dict[str, str]:
     """sha256 of what holds each stored sample: LMDB values, records shards, the HDF5 file, frame
     and video files (the sidecars, which grow, left out)."""
-    if to == "lmdb":
-        r = open_reader(out)
-        try:
-            return {str(i): hashlib.sha256(r.read_value(i)).hexdigest() for i in range(len(r))}
-        finally:
-            r.close()
+    if to in ("lmdb", "records"):
+        return image_hashes(out, to)
     if to == "hdf5":
         return {"v1": hashlib.sha256(out.read_bytes()).hexdigest()}
-    files = [p for p in out.rglob("*") if p.is_file() and p.parent != out] if to in ("frames", "files") else \
-        sorted(out.glob("*.tfrecord*"))
+    files = [p for p in out.rglob("*") if p.is_file() and p.parent != out]
     return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
             if "versions" not in p.parts}
 
@@ -168,6 +164,10 @@ def test_what_an_append_may_not_change_is_refused(trees, tmp_path):
     with pytest.raises(UsageError, match=r"is a lmdb output; append to it with decode-frames --to lmdb"):
         packer.decode_frames(src, out, to="records", workers=0, short_side=24, append=True)
     assert len(open_reader(out).manifest.videos) == 4
+    images = tmp_path / "images.lmdb"
+    packer.pack(write_image_folder(tmp_path / "imgs", count=4, classes=2), images, workers=0)
+    with pytest.raises(UsageError, match=r"holds images, not video frames \(decode-frames\); append to it with to-lmdb"):
+        convert("decode-frames", src, images, "lmdb", append=True)
 
 
 def test_a_changed_video_is_not_packed_over_its_frame_folder(trees, tmp_path):

@@ -12,20 +12,17 @@ mix of two versions (the video side of tests/faults/test_faults_append.py).
 """
 from __future__ import annotations
 
-import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 import packer
-from packer.cli import main
 from packer.errors import OutputChanged
 from packer.formats import open_reader
 from packer.synth import write_video
 from tests.support.inputs import write_video_folder
+from tests.faults.test_faults_append import _copy
+from tests.faults.test_faults_append import _killed_then_completed as killed_then_completed
 from tests.support.killing import packer_cmd, packer_env, run_packer
 
 SIZE = (32, 40)
@@ -69,17 +66,6 @@ def built(tmp_path_factory):
     return get
 
 
-def _copy(out: Path, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    dst = folder / out.name
-    if out.is_dir():
-        shutil.copytree(out, dst, copy_function=shutil.copy2)
-    else:
-        shutil.copy2(out, dst)
-        shutil.copy2(out.with_name(out.name + ".failures.jsonl"), folder / (out.name + ".failures.jsonl"))
-    return dst
-
-
 def _samples(out: Path, **kw) -> list[tuple]:
     r = open_reader(out, **kw)
     try:
@@ -89,40 +75,9 @@ def _samples(out: Path, **kw) -> list[tuple]:
         r.close()
 
 
-def _verified(out: Path) -> None:
-    v = CliRunner().invoke(main, ["verify", str(out)])
-    assert v.exit_code == 0, v.output
-
-
-def _leftovers(out: Path) -> list[str]:
-    allowed = {out.name, out.name + ".failures.jsonl", out.name + ".parts"}
-    extra = [p.name for p in out.parent.iterdir() if p.name.startswith(out.name) and p.name not in allowed]
-    extra += [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
-    if out.is_dir():
-        extra += [p.relative_to(out).as_posix() for p in out.rglob("*") if p.name.startswith(".") or ".tmp" in p.name]
-    return extra
-
-
 def _killed_then_completed(kind, built, tmp_path: Path, point: str, *, resume: bool = False) -> bool:
-    """Kill an append at ``point``; the output reads as version 1 or 2, whole; rerun it to the end.
-    False when the append finished before the kill point was reached."""
-    src, v1, reference = built(kind)
-    out = _copy(v1, tmp_path / point.replace(":", "-"))
-    before = _samples(v1)
-    killed = run_packer(*_argv(kind, src, out, "--append"), kill_at=point)
-    if killed.returncode == 0:
-        return False
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    now = _samples(out)
-    assert now in (before, reference), f"{point}: the output reads as neither version"
-    assert _samples(out, version=1) == before
-    _verified(out)
-    again = run_packer(*_argv(kind, src, out, "--append", *(("--resume",) if resume else ())))
-    assert again.returncode == 0, again.stderr
-    assert _samples(out) == reference and _samples(out, version=1) == before
-    _verified(out)
-    assert _leftovers(out) == []
-    return True
+    """The image appends' walk (tests/faults/test_faults_append.py) over a video output."""
+    return killed_then_completed(kind, built, tmp_path, point, resume=resume, argv=_argv, samples=_samples)
 
 
 # where in the append's 10 new frames (decode-frames) or 2 new videos (pack-videos) it is killed:

@@ -13,10 +13,42 @@ from packer.formats.sample import Record, Sample
 from packer.formats.sidecars import KEYS_FILE, partial_path
 from packer.manifest import Manifest
 
-__all__ = ["FramesReader"]
+__all__ = ["FramesReader", "FileTreeReader"]
 
 
-class FramesReader(Reader):
+class FileTreeReader(Reader):
+    """A reader of an output of files that the manifest's ``videos`` name (frame folders, video
+    files). Its keys derive from the manifest; an appended output's ``keys.json`` holds every
+    stored position's (a pruned version lists fewer videos), and its list files give the
+    latest version (docs/append.md)."""
+
+    def _keys_source(self) -> Path | None:
+        return self.path / KEYS_FILE if self._appended() else None  # else the manifest's checksum covers them
+
+    def _appended(self) -> bool:
+        return self.grown and (self.path / KEYS_FILE).is_file()
+
+    def _load_keys(self) -> Sequence[str]:
+        return super()._load_keys() if self._appended() else self._derived_keys()
+
+    def _derived_keys(self) -> list[str]:
+        """The keys by position, from the manifest's videos (an output never appended to)."""
+        raise NotImplementedError
+
+    def _latest(self) -> bool:
+        """Whether the list files give this reader's videos: it reads the output's latest version,
+        and no append is under way (``OUT.partial``: it rewrites them before its publish)."""
+        if not self.grown:
+            return True
+        if partial_path(self.path).exists():
+            return False
+        try:
+            return Manifest.load(self.path).identity() == self.manifest.identity()
+        except PackerError:
+            return False
+
+
+class FramesReader(FileTreeReader):
     """Random access to the frames of a ``frames`` output, by packed position (of ``version``:
     an appended output's, docs/append.md; the videos' ``start`` count this version's samples)."""
 
@@ -32,17 +64,7 @@ class FramesReader(Reader):
         self.videos = self.manifest.videos
         self._starts = [int(v["start"]) for v in self.videos]
 
-    def _keys_source(self) -> Path | None:
-        # derived from the manifest's videos, which its checksum covers; an appended output's
-        # keys.json holds every stored position's (a pruned version lists fewer videos)
-        return self.path / KEYS_FILE if self._appended() else None
-
-    def _appended(self) -> bool:
-        return self.grown and (self.path / KEYS_FILE).is_file()
-
-    def _load_keys(self) -> Sequence[str]:
-        if self._appended():
-            return super()._load_keys()
+    def _derived_keys(self) -> list[str]:
         return [f"{v['key']}/{self._name(v, j)[1]}" for v in self.videos for j in range(int(v["length"]))]
 
     def _locate(self, index: int) -> tuple[int, int]:
@@ -123,15 +145,3 @@ class FramesReader(Reader):
                 continue
             if n != int(v["length"]):
                 yield CorruptData(str(d), f"holds {n} files, the list says {v['length']} frames")
-
-    def _latest(self) -> bool:
-        """Whether the list files give this reader's videos: it reads the output's latest version,
-        and no append is under way (``OUT.partial``: it rewrites them before its publish)."""
-        if not self.grown:
-            return True
-        if partial_path(self.path).exists():
-            return False
-        try:
-            return Manifest.load(self.path).identity() == self.manifest.identity()
-        except PackerError:
-            return False

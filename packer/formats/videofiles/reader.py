@@ -3,19 +3,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
-from packer.errors import CorruptData, PackerError
-from packer.formats.reader import Reader
+from packer.errors import CorruptData
+from packer.formats.frames.reader import FileTreeReader
 from packer.formats.sample import Record, Sample
-from packer.formats.sidecars import KEYS_FILE, partial_path
 from packer.formats.videofiles import LIST_NAME, MP4_FMT, list_text
-from packer.manifest import Manifest
 
 __all__ = ["VideoFilesReader"]
 
 
-class VideoFilesReader(Reader):
+class VideoFilesReader(FileTreeReader):
     """Random access to the videos of a ``files`` output (``pack-videos --to files``), by position."""
 
     format_name = "files"
@@ -24,17 +22,7 @@ class VideoFilesReader(Reader):
         super().__init__(path, check_crc=check_crc, version=version)
         self.videos = self.manifest.videos
 
-    def _keys_source(self) -> Path | None:
-        # the manifest's videos, which its checksum covers; an appended output's keys.json holds
-        # every stored position's (a pruned version lists fewer videos)
-        return self.path / KEYS_FILE if self._appended() else None
-
-    def _appended(self) -> bool:
-        return self.grown and (self.path / KEYS_FILE).is_file()
-
-    def _load_keys(self) -> Sequence[str]:
-        if self._appended():
-            return super()._load_keys()
+    def _derived_keys(self) -> list[str]:
         return [v["key"] for v in self.videos]
 
     def _key_name(self, index: int) -> None:
@@ -77,15 +65,3 @@ class VideoFilesReader(Reader):
                 yield CorruptData(str(listed), "does not match the manifest's videos")
         except (OSError, ValueError) as e:
             yield CorruptData(str(listed), f"cannot read list file ({e})")
-
-    def _latest(self) -> bool:
-        """Whether the list files give this reader's videos: it reads the output's latest version,
-        and no append is under way (``OUT.partial``: it rewrites them before its publish)."""
-        if not self.grown:
-            return True
-        if partial_path(self.path).exists():
-            return False
-        try:
-            return Manifest.load(self.path).identity() == self.manifest.identity()
-        except PackerError:
-            return False
