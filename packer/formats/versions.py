@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
     from packer.formats.reader import Reader
 
-__all__ = ["AppendBase", "next_version", "next_videos", "merge_ranges", "version_path", "summary", "save_versions", "keep_base"]
+__all__ = ["AppendBase", "next_version", "next_videos", "merge_ranges", "version_path", "summary", "save_versions",
+           "keep_base"]
 
 
 def version_path(out: str | os.PathLike, version: int) -> Path:
