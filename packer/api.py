@@ -286,7 +286,9 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, force, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
-        append, prune: not supported for frame outputs yet (a UsageError; docs/append.md).
+        append, prune: add the videos not in ``out`` yet after its own, as its next version, and
+            leave out of it the videos gone or changed (``prune``), as for ``pack``
+            (docs/append.md): the options that decide the frames must be the pack's.
 
     Returns:
         The run's ``DecodeReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
@@ -294,7 +296,7 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
     from packer.commands.decode_frames import FlowOptions, FrameOptions, decode_frames as decode
     from packer.conversion.options import InputOptions, RunOptions
 
-    _appendable(out, append or prune, "decode-frames outputs (video frames)")
+    _appendable(out, append, "")
 
     # the option objects, built (and so checked) once, here, and handed down as they are
     frames = FrameOptions(short_side=short_side, size=size, keep_aspect=keep_aspect, fps=fps, stride=stride,
@@ -305,14 +307,14 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                           num_shards=num_shards, shard_index=shard_index)
     run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
-                     break_lock=break_lock)
+                     break_lock=break_lock, append=append, prune=prune)
 
     def build(path: str, claim: Any) -> Any:
         return decode(src, path, to=to, list_out=list_out, frame_options=frames, flow_options=flows,
                       input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources,
+    return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock, sources=sources,
                           extra_outputs=[list_out]), max_failures)
 
 
@@ -356,7 +358,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
         commit_every, workers, executor, max_failures, resume, overwrite, num_shards, shard_index,
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
-        append, prune: not supported for video packs yet (a UsageError; docs/append.md).
+        append, prune: add the videos not in ``out`` yet, as for ``decode_frames`` (docs/append.md).
 
     Returns:
         The run's ``VideoPackReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
@@ -364,7 +366,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
     from packer.commands.pack_videos import VideoPackOptions, pack_videos as pack_v
     from packer.conversion.options import InputOptions, RunOptions
 
-    _appendable(out, append or prune, "pack-videos outputs")
+    _appendable(out, append, "")
 
     # the option objects, built (and so checked) once, here, and handed down as they are
     pack = VideoPackOptions(short_side=short_side, fps=fps, stride=stride, max_frames=max_frames, codec=codec,
@@ -373,13 +375,13 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                           num_shards=num_shards, shard_index=shard_index)
     run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every,
-                     break_lock=break_lock)
+                     break_lock=break_lock, append=append, prune=prune)
 
     def build(path: str, claim: Any) -> Any:
         return pack_v(src, path, to=to, pack_options=pack, input_options=inputs, run_options=run, claim=claim)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
-    return _checked(_into(out, build, resume=resume, overwrite=overwrite, break_lock=break_lock, sources=sources),
+    return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock, sources=sources),
                     max_failures)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 import cv2
 
 from packer.claim import Claim
+from packer.conversion.append import AppendPlan, plan_append
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -29,7 +30,7 @@ from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import partial_path
 from packer.integrity import crc32c
 from packer.formats.frames import DEFAULT_TEMPLATE, check_template, rawframes_lines
-from packer.manifest import atomic_write_bytes, created_by
+from packer.manifest import Manifest, atomic_write_bytes, created_by
 from packer.conversion.diskspace import (Estimate, check_space, disk_used, encoded_bound, estimate_output, fits,
                                         human_bytes, sample_items)
 from packer.conversion.inputs import DEFAULT_VIDEO_EXTS, InputFailure, listing, parse_exts, partition, run_failures
@@ -41,7 +42,8 @@ from packer.codecs.flow import encode_grey, grey
 from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_images
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
-           "list_videos", "run_record", "source_entry", "partial_note", "video_report"]
+           "list_videos", "run_record", "source_entry", "partial_note", "video_report", "appending",
+           "plan_video_append", "current_report", "append_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +201,8 @@ class DecodeReport(Report):
     estimate: str = ""
 
     def summary(self) -> str:
-        if self.status == "complete":
-            return super().summary()
+        if self.status in ("complete", "current", "appended"):  # (an append: what it added, how many in all)
+            return super().summary() + (f"; {self.videos} videos in all" if self.status == "appended" else "")
         el = max(self.elapsed, 1e-9)
         return (f"{self.out}: {self.videos} of {self.items} videos -> {self.count} frames "
                 f"({self.partial} partial decodes, {self.failed_videos} failed); {human_bytes(self.disk_bytes)} "
@@ -273,6 +275,70 @@ def partial_note(v: VideoFrames) -> Optional[dict[str, Any]]:
             "reason": f"decoded {v.decoded_frames} of the {info.container_frames} frames "
                       f"the container claims ({v.backend})",
             "decoded_frames": v.decoded_frames, "container_frames": info.container_frames}
+
+
+def appending(out: str | os.PathLike, run_opts: RunOptions, inputs: InputOptions) -> tuple[bool, RunOptions]:
+    """(whether this run appends to the output at ``out``, the run options it goes on with): an
+    ``--append`` to an output not there yet is a plain run (continuing an interrupted one); any
+    other run checks ``--resume``/``--overwrite`` against the output (``check_output_arg``)."""
+    if not run_opts.append:
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+        return False, run_opts
+    if inputs.num_shards > 1:
+        raise UsageError("--append packs the new inputs in one run, in input order: not with --num-shards")
+    if Path(out).exists():
+        return True, run_opts
+    return False, dataclasses.replace(run_opts, append=False, prune=False, resume=partial_path(out).exists())
+
+
+def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: Any, *, append: bool, to: str,
+                      holds: str, run_opts: RunOptions, inputs: InputOptions,
+                      claim: Claim | None) -> AppendPlan | None:
+    """The ``--append`` of a video run (``holds``: ``frames`` or ``videos``): the videos not in
+    ``out`` yet, labelled as the pack labels them, into ``writer`` (its classes set); refuses
+    what an append may not change (``packer.conversion.append``). An empty plan has discarded
+    what an append published before its files went. None: not an append (``append`` False)."""
+    from packer.commands.pack_images import _discard_partial
+
+    if not append:
+        return None
+
+    plan = plan_append(out, items, classes, format=to, options=writer.created_by.get("options") or {},
+                       prune=run_opts.prune, listed=inputs.list_path is not None, holds=holds)
+    if plan.empty:
+        _discard_partial(writer, claim)
+        return plan
+    _refuse_taken(out, to, plan)
+    writer.classes = list(plan.classes)
+    return plan
+
+
+def _refuse_taken(out: Path, to: str, plan: AppendPlan) -> None:
+    """An output of files (frame folders, video files) stores a video under its own name, which
+    an earlier version may hold still (a video ``--prune`` left out, or a changed one it packs
+    anew): refused, naming it, as the version reading it must keep it. (Files there that no
+    version lists were moved in by an interrupted append: its rerun replaces them.)"""
+    suffix = {"frames": "", "files": ".mp4"}.get(to)
+    if suffix is None:
+        return
+    taken = [name for name in (it.frame_dir + suffix for it in plan.items) if (out / name).exists()]
+    if taken:  # (rare: only then every version's manifest is read)
+        latest = plan.base.manifest.version
+        listed = {str(v["frame_dir"]) + suffix for n in range(1, latest + 1) for v in Manifest.load(out, n).videos}
+        taken = [name for name in taken if name in listed]
+    if taken:
+        raise UsageError(f"{out}: {len(taken)} of the videos to add have files there already, kept for an earlier "
+                         f"version (e.g. {taken[0]}: a video --prune left out, or one that changed since); an "
+                         f"output of {'frame folders' if to == 'frames' else 'video files'} stores a video once under "
+                         "its name: pack the videos into a new output")
+
+
+def current_report(cls: type, out: Path, plan: AppendPlan, items: int) -> Any:
+    """The report of an ``--append`` that found nothing to add (``cls``: a ``DecodeReport``)."""
+    base = plan.base.manifest
+    report = Report(str(out), count=len(plan.base.reader), items=items, status="current", version=base.version,
+                    note=plan.note())
+    return video_report(cls, report, base.videos, disk_used(out))
 
 
 def _writer_for(to: str):
@@ -374,7 +440,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     if list_out is not None and to not in VIDEO_FORMATS:
         raise UsageError("--list-out applies to frame folders (--to frames) only")
     timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    append, run_opts = appending(out, run_opts, inputs)
     items, classes, bad, whole = list_videos(src, inputs)
     job = dataclasses.replace(frames.job(), flow=flow)
     out = Path(out)
@@ -390,6 +456,11 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             writer_options.update(flow_tmpl=flow.flow_tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
+    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="frames", run_opts=run_opts,
+                             inputs=inputs, claim=claim)
+    if plan is not None and plan.empty:
+        return current_report(DecodeReport, out, plan, len(items))
+    items = plan.items if plan is not None else items
     if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
         # the workers write the frame files themselves: no frame's bytes cross to this process
         job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,
@@ -398,16 +469,17 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     closing = BackgroundClose(ex)
     try:
         estimate = ""
-        if not (run_opts.resume and out.exists() and not partial_path(out).exists()):  # not already complete
-            todo = _remaining(items, writer.resume_state_path() if run_opts.resume else None)
+        if not (run_opts.resume and out.exists() and not partial_path(out).exists()) or plan is not None:
+            # (not already complete)
+            todo = _remaining(items, writer.resume_state_path() if run_opts.resume or plan else None)
             est = _estimate(todo, job, ex, per_file=frame_folders, out=out)
             estimate = est.describe()
             log.info("%s: the output needs %s", out, estimate)
             check_space(out, est, force=run_opts.force)
         report = run(items, job, writer, executor=ex, options=run_opts, claim=claim, unit="video", desc="decode-frames",
                      sample_unit="frames", input_failures=run_failures(bad, inputs.shard_index),
-                     all_in=closing.start)
-        report.labels = getattr(classes, "note", "")
+                     all_in=closing.start, append=plan)
+        report.labels = getattr(classes, "note", "") if plan is None else append_labels(plan)
         videos = open_reader(out, check_crc=False).manifest.videos
         if list_out is not None:
             _write_lists(Path(list_out), videos, flow)
@@ -415,6 +487,13 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
     finally:
         closing.wait()
     return video_report(DecodeReport, report, videos, disk, estimate=estimate)
+
+
+def append_labels(plan: AppendPlan) -> str:
+    """What an append's report says of its labels."""
+    old = len(plan.base.manifest.classes)
+    return f"{old} classes keep the pack's labels" + (f", {len(plan.new_classes)} new ones labelled from {old}"
+                                                       if plan.new_classes else "")
 
 
 def video_report(cls: type, report: Report, videos: list[dict[str, Any]], disk: int, **extra: Any) -> Any:

@@ -27,10 +27,10 @@ from packer.codecs.video_pack import NONREF, VIDEO_FMT, EncodeOptions, VideoEnco
 from packer.conversion.executors import make_executor
 from packer.conversion.executors.base import BackgroundClose
 from packer.conversion.options import VIDEO_RUN, InputOptions, RunOptions
-from packer.conversion.runner import WorkResult, check_output_arg, run
+from packer.conversion.runner import WorkResult, run
 from packer.conversion.video_inputs import VideoItem
-from packer.commands.decode_frames import (DecodeReport, list_videos, partial_note, run_record, source_entry,
-                                           video_report)
+from packer.commands.decode_frames import (DecodeReport, append_labels, appending, current_report, list_videos,
+                                           partial_note, plan_video_append, run_record, source_entry, video_report)
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
@@ -236,7 +236,7 @@ class VideoPackReport(DecodeReport):
     """A conversion Report with the video figures of the end summary (``count``: videos stored)."""
 
     def summary(self) -> str:
-        if self.status == "complete":
+        if self.status in ("complete", "current", "appended"):
             return super().summary()
         return (f"{self.out}: {self.videos} of {self.items} videos re-encoded ({self.partial} partial decodes, "
                 f"{self.failed_videos} failed); {human_bytes(self.disk_bytes)} on disk; {self.elapsed:.1f}s "
@@ -264,21 +264,26 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     if pack.copy and to in VIDEO_FILE_FORMATS:
         raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
     timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    append, run_opts = appending(out, run_opts, inputs)
     items, classes, bad, whole = list_videos(src, inputs)
     out = Path(out)
     recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100, classes=classes,
                           whole=whole)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         commit_every=run_opts.commit_every or 100)
+    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="videos", run_opts=run_opts,
+                             inputs=inputs, claim=claim)
+    if plan is not None and plan.empty:
+        return current_report(VideoPackReport, out, plan, len(items))
+    items = plan.items if plan is not None else items
     ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
     closing = BackgroundClose(ex)
     try:
         job = dataclasses.replace(pack.job(), plain=to in VIDEO_FILE_FORMATS)
         report = run(items, job, writer, executor=ex, options=run_opts, claim=claim, unit="video",
                      desc="pack-videos", sample_unit="videos", input_failures=run_failures(bad, inputs.shard_index),
-                     all_in=closing.start)
-        report.labels = getattr(classes, "note", "")
+                     all_in=closing.start, append=plan)
+        report.labels = getattr(classes, "note", "") if plan is None else append_labels(plan)
         videos = open_reader(out, check_crc=False).manifest.videos
         disk = disk_used(out)
     finally:

@@ -11,11 +11,14 @@ changed input is then packed anew). Nothing stored is ever rewritten (docs/appen
 What an append may not change is refused before any work, naming it: the format, an option
 that changes a sample's bytes (the fingerprint's options: resize, quality, check mode, format,
 extensions, shard layout), an existing label (new classes get the labels after the pack's;
-a ``--class-index`` must number the pack's classes as the pack does), a field pack, a video
-pack, a shuffled pack and a part of a split run.
+a ``--class-index`` must number the pack's classes as the pack does), a field pack, a shuffled
+pack and a part of a split run. A video output (``decode-frames``, ``pack-videos``) is appended
+to video by video: a video is an input, its samples (frames, or its one stream) its stored
+positions, and its manifest entry says which (``holds``).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -95,16 +98,22 @@ class AppendPlan:
                                                  "count": len(self.base.reader)}}}
 
 
-def _refuse_kind(out: Path, reader: Reader, format: str) -> None:
+_HOLDS = {"images": ("images", "to-{}"), "frames": ("video frames (decode-frames)", "decode-frames --to {}"),
+          "videos": ("videos (pack-videos)", "pack-videos --to {}")}
+
+
+def _refuse_kind(out: Path, reader: Reader, format: str, holds: str = "images") -> None:
     m = reader.manifest
     options = m.created_by.get("options") or {}
+    held = m.holds if m.kind != "videos" or m.videos else holds  # (no video stored: either kind)
+    if held != holds:
+        raise UsageError(f"{out}: holds {_HOLDS[held][0]}, not {_HOLDS[holds][0]}; append to it with "
+                         + _HOLDS[held][1].format(m.format))
     if m.format != format:
-        raise UsageError(f"{out}: is a {m.format} output; append to it with to-{m.format}")
+        raise UsageError(f"{out}: is a {m.format} output; append to it with " + _HOLDS[holds][1].format(m.format))
     if m.schema:
         raise UsageError(f"{out}: is a field pack (--coco/--manifest); --append is for image packs (not yet "
                          "for field packs)")
-    if m.kind != "images":
-        raise UsageError(f"{out}: holds video frames; --append is for image packs (not yet for videos)")
     if options.get("shuffle") is not None:
         raise UsageError(f"{out}: was packed with --shuffle (one permutation of the inputs it was made "
                          "from); it cannot be appended to: pack it again")
@@ -144,29 +153,46 @@ def _classes(out: Path, old: list[str], classes: Sequence[str], items: Sequence[
     fresh = sorted(name for name in set(classes) if name not in known)
     label_of = {**known, **{name: len(old) + k for k, name in enumerate(fresh)}}
     relabel = [label_of[name] for name in classes]
-    return list(old) + fresh, [it if relabel[it.label] == it.label else Item(it.key, it.path, relabel[it.label])
+    return list(old) + fresh, [it if relabel[it.label] == it.label else _relabelled(it, relabel[it.label])
                                for it in items]
 
 
+def _relabelled(item: Item, label: int) -> Item:
+    """``item`` with ``label`` (a video's other fields kept)."""
+    return Item(item.key, item.path, label) if type(item) is Item else dataclasses.replace(item, label=label)
+
+
+def _units(reader: Reader, holds: str) -> tuple[Sequence[str], list[int], dict[str, list[int]] | None]:
+    """The inputs the version holds: (their keys, the stored position of each one's first sample,
+    for videos each one's stored positions by key; None for images: one sample an input)."""
+    positions = reader.positions()
+    if holds == "images":
+        return reader.keys, positions.tolist(), None
+    spans = {str(v["key"]): positions[int(v["start"]):int(v["start"]) + int(v["length"])].tolist()
+             for v in reader.manifest.videos}
+    return list(spans), [s[0] if s else -1 for s in spans.values()], spans
+
+
 def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence[str], *, format: str,
-                options: dict[str, Any], prune: bool = False, listed: bool = False) -> AppendPlan:
+                options: dict[str, Any], prune: bool = False, listed: bool = False,
+                holds: str = "images") -> AppendPlan:
     """What appending ``items`` (a fresh pack's inputs, labelled by ``classes``) to the output at
     ``out`` does: refuses what an append may not change (see the module docstring); ``options``
-    are the run's ``created_by`` options, ``listed`` says the items come from a list file."""
+    are the run's ``created_by`` options, ``listed`` says the items come from a list file,
+    ``holds`` what a sample is (``Manifest.holds``: ``frames`` and ``videos`` take video items)."""
     out = Path(out)
     try:
         reader = open_reader(out)
         text = reader.manifest_text()
     except PackerError as e:
         raise UsageError(f"{out}: cannot append to it ({e})") from e
-    _refuse_kind(out, reader, format)
+    _refuse_kind(out, reader, format, holds)
     _check_options(out, reader, format, options)
     indexed = getattr(classes, "label_map", None) not in (None, "sorted", "list")
     new_classes, items = _classes(out, reader.classes, classes, items, listed, indexed)
-    keys = reader.keys
-    positions = reader.positions()
+    keys, firsts, spans = _units(reader, holds)
     table = reader.sources()
-    stored = dict(zip(keys, positions.tolist()))
+    stored = dict(zip(keys, firsts))
     at = [stored.get(it.key, -1) for it in items]
     found = [i for i, p in enumerate(at) if p >= 0]
     is_changed = np.zeros(len(items), dtype=bool)
@@ -181,11 +207,13 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
         seen = {items[i].key for i in found}
         removed = [k for k in keys if k not in seen]
     keep = None
+    drop: set[int] = set()
     if prune and (removed or changed):
-        drop = {stored[k] for k in removed + changed}
-        keep = merge_ranges([[p, p + 1] for p in positions.tolist() if p not in drop])
+        drop = ({stored[k] for k in removed + changed} if spans is None
+                else {p for k in removed + changed for p in spans[k]})
+        keep = merge_ranges([[p, p + 1] for p in reader.positions().tolist() if p not in drop])
     base = AppendBase(reader, text, keep=keep,
-                      removed={"samples": len(removed) + len(changed), "gone": removed[:20], "changed": changed[:20]}
+                      removed={"samples": len(drop), "gone": removed[:20], "changed": changed[:20]}
                       if keep is not None else {})
     return AppendPlan(base, todo, new_classes, removed=removed, changed=changed, prune=prune,
                       by_key=table is None)

@@ -172,6 +172,7 @@ class _State:
     entries: list[dict[str, Any]] = field(default_factory=list)
     overwrite: bool = False
     resumed: bool = False
+    videos_before: int = 0  # an --append: the videos of the version it continues (``video_index``)
 
 
 def _check_finished(out: Path, fp: Fingerprint, items: int) -> Report:
@@ -260,7 +261,7 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
         first = writer.count
         for sample in result.samples:
             if result.entry is not None:  # a video's frames: its position in the manifest's videos
-                sample.extra["video_index"] = len(st.entries)
+                sample.extra["video_index"] = st.videos_before + len(st.entries)
             writer.add(sample)
         if result.entry is not None:
             st.entries.append({**result.entry, "start": first, "length": writer.count - first, "index": index})
@@ -339,6 +340,8 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines, append, refuse=opts.resume) if resuming
           else _State(failures=bad_lines))
+    if append is not None:  # a video's frames carry its position among all the version's videos
+        st.videos_before = len(append.base.manifest.videos)
     if resuming and not st.resumed:  # nothing to continue: a fresh run, which takes each file's stat as it reads
         stats = input_rows(items)
         fp = Fingerprint(format=writer.format_name, classes=writer.classes, options=options, stats=stats)
@@ -416,10 +419,13 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
 def _sample_sources(stats: list[list[Any]], st: _State, count: int) -> Any:
     """Per stored sample, ``(size, mtime_ns, label)`` of its input (``sources.bin``: what
     ``--append`` compares inputs with), from the per-input rows: every input but the failed
-    ones gave one sample. None when that is not so (a video's frames, multi-label items)."""
+    ones gave one sample; a video (a manifest entry) gave its ``length``, each with its row.
+    None when that is not so (multi-label items)."""
     import numpy as np
 
-    if st.entries or len(stats) < count or any(len(row) != 4 for row in stats[:1]):
+    if st.entries:
+        return _video_sources(stats, st.entries, count)
+    if len(stats) < count or any(len(row) != 4 for row in stats[:1]):
         return None
     failed = {f["index"] for f in st.failures if f.get("index", -1) >= 0 and not f.get("note")}
     rows = [(row[2], row[3], row[1]) for i, row in enumerate(stats) if i not in failed]
@@ -429,3 +435,17 @@ def _sample_sources(stats: list[list[Any]], st: _State, count: int) -> Any:
         return np.array(rows, dtype=np.int64).reshape(count, 3)
     except (TypeError, ValueError):  # a multi-label item's list of labels
         return None
+
+
+def _video_sources(stats: list[list[Any]], entries: list[dict[str, Any]], count: int) -> Any:
+    """``_sample_sources`` of a video run: each video's row for each of its samples."""
+    import numpy as np
+
+    if sum(int(e["length"]) for e in entries) != count or any(len(row) != 4 for row in stats[:1]):
+        return None
+    try:
+        rows = np.array([(stats[e["index"]][2], stats[e["index"]][3], stats[e["index"]][1]) for e in entries],
+                        dtype=np.int64).reshape(len(entries), 3)
+    except (TypeError, ValueError):  # a multi-label video's list of labels
+        return None
+    return np.repeat(rows, [int(e["length"]) for e in entries], axis=0)

@@ -530,6 +530,9 @@ class FrameDataset(_ClipDataset):
             list file (``rawframes.txt``, or the flow list), every line (frames, labels) against the manifest at open, like
             every other reader: damage is a ``CorruptData`` naming the file, never a wrong clip.
             ``False`` opts out. A plain mmaction2 tree has no checksums to check.
+        version: of a ``decode-frames`` output that was appended to, the version to read, its
+            videos taken from that version's manifest instead of a list file (None: the list;
+            docs/append.md). A dataset opened before an append keeps reading its videos.
     """
 
     def __init__(self, root: str | os.PathLike, list_file: str | os.PathLike | None = None, *,
@@ -539,7 +542,8 @@ class FrameDataset(_ClipDataset):
                  clip_len: Optional[int] = None, frame_interval: Optional[int] = None,
                  num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
                  crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
-                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None):
+                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None,
+                 version: Optional[int] = None):
         clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
         super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
         modality = self.modality
@@ -547,6 +551,10 @@ class FrameDataset(_ClipDataset):
         if not self.root.is_dir():
             raise UsageError(f"{self.root}: frame root folder does not exist")
         self._require_frame_folders()
+        self._version = version
+        if version is not None and (list_file is not None or not (self.root / MANIFEST_NAME).is_file()):
+            raise UsageError(f"{self.root}: version= reads a decode-frames output's version from its manifest "
+                             "(no list_file)")
         flow = modality == "Flow"
         extra = _manifest_extra(self.root) if flow else {}
         default_list = extra.get("flow_list_file", "rawframes_flow.txt") if flow else "rawframes.txt"
@@ -556,7 +564,8 @@ class FrameDataset(_ClipDataset):
         identity = output_identity(self.root)
         packed = (self.root / "packer.json").is_file()
         self._identity = identity if packed or identity is None else identity[:2]
-        self.videos = parse_rawframes(self.list_file, with_offset=with_offset)
+        self.videos = (parse_rawframes(self.list_file, with_offset=with_offset) if version is None
+                       else self._version_videos())
         self._check_root()
         if filename_tmpl is None:
             filename_tmpl = extra.get("flow_tmpl", "{}_{:05d}.jpg") if flow else "img_{:05}.jpg"
@@ -574,6 +583,15 @@ class FrameDataset(_ClipDataset):
         if check_crc and (self.root / MANIFEST_NAME).is_file():
             self._open_packed()
 
+    def _version_videos(self, reader: Any = None) -> list[RawframeInfo]:
+        """The rawframes lines of the version asked for (``reader``'s), from its manifest."""
+        col = 1 if self.modality == "Flow" else 0
+        infos = []
+        for v in (reader or open_reader(self.root, version=self._version)).videos:
+            labels = tuple(int(x) for x in v.get("labels") or [v["label"]])
+            infos.append(RawframeInfo(v["frame_dir"], video_streams(v)[col], labels[0], 0, labels))
+        return infos
+
     def _require_frame_folders(self) -> None:
         """``UsageError`` naming the class to use when ``root`` is a packer output other than
         frame folders (``decode-frames --to frames``); a damaged manifest is left to the reads."""
@@ -589,13 +607,18 @@ class FrameDataset(_ClipDataset):
                              f"this decode-frames output is packed as {manifest.format}; use PackedVideoDataset")
 
     def _open_packed(self) -> None:
-        reader = open_reader(self.root)
+        reader = open_reader(self.root, version=self._version)
         if reader.format_name != "frames":
             return
         self._packed = reader
         self._entries = {v["frame_dir"]: v for v in reader.videos}
         own = reader.manifest.extra.get("flow_list_file", FLOW_LIST_NAME) if self.modality == "Flow" else LIST_NAME
-        if self.list_file.resolve() == (self.root / own).resolve():
+        if self._version is None and self.list_file.resolve() == (self.root / own).resolve() and reader.grown:
+            # an appended output: its own list is its latest version's, which an append in
+            # progress rewrites; the version this reader opened gives the videos
+            self._version = reader.version
+            self.videos = self._version_videos(reader)
+        elif self._version is None and self.list_file.resolve() == (self.root / own).resolve():
             # The output's own list: every line must be the manifest's entry (labels included).
             try:
                 text = self.list_file.read_text(encoding="utf-8")
@@ -618,7 +641,7 @@ class FrameDataset(_ClipDataset):
         position = names.get(path.name)
         if position is None:
             raise CorruptData(str(path), "not a frame the packed output holds")
-        if crc32c(data) != int(self._packed._checksums()[position]):
+        if crc32c(data) != int(self._packed._checksums()[self._packed._check_index(position)]):
             raise CorruptData(str(path), "CRC32C mismatch", position=f"sample {position}")
 
     def __len__(self) -> int:
@@ -636,7 +659,11 @@ class FrameDataset(_ClipDataset):
         --overwrite`` renames a new one over it, whose frames must not fill the old list."""
         now = output_identity(self.root)
         if self._identity is not None and (now[:len(self._identity)] if now else None) != self._identity:
-            raise OutputChanged(str(self.root))
+            packed = getattr(self, "_packed", None)
+            if packed is None:
+                raise OutputChanged(str(self.root))
+            packed._check_unchanged()  # only appended to: its version's frames are still there (docs/append.md)
+            self._identity = now
 
     def _read(self, path: Path, flow: bool) -> np.ndarray:
         try:
@@ -670,8 +697,10 @@ class PackedVideoDataset(_ClipDataset):
     located through the manifest's ``videos`` entries; storage opens lazily per process.
 
     Arguments as ``FrameDataset`` (no list file or file names: the manifest has them), plus
-    ``check_crc`` (verify each frame's CRC32C as it is read) and, for a URL ``path``, ``remote``
-    (a ``packer.remote.RemoteOptions``: cache folder, access mode, retries; docs/remote.md).
+    ``check_crc`` (verify each frame's CRC32C as it is read), for a URL ``path``, ``remote``
+    (a ``packer.remote.RemoteOptions``: cache folder, access mode, retries; docs/remote.md), and
+    ``version``: of an output that was appended to, the version to read (None: the latest;
+    docs/append.md); the dataset reads its version's videos whatever is appended later.
     ``num_classes`` defaults to the manifest's class count; ``SampleFrames(target_fps=...)`` uses
     each video's stored fps.
     """
@@ -681,10 +710,11 @@ class PackedVideoDataset(_ClipDataset):
                  remote: Any = None, clip_len: Optional[int] = None, frame_interval: Optional[int] = None,
                  num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
                  crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
-                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None):
+                 multi_class: Optional[bool] = None, num_classes: Optional[int] = None,
+                 version: Optional[int] = None):
         clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
         self.path = str(path)
-        self.reader = open_reader(path, check_crc=check_crc, remote=remote)
+        self.reader = open_reader(path, check_crc=check_crc, remote=remote, version=version)
         given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}
         if given.get("multi_class") and given.get("num_classes") is None:
             clip_fields["num_classes"] = len(self.reader.classes)

@@ -148,8 +148,6 @@ def open_reader(path: str | os.PathLike | list | tuple, *, check_crc: bool = Tru
     if isinstance(path, (list, tuple)):
         return FORMATS.reader("records")(path, check_crc=check_crc, **more)
     name = detect_format(path)
-    if version is not None and name not in FORMATS:
-        raise FormatError(f"{path}: a {name} output has no versions (only image packs are appended to)")
     return _reader_class(name)(path, check_crc=check_crc, **more)
 
 

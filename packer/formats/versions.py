@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
     from packer.formats.reader import Reader
 
-__all__ = ["AppendBase", "next_version", "merge_ranges", "version_path", "summary", "save_versions", "keep_base"]
+__all__ = ["AppendBase", "next_version", "next_videos", "merge_ranges", "version_path", "summary", "save_versions",
+           "keep_base"]
 
 
 def version_path(out: str | os.PathLike, version: int) -> Path:
@@ -124,7 +125,32 @@ def next_version(base: AppendBase, added: Manifest, *, keys: Sequence[str], sour
         added, count=count, fields=list(old.fields), extra=dict(old.extra), integrity=integrity,
         version=old.version + 1, parent=old.version, stored=stored,
         select=[] if select == [[0, stored]] else select, added=what, removed=dict(base.removed),
-        history=[*old.history, summary(old)], shards=[], videos=[], parts=[])
+        history=[*old.history, summary(old)], shards=[], videos=next_videos(base, added.videos, count - added.count),
+        parts=[])
+
+
+def next_videos(base: AppendBase, added: Sequence[dict[str, Any]], kept: int) -> list[dict[str, Any]]:
+    """The ``videos`` entries of the version after ``base``: the base version's that it keeps,
+    then ``added`` (the new samples' own, ``start`` counted from their first), each ``start`` a
+    sample position of the new version; ``kept``: how many of the base's samples it keeps."""
+    if not base.manifest.videos and not added:
+        return []
+    videos = [dict(v) for v in base.manifest.videos]
+    if base.keep is not None and videos:  # a --prune: the videos wholly kept, their starts moved up
+        import numpy as np
+
+        starts = np.cumsum([0] + [b - a for a, b in base.keep], dtype=np.int64)
+        firsts = np.array([a for a, _ in base.keep] or [0], dtype=np.int64)
+        stops = np.array([b for _, b in base.keep] or [0], dtype=np.int64)
+        positions = base.reader.positions()
+        moved = []
+        for v in videos:
+            p = int(positions[int(v["start"])])
+            k = int(firsts.searchsorted(p, side="right")) - 1
+            if k >= 0 and p < stops[k]:
+                moved.append({**v, "start": int(starts[k] + p - firsts[k])})
+        videos = moved
+    return videos + [{**v, "start": int(v["start"]) + kept} for v in added]
 
 
 def keep_base(out: Path, base: AppendBase) -> None:

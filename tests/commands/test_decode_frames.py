@@ -143,7 +143,7 @@ def test_mmaction2_list_file_layout(video_folder, tmp_path):
         names = sorted(os.listdir(info["frame_dir"]))
         assert names == ["img_{:05}.jpg".format(i) for i in range(1, info["total_frames"] + 1)]
     assert sorted(p.name for p in out.iterdir()) == ["checksums.bin", "class_0", "class_1", "failures.jsonl",
-                                                     "packer.json", "rawframes.txt"]
+                                                     "packer.json", "rawframes.txt", "sources.bin"]
     assert (out / "failures.jsonl").read_text() == ""
 
 

@@ -197,10 +197,6 @@ def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
     packer.pack(src, part, format="lmdb", workers=0, num_shards=2, shard_index=1)
     with pytest.raises(UsageError, match="merge the parts, then append to the merged output"):
         packer.pack(src, part, format="lmdb", workers=0, append=True)
-    with pytest.raises(UsageError, match="not supported for decode-frames outputs"):
-        packer.decode_frames(src, tmp_path / "frames", append=True)
-    with pytest.raises(UsageError, match="not supported for pack-videos outputs"):
-        packer.pack_videos(src, tmp_path / "videos.records", append=True)
     with pytest.raises(UsageError, match="to a URL is not supported yet"):
         packer.pack(src, "https://example.invalid/x.lmdb", append=True)
 

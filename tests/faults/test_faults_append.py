@@ -108,23 +108,26 @@ def _leftovers(out: Path) -> list[str]:
     return extra
 
 
-def _killed_then_completed(fmt: str, built, tmp_path: Path, point: str, *, resume: bool = False) -> bool:
+def _killed_then_completed(fmt, built, tmp_path: Path, point: str, *, resume: bool = False, argv=None,
+                           samples=None) -> bool:
     """Kill an append at ``point``; the output reads as version 1 or 2, whole; rerun it to the
-    end. False when the append finished before the kill point was reached."""
+    end. False when the append finished before the kill point was reached. ``argv``,
+    ``samples``: the command line and the reading of another kind of output (videos)."""
+    argv, samples = argv or _argv, samples or _samples
     src, v1, reference = built(fmt)
     out = _copy(v1, tmp_path / point.replace(":", "-"))
-    before = _samples(v1)
-    killed = run_packer(*_argv(fmt, src, out, "--append"), kill_at=point)
+    before = samples(v1)
+    killed = run_packer(*argv(fmt, src, out, "--append"), kill_at=point)
     if killed.returncode == 0:
         return False
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    now = _samples(out)
+    now = samples(out)
     assert now in (before, reference), f"{point}: the output reads as neither version"
-    assert _samples(out, version=1) == before
+    assert samples(out, version=1) == before
     _verified(out)
-    again = run_packer(*_argv(fmt, src, out, "--append", *(("--resume",) if resume else ())))
+    again = run_packer(*argv(fmt, src, out, "--append", *(("--resume",) if resume else ())))
     assert again.returncode == 0, again.stderr
-    assert _samples(out) == reference and _samples(out, version=1) == before
+    assert samples(out) == reference and samples(out, version=1) == before
     _verified(out)
     assert _leftovers(out) == []
     return True

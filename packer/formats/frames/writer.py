@@ -15,12 +15,12 @@ from packer.formats.frames.layout import (DEFAULT_TEMPLATE, FLOW_LIST_NAME, LIST
                                          list_files)
 from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
-from packer.formats.sidecars import fsync_append, write_checksums
+from packer.formats.sidecars import fsync_append, write_checksums, write_keys
 from packer.formats.writer import Writer
 from packer.integrity import crc32c
 from packer.manifest import Manifest, atomic_write_bytes
 
-__all__ = ["FramesWriter"]
+__all__ = ["FramesWriter", "publish_folders"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,6 +48,32 @@ def _syncfs(path: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+def publish_folders(writer: Writer, names: Sequence[str], keys: list[str], lists: dict[str, str]) -> None:
+    """Appending to an output of files (frame folders, video files): move each new video's
+    ``names`` (its folder or file, relative) from the partial into the output (``os.replace``;
+    one moved by an earlier try of the publish stays), then rewrite what grows with the stored
+    positions (``checksums.bin``, ``keys.json``: every stored position's, the base's first) and
+    the list files of the new version (``lists``). Nothing a published version reads changes: its
+    files stay where they are, and its manifest gives its own list (docs/append.md)."""
+    import numpy as np
+
+    for name in names:
+        src, dst = writer.workdir / name, writer.out / name
+        if not (src.exists() or src.is_symlink()):
+            if not dst.exists():
+                raise WriteError(f"{src}: a new video's files are missing")
+            continue  # moved by an earlier try of this publish
+        if dst.exists() or dst.is_symlink():  # moved by an interrupted append never published (the
+            writer._remove(dst)               # plan refuses the names a published version holds)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    old = np.asarray(writer.append_to.reader._checksums(), dtype="<u4")
+    write_checksums(writer.out, np.concatenate([old, np.asarray(writer.crcs, dtype="<u4")]))
+    write_keys(writer.out, keys)
+    for name, text in lists.items():
+        atomic_write_bytes(writer.out / name, text.encode("utf-8"))
 
 
 class FramesWriter(Writer):
@@ -192,6 +218,15 @@ class FramesWriter(Writer):
             manifest.extra.update(flow_tmpl=self.flow_tmpl, flow_list_file=FLOW_LIST_NAME)
         manifest.save(self.workdir)
         self._remove(self.workdir / VIDEOS_JOURNAL)
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """The new videos' frame folders move into the output; the list files give the new version's."""
+        if self._current is not None:
+            raise WriteError(f"{self.workdir}: video {self._current[0]!r} ended before its last frame")
+        folders = [v["frame_dir"] for v in added.videos]
+        if self.workdir.is_dir():  # (gone once an earlier try of this publish finished)
+            self._drop_unlisted(set(folders))
+        publish_folders(self, folders, keys, list_files(version.videos, flow=self.flow_tmpl is not None))
 
     def _close_handles(self) -> None:
         pass  # every frame file is closed as soon as it is written

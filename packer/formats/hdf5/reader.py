@@ -404,7 +404,9 @@ class HDF5Reader(Reader):
                 if o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != part.data.shape[0]:
                     yield CorruptData(str(path), "dataset 'offsets' is not a non-decreasing 0..len(blobs) index")
         videos = self.manifest.videos
-        if videos:
+        if videos and len(h.parts) > 1:  # appended: each part's videos, by stored position
+            yield from self._verify_part_videos(h, videos)
+        elif videos:
             try:
                 vo = h.parts[0].file["video_offsets"][:]
             except H5_ERRORS as e:
@@ -413,3 +415,23 @@ class HDF5Reader(Reader):
             want = [int(v["start"]) for v in videos[:1]] + [int(v["start"]) + int(v["length"]) for v in videos]
             if vo.tolist() != want:
                 yield CorruptData(str(self.path), "dataset 'video_offsets' does not match the manifest's videos")
+
+    def _verify_part_videos(self, h: Any, videos: list[dict[str, Any]]) -> Iterator[CorruptData]:
+        """An appended output's videos: each one spans the stored positions of one video of a part
+        file (its ``video_offsets``, counted from the part's first stored position)."""
+        spans, first = set(), 0
+        for part, (path, count) in zip(h.parts, self._storage()):
+            try:
+                vo = part.file["video_offsets"][:].tolist() if "video_offsets" in part.file else [0]
+            except H5_ERRORS as e:
+                yield CorruptData(str(path), f"cannot read video_offsets ({e})")
+                return
+            spans.update((first + a, first + b) for a, b in zip(vo[:-1], vo[1:]))
+            first += count
+        positions = self.positions()
+        for v in videos:
+            a, n = int(v["start"]), int(v["length"])
+            if n < 1 or a < 0 or a + n > len(positions) or \
+                    (int(positions[a]), int(positions[a + n - 1]) + 1) not in spans:
+                yield CorruptData(str(self.path), f"video {v.get('key')!r} does not match a part's 'video_offsets'")
+                return

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import WriteError
-from packer.formats.frames.writer import _syncfs
+from packer.formats.frames.writer import _syncfs, publish_folders
 from packer.formats.sample import Sample
 from packer.formats.sidecars import fsync_append, write_checksums
 from packer.formats.videofiles import LIST_NAME, list_text
@@ -101,6 +101,13 @@ class VideoFilesWriter(Writer):
         atomic_write_bytes(self.workdir / LIST_NAME, list_text(manifest.videos).encode("utf-8"))
         manifest.extra["list_file"] = LIST_NAME
         manifest.save(self.workdir)
+
+    def _finish_appended(self, version: Manifest, added: Manifest, keys: list[str]) -> None:
+        """The new videos' files move into the output; ``videos.txt`` gives the new version's."""
+        files = [v["file"] for v in added.videos]
+        if self.workdir.is_dir():  # (gone once an earlier try of this publish finished)
+            self._drop_unlisted(set(files))
+        publish_folders(self, files, keys, {LIST_NAME: list_text(version.videos)})
 
     def _close_handles(self) -> None:
         pass  # every file is closed as soon as it is written
