@@ -177,7 +177,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
                      break_lock=break_lock, append=append, prune=prune)
-    _appendable(out, append, "")
+    _appendable(out, append, "", format=format)
     records = {"shard_size": shard_size, "samples_per_shard": samples_per_shard, "name": name}
     if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
@@ -232,13 +232,18 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
                           sources=sources, append=append), max_failures)
 
 
-def _appendable(out: PathLike, append: bool, not_for: str) -> None:
-    """Refuse ``append`` where it is not (yet) supported: ``not_for`` names the command's outputs."""
+def _appendable(out: PathLike, append: bool, not_for: str, format: Optional[str] = None) -> None:
+    """Refuse ``append`` where it is not (yet) supported: ``not_for`` names the command's outputs;
+    at a URL, a ``format`` other than records (``packer.remote.append``)."""
     from packer.remote.url import is_url
 
     if append and not_for:
         raise UsageError(f"--append is not supported for {not_for} yet (docs/append.md); pack the "
                          "inputs again, or pack the new ones apart")
+    if append and is_url(out) and format != "records":
+        from packer.remote.append import refused
+
+        raise refused(out, str(format))
     if append and not is_url(out):
         from packer.commands.export import EXPORT_NAME
 

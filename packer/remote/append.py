@@ -56,7 +56,7 @@ from packer.remote.upload import (MIRROR_MARK, StagedOutput, UploadReport, _file
                                   remote_exists, staged_output, staging_path)
 from packer.remote.url import join_url, redact
 
-__all__ = ["staged_append", "upload_version", "as_url", "REWRITTEN"]
+__all__ = ["staged_append", "upload_version", "as_url", "refused", "REWRITTEN"]
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,11 @@ _WHOLE = {"lmdb": "an LMDB output at a URL is one data.mdb object, which an appe
                   "again as a part and replace by a head file"}
 
 
-def _refused(url: str, fmt: str) -> UsageError:
+def refused(url: str | os.PathLike, fmt: str) -> UsageError:
+    """The error refusing an ``--append`` at ``url`` to a ``fmt`` output (records only)."""
     why = _WHOLE.get(fmt, f"--append to a URL is for records outputs, this one is {fmt}")
-    return UsageError(f"{redact(url)}: cannot append at the URL: {why}; append to a local copy, then upload "
-                      "it (docs/append.md)")
+    return UsageError(f"{redact(str(url))}: --append to a URL is not supported yet for {fmt} outputs: {why}; "
+                      "append to a local copy, then upload it (docs/append.md)")
 
 
 def _get(up: _Uploader, name: str) -> bytes | None:
@@ -105,7 +106,7 @@ def staged_append(out: str | os.PathLike, *, storage_options: dict[str, Any] | N
     plain = dict(resume=True, storage_options=storage_options, staging_dir=staging_dir)
     if _single(url) is not None:  # a single-file output (HDF5) has no manifest beside it
         if remote_exists(url, storage_options):
-            raise _refused(url, _single(url).name)
+            raise refused(url, _single(url).name)
         return staged_output(url, **plain)
     local.parent.mkdir(parents=True, exist_ok=True)
     up = _Uploader(local, url, storage_options, policy)
@@ -119,7 +120,7 @@ def staged_append(out: str | os.PathLike, *, storage_options: dict[str, Any] | N
     there = raw.decode("utf-8")
     fmt = Manifest.from_json(there, redact(join_url(url, MANIFEST_NAME))).format
     if fmt != "records":
-        raise _refused(url, fmt)
+        raise refused(url, fmt)
     if not mark.exists() and (local.exists() or Path(f"{local}.partial").exists()):
         raise UsageError(f"{local}: a staging copy of {redact(url)} is there from an interrupted run; finish "
                          "it with --resume (or start again with --overwrite), then append")

@@ -177,8 +177,10 @@ def test_what_an_append_at_a_url_may_not_do_is_refused(bucket, tmp_path, s3, tre
     r = _cli("to-records", src, f"{bucket}/new.records", "--samples-per-shard", 5, "--workers", 0, "--append")
     assert r.exit_code != 0 and "--samples-per-shard: 4 -> 5" in r.output, r.output
     assert f"{bucket}/new.records: cannot append" in r.output and "staging" not in r.output
-    for fmt, name in (("lmdb", "img.lmdb"), ("hdf5", "img.h5")):
-        assert _cli(f"to-{fmt}", trees["old"], f"{bucket}/{name}", "--workers", 0).exit_code == 0
+    for fmt, name in (("lmdb", "img.lmdb"), ("hdf5", "img.h5")):  # one object each: refused before any work
         r = _cli(f"to-{fmt}", src, f"{bucket}/{name}", "--workers", 0, "--append")
-        assert r.exit_code != 0 and "append to a local copy" in r.output, r.output
+        assert r.exit_code != 0 and f"not supported yet for {fmt} outputs" in r.output, r.output
+    assert _cli("to-lmdb", trees["old"], f"{bucket}/img.lmdb", "--workers", 0).exit_code == 0
+    r = _cli("to-records", src, f"{bucket}/img.lmdb", *LAYOUT, "--append")  # what is there decides
+    assert r.exit_code != 0 and "not supported yet for lmdb outputs" in r.output, r.output
     assert _remote(f"{bucket}/new.records", s3, tmp_path / "c").manifest.version == 1
