@@ -56,7 +56,7 @@ from packer.remote.upload import (MIRROR_MARK, StagedOutput, UploadReport, _file
                                   remote_exists, staged_output, staging_path)
 from packer.remote.url import join_url, redact
 
-__all__ = ["staged_append", "upload_version", "as_url", "refused", "REWRITTEN"]
+__all__ = ["AppendedOutput", "staged_append", "upload_version", "as_url", "refused", "REWRITTEN"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,14 @@ def refused(url: str | os.PathLike, fmt: str) -> UsageError:
     why = _WHOLE.get(fmt, f"--append to a URL is for records outputs, this one is {fmt}")
     return UsageError(f"{redact(str(url))}: --append to a URL is not supported yet for {fmt} outputs: {why}; "
                       "append to a local copy, then upload it (docs/append.md)")
+
+
+class AppendedOutput(StagedOutput):
+    """The staging mirror an append publishes the output's next version in: ``upload()`` sends
+    that version's objects, the manifest last (``upload_version``)."""
+
+    def _send(self, on_file: Callable[[str], None] | None) -> UploadReport:
+        return upload_version(self.local, str(self.url), storage_options=self.storage_options, on_file=on_file)
 
 
 def _get(up: _Uploader, name: str) -> bytes | None:
@@ -131,7 +139,7 @@ def staged_append(out: str | os.PathLike, *, storage_options: dict[str, Any] | N
         _mirror(up, local, there)
         mark.write_text(json.dumps({"url": redact(url)}))
     (local.parent / ".uploaded").unlink(missing_ok=True)  # (a plain --resume's "nothing to do" marker)
-    return StagedOutput(url, local, storage_options=storage_options, appended=True)
+    return AppendedOutput(url, local, storage_options=storage_options)
 
 
 @contextlib.contextmanager
@@ -140,7 +148,7 @@ def as_url(staged: StagedOutput) -> Iterator[None]:
     try:
         yield
     except UsageError as e:
-        if not staged.appended or str(staged.local) not in str(e):
+        if not isinstance(staged, AppendedOutput) or str(staged.local) not in str(e):
             raise
         raise UsageError(str(e).replace(str(staged.local), redact(str(staged.url)))) from e
 

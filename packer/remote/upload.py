@@ -281,7 +281,6 @@ class StagedOutput:
     local: Path
     storage_options: dict[str, Any] | None = None
     complete: bool = False  # the upload finished earlier (a --resume has nothing to do)
-    appended: bool = False  # ``local`` continues the output at the URL (packer.remote.append)
 
     @property
     def remote(self) -> bool:
@@ -291,16 +290,15 @@ class StagedOutput:
         """A context manager uploading finished shards while the conversion runs (None: local)."""
         return ShardUploader(self, interval=interval) if self.url is not None else None
 
+    def _send(self, on_file: Callable[[str], None] | None) -> UploadReport:
+        """Upload the finished staging output (an append's sends only its new version)."""
+        return upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
+
     def upload(self, *, on_file: Callable[[str], None] | None = None) -> UploadReport | None:
         """Upload the finished staging output, then drop the staging copy (a local output: no-op)."""
         if self.url is None:
             return None
-        if self.appended:  # only the new version's objects, the manifest swapped last
-            from packer.remote.append import upload_version
-
-            report = upload_version(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
-        else:
-            report = upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
+        report = self._send(on_file)
         atomic_write_bytes(self.local.parent / ".uploaded", json.dumps({"url": redact(self.url)}).encode())
         spec = _single(self.url)
         beside = (*spec.beside(self.local.name), f"{self.local.name}.sha256") if spec is not None else ()
