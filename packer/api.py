@@ -160,7 +160,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             (docs/append.md): the samples there stay byte for byte, the options must be the
             pack's, new classes get the labels after the pack's; an interrupted append is
             continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
-            or list file only (not field packs, not dataset sources).
+            or list file only (not field packs, not dataset sources); at a URL, records outputs
+            only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
 

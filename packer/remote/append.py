@@ -120,8 +120,9 @@ def staged_append(out: str | os.PathLike, *, storage_options: dict[str, Any] | N
     up = _Uploader(local, url, storage_options, policy)
     raw = _get(up, MANIFEST_NAME)
     if raw is None:  # nothing there yet (or what a mirror was made of is gone): a plain run
-        if mark.exists():
-            shutil.rmtree(local, ignore_errors=True)
+        if mark.exists():  # an append's mirror and work of an output no longer there
+            for path in (local, Path(f"{local}.partial")):
+                shutil.rmtree(path, ignore_errors=True)
             up.journal_path.unlink(missing_ok=True)
             mark.unlink()
         return staged_output(url, **plain)
@@ -136,8 +137,8 @@ def staged_append(out: str | os.PathLike, *, storage_options: dict[str, Any] | N
     if mine is not None and (mine == there or _continues(mine, there)):
         log.info("%s: continuing the append staged at %s", redact(url), local)
     else:
+        mark.write_text(json.dumps({"url": redact(url)}))  # first: what is made here is a mirror
         _mirror(up, local, there)
-        mark.write_text(json.dumps({"url": redact(url)}))
     (local.parent / ".uploaded").unlink(missing_ok=True)  # (a plain --resume's "nothing to do" marker)
     return AppendedOutput(url, local, storage_options=storage_options)
 

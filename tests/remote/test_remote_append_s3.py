@@ -17,7 +17,7 @@ import packer
 from packer.cli import main
 from packer.commands.pack_images import pack_images
 from packer.conversion.options import RunOptions
-from packer.errors import OutputChanged
+from packer.errors import OutputChanged, UsageError
 from packer.formats import open_reader as open_local
 from packer.formats.sidecars import KEYS_FILE
 from packer.remote import RemoteOptions, RemoteSource, open_reader
@@ -184,3 +184,19 @@ def test_what_an_append_at_a_url_may_not_do_is_refused(bucket, tmp_path, s3, tre
     r = _cli("to-records", src, f"{bucket}/img.lmdb", *LAYOUT, "--append")  # what is there decides
     assert r.exit_code != 0 and "not supported yet for lmdb outputs" in r.output, r.output
     assert _remote(f"{bucket}/new.records", s3, tmp_path / "c").manifest.version == 1
+
+
+def test_an_output_replaced_under_the_append_is_not_overwritten(bucket, tmp_path, s3, trees, monkeypatch):
+    src, url = _src(tmp_path, trees), f"{bucket}/raced.records"
+    assert _cli("to-records", src, url, *LAYOUT).exit_code == 0
+    _grow(src, trees)
+    staged = staged_append(url)
+    pack_images(src, staged.local, format="records", writer_options={"samples_per_shard": 4},
+                run_options=RunOptions(workers=0, append=True))
+    other = write_image_folder(tmp_path / "other", count=6, classes=2, size=(24, 32), seed=9)
+    with monkeypatch.context() as host:  # another host (its own staging folder) replaces the output
+        host.setenv("PACKER_STAGING_DIR", str(tmp_path / "other-host"))
+        assert packer.pack(other, url, format="records", samples_per_shard=4, workers=0, overwrite=True).count == 6
+    with pytest.raises(UsageError, match="no longer the version this append continues"):
+        staged.upload()
+    assert len(_remote(url, s3, tmp_path / "c")) == 6  # the other writer's output, as it published it
