@@ -59,12 +59,14 @@ def _sources(src: PathLike, *, list_path: Optional[PathLike] = None, csv_path: O
 
 def _into(out: PathLike, build: Callable[[str, Any], Any], *, resume: bool, overwrite: bool,
           break_lock: bool, sources: dict[str, list[Optional[PathLike]]],
-          extra_outputs: Sequence[Optional[PathLike]] = ()) -> Any:
+          extra_outputs: Sequence[Optional[PathLike]] = (), append: bool = False) -> Any:
     """Run ``build(path, claim)`` into ``out`` under the run's one claim (taken here and handed
     down: ``packer.claim``), once ``out`` is known to be apart from
     the run's ``sources`` (``check_placement``); a URL ``out`` is built in a local
     staging folder, its finished record shards uploaded while it runs, the rest when it is
-    done, the manifest last (docs/remote.md); the Report's ``upload`` says what went up."""
+    done, the manifest last (docs/remote.md); the Report's ``upload`` says what went up.
+    ``append`` at a URL: the next version is made in a staging mirror of the output, its new
+    objects uploaded, the manifest swapped last (``packer.remote.append``)."""
     from packer.claim import claim_output
     from packer.conversion.placement import check_placement
     from packer.remote.url import is_url
@@ -75,14 +77,19 @@ def _into(out: PathLike, build: Callable[[str, Any], Any], *, resume: bool, over
         with claim_output(out, takeover=resume or overwrite, break_lock=break_lock) as claim:
             return build(out, claim)
     from packer.conversion.runner import Report
-    from packer.remote.upload import staged_output
+    from packer.remote.append import as_url, staged_append
+    from packer.remote.upload import staged_output, staging_path
     from packer.remote.url import redact
 
-    staged = staged_output(out, resume=resume, overwrite=overwrite)
-    if staged.complete:
+    staged = None if append else staged_output(out, resume=resume, overwrite=overwrite)
+    if staged is not None and staged.complete:
         return Report(out=redact(str(out)), status="uploaded")
-    with claim_output(staged.local, takeover=resume or overwrite, break_lock=break_lock) as claim:
-        with staged.uploading_shards():
+    # an append mirrors the output at the URL into staging under the claim (packer.remote.append)
+    with claim_output(staging_path(str(out)) if staged is None else staged.local, takeover=resume or overwrite,
+                      break_lock=break_lock) as claim:
+        if staged is None:
+            staged = staged_append(out)
+        with staged.uploading_shards(), as_url(staged):
             report = build(str(staged.local), claim)
         report.upload = staged.upload()
     return report
@@ -153,7 +160,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             (docs/append.md): the samples there stay byte for byte, the options must be the
             pack's, new classes get the labels after the pack's; an interrupted append is
             continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
-            or list file only (not field packs, not dataset sources).
+            or list file only (not field packs, not dataset sources); at a URL, records outputs
+            only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
 
@@ -170,7 +178,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     run = RunOptions(workers=workers, executor=executor, max_failures=max_failures, resume=resume,
                      overwrite=overwrite, strict=strict, timeout=timeout, commit_every=commit_every, force=force,
                      break_lock=break_lock, append=append, prune=prune)
-    _appendable(out, append, "")
+    _appendable(out, append, "", format=format)
     records = {"shard_size": shard_size, "samples_per_shard": samples_per_shard, "name": name}
     if format != "records" and (shard_size != "256MB" or samples_per_shard is not None or name != "train"):
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
@@ -222,19 +230,21 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
     sources = _sources(src, list_path=list_path, class_index=class_index)
     return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
-                          sources=sources), max_failures)
+                          sources=sources, append=append), max_failures)
 
 
-def _appendable(out: PathLike, append: bool, not_for: str) -> None:
-    """Refuse ``append`` where it is not (yet) supported: ``not_for`` names the command's outputs."""
-    from packer.remote.url import is_url, redact
+def _appendable(out: PathLike, append: bool, not_for: str, format: Optional[str] = None) -> None:
+    """Refuse ``append`` where it is not (yet) supported: ``not_for`` names the command's outputs;
+    at a URL, a ``format`` other than records (``packer.remote.append``)."""
+    from packer.remote.url import is_url
 
     if append and not_for:
         raise UsageError(f"--append is not supported for {not_for} yet (docs/append.md); pack the "
                          "inputs again, or pack the new ones apart")
-    if append and is_url(out):
-        raise UsageError(f"{redact(str(out))}: --append to a URL is not supported yet (docs/append.md); append "
-                         "to a local copy, then upload it")
+    if append and is_url(out) and format != "records":
+        from packer.remote.append import refused
+
+        raise refused(out, str(format))
     if append and not is_url(out):
         from packer.commands.export import EXPORT_NAME
 

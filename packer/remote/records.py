@@ -98,6 +98,13 @@ class RemoteRecordsReader(RecordsReader):
         self._pins = pins
 
     @property
+    def grown(self) -> bool:
+        """Always: at a URL an append uploads the grown ``keys.json`` before it swaps the manifest
+        (packer.remote.append), and the cache keeps no ``versions/`` folder to say so. The first
+        ``count`` keys are still checked against this version's manifest."""
+        return True
+
+    @property
     def url(self) -> str:
         return self.source.url
 

@@ -149,10 +149,16 @@ class RemoteSource:
         hashed again; one that is not the hash's is fetched again (OutputChanged when the
         dataset was republished since it was opened).
         """
+        listed = sha256 is None and name in self.sums  # its hash from the hash list, not the manifest
         sha256 = sha256 or self.sums.get(name)
         url = self.name_url(name)
         fs, _ = self.fs
         landed: list[Path] = []
+
+        def changed() -> None:
+            self.check_republished()
+            if listed:
+                self.check_listed(name, sha256)
 
         def download(dest: Path) -> FetchStats:
             def record(tmp: Path) -> None:  # before the rename: no reader sees the file unrecorded
@@ -160,7 +166,7 @@ class RemoteSource:
 
             stats = fetch_file(fs, self.remote_path(name), dest, url=url, sha256=sha256, size=size,
                                policy=self.options.retry, secrets=self.secrets,
-                               changed=self.check_republished if self.manifest_text is not None else None,
+                               changed=changed if self.manifest_text is not None else None,
                                landing=record if sha256 else None)
             landed.append(dest)
             return stats
@@ -248,6 +254,14 @@ class RemoteSource:
         if now != self.manifest_text:
             raise OutputChanged(redact(self.url), "republished at this URL since this dataset was opened "
                                                   "(its manifest changed); open it again to read the new version")
+
+    def check_listed(self, name: str, sha256: str) -> None:
+        """Raise OutputChanged when the hash list at the URL no longer gives file ``name`` the
+        hash ``sha256`` read at open: an append at the URL took it off the list before it
+        rewrote the file (packer.remote.append), so other bytes are another version's."""
+        if parse_sums(self.optional_text(SUMS_NAME) or "").get(name) != sha256:
+            raise OutputChanged(redact(self.name_url(name)), "rewritten at this URL since this dataset was opened "
+                                                             "(its hash list changed: appended to?); open it again")
 
     def optional_text(self, name: str) -> str | None:
         try:

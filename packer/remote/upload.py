@@ -38,10 +38,11 @@ from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy, file_sh
 from packer.remote.source import SUMS_NAME
 from packer.remote.url import cache_key, is_url, join_url, redact, scrub, secrets_of, url_filesystem
 
-__all__ = ["StagedOutput", "staged_output", "upload_output", "UploadReport", "remote_exists", "ShardUploader"]
+__all__ = ["StagedOutput", "staged_output", "staging_path", "upload_output", "UploadReport", "remote_exists", "ShardUploader"]
 
 log = logging.getLogger(__name__)
 
+MIRROR_MARK = ".mirrored"  # beside a staging copy that mirrors the output at its URL (packer.remote.append)
 
 
 def _single(url: str) -> FormatSpec | None:
@@ -289,20 +290,31 @@ class StagedOutput:
         """A context manager uploading finished shards while the conversion runs (None: local)."""
         return ShardUploader(self, interval=interval) if self.url is not None else None
 
+    def _send(self, on_file: Callable[[str], None] | None) -> UploadReport:
+        """Upload the finished staging output (an append's sends only its new version)."""
+        return upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
+
     def upload(self, *, on_file: Callable[[str], None] | None = None) -> UploadReport | None:
         """Upload the finished staging output, then drop the staging copy (a local output: no-op)."""
         if self.url is None:
             return None
-        report = upload_output(self.local, self.url, storage_options=self.storage_options, on_file=on_file)
+        report = self._send(on_file)
         atomic_write_bytes(self.local.parent / ".uploaded", json.dumps({"url": redact(self.url)}).encode())
         spec = _single(self.url)
         beside = (*spec.beside(self.local.name), f"{self.local.name}.sha256") if spec is not None else ()
-        for p in (self.local, *(self.local.with_name(name) for name in beside)):
+        for p in (self.local, *(self.local.with_name(name) for name in beside), self.local.parent / MIRROR_MARK):
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
         return report
+
+
+def staging_path(url: str, staging_dir: str | os.PathLike | None = None) -> Path:
+    """Where the output at ``url`` is built locally: ``{staging}/{key of the URL}/{its name}``
+    (``staging_dir``, else ``$PACKER_STAGING_DIR``, else ``{cache}/staging``)."""
+    base = Path(staging_dir or os.environ.get("PACKER_STAGING_DIR") or default_cache_dir() / "staging")
+    return base / cache_key(url) / url.rsplit("/", 1)[-1]
 
 
 def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
@@ -322,23 +334,26 @@ def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bo
     if resume and overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     url = str(out).rstrip("/")
-    base = Path(staging_dir or os.environ.get("PACKER_STAGING_DIR") or default_cache_dir() / "staging")
-    folder = base / cache_key(url)
+    local = staging_path(url, staging_dir)
+    folder = local.parent
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
-    local = folder / url.rsplit("/", 1)[-1]
     marker = folder / ".uploaded"
     journal = local.with_name(f".{local.name}.upload.json")
     there = remote_exists(url, storage_options)
     if there and not (resume or overwrite):
         raise UsageError(f"{redact(url)}: a dataset is already there (use --overwrite to replace it or "
                          "--resume to continue)")
+    if not overwrite and not fresh and (folder / MIRROR_MARK).exists():
+        raise UsageError(f"{local}: an --append to {redact(url)} is staged there, unfinished; run it again "
+                         "with --append to finish it (or --overwrite to start again)")
     if not resume and not overwrite and (local.exists() or Path(f"{local}.partial").exists()):
         raise UsageError(f"{local}: a staging copy of {redact(url)} is there from an interrupted run "
                          "(use --resume to continue it or --overwrite to start again)")
     if overwrite or fresh:
         marker.unlink(missing_ok=True)
+        (folder / MIRROR_MARK).unlink(missing_ok=True)
         journal.unlink(missing_ok=True)
         if there:
             _Uploader(local, url, storage_options, RetryPolicy()).remove_main()
