@@ -11,8 +11,11 @@ changed input is then packed anew). Nothing stored is ever rewritten (docs/appen
 What an append may not change is refused before any work, naming it: the format, an option
 that changes a sample's bytes (the fingerprint's options: resize, quality, check mode, format,
 extensions, shard layout), an existing label (new classes get the labels after the pack's;
-a ``--class-index`` must number the pack's classes as the pack does), a field pack, a shuffled
-pack and a part of a split run. A video output (``decode-frames``, ``pack-videos``) is appended
+a ``--class-index`` must number the pack's classes as the pack does), a shuffled pack and a
+part of a split run. A field pack (``--coco``, ``--manifest``) is appended to with its grown
+annotation file or manifest (``fields``): an item's label is then its identity (a digest of its
+annotations or row values, ``packer.commands.pack_fields``), compared as an image's label is,
+and the file's own sha256 may differ. A video output (``decode-frames``, ``pack-videos``) is appended
 to video by video: a video is an input, its samples (frames, or its one stream) its stored
 positions, and its manifest entry says which (``holds``).
 """

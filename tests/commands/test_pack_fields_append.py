@@ -19,6 +19,7 @@ import packer
 from packer.cli import main
 from packer.errors import UsageError
 from packer.formats import FORMATS, open_reader
+from tests.conversion.test_append import out_path, stored_hashes
 from tests.support.coco import CATEGORY_IDS, make_coco
 
 pytest.importorskip("pycocotools")
@@ -26,10 +27,6 @@ pytest.importorskip("pycocotools")
 ALL = sorted(FORMATS)
 OLD = 6  # images of the first file; the grown one has 8
 NEW_CATEGORY = CATEGORY_IDS[-1]  # 18: the largest id, so it sorts after the pack's categories
-
-
-def out_path(root: Path, fmt: str, name: str = "out") -> Path:
-    return root / (f"{name}.h5" if fmt == "hdf5" else f"{name}.{fmt}")
 
 
 def layout(fmt: str) -> dict:
@@ -75,19 +72,6 @@ def dicts(path: Path, **kw) -> list[dict]:
     """Every sample's every field (the image as stored), as the dataset reads it."""
     ds = packer.PackedDataset(path, decode="bytes", **kw)
     return [{k: value(v) for k, v in ds[i].items()} for i in range(len(ds))]
-
-
-def stored_hashes(out: Path, fmt: str) -> dict[str, str]:
-    """sha256 of the stored bytes of every sample (LMDB values), or of the data files holding them."""
-    if fmt == "lmdb":
-        r = open_reader(out)
-        try:
-            return {str(i): hashlib.sha256(r.read_value(i)).hexdigest() for i in range(len(r))}
-        finally:
-            r.close()
-    if fmt == "records":
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.tfrecord*"))}
-    return {"file": hashlib.sha256(out.read_bytes()).hexdigest()}
 
 
 def kept_bytes(out: Path, fmt: str, before: dict[str, str]) -> bool:
