@@ -715,24 +715,26 @@ class AnnotationRecords:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def _parts(self) -> list[bytes]:
-        """Each record with its payload, in order."""
+    def _spans(self) -> list[tuple[int, int]]:
+        """Where each record with its payload is in ``store``: ``(offset, length)``, in order."""
         instances = self.kind == "instances"
         dtype, length = (ANNOTATION, "seg_len") if instances else (CAPTION, "text_len")
         size, at = dtype.itemsize, dtype.fields[length][1]
-        store, parts = self.store, []
+        store, unpack, spans = self.store, struct.unpack_from, []
         for o in self.offsets:
-            n = size + struct.unpack_from("<I", store, o + at)[0]
             if instances:  # then the keypoints' float64 values
-                n += 8 * struct.unpack_from("<I", store, o + at + 4)[0]
-            parts.append(bytes(store[o:o + n]))
-        return parts
+                seg, kp = unpack("<II", store, o + at)
+                spans.append((o, size + seg + 8 * kp))
+            else:
+                spans.append((o, size + unpack("<I", store, o + at)[0]))
+        return spans
 
     def __reduce__(self) -> tuple:
-        parts, offsets, pos = self._parts(), array("q"), 0
-        for part in parts:
+        store, parts, offsets, pos = self.store, [], array("q"), 0
+        for o, n in self._spans():
+            parts.append(bytes(store[o:o + n]))
             offsets.append(pos)
-            pos += len(part)
+            pos += n
         return AnnotationRecords, (b"".join(parts), offsets, self.kind)
 
     def identity(self, image_id: int, height: int, width: int) -> int:
@@ -740,8 +742,9 @@ class AnnotationRecords:
         id, size and kind and every annotation record and payload as checked and labelled, but
         not where the annotation stood in the file (``file_index``: a grown export moves it)."""
         h = hashlib.blake2b(struct.pack("<qqq", image_id, height, width) + self.kind.encode(), digest_size=8)
-        for part in self._parts():
-            h.update(part[8:])  # (file_index is every record's first field)
+        view = memoryview(self.store)
+        for o, n in self._spans():
+            h.update(view[o + 8:o + n])  # (file_index is every record's first field)
         return int.from_bytes(h.digest(), "little") >> 1
 
 
