@@ -160,7 +160,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             (docs/append.md): the samples there stay byte for byte, the options must be the
             pack's, new classes get the labels after the pack's; an interrupted append is
             continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
-            or list file only (not field packs, not dataset sources); at a URL, records outputs
+            or list file, and field packs (``coco``, ``manifest``: a sample is new unless its
+            image file and annotations or row values are as packed; new COCO categories get
+            the labels after the pack's); not dataset sources; at a URL, image packs in records
             only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
@@ -189,7 +191,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
         if source_format not in (None, "folder"):
             raise UsageError("source_format does not apply to coco= or manifest= (their images are files under src)")
-        _appendable(out, append, "field packs (coco=, manifest=)")
+        from packer.remote.url import is_url
+
+        _appendable(out, append and is_url(out), "field packs (coco=, manifest=) at a URL")
         from packer.commands.pack_fields import pack_fields
 
         def build_fields(path: str, claim: Any) -> Any:
@@ -199,8 +203,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
         # the annotation file or manifest names its images: the root is read, not walked
         sources = {"walked": [], "read": [src, coco, manifest]}
-        return _checked(_into(out, build_fields, resume=resume, overwrite=overwrite, break_lock=break_lock,
-                              sources=sources), max_failures)
+        return _checked(_into(out, build_fields, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
+                              sources=sources, append=append), max_failures)
     if schema is not None or drop_empty:
         raise UsageError("schema and drop_empty apply to coco= or manifest= only")
     from packer.conversion.sources import detect_source, source_paths

@@ -9,6 +9,8 @@ ones every pack uses (``packer.conversion.runner``).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -20,9 +22,10 @@ from packer.codecs.fields import BLOB_FMT, Schema
 from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
 from packer.codecs.jpeg_header import jpeg_header
 from packer.codecs.resize import ResizeSpec
-from packer.commands.pack_images import ImageJob, source_name
+from packer.commands.pack_images import ImageJob, _discard_partial, source_name
+from packer.conversion.append import plan_append
 from packer.conversion.executors import make_executor
-from packer.conversion.fingerprint import file_stat, writer_settings
+from packer.conversion.fingerprint import item_stat, writer_settings
 from packer.conversion.inputs import (FieldItem, InputFailure, Item, SourceItem, SourceListing, partition,
                                      read_item, run_failures)
 from packer.conversion.inputs import listing as listed
@@ -30,10 +33,11 @@ from packer.conversion.options import InputOptions, RunOptions
 from packer.conversion.plans import choose_plan
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.fileio import file_sha256
-from packer.errors import CorruptSample, UsageError
-from packer.formats import writer_class
+from packer.errors import CorruptSample, PackerError, UsageError
+from packer.formats import open_reader, writer_class
+from packer.formats.sidecars import partial_path
 from packer.formats.sample import Sample
-from packer.manifest import created_by
+from packer.manifest import Manifest, created_by
 
 __all__ = ["FieldJob", "pack_fields"]
 
@@ -61,7 +65,7 @@ class FieldJob:
             return self._source_sample(item)
         # a sample without images is keyed by its video or row: nothing to read here (the
         # item's path is then the video file or the manifest, stat'ed for the resume)
-        data, stat = read_item(item) if self.schema.image_fields else (b"", file_stat(item.path))
+        data, stat = read_item(item) if self.schema.image_fields else (b"", item_stat(item))
         values: dict[str, Any] = {}
         first: Sample | None = None
         for name in self.schema.image_fields:
@@ -153,6 +157,10 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     the samples of a dataset source (tar shards, a Hugging Face dataset, Parquet files:
     ``packer.commands.pack_sources``; ``root`` is that source).
 
+    ``run_options.append``: pack the samples ``out`` lacks as its next version (docs/append.md,
+    "Field packs"): a sample is in ``out`` when its key is and its image file (size, mtime) and
+    annotations or row values (the item's ``label``, their digest) are as packed; the fields must
+    be the pack's, a COCO file's new categories get the labels after the pack's.
     ``schema``: a manifest's ``{column: type}`` (inferred from its first row when None);
     ``drop_empty``: leave out COCO images without annotations. ``input_options``: ``num_shards``,
     ``shard_index``, ``exts``; ``run_options``: how the run goes (``packer.api.pack`` builds both).
@@ -173,7 +181,18 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     writer_options = dict(writer_options or {})
     if run_opts.commit_every is not None:
         writer_options["commit_every"] = run_opts.commit_every
-    check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    if run_opts.append and listing is not None:  # packer.api refuses it first; a direct call too
+        raise UsageError("--append is not supported for dataset sources (tar shards, Hugging Face or "
+                         "Parquet inputs) yet (docs/append.md): it matches inputs by file size and mtime")
+    appending = run_opts.append and Path(out).exists()
+    if run_opts.append:
+        if inputs.num_shards > 1:
+            raise UsageError("--append packs the new samples in one run: not with --num-shards")
+        if not appending:  # nothing to append to yet: a plain run (continuing an interrupted one)
+            run_opts = dataclasses.replace(run_opts, append=False, prune=False, resume=partial_path(out).exists())
+    else:
+        check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
+    packed = _pack_manifest(out) if appending else None
     source = str(coco if coco is not None else manifest if manifest is not None else root)
     bad: list[InputFailure] = []
     extra: dict[str, Any] = {}
@@ -183,7 +202,9 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     elif coco is not None:
         from packer.conversion.coco import coco_items
 
-        got = coco_items(coco, root, drop_empty=drop_empty, failures=bad)
+        pack_coco = (packed.extra.get("coco") or {}) if packed is not None else {}
+        got = coco_items(coco, root, drop_empty=drop_empty, failures=bad,
+                         labelled=pack_coco.get("categories") if pack_coco.get("kind") == "instances" else None)
         items, schema_obj = got.items, got.schema
         classes = [c["name"] for c in got.categories]
         extra = {"coco": {"kind": got.kind, "categories": got.categories}}
@@ -214,17 +235,56 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     writer.schema = schema_obj
     writer.manifest_extra = extra
     recorded["writer"] = writer_settings(writer, writer_options)
+    plan = None
+    if packed is not None:  # the samples not in OUT yet (by image file and annotations or row values)
+        _check_fields(out, packed, schema_obj, extra)
+        plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune, fields=True)
+        if plan.empty:
+            _discard_partial(writer, claim)  # an append published before its files went
+            return Report(str(out), count=len(plan.base.reader), items=len(items), status="current",
+                          version=plan.base.manifest.version, note=plan.note())
+        items, writer.classes = plan.items, list(plan.classes)
     writer.created_by = created_by(recorded)
     job = FieldJob(schema=schema_obj, root=str(root), check=check, resize=resize, coco=coco is not None)
     if run_opts.workers is not None and run_opts.workers < 0:
         raise UsageError("--workers must be >= 0")
     # the plans image packs run (shared memory for LMDB, workers' own parts for records and
     # HDF5); every field is made in the worker, so there is no verdict-only plan
-    plan = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers, resizing=resize is not None,
-                       executor=run_opts.executor, fields=True,
-                       fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
-    log.info("to-%s: %s (%s)", format, plan.mode, plan.why)
-    ex = plan.executor(writer)
+    how = choose_plan(writer=writer_cls, check=check, workers=run_opts.workers, resizing=resize is not None,
+                      executor=run_opts.executor, fields=True,
+                      fixed_layout=getattr(writer, "samples_per_shard", None) is not None)
+    log.info("to-%s: %s (%s)", format, how.mode, how.why)
+    ex = how.executor(writer)
     with ex:
-        return run(items, plan.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
-                   desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index))
+        return run(items, how.job_for(job), writer, executor=ex, options=run_opts, claim=claim,
+                   desc=f"to-{format}", input_failures=run_failures(bad, inputs.shard_index), append=plan)
+
+
+def _pack_manifest(out: str | os.PathLike) -> Manifest:
+    """The latest manifest of the output an append grows."""
+    try:
+        reader = open_reader(out)
+    except PackerError as e:
+        raise UsageError(f"{out}: cannot append to it ({e})") from e
+    try:
+        return reader.manifest
+    finally:
+        reader.close()
+
+
+def _check_fields(out: str | os.PathLike, packed: Manifest, schema: Schema, extra: dict[str, Any]) -> None:
+    """UsageError naming what of the samples' fields an append would change: a COCO file's kind
+    (instances or captions), a field's type (a keypoint count among them), the fields themselves."""
+    if not packed.schema:
+        return  # (not a field pack: plan_append says so)
+    then, now = (packed.extra.get("coco") or {}).get("kind"), (extra.get("coco") or {}).get("kind")
+    if then != now:
+        raise UsageError(f"{out}: holds COCO {then} samples, the annotation file {now}: they cannot be appended"
+                         if then and now else f"{out}: is a COCO pack; append to it with --coco" if then
+                         else f"{out}: is a sample manifest's pack; append to it with --manifest")
+    old = {f["name"]: f for f in packed.schema}
+    new = {f["name"]: f for f in schema.to_json()}
+    diff = [f"{name}: {json.dumps(old.get(name))} in the pack, {json.dumps(new.get(name))} now"
+            for name in list(old) + [n for n in new if n not in old] if old.get(name) != new.get(name)]
+    if diff:
+        raise UsageError(f"{out}: cannot append, the samples' fields differ from the pack's:\n  " + "\n  ".join(diff))

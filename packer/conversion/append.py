@@ -11,8 +11,11 @@ changed input is then packed anew). Nothing stored is ever rewritten (docs/appen
 What an append may not change is refused before any work, naming it: the format, an option
 that changes a sample's bytes (the fingerprint's options: resize, quality, check mode, format,
 extensions, shard layout), an existing label (new classes get the labels after the pack's;
-a ``--class-index`` must number the pack's classes as the pack does), a field pack, a shuffled
-pack and a part of a split run. A video output (``decode-frames``, ``pack-videos``) is appended
+a ``--class-index`` must number the pack's classes as the pack does), a shuffled pack and a
+part of a split run. A field pack (``--coco``, ``--manifest``) is appended to with its grown
+annotation file or manifest (``fields``): an item's label is then its identity (a digest of its
+annotations or row values, ``packer.commands.pack_fields``), compared as an image's label is,
+and the file's own sha256 may differ. A video output (``decode-frames``, ``pack-videos``) is appended
 to video by video: a video is an input, its samples (frames, or its one stream) its stored
 positions, and its manifest entry says which (``holds``).
 """
@@ -28,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, file_stat, option_differences
+from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, item_stat, option_differences
 from packer.conversion.inputs import Item
 from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
@@ -42,7 +45,9 @@ log = logging.getLogger(__name__)
 PART_OPTIONS = frozenset({"num_shards", "shard_index", "listing"})
 # what an append need not share with the pack: that, and where a run may stop (a records shard's
 # size is its own option, ``samples_per_shard``/``shard_size``)
-IGNORED = PART_OPTIONS | COMMIT_OPTIONS
+# (and a field pack's annotation file or manifest, which an append gives grown: its samples are
+# compared one by one instead, ``plan_append``)
+IGNORED = PART_OPTIONS | COMMIT_OPTIONS | {"source_sha256"}
 
 
 @dataclass
@@ -102,7 +107,7 @@ _HOLDS = {"images": ("images", "to-{}"), "frames": ("video frames (decode-frames
           "videos": ("videos (pack-videos)", "pack-videos --to {}")}
 
 
-def _refuse_kind(out: Path, reader: Reader, format: str, holds: str = "images") -> None:
+def _refuse_kind(out: Path, reader: Reader, format: str, holds: str = "images", fields: bool = False) -> None:
     m = reader.manifest
     options = m.created_by.get("options") or {}
     held = m.holds if m.kind != "videos" or m.videos else holds  # (no video stored: either kind)
@@ -111,9 +116,9 @@ def _refuse_kind(out: Path, reader: Reader, format: str, holds: str = "images") 
                          + _HOLDS[held][1].format(m.format))
     if m.format != format:
         raise UsageError(f"{out}: is a {m.format} output; append to it with " + _HOLDS[holds][1].format(m.format))
-    if m.schema:
-        raise UsageError(f"{out}: is a field pack (--coco/--manifest); --append is for image packs (not yet "
-                         "for field packs)")
+    if bool(m.schema) != fields:
+        raise UsageError(f"{out}: is a field pack; append to it with --coco or --manifest, as it was made"
+                         if m.schema else f"{out}: holds {_HOLDS[held][0]}, not the samples of --coco or --manifest")
     if options.get("shuffle") is not None:
         raise UsageError(f"{out}: was packed with --shuffle (one permutation of the inputs it was made "
                          "from); it cannot be appended to: pack it again")
@@ -175,21 +180,24 @@ def _units(reader: Reader, holds: str) -> tuple[Sequence[str], list[int], dict[s
 
 def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence[str], *, format: str,
                 options: dict[str, Any], prune: bool = False, listed: bool = False,
-                holds: str = "images") -> AppendPlan:
+                holds: str = "images", fields: bool = False) -> AppendPlan:
     """What appending ``items`` (a fresh pack's inputs, labelled by ``classes``) to the output at
     ``out`` does: refuses what an append may not change (see the module docstring); ``options``
     are the run's ``created_by`` options, ``listed`` says the items come from a list file,
-    ``holds`` what a sample is (``Manifest.holds``: ``frames`` and ``videos`` take video items)."""
+    ``holds`` what a sample is (``Manifest.holds``: ``frames`` and ``videos`` take video items);
+    ``fields``: a field pack's items (their ``label`` their identity), ``classes`` already the
+    pack's grown (``packer.commands.pack_fields``)."""
     out = Path(out)
     try:
         reader = open_reader(out)
         text = reader.manifest_text()
     except PackerError as e:
         raise UsageError(f"{out}: cannot append to it ({e})") from e
-    _refuse_kind(out, reader, format, holds)
+    _refuse_kind(out, reader, format, holds, fields)
     _check_options(out, reader, format, options)
     indexed = getattr(classes, "label_map", None) not in (None, "sorted", "list")
-    new_classes, items = _classes(out, reader.classes, classes, items, listed, indexed)
+    new_classes, items = ((list(classes), list(items)) if fields
+                          else _classes(out, reader.classes, classes, items, listed, indexed))
     keys, firsts, spans = _units(reader, holds)
     table = reader.sources()
     stored = dict(zip(keys, firsts))
@@ -197,7 +205,7 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     found = [i for i, p in enumerate(at) if p >= 0]
     is_changed = np.zeros(len(items), dtype=bool)
     if table is not None and found:  # the identity --resume compares: size, mtime, label
-        now = np.fromiter(itertools.chain.from_iterable((*file_stat(items[i].path), items[i].label) for i in found),
+        now = np.fromiter(itertools.chain.from_iterable((*item_stat(items[i]), items[i].label) for i in found),
                           dtype=np.int64, count=3 * len(found)).reshape(-1, 3)
         is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
     changed = [items[i].key for i in np.flatnonzero(is_changed)]

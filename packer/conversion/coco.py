@@ -29,6 +29,8 @@ carries its own records).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import struct
@@ -46,7 +48,7 @@ from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
-__all__ = ["CocoSource", "coco_items", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
+__all__ = ["CocoSource", "coco_items", "grow_categories", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
            "need_pycocotools",
            "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
@@ -506,14 +508,19 @@ def _keypoint_checks(categories: list[dict[str, Any]], path: str, store: bytearr
 
 
 def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_empty: bool = False,
-               failures: list[InputFailure] | None = None) -> CocoSource:
-    """The images of a COCO annotation file as items (see the module doc).
+               failures: list[InputFailure] | None = None,
+               labelled: list[dict[str, Any]] | None = None) -> CocoSource:
+    """The images of a COCO annotation file as items (see the module doc). Each item's ``label``
+    is its identity (``AnnotationRecords.identity``: its id, size and annotations), which the
+    resume and ``--append`` compare with the image file's size and mtime.
 
     Args:
         annotations: an ``instances_*.json`` or ``captions_*.json``.
         root: the folder the images' ``file_name`` paths are relative to.
         drop_empty: leave out images without annotations (kept by default: zero boxes).
         failures: where unusable images and annotations are recorded (None: raise UsageError).
+        labelled: an existing pack's categories by label (``--append``): they keep their labels,
+            the file's other categories get the next ones in ascending id (``grow_categories``).
     """
     ann_path = str(annotations)
     r = _Reader(ann_path, failures)
@@ -527,6 +534,8 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
         cats = []
     categories = sorted((_category(c, ann_path, kind) for c in cats if isinstance(c, dict) and _int_id(c.get("id"))),
                         key=lambda c: c["id"])
+    if labelled is not None and kind == "instances":
+        categories = grow_categories(labelled, categories, ann_path)
     label_of = {c["id"]: i for i, c in enumerate(categories)}
     if len(label_of) != len(categories):
         raise UsageError(f"{ann_path}: repeated category ids")
@@ -566,11 +575,28 @@ def coco_items(annotations: str | os.PathLike, root: str | os.PathLike, *, drop_
                 more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
                 bad_line(failures, ann_path, 0, f"image id {iid}: {reasons[0]}{more}", key=key)
                 continue
-        items.append(FieldItem(key, str(root / key), iid, {"image_id": iid, "orig_size": (height, width),
-                                                           "annotations": AnnotationRecords(r.store, offsets, kind)}))
+        records = AnnotationRecords(r.store, offsets, kind)
+        items.append(FieldItem(key, str(root / key), records.identity(iid, height, width),
+                               {"image_id": iid, "orig_size": (height, width), "annotations": records}))
     schema = captions_schema() if kind == "captions" else \
         instances_schema() if r.points is None else keypoints_schema(r.points.k)
     return CocoSource(items, schema, categories if kind == "instances" else [], kind)
+
+
+def grow_categories(old: list[dict[str, Any]], new: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """The categories of a pack grown by an annotation file's (``--append``): ``old`` (the
+    pack's, by label) keep their labels, the ones of ``new`` the pack lacks follow in ascending
+    id; a category of both must be the same (name, keypoint names, skeleton), else UsageError
+    naming each difference. A category the file no longer has stays (its label is taken)."""
+    given = {c["id"]: c for c in new}
+    diff = [f"category id {c['id']}: {json.dumps(c, ensure_ascii=False)} in the pack, "
+            f"{json.dumps(given[c['id']], ensure_ascii=False)} in {path}"
+            for c in old if c["id"] in given and given[c["id"]] != c]
+    if diff:
+        raise UsageError("cannot append, categories of the pack differ in the annotation file (a category "
+                         "id keeps its name and keypoints):\n  " + "\n  ".join(diff))
+    known = {c["id"] for c in old}
+    return [dict(c) for c in old] + [c for c in new if c["id"] not in known]
 
 
 def _check_instances(r: _Reader, offsets: array, label_of: dict[int, int], height: int,
@@ -689,19 +715,37 @@ class AnnotationRecords:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def __reduce__(self) -> tuple:
+    def _spans(self) -> list[tuple[int, int]]:
+        """Where each record with its payload is in ``store``: ``(offset, length)``, in order."""
         instances = self.kind == "instances"
         dtype, length = (ANNOTATION, "seg_len") if instances else (CAPTION, "text_len")
         size, at = dtype.itemsize, dtype.fields[length][1]
-        store, parts, offsets, pos = self.store, [], array("q"), 0
+        store, unpack, spans = self.store, struct.unpack_from, []
         for o in self.offsets:
-            n = size + struct.unpack_from("<I", store, o + at)[0]
             if instances:  # then the keypoints' float64 values
-                n += 8 * struct.unpack_from("<I", store, o + at + 4)[0]
+                seg, kp = unpack("<II", store, o + at)
+                spans.append((o, size + seg + 8 * kp))
+            else:
+                spans.append((o, size + unpack("<I", store, o + at)[0]))
+        return spans
+
+    def __reduce__(self) -> tuple:
+        store, parts, offsets, pos = self.store, [], array("q"), 0
+        for o, n in self._spans():
             parts.append(bytes(store[o:o + n]))
             offsets.append(pos)
             pos += n
         return AnnotationRecords, (b"".join(parts), offsets, self.kind)
+
+    def identity(self, image_id: int, height: int, width: int) -> int:
+        """A 63-bit digest of what decides the image's stored fields besides its image file: its
+        id, size and kind and every annotation record and payload as checked and labelled, but
+        not where the annotation stood in the file (``file_index``: a grown export moves it)."""
+        h = hashlib.blake2b(struct.pack("<qqq", image_id, height, width) + self.kind.encode(), digest_size=8)
+        view = memoryview(self.store)
+        for o, n in self._spans():
+            h.update(view[o + 8:o + n])  # (file_index is every record's first field)
+        return int.from_bytes(h.digest(), "little") >> 1
 
 
 def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Schema) -> dict[str, Any]:

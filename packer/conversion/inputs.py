@@ -363,7 +363,8 @@ def read_item(item: Item) -> tuple[bytes, tuple[int, int] | None]:
 @dataclass(frozen=True, init=False)
 class FieldItem(Item):
     """An input of a field pack (``packer.conversion.coco``, ``packer.conversion.tables``): an
-    ``Item`` (``path`` is its first image's file, ``label`` its id in the resume fingerprint) and
+    ``Item`` (``path`` is its first image's file, ``label`` its identity in the resume fingerprint
+    and ``sources.bin``: a digest of its annotations or row values, which ``--append`` compares) and
     the values of its other fields as the source gave them (image fields: relative paths)."""
 
     values: dict = field(default=None, compare=False, repr=False)  # type: ignore[assignment]

@@ -13,8 +13,10 @@ an ``InputFailure`` naming its line (Parquet: its row number); every other row i
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -24,7 +26,7 @@ from packer.conversion.inputs import FieldItem, has_ext, safe_key
 from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.errors import UsageError
 
-__all__ = ["table_rows", "infer_schema", "table_items", "TABLE_SUFFIXES"]
+__all__ = ["table_rows", "infer_schema", "table_items", "TABLE_SUFFIXES", "RowItem", "row_identity"]
 
 TABLE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
 
@@ -207,6 +209,33 @@ def table_items(path: str | os.PathLike, root: str | os.PathLike, *, schema: Sch
             key = str(row.get(images[0], "")) if images else ""
             bad_line(failures, path, n, problem, key=key)
             continue
-        key = values[images[0]] if images else f"row-{n:08d}"
-        items.append(FieldItem(key, str(root / key) if images else path, n, values))
+        if images:
+            key = values[images[0]]
+            items.append(FieldItem(key, str(root / key), row_identity(values), values))
+        else:
+            items.append(RowItem(f"row-{n:08d}", path, row_identity(values), values))
     return items, schema
+
+
+def row_identity(values: dict[str, Any]) -> int:
+    """A row's ``label``: a 63-bit digest of its values (image and video columns: their paths),
+    which the resume and ``--append`` compare, with its first image file's size and mtime."""
+    text = json.dumps(values, sort_keys=True, ensure_ascii=False, default=_bytes_hex, separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") >> 1
+
+
+def _bytes_hex(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bytes": bytes(value).hex()}
+    raise TypeError(f"{type(value).__name__} is not a row value")
+
+
+@dataclass(frozen=True, init=False)
+class RowItem(FieldItem):
+    """A row without an image or video column: keyed by its line, its ``path`` the manifest; its
+    identity is its values alone (``label``), not the manifest file's size and mtime, which a
+    grown manifest changes."""
+
+    def identity(self) -> tuple[int, int]:
+        """``(0, 0)``: nothing of a file to compare (``packer.conversion.fingerprint.item_stat``)."""
+        return 0, 0

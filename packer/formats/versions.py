@@ -122,7 +122,7 @@ def next_version(base: AppendBase, added: Manifest, *, keys: Sequence[str], sour
         what["classes"] = list(new_classes)
     what.update(extra_added or {})
     return dataclasses.replace(
-        added, count=count, fields=list(old.fields), extra=dict(old.extra), integrity=integrity,
+        added, count=count, fields=list(old.fields), extra={**old.extra, **added.extra}, integrity=integrity,
         version=old.version + 1, parent=old.version, stored=stored,
         select=[] if select == [[0, stored]] else select, added=what, removed=dict(base.removed),
         history=[*old.history, summary(old)], shards=[], videos=next_videos(base, added.videos, count - added.count),

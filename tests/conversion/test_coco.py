@@ -95,7 +95,10 @@ def _same(path: Path, root: Path, **options) -> tuple[list, list]:
     want = coco_reference.coco_items(path, root, failures=want_failures, **options)
     assert got_failures == want_failures
     assert (got.kind, got.categories, got.schema) == (want.kind, want.categories, want.schema)
-    assert [(i.key, i.path, i.label) for i in got.items] == [(i.key, i.path, i.label) for i in want.items]
+    assert [(i.key, i.path, i.values["image_id"]) for i in got.items] == \
+        [(i.key, i.path, i.label) for i in want.items]  # (the reference labels an item by its image id)
+    assert [i.label for i in got.items] == [i.values["annotations"].identity(i.values["image_id"], *i.values["orig_size"])
+                                            for i in got.items]
     for a, b in zip(got.items, want.items):
         assert isinstance(a, FieldItem)
         h, w = b.values["orig_size"]
@@ -328,3 +331,37 @@ def test_keypoint_values_keep_good_lists_exactly_and_name_the_first_fault(points
         return
     assert want is None and flags == coco._KP_GIVEN
     assert np.frombuffer(data, "<f8").tolist() == [float(v) for v in kp]
+
+
+def test_an_items_identity_is_its_annotations_not_where_they_stand_in_the_file(source, tmp_path):
+    """``label``: a digest of the image's id, size and annotations as stored; the same when other
+    images' annotations come before them (a grown export), not when one of its own changes."""
+    def labels(data: dict) -> dict[str, int]:
+        return {i.key: i.label for i in coco.coco_items(_write(data, tmp_path / "a.json", list(data), None),
+                                                        tmp_path).items}
+
+    base = labels(source)
+    moved = json.loads(json.dumps(source))
+    iid = moved["images"][-1]["id"]
+    mine = [a for a in moved["annotations"] if isinstance(a, dict) and a.get("image_id") == iid]
+    moved["annotations"] = [{"id": 99999, "image_id": iid, "category_id": moved["categories"][0]["id"],
+                             "bbox": [1, 1, 2, 2], "iscrowd": 0, "area": 4}] + mine + \
+        [a for a in moved["annotations"] if not (isinstance(a, dict) and a.get("image_id") == iid)]  # others later
+    last = moved["images"][-1]["file_name"]
+    got = labels(moved)
+    assert {k: v for k, v in got.items() if k != last} == {k: v for k, v in base.items() if k != last}
+    assert got[last] != base[last]  # (it gained an annotation)
+    own = source["annotations"][0]
+    changed = json.loads(json.dumps(source))
+    changed["annotations"][0]["area"] += 1
+    name = next(im["file_name"] for im in source["images"] if im["id"] == own["image_id"])
+    assert [k for k, v in labels(changed).items() if v != base[k]] == [name]
+
+
+def test_grown_categories_keep_the_packs_labels_and_refuse_a_changed_one():
+    old = [{"id": 5, "name": "b"}, {"id": 9, "name": "c"}]
+    new = [{"id": 2, "name": "a"}, {"id": 5, "name": "b"}, {"id": 11, "name": "d"}]
+    assert coco.grow_categories(old, new, "f.json") == old + [{"id": 2, "name": "a"}, {"id": 11, "name": "d"}]
+    with pytest.raises(UsageError, match=r'category id 5: \{"id": 5, "name": "b"\} in the pack, '
+                                         r'\{"id": 5, "name": "B"\} in f.json'):
+        coco.grow_categories(old, [{"id": 5, "name": "B"}], "f.json")
