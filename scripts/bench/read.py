@@ -43,12 +43,10 @@ torch), so they live in their own virtual environment: ``--peer-python`` (or
 there, their writers pack the same JPEGs there and their rows run there; packer's rows run in
 this interpreter. One more row, packer's default DataLoader in the peers' interpreter, shows
 what the other torch changes. The peers' environment needs packer's own dependencies too (the
-rows import this checkout's ``packer`` for the shared Pillow decode)::
+rows import this checkout's ``packer`` for the shared Pillow decode); CONTRIBUTING.md ("The peers
+the read benchmark compares with") gives the recipe that installs all six peers in one::
 
-    python3 -m venv /work/venv-peers
-    /work/venv-peers/bin/pip install torch torchvision pillow numpy lmdb click tqdm pebble crc32c h5py \
-        opencv-contrib-python-headless webdataset litdata mosaicml-streaming
-    python -m scripts.bench.read --peer-python /work/venv-peers/bin/python
+    python -m scripts.bench.read --section loaders,training --peer-python .venv-peers/bin/python
 
 Opt-in sections (not in ``all``):
 
