@@ -43,12 +43,10 @@ torch), so they live in their own virtual environment: ``--peer-python`` (or
 there, their writers pack the same JPEGs there and their rows run there; packer's rows run in
 this interpreter. One more row, packer's default DataLoader in the peers' interpreter, shows
 what the other torch changes. The peers' environment needs packer's own dependencies too (the
-rows import this checkout's ``packer`` for the shared Pillow decode)::
+rows import this checkout's ``packer`` for the shared Pillow decode); CONTRIBUTING.md ("The peers
+the read benchmark compares with") gives the recipe that installs all six peers in one::
 
-    python3 -m venv /work/venv-peers
-    /work/venv-peers/bin/pip install torch torchvision pillow numpy lmdb click tqdm pebble crc32c h5py \
-        opencv-contrib-python-headless webdataset litdata mosaicml-streaming
-    python -m scripts.bench.read --peer-python /work/venv-peers/bin/python
+    python -m scripts.bench.read --section loaders,training --peer-python .venv-peers/bin/python
 
 Opt-in sections (not in ``all``):
 
@@ -156,7 +154,24 @@ def build_peer(peer: str, items: list[Any], work: Path) -> Any:
             (d / ".complete").write_text("ok")
         return str(d)
     if peer == "ffcv":
-        return str(work / "train.beton")  # written by the child on first use
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.writer import DatasetWriter
+        from PIL import Image
+
+        class Items:  # FFCV's writer takes an indexed dataset of (PIL image, label)
+            def __len__(self) -> int:
+                return len(items)
+
+            def __getitem__(self, i: int):
+                return Image.open(items[i].path).convert("RGB"), items[i].label
+
+        if not (d / ".complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            DatasetWriter(str(d / "train.beton"), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                                                   "label": IntField()}, num_workers=2).from_indexed_dataset(Items())
+            (d / ".complete").write_text("ok")
+        return str(d / "train.beton")
     return None
 
 
@@ -194,8 +209,7 @@ def child_probe(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - any import failure skips the peer, with its reason
             errors[peer] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         else:
-            root = sys.modules.get(module.split(".")[0], mod)
-            versions[peer] = str(getattr(mod, "__version__", None) or getattr(root, "__version__", "?"))
+            versions[peer] = dist_version(module, mod)
     try:
         import torch
 
@@ -203,6 +217,19 @@ def child_probe(spec: dict[str, Any]) -> dict[str, Any]:
     except ImportError:
         torch_version = None
     return {"versions": versions, "errors": errors, "torch": torch_version, "python": sys.executable}
+
+
+def dist_version(module: str, mod: Any) -> str:
+    """The version of the installed distribution that holds ``module`` (a package's own
+    ``__version__`` can be stale: ffcv 1.0.2's says 0.0.3rc1), else its ``__version__``."""
+    from importlib import metadata
+
+    top, leaf = module.split(".")[0], module.split(".")[-1]
+    for dist in metadata.packages_distributions().get(top, []):
+        if leaf in dist.lower():  # nvidia.dali: nvidia-dali-cuda130, not one of the other nvidia-* wheels
+            return metadata.version(dist)
+    root = sys.modules.get(top, mod)
+    return str(getattr(mod, "__version__", None) or getattr(root, "__version__", "?"))
 
 
 def built_peer(peer: str, items: list[Any], work: Path, python: str | None) -> Any:
@@ -531,24 +558,11 @@ def train_peer(spec: dict[str, Any]) -> Iterable:
                 yield torch.from_numpy(images.as_array()), torch.from_numpy(labels.as_array())
         return run()
     if source == "ffcv":
-        from ffcv.fields import IntField, RGBImageField
         from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
         from ffcv.loader import Loader as FfcvLoader
         from ffcv.loader import OrderOption
         from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
-        from ffcv.writer import DatasetWriter
-        from PIL import Image
 
-        if not Path(spec["path"]).exists():
-            class Items(torch.utils.data.Dataset):
-                def __len__(self):
-                    return len(spec["files"])
-
-                def __getitem__(self, i):
-                    return Image.open(spec["files"][i]).convert("RGB"), spec["labels"][i]
-
-            DatasetWriter(spec["path"], {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
-                                         "label": IntField()}, num_workers=2).from_indexed_dataset(Items())
         return FfcvLoader(spec["path"], batch_size=bs, num_workers=par, order=OrderOption.RANDOM, drop_last=True,
                           pipelines={"image": [RandomResizedCropRGBImageDecoder((size, size)), RandomHorizontalFlip(),
                                                ToTensor(), ToTorchImage(channels_last=False)],
@@ -962,22 +976,29 @@ def section_training(args: argparse.Namespace, work: Path, skipped: dict[str, st
     for p in peers:
         try:
             path = (built_peer(p, items, work / f"peers-{args.count}", args.peer_python) if p in ("webdataset", "ffcv")
-                    else None)
+                    else None)  # SPDL and DALI read the JPEG files
         except Exception as e:  # a peer that cannot run here is reported, never faked
             skipped[p] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
             continue
         rows.append(dict(base, source=p, loader=p, parallel=par, path=path, python=args.peer_python))
+    if peers and args.peer_python:  # packer's default in the peers' interpreter: what its torch changes
+        rows.append(dict(base, source="packer/lmdb", loader="Loader", parallel=par, path=packs["packer/lmdb"],
+                         python=args.peer_python, peer_env=True))
     if cpu_limits():
         rows.append(dict(base, source="cpu-limit", loader="bare loop", parallel=par, kind="cpu-limit"))
     else:
         skipped["cpu-limit"] = "simplejpeg is not installed (the turbo extra)"
-    results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}")
+    results = run_rows(rows, args.repeats, lambda s: f"train {s['source']} {s['loader']} {s['parallel']}"
+                                                     + (" peers' env" if s.get("peer_env") else ""))
+    for e in results:
+        if e["row"].get("peer_env"):
+            e["row"]["pipeline"] += " (peers' env)"
     parts = run_fresh(MODULE, {"kind": "item-cost", "paths": {k: v for k, v in packs.items() if k != "packer/hdf5"},
                                "pipeline": "train", "n": min(400, args.count)})
 
     params = {"parallel": par, "count": args.count, "peer_env": env, "batch_size": args.batch_size,
-              "steps": args.steps}
+              "steps": args.steps, "peers": peers, "torch": torch_version()}
     return dict(summarize_training(results, parts, params), params=params, results=results)
 
 
@@ -985,9 +1006,9 @@ def summarize_training(results: list[dict[str, Any]], parts: dict[str, Any], par
     """The training section's targets and markdown from its rows and the dataset[i] costs
     (``parts``, the ``item-cost`` child's result)."""
     def lmdb_loader(e: dict[str, Any]) -> dict[str, Any] | None:
-        return find(results, source="packer/lmdb", loader="Loader")
+        return ours
 
-    ours = find(results, source="packer/lmdb", loader="Loader")
+    ours = find(results, source="packer/lmdb", loader="Loader", pipeline="train")  # not the (peers' env) row
     others = [e for e in results if not e["row"]["source"].startswith(("packer/", "cpu-limit"))
               and "samples_per_s" in e]
     fastest = max(others, key=lambda e: e["samples_per_s"]) if others else None
@@ -1043,7 +1064,7 @@ def summarize_training(results: list[dict[str, Any]], parts: dict[str, Any], par
             f"batch {params.get('batch_size', 64)}, {par} threads or workers per row, every peer its own fastest "
             f"way; {params.get('steps', 20)} batches timed; each row a fresh process. Ratio column: to packer/lmdb "
             "Loader. The ratios table: each the median of the rounds' ratios (the rows of a round ran close in "
-            "time) and their range.")
+            "time) and their range." + env_line(params))
     return {"targets": t, "item_us": item_us, "ratios": ranges,
             "markdown": "\n\n".join([head, rows_md(results, lmdb_loader),
                                       md_table(["ratio", "wall, median of rounds (range)",

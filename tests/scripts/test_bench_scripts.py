@@ -169,6 +169,30 @@ def test_read_probes_the_peers_in_the_peer_interpreter_by_importing_them(tmp_pat
     assert skipped == {p: "the peers' interpreter /bin/false failed: exit 1" for p in ("webdataset", "litdata")}
 
 
+def test_read_probe_reports_the_installed_distributions_version(tmp_path, monkeypatch):
+    """A peer's version is its installed distribution's, not the package's own ``__version__``
+    (ffcv 1.0.2's says 0.0.3rc1), and a distribution whose name does not hold the module's last
+    part (another ``nvidia-*`` wheel beside ``nvidia-dali-*``) is not taken for it."""
+    import importlib
+
+    from scripts.bench.read import dist_version
+
+    site = tmp_path / "site"
+    (site / "stalepeer").mkdir(parents=True)
+    (site / "stalepeer" / "__init__.py").write_text("__version__ = '0.0.3rc1'\n")
+    for dist, version in (("stalepeer", "1.0.2"), ("other_stale_wheel", "9.9")):
+        info = site / f"{dist}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "top_level.txt").write_text("stalepeer\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    try:
+        assert dist_version("stalepeer", importlib.import_module("stalepeer")) == "1.0.2"
+    finally:
+        sys.modules.pop("stalepeer", None)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("module, section, expect", [
