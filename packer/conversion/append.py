@@ -16,7 +16,6 @@ pack, a shuffled pack and a part of a split run.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, file_stat, option_differences
+from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, file_stats, option_differences
 from packer.conversion.inputs import Item
 from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
@@ -167,13 +166,15 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     positions = reader.positions()
     table = reader.sources()
     stored = dict(zip(keys, positions.tolist()))
-    at = [stored.get(it.key, -1) for it in items]
+    get = stored.get
+    at = [get(it.key, -1) for it in items]
     found = [i for i, p in enumerate(at) if p >= 0]
     is_changed = np.zeros(len(items), dtype=bool)
     if table is not None and found:  # the identity --resume compares: size, mtime, label
-        now = np.fromiter(itertools.chain.from_iterable((*file_stat(items[i].path), items[i].label) for i in found),
-                          dtype=np.int64, count=3 * len(found)).reshape(-1, 3)
-        is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
+        now = file_stats([items[i].path for i in found])
+        then = table[[at[i] for i in found]]
+        labels = np.fromiter([items[i].label for i in found], dtype=np.int64, count=len(found))
+        is_changed[found] = (then[:, 0] != now[:, 0]) | (then[:, 1] != now[:, 1]) | (then[:, 2] != labels)
     changed = [items[i].key for i in np.flatnonzero(is_changed)]
     todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
     removed: list[str] = []
