@@ -46,8 +46,8 @@ def timed_pack(src: str, out: str, fmt: str, append: bool, workers: int | None) 
            "added": report.added if append else report.count, "status": report.status}
     if append:
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        row["phases_cpu_s"] = {**phases, "workers": kids.ru_utime + kids.ru_stime}
-        row["phases_cpu_s"]["pack"] = phases.get("run", 0.0) - phases.get("publish", 0.0)
+        row["phases_cpu"] = {**phases, "workers": kids.ru_utime + kids.ru_stime}
+        row["phases_cpu"]["pack"] = phases.get("run", 0.0) - phases.get("publish", 0.0)
     if append:  # the floor of any append: list the tree, stat every input (what --resume does too)
         from packer.conversion.fingerprint import file_stat
         from packer.conversion.inputs import image_items
@@ -177,7 +177,7 @@ def section_append(argv: list[str]) -> dict[str, Any]:
         ratio = [a["wall_s"] / p["wall_s"] for a, p in zip(runs["append"], runs["pack"])]
         ratio_cpu = [a["cpu_s"] / p["cpu_s"] for a, p in zip(runs["append"], runs["pack"])]
         ratio_proc = [a["process_wall_s"] / p["process_wall_s"] for a, p in zip(runs["append"], runs["pack"])]
-        phases = {k: statistics.median(r["phases_cpu_s"].get(k, 0.0) for r in runs["append"])
+        phases = {k: statistics.median(r["phases_cpu"].get(k, 0.0) for r in runs["append"])
                   for k in ("listing", "plan", "pack", "publish", "workers")}
         n_in = args.n + len(late)
         phase_rows.append([fmt, *(f"{phases[k]:.3f}" for k in phases),
