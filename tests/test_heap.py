@@ -39,3 +39,23 @@ def test_a_tuned_process_reuses_freed_buffers():
 
 def test_tune_heap_is_idempotent():
     assert tune_heap() and tune_heap()
+
+
+def test_collector_paused_pauses_and_restores_the_collector():
+    import gc
+
+    from packer.heap import collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        with collector_paused():
+            assert not gc.isenabled()
+            raise KeyError("an error inside still restores it")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # a collector paused by the caller stays paused
+    finally:
+        gc.enable()

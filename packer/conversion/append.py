@@ -22,7 +22,6 @@ positions, and its manifest entry says which (``holds``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, item_stat, option_differences
+from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, item_stats, option_differences
 from packer.conversion.inputs import Item
 from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
@@ -201,13 +200,15 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     keys, firsts, spans = _units(reader, holds)
     table = reader.sources()
     stored = dict(zip(keys, firsts))
-    at = [stored.get(it.key, -1) for it in items]
+    get = stored.get
+    at = [get(it.key, -1) for it in items]
     found = [i for i, p in enumerate(at) if p >= 0]
     is_changed = np.zeros(len(items), dtype=bool)
     if table is not None and found:  # the identity --resume compares: size, mtime, label
-        now = np.fromiter(itertools.chain.from_iterable((*item_stat(items[i]), items[i].label) for i in found),
-                          dtype=np.int64, count=3 * len(found)).reshape(-1, 3)
-        is_changed[found] = (table[[at[i] for i in found]] != now).any(axis=1)
+        now = item_stats([items[i] for i in found])
+        then = table[[at[i] for i in found]]
+        labels = np.fromiter([items[i].label for i in found], dtype=np.int64, count=len(found))
+        is_changed[found] = (then[:, 0] != now[:, 0]) | (then[:, 1] != now[:, 1]) | (then[:, 2] != labels)
     changed = [items[i].key for i in np.flatnonzero(is_changed)]
     todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
     removed: list[str] = []

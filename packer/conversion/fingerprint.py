@@ -28,12 +28,15 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from packer.formats.sidecars import fsync_append
 from packer.manifest import FORMAT_VERSION, atomic_write_bytes
 
-__all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "differences", "save_inputs",
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["NEUTRAL", "Fingerprint", "input_rows", "input_stats", "file_stat", "file_stats", "differences", "save_inputs",
            "load_inputs", "append_input_stats", "item_stat", "INPUT_STATS_NAME", "option_differences", "COMMIT_OPTIONS",
            "writer_settings"]
 
@@ -91,12 +94,39 @@ def file_stat(path: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def file_stats(paths: Iterable[str]) -> "np.ndarray":
+    """``file_stat`` of each path as an ``(n, 2)`` int64 array (size, mtime_ns): one ``stat``
+    each and no Python object per path kept (what ``--append`` compares millions of inputs by)."""
+    import numpy as np
+
+    flat: list[int] = []
+    add, stat = flat.extend, os.stat
+    for path in paths:
+        try:
+            st = stat(path)
+        except OSError:
+            add((-1, -1))
+            continue
+        add((st.st_size, st.st_mtime_ns))
+    return np.array(flat, dtype=np.int64).reshape(-1, 2)
+
+
 def item_stat(item: Any) -> tuple[int, int]:
     """What the resume compares of an item's input: its ``identity()`` where it has one (a
     sample inside a container: ``packer.conversion.inputs.SourceItem``), else its file's
     ``file_stat``."""
     identity = getattr(item, "identity", None)
     return identity() if identity is not None else file_stat(item.path)
+
+
+def item_stats(items: Sequence[Any]) -> "np.ndarray":
+    """``item_stat`` of each item as an ``(n, 2)`` int64 array: ``file_stats`` of their paths
+    when none has an ``identity()`` of its own (the usual files), else item by item."""
+    import numpy as np
+
+    if not any(getattr(it, "identity", None) is not None for it in items):
+        return file_stats([it.path for it in items])
+    return np.array([item_stat(it) for it in items], dtype=np.int64).reshape(-1, 2)
 
 
 def input_stats(items: Sequence[Any]) -> list[list[Any]]:

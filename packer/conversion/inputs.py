@@ -24,6 +24,7 @@ from packer.conversion.options import DEFAULT_IMAGE_EXTS, DEFAULT_VIDEO_EXTS
 from packer.conversion.placement import OUTPUT_MARKERS, is_output_folder
 from packer.errors import CorruptSample, UsageError
 from packer.fileio import read_file_stat, visible_files
+from packer.heap import collector_paused
 
 __all__ = ["Item", "FieldItem", "SourceItem", "SourceListing", "read_item", "read_item_bytes", "InputFailure", "DEFAULT_IMAGE_EXTS", "DEFAULT_VIDEO_EXTS", "parse_exts", "image_folder",
            "list_file", "image_items", "image_tree", "partition", "shuffle_items", "safe_key", "has_ext",
@@ -284,11 +285,12 @@ def image_items(src: str | os.PathLike, *, list_path: str | os.PathLike | None =
     given), or ``list_path`` relative to ``src``. Unusable lines/entries go to ``failures``
     (see ``InputFailure``)."""
     exts = parse_exts(exts)
-    if list_path is not None:
-        if class_index is not None:
-            raise UsageError("--class-index numbers class folders; a --list gives its own labels")
-        return list_file(list_path, src, exts, failures=failures)
-    return image_folder(src, exts, class_index=class_index, failures=failures)
+    if list_path is not None and class_index is not None:
+        raise UsageError("--class-index numbers class folders; a --list gives its own labels")
+    with collector_paused():  # an item per input, all kept: nothing for the collector to find
+        if list_path is not None:
+            return list_file(list_path, src, exts, failures=failures)
+        return image_folder(src, exts, class_index=class_index, failures=failures)
 
 
 def partition(items: Sequence[Item], num_shards: int, shard_index: int) -> list[Item]:

@@ -39,10 +39,15 @@ def timed_pack(src: str, out: str, fmt: str, append: bool, workers: int | None) 
         me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
+    phases = _time_phases() if append else {}
     c, t = cpu(), time.perf_counter()
     report = packer.pack(src, out, format=fmt, workers=workers, append=append)
     row = {"wall_s": time.perf_counter() - t, "cpu_s": cpu() - c, "count": report.count,
            "added": report.added if append else report.count, "status": report.status}
+    if append:
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row["phases_cpu"] = {**phases, "workers": kids.ru_utime + kids.ru_stime}
+        row["phases_cpu"]["pack"] = phases.get("run", 0.0) - phases.get("publish", 0.0)
     if append:  # the floor of any append: list the tree, stat every input (what --resume does too)
         from packer.conversion.fingerprint import file_stat
         from packer.conversion.inputs import image_items
@@ -55,6 +60,37 @@ def timed_pack(src: str, out: str, fmt: str, append: bool, workers: int | None) 
             file_stat(it.path)
         row["stat_s"] = time.perf_counter() - t
     return row
+
+
+def _time_phases() -> dict[str, float]:
+    """CPU seconds of this process in each phase of the append about to run, filled in as it
+    runs: ``listing`` (walking the tree), ``plan`` (reading the output's keys and input table,
+    one stat per input, the comparison), ``run`` (packing the new inputs and publishing) and
+    ``publish`` (``Writer.close``: the sidecars and the manifest). The functions the command
+    calls are wrapped in place (this process runs nothing else)."""
+    import functools
+
+    import packer.commands.pack_images as command
+    from packer.formats.writer import Writer
+
+    spent: dict[str, float] = {}
+
+    def timed(owner: Any, name: str, phase: str) -> None:
+        real = getattr(owner, name)
+
+        @functools.wraps(real)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            c = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.process_time() - c
+        setattr(owner, name, call)
+
+    for name, phase in (("image_items", "listing"), ("plan_append", "plan"), ("run", "run")):
+        timed(command, name, phase)
+    timed(Writer, "close", "publish")
+    return spent
 
 
 def _row(src: Path, out: Path, fmt: str, append: bool, workers: int | None) -> dict[str, Any]:
@@ -121,7 +157,7 @@ def section_append(argv: list[str]) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     every, src, late = _trees(args.n, WORK, size)
     figures: dict[str, Any] = {"n": args.n, "size": list(size), "added": len(late), "targets": [], "rows": {}}
-    rows = []
+    rows, phase_rows = [], []
     print(f"\n== append {len(late)} images to a pack of {args.n} {size[0]}x{size[1]} JPEGs ({args.rounds} rounds, fresh processes, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}) ==\n")
     for fmt in args.formats.split(","):
@@ -141,6 +177,12 @@ def section_append(argv: list[str]) -> dict[str, Any]:
         ratio = [a["wall_s"] / p["wall_s"] for a, p in zip(runs["append"], runs["pack"])]
         ratio_cpu = [a["cpu_s"] / p["cpu_s"] for a, p in zip(runs["append"], runs["pack"])]
         ratio_proc = [a["process_wall_s"] / p["process_wall_s"] for a, p in zip(runs["append"], runs["pack"])]
+        phases = {k: statistics.median(r["phases_cpu"].get(k, 0.0) for r in runs["append"])
+                  for k in ("listing", "plan", "pack", "publish", "workers")}
+        n_in = args.n + len(late)
+        phase_rows.append([fmt, *(f"{phases[k]:.3f}" for k in phases),
+                           f"{statistics.median(r['cpu_s'] for r in runs['append']):.3f}",
+                           f"{(phases['listing'] + phases['plan']) / n_in * 1e6:.2f}"])
         for name in runs:
             m = med[name]
             floor = (f"{m['listing_s']:.2f} + {m['stat_s']:.2f}" if "listing_s" in m else "")
@@ -160,6 +202,14 @@ def section_append(argv: list[str]) -> dict[str, Any]:
           "process, after it, listing the tree and one stat per input alone (the floor of any append "
           "that compares the inputs, as --resume does). Target: the append's wall <= 0.02 of the pack's "
           "(it adds 1%).")
+    print(f"\nThe append's CPU seconds by phase (median over rounds): listing = walking the tree; plan = "
+          "reading the output's keys and input table, one stat per input and the comparison; pack = "
+          f"packing the {len(late)} new inputs in this process; publish = the sidecars and the manifest "
+          "of the new version; workers = the worker processes' CPU. Per input: listing + plan over the "
+          f"{args.n + len(late)} inputs.\n")
+    print(md_table(["format", "listing s", "plan s", "pack s", "publish s", "workers s", "the call s",
+                    "listing + plan µs/input"], phase_rows))
+    figures["phases"] = phase_rows
     return figures
 
 

@@ -157,3 +157,19 @@ def test_a_full_table_over_a_stale_stat_journal_reads_as_itself(tmp_path):
     assert fpm.load_inputs(tmp_path) == new
     fpm.save_inputs(tmp_path, new)
     assert fpm.load_inputs(tmp_path) == new and not (tmp_path / fpm.INPUT_STATS_NAME).exists()
+
+
+def test_file_stats_equal_file_stat_of_each_path(tmp_path):
+    from packer.conversion.fingerprint import file_stat, file_stats
+
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"{i}.bin"
+        p.write_bytes(b"x" * i)
+        paths.append(str(p))
+    paths.insert(1, str(tmp_path / "gone.bin"))
+    got = file_stats(paths)
+    assert got.shape == (4, 2) and str(got.dtype) == "int64"
+    assert [tuple(row) for row in got.tolist()] == [file_stat(p) for p in paths]
+    assert tuple(got[1]) == (-1, -1)
+    assert file_stats([]).shape == (0, 2)
