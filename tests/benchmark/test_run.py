@@ -42,7 +42,9 @@ def check_result(r: dict, workers: list[int], count: int) -> None:
         assert s["wait_ms_p95"] >= s["wait_ms_median"] >= 0
         # each setting ran in its own fresh process: its whole life and the epoch it timed
         assert set(s["process"]) == set(USAGE_FIELDS)
-        assert s["process"]["wall_s"] > 0 and s["process"]["user_s"] > 0 and s["process"]["maxrss_mb"] > 0
+        # (CPU is charged by ticks: a 30 ms process on a busy machine may get no user tick; the
+        # process's user + sys is held below it: at least the timed window's)
+        assert s["process"]["wall_s"] > 0 and s["process"]["user_s"] >= 0 and s["process"]["maxrss_mb"] > 0
         assert set(s["window"]) == {"user_s", "sys_s", "minflt"} and s["window"]["minflt"] >= 0
         assert 0 < s["window"]["user_s"] + s["window"]["sys_s"] <= s["process"]["user_s"] + s["process"]["sys_s"]
     rec = r["recommended"]
