@@ -221,8 +221,6 @@ def _check_split_append(append_to: str | os.PathLike, out: str | os.PathLike, sh
                          "(append to a local copy, then upload it)")
     if not Path(append_to).exists():
         raise UsageError(f"{append_to}: does not exist; a split append adds to a pack (pack it first)")
-    if os.path.realpath(append_to) == os.path.realpath(out):
-        raise UsageError(f"{out}: is the output appended to; give each job its own part path")
 
 
 def source_name(src: str | os.PathLike) -> str:
