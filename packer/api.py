@@ -467,6 +467,8 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
     Returns:
         The merge's report (``summary()``).
     """
+    from contextlib import nullcontext
+
     from packer.claim import claim_output
     from packer.commands.merge import merge_parts
     from packer.remote.url import is_url
@@ -476,11 +478,16 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
     from packer.conversion.placement import check_placement
 
     check_placement([out], walked=parts)  # a part is a whole folder read, as a walked tree
+    if append:  # into the output the parts were planned against (a local one; it says so)
+        from packer.commands.merge_append import append_parts
+
+        with (nullcontext() if is_url(out) else  # (refused there: a local output only)
+              claim_output(out, takeover=True, break_lock=break_lock)) as claim:  # a dead merge's is taken
+            return append_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
     if is_url(out):
-        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock,
-                           append=append)
+        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     with claim_output(out, takeover=True, break_lock=break_lock) as claim:  # a merge rebuilds: a dead one's is taken
-        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim, append=append)
+        return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
 
 
 @checked

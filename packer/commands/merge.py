@@ -293,7 +293,7 @@ def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
 
 def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool = False,
                 any_parts: bool = False, remote: Any = None, break_lock: bool = False,
-                claim: Claim | None = None, append: bool = False) -> MergeReport:
+                claim: Claim | None = None) -> MergeReport:
     """Merge the parts of a sharded conversion into ``out`` (built at ``{out}.partial``, then renamed).
 
     Args:
@@ -307,8 +307,6 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
         break_lock: take the claim on a URL ``out``'s staging folder even from a run that may be alive.
         claim: the run's claim on a local ``out`` (``packer.api.merge`` takes it), which guards
             the publish; None: unclaimed (a library call of this function alone).
-        append: the parts are a split append to ``out`` (``pack(..., append_to=out)``): add
-            their samples to it as its next version (``packer.commands.merge_append``).
     Returns:
         a MergeReport.
     Raises:
@@ -316,10 +314,6 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
     """
     if not parts:
         raise UsageError("merge needs at least one part")
-    if append:
-        from packer.commands.merge_append import append_parts
-
-        return append_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
     if is_url(out):
         return _merge_to_url(parts, str(out), overwrite=overwrite, any_parts=any_parts, remote=remote,
                              break_lock=break_lock)

@@ -28,8 +28,9 @@ from tqdm import tqdm
 from packer.claim import Claim
 from packer.commands.merge import (MergeReport, open_parts, part_paths, read_failures, remove_partial, run_options,
                                    writer_of)
-from packer.errors import OutputClaimed, PackerError, UsageError
-from packer.formats import Reader, open_reader
+from packer.conversion.append import open_base
+from packer.errors import OutputClaimed, UsageError
+from packer.formats import Reader
 from packer.formats.versions import AppendBase
 from packer.manifest import created_by
 from packer.remote.url import is_url
@@ -114,11 +115,7 @@ def append_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     readers = open_parts(paths, any_parts=False)
     try:
         planned = _planned(readers)
-        try:
-            reader = open_reader(out)
-            text = reader.manifest_text()
-        except PackerError as e:
-            raise UsageError(f"{out}: cannot append to it ({e})") from e
+        reader, text = open_base(out)
         merged_from = [os.path.realpath(r.path) for r in readers]
         writer_cls = writer_of(readers[0])
         if _done_before(reader, planned, merged_from):
