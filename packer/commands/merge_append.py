@@ -125,6 +125,10 @@ def append_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
             report.note = "published from these parts already; nothing to do"
             return report
         _check_base(out, reader, readers, planned)
+        if not any(len(r) for r in readers):  # the output held every input: no new version, as --append
+            report = _report(out, readers, reader.manifest, 0, start)
+            report.note = "the parts hold no sample; nothing to append"
+            return report
         return _append(out, readers, reader, text, merged_from, claim, start)
     finally:
         for r in readers:

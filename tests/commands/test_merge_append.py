@@ -145,3 +145,14 @@ def test_what_a_split_append_job_refuses(setup, tmp_path):
     with pytest.raises(UsageError, match="refusing an output that is the input"):
         packer.pack(src, out, format="records", workers=0, append_to=out, num_shards=2, resume=True)
     assert not part.exists()
+
+
+def test_parts_of_an_output_that_holds_every_input_add_no_version(trees, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(trees["old"], src, copy_function=shutil.copy2)
+    out = out_path(tmp_path, "records")
+    packer.pack(src, out, format="records", workers=0, **layout("records"))
+    parts = split(src, out, "records", tmp_path, n=2)
+    report = packer.merge(parts, out, append=True)
+    assert report.version == 1 and "nothing to append" in report.summary()
+    assert open_reader(out).manifest.version == 1 and len(open_reader(out)) == 30
