@@ -105,7 +105,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
          timeout: Optional[float] = None, strict: bool = False, force: bool = False,
          break_lock: bool = False, coco: Optional[PathLike] = None, manifest: Optional[PathLike] = None,
          schema: Optional[dict] = None, drop_empty: bool = False, source_format: Optional[str] = None,
-         append: bool = False, prune: bool = False) -> Report:
+         append: bool = False, prune: bool = False, append_to: Optional[PathLike] = None) -> Report:
     """Pack an image folder (``src/<class>/<image>``) or a list file into ``out``; or, with
     ``coco`` or ``manifest``, samples of many typed fields (docs/fields.md); or a dataset
     source: WebDataset tar shards, a Hugging Face ``save_to_disk`` folder or Parquet files
@@ -166,6 +166,11 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
+        append_to: a split append (docs/append.md, "Split appends"): ``out`` is part
+            ``shard_index`` of ``num_shards`` of the inputs ``append_to`` lacks (planned as
+            ``append`` plans them, new classes labelled after its own), to be added to it as its
+            next version by ``merge(parts, append_to, append=True)``. Image packs of a folder or
+            list file, local paths.
 
     Returns:
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``; an append's
@@ -186,6 +191,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
     writer_options = records if format == "records" else None
 
+    if append_to is not None and (coco is not None or manifest is not None):
+        raise UsageError("append_to (a split append) is for image packs, not coco= or manifest= yet "
+                         "(docs/append.md); append with one job (append=True)")
     if coco is not None or manifest is not None:
         if list_path is not None or class_index is not None or raw or shuffle is not None:
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
@@ -215,7 +223,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     if kind != "folder":
         # an append matches inputs by file path, size and mtime: a source's samples are members of
         # shards (tar members, rows), which have none of their own
-        _appendable(out, append, f"dataset sources ({kind}: tar shards, Hugging Face or Parquet inputs)")
+        _appendable(out, append or append_to is not None,
+                    f"dataset sources ({kind}: tar shards, Hugging Face or Parquet inputs)")
         from packer.commands.pack_sources import pack_source
 
         def build_source(path: str, claim: Any) -> Any:
@@ -230,9 +239,11 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
     def build(path: str, claim: Any) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,
-                           writer_options=writer_options, input_options=inputs, run_options=run, claim=claim)
+                           writer_options=writer_options, input_options=inputs, run_options=run, claim=claim,
+                           append_to=append_to)
 
     sources = _sources(src, list_path=list_path, class_index=class_index)
+    sources["read"].append(append_to)  # (a split append reads the output it plans against)
     return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
                           sources=sources, append=append), max_failures)
 
@@ -436,7 +447,7 @@ def resize(src: PathLike, out: PathLike, spec: ResizeSpec, *, list_path: Optiona
 
 @checked
 def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, any_parts: bool = False,
-          break_lock: bool = False) -> MergeReport:
+          break_lock: bool = False, append: bool = False) -> MergeReport:
     """Combine the parts of a ``num_shards`` conversion into one output (the content of one run).
 
     The library form of ``packer merge``. Parts and ``out`` may be URLs (parts read through
@@ -449,10 +460,15 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
         overwrite: replace an existing ``out``.
         any_parts: merge any outputs of one format and class list in the order given.
         break_lock: take the claim on ``out`` even from a run that may still be alive.
+        append: the parts are a split append to ``out`` (``pack(..., append_to=out)``): add
+            their samples to it as its next version, refused when it holds another version than
+            the one they were planned against (docs/append.md, "Split appends").
 
     Returns:
         The merge's report (``summary()``).
     """
+    from contextlib import nullcontext
+
     from packer.claim import claim_output
     from packer.commands.merge import merge_parts
     from packer.remote.url import is_url
@@ -462,6 +478,12 @@ def merge(parts: Sequence[PathLike], out: PathLike, *, overwrite: bool = False, 
     from packer.conversion.placement import check_placement
 
     check_placement([out], walked=parts)  # a part is a whole folder read, as a walked tree
+    if append:  # into the output the parts were planned against (a local one; it says so)
+        from packer.commands.merge_append import append_parts
+
+        with (nullcontext() if is_url(out) else  # (refused there: a local output only)
+              claim_output(out, takeover=True, break_lock=break_lock)) as claim:  # a dead merge's is taken
+            return append_parts(parts, out, overwrite=overwrite, any_parts=any_parts, claim=claim)
     if is_url(out):
         return merge_parts(parts, out, overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
     with claim_output(out, takeover=True, break_lock=break_lock) as claim:  # a merge rebuilds: a dead one's is taken

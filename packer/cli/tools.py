@@ -121,9 +121,12 @@ def demo(workdir, count, workers):
 @click.option("--any-parts", is_flag=True,
               help="Merge any outputs of one format and class list in the order given, not only "
                    "parts 0..N-1 of one --num-shards run.")
+@click.option("--append", is_flag=True,
+              help="The parts are a split append to OUT (made with --append-to OUT): add them to it as "
+                   "its next version (refused if OUT holds another version than they were planned against).")
 @break_lock_option
 @library_call
-def merge(paths, overwrite, any_parts, break_lock):
+def merge(paths, overwrite, any_parts, append, break_lock):
     """Combine the parts of a --num-shards conversion into one dataset (same content as one run).
     Parts and OUT may be URLs (parts read through the cache; OUT built locally, then uploaded).
 
@@ -133,7 +136,8 @@ def merge(paths, overwrite, any_parts, break_lock):
         raise click.UsageError("expected PART... OUT")
     from packer.api import merge as merge_outputs
 
-    report = merge_outputs(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts, break_lock=break_lock)
+    report = merge_outputs(paths[:-1], paths[-1], overwrite=overwrite, any_parts=any_parts, break_lock=break_lock,
+                           append=append)
     click.echo(report.summary())
 
 

@@ -38,12 +38,14 @@ from packer.formats.sidecars import partial_path
 from packer.manifest import created_by
 from packer.remote.url import is_url, redact
 
-__all__ = ["MergeReport", "merge_parts", "part_of", "read_failures", "writer_of"]
+__all__ = ["MergeReport", "merge_parts", "open_parts", "part_of", "part_paths", "read_failures", "remove_partial",
+           "run_options", "writer_of"]
 
 log = logging.getLogger(__name__)
 
 # created_by options that name the part, not what was converted
-_PART_OPTIONS = ("num_shards", "shard_index", "listing")  # (listing: compared by _check_listing)
+# (listing: compared by _check_listing; append_to, a split append's base: by _check_append_to)
+_PART_OPTIONS = ("num_shards", "shard_index", "listing", "append_to")
 
 
 @dataclass
@@ -57,10 +59,17 @@ class MergeReport:
     failures: int
     videos: int
     elapsed: float
+    version: int | None = None  # an ``append``: the version of ``out`` it published (or found published)
+    added: int = 0  # an ``append``: the samples it added
+    note: str = ""
 
     def summary(self) -> str:
         """One line for the terminal."""
         videos = f", {self.videos} videos" if self.videos else ""
+        if self.version is not None:
+            note = f"; {self.note}" if self.note else ""
+            return (f"{self.out}: version {self.version}: {self.added} samples added from {self.parts} parts "
+                    f"({self.count} in all), {self.failures} failures recorded, in {self.elapsed:.1f}s{note}")
         return (f"{self.out}: merged {self.parts} parts, {self.count} samples{videos}, "
                 f"{self.failures} failures recorded, in {self.elapsed:.1f}s")
 
@@ -214,9 +223,9 @@ def _shard_order(readers: Sequence[Reader]) -> list[Reader]:
         what = f"part {shown} of {total} is" if len(missing) == 1 else f"parts {shown} of {total} are"
         raise UsageError(f"{what} missing (got {len(by_index)} of {total}); merge needs every part")
     _check_listing([by_index[i] for i in range(total)])
-    options = _run_options(by_index[0])
+    options = run_options(by_index[0])
     for i in range(1, total):
-        other = _run_options(by_index[i])
+        other = run_options(by_index[i])
         if other != options:
             diff = sorted(k for k in set(options) | set(other) if options.get(k) != other.get(k))
             raise UsageError(f"{by_index[i].path}: converted with other options than {by_index[0].path} "
@@ -261,7 +270,7 @@ def _check_listing(parts: Sequence[Reader]) -> None:
                      + "\n  ".join(lines) + "\nrerun every part over the inputs as they are now")
 
 
-def _run_options(reader: Reader) -> dict[str, Any]:
+def run_options(reader: Reader) -> dict[str, Any]:
     options = dict(reader.manifest.created_by.get("options") or {})
     for k in _PART_OPTIONS:
         options.pop(k, None)
@@ -314,27 +323,20 @@ def merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, o
 def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, overwrite: bool,
                  any_parts: bool, remote: Any, claim: Claim | None) -> MergeReport:
     start = time.monotonic()
-    paths = [p if is_url(p) else Path(p) for p in parts]
     out = Path(out)
-    seen: dict[str, Path] = {}
-    for p in paths:
-        real = str(p) if is_url(p) else os.path.realpath(p)
-        if real in seen:
-            raise UsageError(f"{p}: given twice (as {seen[real]} too)")
-        seen[real] = p
-    if os.path.realpath(out) in seen:
-        raise UsageError(f"{out}: is one of the parts; merge into a new path")
+    paths = part_paths(parts, out)
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise UsageError(f"{out}: already exists (use --overwrite to replace it)")
     check_output_arg(out, resume=False, overwrite=overwrite)  # never deletes a foreign folder
-    readers = [_open_part(p, remote) for p in paths]
-    _check_compatible(readers)
-    if not any_parts:
-        readers = _shard_order(readers)
-    _check_disjoint(readers)
+    readers = open_parts(paths, any_parts=any_parts, remote=remote)
+    planned = next((r for r in readers if (r.manifest.created_by.get("options") or {}).get("append_to")), None)
+    if planned is not None:
+        base = planned.manifest.created_by["options"]["append_to"]
+        raise UsageError(f"{planned.path}: is a part of a split append to {base.get('path')} (its version "
+                         f"{base.get('version')}); add the parts to it with merge --append")
     failures = [f for r in readers for f in read_failures(r)]
     videos = _combined_videos(readers)
-    options = _run_options(readers[0]) if not any_parts else {}
+    options = run_options(readers[0]) if not any_parts else {}
     made_by = created_by(options)
     made_by["merged_from"] = [str(r.path) for r in readers]
     writer_cls = writer_of(readers[0])
@@ -349,13 +351,38 @@ def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
     except OutputClaimed:
         raise  # the partial is not (or no longer) this run's to remove
     except BaseException:
-        _remove_partial(writer_cls, out)
+        remove_partial(writer_cls, out)
         raise
     finally:
         for r in readers:
             r.close()
     return MergeReport(str(out), parts=len(readers), count=manifest.count, failures=manifest.failures,
                        videos=len(manifest.videos), elapsed=time.monotonic() - start)
+
+
+def part_paths(parts: Sequence[str | os.PathLike], out: Path) -> list[Any]:
+    """The parts as paths (URLs kept), refusing one given twice or ``out`` among them."""
+    paths = [p if is_url(p) else Path(p) for p in parts]
+    seen: dict[str, Path] = {}
+    for p in paths:
+        real = str(p) if is_url(p) else os.path.realpath(p)
+        if real in seen:
+            raise UsageError(f"{p}: given twice (as {seen[real]} too)")
+        seen[real] = p
+    if os.path.realpath(out) in seen:
+        raise UsageError(f"{out}: is one of the parts; merge into a new path")
+    return paths
+
+
+def open_parts(paths: Sequence[Any], *, any_parts: bool, remote: Any = None) -> list[Reader]:
+    """The parts open, checked to belong together (format, kind, classes; unless ``any_parts``
+    parts ``0..N-1`` of one run with the same options and listing, in shard order; no key twice)."""
+    readers = [_open_part(p, remote) for p in paths]
+    _check_compatible(readers)
+    if not any_parts:
+        readers = _shard_order(readers)
+    _check_disjoint(readers)
+    return readers
 
 
 def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bool, any_parts: bool,
@@ -375,7 +402,7 @@ def _merge_to_url(parts: Sequence[str | os.PathLike], url: str, *, overwrite: bo
     return report
 
 
-def _remove_partial(writer_cls: type, out: Path) -> None:
+def remove_partial(writer_cls: type, out: Path) -> None:
     """A merge is not resumable: drop what a failed one left (it is rebuilt from the parts)."""
     work = partial_path(out)
     leftovers = [work, work.with_name(work.name + ".journal")]

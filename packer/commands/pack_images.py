@@ -83,7 +83,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
                 check: str = "full", resize: ResizeSpec | None = None, raw: bool = False,
                 writer_options: dict[str, Any] | None = None, shuffle: int | None = None,
                 input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
-                claim: Claim | None = None, listing: SourceListing | None = None) -> Report:
+                claim: Claim | None = None, listing: SourceListing | None = None,
+                append_to: str | os.PathLike | None = None) -> Report:
     """Pack the images under ``src`` (ImageFolder, or ``input_options.list_path`` lines) into ``out``.
 
     ``input_options``: which inputs (a list file, extensions, the part of a split run);
@@ -98,7 +99,11 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     Arguments are validated before any work starts. ``claim``: the run's claim on ``out``
     (taken by ``packer.api``), which guards the publish; None: unclaimed. ``listing``: the
     items of a dataset source (tar shards, a Hugging Face dataset, Parquet files:
-    ``packer.commands.pack_sources``) instead of walking ``src``.
+    ``packer.commands.pack_sources``) instead of walking ``src``. ``append_to``: a split
+    append (docs/append.md, "Split appends"): plan an append to that output from the whole
+    listing (the inputs it lacks, the new classes' labels after its own) and pack this part's
+    share of the new inputs into ``out``, a part recording the version it was planned against
+    (``packer merge PARTS... OUTPUT --append`` adds the parts to it).
     """
     inputs, run_opts = input_options, run_options
     if check not in CHECK_MODES:
@@ -118,6 +123,8 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     if run_opts.append and listing is not None:  # packer.api refuses it first; a direct call too
         raise UsageError("--append is not supported for dataset sources (tar shards, Hugging Face or "
                          "Parquet inputs) yet (docs/append.md): it matches inputs by file size and mtime")
+    if append_to is not None:
+        _check_split_append(append_to, out, shuffle, run_opts, listing)
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
         if inputs.num_shards > 1 or shuffle is not None:
@@ -140,6 +147,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     whole = (listed(items, bad, {"list": inputs.list_path}) if inputs.num_shards > 1 else None)
     if shuffle is not None:  # before partition: the parts of a split pack share one permutation
         items = shuffle_items(items, shuffle)
+    every = items  # (a split append plans from all of them)
     items = partition(items, inputs.num_shards, inputs.shard_index)  # may be empty: an empty part still merges
     recorded = {"format": format, "check": check, "src": source_name(src),
                 "list": str(inputs.list_path) if inputs.list_path else None,
@@ -162,6 +170,12 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     # record and of the resume fingerprint (packer.conversion.fingerprint)
     recorded["writer"] = writer_settings(writer, writer_options)
     plan = None
+    if append_to is not None:  # every job plans the same append from the whole listing; this one packs its share
+        split = plan_append(append_to, every, classes, format=format, listed=inputs.list_path is not None,
+                            options={k: v for k, v in recorded.items() if k != "listing"})
+        items, writer.classes = partition(split.items, inputs.num_shards, inputs.shard_index), list(split.classes)
+        recorded["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
+        split.base.reader.close()
     if appending:  # the inputs not in OUT yet, labelled as the pack labels them
         plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune,
                            listed=inputs.list_path is not None)
@@ -189,6 +203,24 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     else:
         report.labels = listing.note if listing is not None else getattr(classes, "note", "")
     return report
+
+
+def _check_split_append(append_to: str | os.PathLike, out: str | os.PathLike, shuffle: int | None,
+                        run_opts: RunOptions, listing: SourceListing | None) -> None:
+    """Refuse a split append (``append_to``) where it does not apply, before any work."""
+    from packer.remote.url import is_url
+
+    if run_opts.append or run_opts.prune:
+        raise UsageError("--append-to packs a part of a split append into OUT (a new part): not with "
+                         "--append or --prune")
+    if shuffle is not None or listing is not None:
+        raise UsageError("--append-to: not with --shuffle or dataset sources (an append packs files "
+                         "in input order)")
+    if is_url(append_to) or is_url(out):
+        raise UsageError("--append-to: the output appended to and the part are local paths "
+                         "(append to a local copy, then upload it)")
+    if not Path(append_to).exists():
+        raise UsageError(f"{append_to}: does not exist; a split append adds to a pack (pack it first)")
 
 
 def source_name(src: str | os.PathLike) -> str:

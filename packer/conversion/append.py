@@ -36,7 +36,7 @@ from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
 from packer.formats.versions import AppendBase, merge_ranges
 
-__all__ = ["AppendPlan", "plan_append", "PART_OPTIONS"]
+__all__ = ["AppendPlan", "open_base", "plan_append", "PART_OPTIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,16 @@ def _units(reader: Reader, holds: str) -> tuple[Sequence[str], list[int], dict[s
     return list(spans), [s[0] if s else -1 for s in spans.values()], spans
 
 
+def open_base(out: str | os.PathLike) -> tuple[Reader, str]:
+    """The output an append continues: its latest version open, and that version's manifest
+    text as published (``AppendBase``); UsageError when it cannot be read."""
+    try:
+        reader = open_reader(out)
+        return reader, reader.manifest_text()
+    except PackerError as e:
+        raise UsageError(f"{out}: cannot append to it ({e})") from e
+
+
 def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence[str], *, format: str,
                 options: dict[str, Any], prune: bool = False, listed: bool = False,
                 holds: str = "images", fields: bool = False) -> AppendPlan:
@@ -187,11 +197,7 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     ``fields``: a field pack's items (their ``label`` their identity), ``classes`` already the
     pack's grown (``packer.commands.pack_fields``)."""
     out = Path(out)
-    try:
-        reader = open_reader(out)
-        text = reader.manifest_text()
-    except PackerError as e:
-        raise UsageError(f"{out}: cannot append to it ({e})") from e
+    reader, text = open_base(out)
     _refuse_kind(out, reader, format, holds, fields)
     _check_options(out, reader, format, options)
     indexed = getattr(classes, "label_map", None) not in (None, "sorted", "list")
