@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -80,12 +81,28 @@ class FieldJob:
         for name in self.schema.video_fields:
             values[name] = self._video(item.values[name])
         if self.coco:
-            from packer.conversion.coco import sample_fields
+            from packer.conversion.coco import instances_blob, sample_fields
 
+            if self._instances:  # the common COCO pack: its blob straight from the records
+                blob = instances_blob(item.values, first.data, height=first.height, width=first.width)
+                if blob is not None:
+                    return Sample(item.key, blob, BLOB_FMT, -1, first.height, first.width, first.channels,
+                                  source_stat=stat)
             values.update(sample_fields(item.values, height=first.height, width=first.width, schema=self.schema))
         else:
             values.update({k: v for k, v in item.values.items() if k not in values})
         return self._encode(item, values, first, stat)
+
+    @cached_property
+    def _instances(self) -> bool:
+        """Whether the fields are an instances pack's (``instances_blob`` encodes its samples)."""
+        from packer.conversion.coco import instances_schema
+
+        return self.coco and self.schema == instances_schema()
+
+    @cached_property
+    def _image_job(self) -> ImageJob:
+        return ImageJob(check=self.check, resize=self.resize)
 
     def _source_sample(self, item: SourceItem) -> Sample:
         """A tar sample or a table row (``packer.conversion.sources``): every field, images
@@ -127,7 +144,7 @@ class FieldJob:
     def _image(self, item: FieldItem, key: str, path: str, data: bytes) -> Sample:
         if self.coco:
             self._check_geometry(item, key, path, data)
-        return ImageJob(check=self.check, resize=self.resize)._sample(Item(key, path, -1), data)
+        return self._image_job._sample(Item(key, path, -1), data)
 
     def _check_geometry(self, item: FieldItem, key: str, path: str, data: bytes) -> None:
         hwc = jpeg_header(data)  # a plain JPEG (the common case) without probe's dispatch

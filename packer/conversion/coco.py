@@ -42,13 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from packer.codecs.fields import SEGMENTATION_HEAD, Schema, Segmentation, pycocotools_mask
+from packer.codecs.fields import SEGMENTATION_HEAD, Schema, Segmentation, encode_blob, pycocotools_mask
 from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
 __all__ = ["CocoSource", "coco_items", "grow_categories", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
+           "instances_blob",
            "need_pycocotools",
            "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
@@ -73,6 +74,7 @@ CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
 _ANN = struct.Struct("<qqqq4ddBBBqqII")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
 _RLE_HEAD = struct.Struct("<BI")  # a stored segmentation's RLE object: kind 2, its length
+_I64_1, _I64_2 = struct.Struct("<q"), struct.Struct("<qq")  # an int field, an int64 (2,) array
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
@@ -764,23 +766,48 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
         out["captions"] = ann.captions()
         return out
     sx, sy = width / ow, height / oh
+    boxes, area = _scaled_boxes(rec, sx, sy)
+    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
+        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
+    out.update(boxes=boxes, labels=rec["label"], category_ids=rec["category_id"], iscrowd=rec["iscrowd"],
+               area=area, masks=Segmentation.from_encoded(_mask_bytes(ann, oh, ow, height, width)))
+    return out
+
+
+def instances_blob(values: dict[str, Any], image: bytes, *, height: int, width: int) -> bytes | None:
+    """The field blob of an instances pack's sample (``instances_schema``, no keypoints) whose
+    image's encoded bytes are ``image``, stored at ``height`` x ``width``: the very bytes
+    ``instances_schema().encode({"image": image, **sample_fields(values, ...)})`` gives, built
+    straight from the records (each column's bytes taken once, no per-field checks: every
+    value is one the listing checked). None when a value is not one the listing guarantees
+    (an id or size past int64, no image bytes): ``Schema.encode`` then says what is wrong."""
+    iid, (oh, ow) = values["image_id"], values["orig_size"]
+    if not (image and _int64(iid) and _int64(oh) and _int64(ow)):
+        return None
+    ann = decode_annotations(values["annotations"])
+    rec = ann.records
+    boxes, area = _scaled_boxes(rec, width / ow, height / oh)
+    # in instances_schema's order (tests/conversion/test_coco.py holds the bytes to Schema.encode's)
+    return encode_blob((image, _I64_1.pack(iid), boxes.tobytes(), rec["label"].tobytes(),
+                        rec["category_id"].tobytes(), rec["iscrowd"].tobytes(), area.tobytes(), rec["id"].tobytes(),
+                        _mask_bytes(ann, oh, ow, height, width), _I64_2.pack(oh, ow)))
+
+
+def _scaled_boxes(rec: np.ndarray, sx: float, sy: float) -> tuple[np.ndarray, np.ndarray]:
+    """The records' boxes as xyxy and their areas, scaled by ``sx``, ``sy``, as float32."""
     xyxy = rec["bbox"].copy()
     xyxy[:, 2:] += xyxy[:, :2]
     area = rec["area"]
     if (sx, sy) != (1.0, 1.0):  # (times 1.0 is the same number)
         xyxy *= (sx, sy, sx, sy)
         area = area * (sx * sy)
-    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
-        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
-    out.update(boxes=xyxy.astype(np.float32), labels=rec["label"], category_ids=rec["category_id"],
-               iscrowd=rec["iscrowd"],
-               area=area.astype(np.float32), masks=_stored_masks(ann, oh, ow, height, width))
-    return out
+    return xyxy.astype(np.float32), area.astype(np.float32)
 
 
-def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> Segmentation:
-    """The objects' masks at ``height`` x ``width`` as the file gave them: polygons (their
-    coordinates scaled), compressed RLE strings (an uncompressed one compressed, a scaled one
+def _mask_bytes(ann: Annotations, oh: int, ow: int, height: int, width: int) -> bytes:
+    """The ``segmentation`` field's canonical bytes (``Segmentation.encode``'s) of the objects'
+    masks at ``height`` x ``width`` as the file gave them: polygons (their coordinates scaled),
+    compressed RLE strings (an uncompressed one compressed, a scaled one
     resized nearest-neighbour) or None. Nothing is drawn: ``Segmentation.rle`` draws them.
     A polygon payload of the records is already the field's layout (``u32 parts, u32
     lengths, float64 coordinates``): it is copied as it is (its coordinates scaled in place of
@@ -812,4 +839,4 @@ def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -
             parts += (_RLE_HEAD.pack(2, len(rle["counts"])), rle["counts"])
         else:
             parts.append(b"\0")
-    return Segmentation.from_encoded(b"".join(parts))
+    return b"".join(parts)

@@ -179,6 +179,28 @@ def test_a_file_that_is_not_a_coco_file_is_a_usage_error(tmp_path, text, message
         coco.coco_items(path, tmp_path, failures=[])
 
 
+def test_instances_blob_is_the_schema_encode_of_the_fields(source, tmp_path):
+    """The field job's shortcut (``instances_blob``: the blob straight from the records) stores the
+    very bytes ``Schema.encode`` makes of ``sample_fields``, for every image (polygons, RLE of
+    both kinds, no annotations) at its own size and scaled; a value the listing does not
+    guarantee (an id past int64, no image bytes) goes the checked way (None)."""
+    path = _write(source, tmp_path / "i.json", ORDERS["COCO's (categories last)"], None)
+    items = coco.coco_items(path, tmp_path).items
+    schema = coco.instances_schema()
+    assert any(not len(i.values["annotations"]) for i in items)
+    for item in items:
+        for h, w in [item.values["orig_size"], (7, 9), (61, 79)]:
+            want = schema.encode({"image": b"jpeg", **coco.sample_fields(item.values, height=h, width=w,
+                                                                           schema=schema)})
+            assert coco.instances_blob(item.values, b"jpeg", height=h, width=w) == want
+    values = items[0].values
+    assert coco.instances_blob(values, b"", height=30, width=40) is None
+    assert coco.instances_blob({**values, "image_id": 1 << 63}, b"jpeg", height=30, width=40) is None
+    with pytest.raises(ValueError, match="image_id"):
+        schema.encode({"image": b"jpeg", **coco.sample_fields({**values, "image_id": 1 << 63}, height=30, width=40,
+                                                              schema=schema)})
+
+
 def test_an_item_holds_its_annotations_compactly(source, tmp_path):
     """The parsed dicts, lists and floats are gone: an item's values are its id, its size and where
     its records are in one buffer (a few bytes more than the values themselves)."""
