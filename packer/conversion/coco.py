@@ -770,7 +770,8 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
     if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
         out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
     out.update(boxes=boxes, labels=rec["label"], category_ids=rec["category_id"], iscrowd=rec["iscrowd"],
-               area=area, masks=Segmentation.from_encoded(_mask_bytes(ann, oh, ow, height, width)))
+               area=area, masks=Segmentation.from_encoded(_mask_bytes(ann.blob, ann.kinds, ann.spans, oh, ow, height,
+                                                                              width)))
     return out
 
 
@@ -778,19 +779,43 @@ def instances_blob(values: dict[str, Any], image: bytes, *, height: int, width: 
     """The field blob of an instances pack's sample (``instances_schema``, no keypoints) whose
     image's encoded bytes are ``image``, stored at ``height`` x ``width``: the very bytes
     ``instances_schema().encode({"image": image, **sample_fields(values, ...)})`` gives, built
-    straight from the records (each column's bytes taken once, no per-field checks: every
-    value is one the listing checked). None when a value is not one the listing guarantees
-    (an id or size past int64, no image bytes): ``Schema.encode`` then says what is wrong."""
+    straight from the records with ``struct`` (no per-field checks: every value is one the
+    listing checked). The same IEEE float64 arithmetic as ``sample_fields`` in Python floats,
+    then the same cast to float32 (``struct``'s ``f``); ``struct`` rather than numpy because
+    right after an image's decode has evicted the CPU caches, each numpy call costs several
+    microseconds. None when a value is not one this path takes (an id or size past int64, no
+    image bytes, a float past float32's range): ``sample_fields`` and ``Schema.encode`` then do it."""
     iid, (oh, ow) = values["image_id"], values["orig_size"]
     if not (image and _int64(iid) and _int64(oh) and _int64(ow)):
         return None
-    ann = decode_annotations(values["annotations"])
-    rec = ann.records
-    boxes, area = _scaled_boxes(rec, width / ow, height / oh)
+    records = values["annotations"]
+    store, unpack, size = records.store, _ANN.unpack_from, _ANN.size
+    rows = [unpack(store, o) for o in records.offsets]
+    sx, sy = width / ow, height / oh
+    sxy = sx * sy
+    scaled = (sx, sy) != (1.0, 1.0)
+    n, boxes, areas = len(rows), [], []
+    for r in rows:
+        x, y, w, h, area = r[_F_BOX:_F_BOX + 5]
+        if scaled:  # (numpy's order in sample_fields: x + w first, then times the scale)
+            boxes += (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
+            areas.append(area * sxy)
+        else:
+            boxes += (x, y, x + w, y + h)
+            areas.append(area)
+    try:
+        box_bytes, area_bytes = struct.pack(f"<{4 * n}f", *boxes), struct.pack(f"<{n}f", *areas)
+    except OverflowError:  # (numpy makes it inf)
+        return None
+    ints = f"<{n}q"
+    masks = _mask_bytes(store, [r[_F_KIND] for r in rows], [(o + size, o + size + r[_F_SEG_LEN])
+                                                             for o, r in zip(records.offsets, rows)],
+                        oh, ow, height, width)
     # in instances_schema's order (tests/conversion/test_coco.py holds the bytes to Schema.encode's)
-    return encode_blob((image, _I64_1.pack(iid), boxes.tobytes(), rec["label"].tobytes(),
-                        rec["category_id"].tobytes(), rec["iscrowd"].tobytes(), area.tobytes(), rec["id"].tobytes(),
-                        _mask_bytes(ann, oh, ow, height, width), _I64_2.pack(oh, ow)))
+    return encode_blob((image, _I64_1.pack(iid), box_bytes, struct.pack(ints, *[r[3] for r in rows]),
+                        struct.pack(ints, *[r[_F_CATEGORY] for r in rows]),
+                        struct.pack(f"<{n}B", *[r[9] for r in rows]), area_bytes,
+                        struct.pack(ints, *[r[1] for r in rows]), masks, _I64_2.pack(oh, ow)))
 
 
 def _scaled_boxes(rec: np.ndarray, sx: float, sy: float) -> tuple[np.ndarray, np.ndarray]:
@@ -804,7 +829,8 @@ def _scaled_boxes(rec: np.ndarray, sx: float, sy: float) -> tuple[np.ndarray, np
     return xyxy.astype(np.float32), area.astype(np.float32)
 
 
-def _mask_bytes(ann: Annotations, oh: int, ow: int, height: int, width: int) -> bytes:
+def _mask_bytes(blob: Any, kinds: list[int], spans: list[tuple[int, int]], oh: int, ow: int, height: int,
+                width: int) -> bytes:
     """The ``segmentation`` field's canonical bytes (``Segmentation.encode``'s) of the objects'
     masks at ``height`` x ``width`` as the file gave them: polygons (their coordinates scaled),
     compressed RLE strings (an uncompressed one compressed, a scaled one
@@ -814,9 +840,9 @@ def _mask_bytes(ann: Annotations, oh: int, ow: int, height: int, width: int) -> 
     the originals), so the canonical bytes are made without an array per polygon."""
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
-    blob, unpack = ann.blob, struct.unpack_from
-    parts: list[Any] = [SEGMENTATION_HEAD.pack(height, width, len(ann))]
-    for kind, (start, end) in zip(ann.kinds, ann.spans):
+    unpack = struct.unpack_from
+    parts: list[Any] = [SEGMENTATION_HEAD.pack(height, width, len(kinds))]
+    for kind, (start, end) in zip(kinds, spans):
         if kind == _POLY:
             if scaled:
                 at = start + 4 * (unpack("<I", blob, start)[0] + 1)
