@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.codecs.fields import SEGMENTATION_HEAD, Schema, Segmentation, encode_blob, pycocotools_mask
+from packer.codecs.fields import SEGMENTATION_HEAD, Schema, Segmentation, pycocotools_mask
 from packer.codecs.json_stream import Elements, object_members
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
@@ -74,7 +74,8 @@ CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
 _ANN = struct.Struct("<qqqq4ddBBBqqII")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
 _RLE_HEAD = struct.Struct("<BI")  # a stored segmentation's RLE object: kind 2, its length
-_I64_1, _I64_2 = struct.Struct("<q"), struct.Struct("<qq")  # an int field, an int64 (2,) array
+_I64_2 = struct.Struct("<qq")  # an int64 (2,) array: orig_size
+_INSTANCES_HEAD = struct.Struct("<11I")  # a field blob's head (encode_blob) of the 10 instances fields
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
@@ -789,12 +790,12 @@ def instances_blob(values: dict[str, Any], image: bytes, *, height: int, width: 
     if not (image and _int64(iid) and _int64(oh) and _int64(ow)):
         return None
     records = values["annotations"]
-    store, unpack, size = records.store, _ANN.unpack_from, _ANN.size
-    rows = [unpack(store, o) for o in records.offsets]
+    store, offsets, unpack, size = records.store, records.offsets, _ANN.unpack_from, _ANN.size
+    rows = [unpack(store, o) for o in offsets]
     sx, sy = width / ow, height / oh
     sxy = sx * sy
     scaled = (sx, sy) != (1.0, 1.0)
-    n, boxes, areas = len(rows), [], []
+    boxes, areas = [], []
     for r in rows:
         x, y, w, h, area = r[_F_BOX:_F_BOX + 5]
         if scaled:  # (numpy's order in sample_fields: x + w first, then times the scale)
@@ -803,19 +804,19 @@ def instances_blob(values: dict[str, Any], image: bytes, *, height: int, width: 
         else:
             boxes += (x, y, x + w, y + h)
             areas.append(area)
+    n = len(rows)
+    # image_id, boxes, labels, category_ids, iscrowd, area, annotation_ids: one pack, in the schema's order
     try:
-        box_bytes, area_bytes = struct.pack(f"<{4 * n}f", *boxes), struct.pack(f"<{n}f", *areas)
-    except OverflowError:  # (numpy makes it inf)
+        numbers = struct.pack(f"<q{4 * n}f{n}q{n}q{n}B{n}f{n}q", iid, *boxes, *[r[3] for r in rows],
+                              *[r[_F_CATEGORY] for r in rows], *[r[9] for r in rows], *areas, *[r[1] for r in rows])
+    except OverflowError:  # a float past float32's range (numpy makes it inf)
         return None
-    ints = f"<{n}q"
     masks = _mask_bytes(store, [r[_F_KIND] for r in rows], [(o + size, o + size + r[_F_SEG_LEN])
-                                                             for o, r in zip(records.offsets, rows)],
-                        oh, ow, height, width)
-    # in instances_schema's order (tests/conversion/test_coco.py holds the bytes to Schema.encode's)
-    return encode_blob((image, _I64_1.pack(iid), box_bytes, struct.pack(ints, *[r[3] for r in rows]),
-                        struct.pack(ints, *[r[_F_CATEGORY] for r in rows]),
-                        struct.pack(f"<{n}B", *[r[9] for r in rows]), area_bytes,
-                        struct.pack(ints, *[r[1] for r in rows]), masks, _I64_2.pack(oh, ow)))
+                                                             for o, r in zip(offsets, rows)], oh, ow, height, width)
+    # the blob's head (encode_blob's) with the sizes of instances_schema's fields
+    # (tests/conversion/test_coco.py holds the bytes to Schema.encode's)
+    head = _INSTANCES_HEAD.pack(10, len(image), 8, 16 * n, 8 * n, 8 * n, n, 4 * n, 8 * n, len(masks), 16)
+    return b"".join((head, image, numbers, masks, _I64_2.pack(oh, ow)))
 
 
 def _scaled_boxes(rec: np.ndarray, sx: float, sy: float) -> tuple[np.ndarray, np.ndarray]:
