@@ -9,8 +9,9 @@ category, a negative box size, a box outside its image, a polygon of fewer than 
 malformed RLE, keypoints that are not 3 numbers per named point, a visibility not 0, 1 or 2, a
 labelled point outside the image, a ``num_keypoints`` that does not count the labelled points)
 is an ``InputFailure`` naming the image and the annotation ids; its image is not packed (a
-missing annotation would train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
-turns the values into the stored fields with ``sample_fields``.
+missing annotation would train as background), every other image is. The per-image work
+(``packer.commands.pack_fields``) turns the values into the stored fields with ``sample_fields``
+(an instances pack: straight into the sample's blob with ``instances_blob``, the same bytes).
 
 **Memory.** The file is never parsed whole (``json.load`` of a COCO-sized file holds over 2 GB
 of dicts, lists and floats, as ``pycocotools.coco.COCO(file)`` does): ``object_members``
