@@ -14,8 +14,9 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from packer.claim import Claim
 from packer.codecs.fields import BLOB_FMT, Schema
@@ -61,6 +62,17 @@ class FieldJob:
     coco: bool = False
 
     def __call__(self, item: FieldItem) -> Sample:
+        if self._instances is not None:  # the common COCO pack: its blob straight from the records
+            data, stat = read_item(item)
+            first = self._image(item, item.key, item.path, data)
+            blob = self._instances(item.values, first.data, height=first.height, width=first.width)
+            if blob is None:  # a value only the checked way takes: Schema.encode says what is wrong
+                from packer.conversion.coco import sample_fields
+
+                values = sample_fields(item.values, height=first.height, width=first.width, schema=self.schema)
+                return self._encode(item, {"image": first.data, **values}, first, stat)
+            return Sample(item.key, blob, BLOB_FMT, -1, first.height, first.width, first.channels,
+                          source_stat=stat)
         if isinstance(item, SourceItem):
             return self._source_sample(item)
         # a sample without images is keyed by its video or row: nothing to read here (the
@@ -86,6 +98,18 @@ class FieldJob:
         else:
             values.update({k: v for k, v in item.values.items() if k not in values})
         return self._encode(item, values, first, stat)
+
+    @cached_property
+    def _instances(self) -> Callable[..., bytes | None] | None:
+        """``instances_blob`` when the fields are a COCO instances pack's (it encodes their
+        samples; where it cannot, None, the sample goes the general way), else None."""
+        from packer.conversion.coco import instances_blob, instances_schema
+
+        return instances_blob if self.coco and self.schema == instances_schema() else None
+
+    @cached_property
+    def _image_job(self) -> ImageJob:
+        return ImageJob(check=self.check, resize=self.resize)
 
     def _source_sample(self, item: SourceItem) -> Sample:
         """A tar sample or a table row (``packer.conversion.sources``): every field, images
@@ -127,7 +151,7 @@ class FieldJob:
     def _image(self, item: FieldItem, key: str, path: str, data: bytes) -> Sample:
         if self.coco:
             self._check_geometry(item, key, path, data)
-        return ImageJob(check=self.check, resize=self.resize)._sample(Item(key, path, -1), data)
+        return self._image_job._sample(Item(key, path, -1), data)
 
     def _check_geometry(self, item: FieldItem, key: str, path: str, data: bytes) -> None:
         hwc = jpeg_header(data)  # a plain JPEG (the common case) without probe's dispatch

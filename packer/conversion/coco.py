@@ -9,8 +9,9 @@ category, a negative box size, a box outside its image, a polygon of fewer than 
 malformed RLE, keypoints that are not 3 numbers per named point, a visibility not 0, 1 or 2, a
 labelled point outside the image, a ``num_keypoints`` that does not count the labelled points)
 is an ``InputFailure`` naming the image and the annotation ids; its image is not packed (a
-missing annotation would train as background), every other image is. The per-image work (``packer.commands.pack_fields``)
-turns the values into the stored fields with ``sample_fields``.
+missing annotation would train as background), every other image is. The per-image work
+(``packer.commands.pack_fields``) turns the values into the stored fields with ``sample_fields``
+(an instances pack: straight into the sample's blob with ``instances_blob``, the same bytes).
 
 **Memory.** The file is never parsed whole (``json.load`` of a COCO-sized file holds over 2 GB
 of dicts, lists and floats, as ``pycocotools.coco.COCO(file)`` does): ``object_members``
@@ -49,6 +50,7 @@ from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
 __all__ = ["CocoSource", "coco_items", "grow_categories", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
+           "instances_blob",
            "need_pycocotools",
            "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
@@ -73,6 +75,8 @@ CAPTION = np.dtype([("file_index", "<i8"), ("id", "<i8"), ("text_len", "<u4")])
 _ANN = struct.Struct("<qqqq4ddBBBqqII")  # the same records for struct (tests/conversion/test_coco.py checks)
 _CAP = struct.Struct("<qqI")
 _RLE_HEAD = struct.Struct("<BI")  # a stored segmentation's RLE object: kind 2, its length
+_I64_2 = struct.Struct("<qq")  # an int64 (2,) array: orig_size
+_INSTANCES_HEAD = struct.Struct("<11I")  # a field blob's head (encode_blob) of the 10 instances fields
 _LABEL_AT = ANNOTATION.fields["label"][1]
 _NONE, _POLY, _RLE_RUNS, _RLE_STRING = range(4)
 # positions in an unpacked record
@@ -764,32 +768,83 @@ def sample_fields(values: dict[str, Any], *, height: int, width: int, schema: Sc
         out["captions"] = ann.captions()
         return out
     sx, sy = width / ow, height / oh
+    boxes, area = _scaled_boxes(rec, sx, sy)
+    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
+        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
+    out.update(boxes=boxes, labels=rec["label"], category_ids=rec["category_id"], iscrowd=rec["iscrowd"],
+               area=area, masks=Segmentation.from_encoded(_mask_bytes(ann.blob, ann.kinds, ann.spans, oh, ow, height,
+                                                                              width)))
+    return out
+
+
+def instances_blob(values: dict[str, Any], image: bytes, *, height: int, width: int) -> bytes | None:
+    """The field blob of an instances pack's sample (``instances_schema``, no keypoints) whose
+    image's encoded bytes are ``image``, stored at ``height`` x ``width``: the very bytes
+    ``instances_schema().encode({"image": image, **sample_fields(values, ...)})`` gives, built
+    straight from the records with ``struct`` (no per-field checks: every value is one the
+    listing checked). The same IEEE float64 arithmetic as ``sample_fields`` in Python floats,
+    then the same cast to float32 (``struct``'s ``f``); ``struct`` rather than numpy because
+    right after an image's decode has evicted the CPU caches, each numpy call costs several
+    microseconds. None when a value is not one this path takes (an id or size past int64, no
+    image bytes, a float past float32's range): ``sample_fields`` and ``Schema.encode`` then do it."""
+    iid, (oh, ow) = values["image_id"], values["orig_size"]
+    if not (image and _int64(iid) and _int64(oh) and _int64(ow)):
+        return None
+    records = values["annotations"]
+    store, offsets, unpack, size = records.store, records.offsets, _ANN.unpack_from, _ANN.size
+    rows = [unpack(store, o) for o in offsets]
+    sx, sy = width / ow, height / oh
+    sxy = sx * sy
+    scaled = (sx, sy) != (1.0, 1.0)
+    boxes, areas = [], []
+    for r in rows:
+        x, y, w, h, area = r[_F_BOX:_F_BOX + 5]
+        if scaled:  # (numpy's order in sample_fields: x + w first, then times the scale)
+            boxes += (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
+            areas.append(area * sxy)
+        else:
+            boxes += (x, y, x + w, y + h)
+            areas.append(area)
+    n = len(rows)
+    # image_id, boxes, labels, category_ids, iscrowd, area, annotation_ids: one pack, in the schema's order
+    try:
+        numbers = struct.pack(f"<q{4 * n}f{n}q{n}q{n}B{n}f{n}q", iid, *boxes, *[r[3] for r in rows],
+                              *[r[_F_CATEGORY] for r in rows], *[r[9] for r in rows], *areas, *[r[1] for r in rows])
+    except OverflowError:  # a float past float32's range (numpy makes it inf)
+        return None
+    masks = _mask_bytes(store, [r[_F_KIND] for r in rows], [(o + size, o + size + r[_F_SEG_LEN])
+                                                             for o, r in zip(offsets, rows)], oh, ow, height, width)
+    # the blob's head (encode_blob's) with the sizes of instances_schema's fields
+    # (tests/conversion/test_coco.py holds the bytes to Schema.encode's)
+    head = _INSTANCES_HEAD.pack(10, len(image), 8, 16 * n, 8 * n, 8 * n, n, 4 * n, 8 * n, len(masks), 16)
+    return b"".join((head, image, numbers, masks, _I64_2.pack(oh, ow)))
+
+
+def _scaled_boxes(rec: np.ndarray, sx: float, sy: float) -> tuple[np.ndarray, np.ndarray]:
+    """The records' boxes as xyxy and their areas, scaled by ``sx``, ``sy``, as float32."""
     xyxy = rec["bbox"].copy()
     xyxy[:, 2:] += xyxy[:, :2]
     area = rec["area"]
     if (sx, sy) != (1.0, 1.0):  # (times 1.0 is the same number)
         xyxy *= (sx, sy, sx, sy)
         area = area * (sx * sy)
-    if "keypoints" in schema.by_name:  # a keypoints pack: scaled as the boxes are
-        out.update(_keypoints(ann, schema.by_name["keypoints"].shape[1], sx, sy))
-    out.update(boxes=xyxy.astype(np.float32), labels=rec["label"], category_ids=rec["category_id"],
-               iscrowd=rec["iscrowd"],
-               area=area.astype(np.float32), masks=_stored_masks(ann, oh, ow, height, width))
-    return out
+    return xyxy.astype(np.float32), area.astype(np.float32)
 
 
-def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -> Segmentation:
-    """The objects' masks at ``height`` x ``width`` as the file gave them: polygons (their
-    coordinates scaled), compressed RLE strings (an uncompressed one compressed, a scaled one
+def _mask_bytes(blob: Any, kinds: list[int], spans: list[tuple[int, int]], oh: int, ow: int, height: int,
+                width: int) -> bytes:
+    """The ``segmentation`` field's canonical bytes (``Segmentation.encode``'s) of the objects'
+    masks at ``height`` x ``width`` as the file gave them: polygons (their coordinates scaled),
+    compressed RLE strings (an uncompressed one compressed, a scaled one
     resized nearest-neighbour) or None. Nothing is drawn: ``Segmentation.rle`` draws them.
     A polygon payload of the records is already the field's layout (``u32 parts, u32
     lengths, float64 coordinates``): it is copied as it is (its coordinates scaled in place of
     the originals), so the canonical bytes are made without an array per polygon."""
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
-    blob, unpack = ann.blob, struct.unpack_from
-    parts: list[Any] = [SEGMENTATION_HEAD.pack(height, width, len(ann))]
-    for kind, (start, end) in zip(ann.kinds, ann.spans):
+    unpack = struct.unpack_from
+    parts: list[Any] = [SEGMENTATION_HEAD.pack(height, width, len(kinds))]
+    for kind, (start, end) in zip(kinds, spans):
         if kind == _POLY:
             if scaled:
                 at = start + 4 * (unpack("<I", blob, start)[0] + 1)
@@ -812,4 +867,4 @@ def _stored_masks(ann: Annotations, oh: int, ow: int, height: int, width: int) -
             parts += (_RLE_HEAD.pack(2, len(rle["counts"])), rle["counts"])
         else:
             parts.append(b"\0")
-    return Segmentation.from_encoded(b"".join(parts))
+    return b"".join(parts)

@@ -179,6 +179,46 @@ def test_a_file_that_is_not_a_coco_file_is_a_usage_error(tmp_path, text, message
         coco.coco_items(path, tmp_path, failures=[])
 
 
+@pytest.fixture(scope="module")
+def instance_items(source, tmp_path_factory) -> list:
+    """The generated file's items (polygons, RLE of both kinds, images without annotations)."""
+    folder = tmp_path_factory.mktemp("blob")
+    path = _write(source, folder / "i.json", ORDERS["COCO's (categories last)"], None)
+    items = coco.coco_items(path, folder).items
+    assert any(not len(i.values["annotations"]) for i in items)
+    return items
+
+
+def _checked_blob(item: FieldItem, height: int, width: int) -> bytes:
+    schema = coco.instances_schema()
+    return schema.encode({"image": b"jpeg", **coco.sample_fields(item.values, height=height, width=width,
+                                                                   schema=schema)})
+
+
+def test_instances_blob_is_the_schema_encode_of_the_fields(instance_items):
+    """The field job's shortcut (``instances_blob``: the blob straight from the records) stores the
+    very bytes ``Schema.encode`` makes of ``sample_fields``, for every image at its own size and
+    scaled; a value the listing does not guarantee (an id past int64, no image bytes) goes the
+    checked way (None)."""
+    for item in instance_items:
+        for h, w in [item.values["orig_size"], (7, 9), (61, 79)]:
+            assert coco.instances_blob(item.values, b"jpeg", height=h, width=w) == _checked_blob(item, h, w)
+    values = instance_items[0].values
+    assert coco.instances_blob(values, b"", height=30, width=40) is None
+    assert coco.instances_blob({**values, "image_id": 1 << 63}, b"jpeg", height=30, width=40) is None
+    with pytest.raises(ValueError, match="image_id"):
+        coco.instances_schema().encode({"image": b"jpeg", **coco.sample_fields(
+            {**values, "image_id": 1 << 63}, height=30, width=40, schema=coco.instances_schema())})
+
+
+@given(k=st.integers(0, 39), height=st.integers(1, 4000), width=st.integers(1, 4000))
+def test_instances_blob_scales_as_numpy_does(instance_items, k, height, width):
+    """Any stored size: Python's float64 arithmetic and ``struct``'s float32 cast give numpy's bytes."""
+    item = instance_items[k % len(instance_items)]
+    assert coco.instances_blob(item.values, b"jpeg", height=height, width=width) == \
+        _checked_blob(item, height, width)
+
+
 def test_an_item_holds_its_annotations_compactly(source, tmp_path):
     """The parsed dicts, lists and floats are gone: an item's values are its id, its size and where
     its records are in one buffer (a few bytes more than the values themselves)."""
