@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from packer.cli import main
 from packer.errors import CorruptSample, UsageError
+from scripts.timing import scaled
 from packer.conversion.executors import InlineExecutor, LocalExecutor, make_executor
 from packer.formats.sidecars import partial_path
 from packer.commands.pack_images import pack_images
@@ -103,7 +104,7 @@ def test_ray_timeout_and_crash_cost_one_item(ray_cluster):
     from packer.conversion.executors import RayExecutor
 
     items = list(range(12))
-    with RayExecutor(workers=2, timeout=3) as ex:
+    with RayExecutor(workers=2, timeout=scaled(3)) as ex:  # (a loaded machine's tasks take longer; the hang is 120 s)
         got = list(ex.map(hang_or_crash, items))
     assert (got[4].ok, got[4].stage) == (False, "timeout")
     assert (got[9].ok, got[9].stage) == (False, "crash")
