@@ -50,9 +50,7 @@ from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
 
 __all__ = ["CocoSource", "coco_items", "grow_categories", "instances_schema", "keypoints_schema", "captions_schema", "sample_fields",
-           "instances_blob",
-           "need_pycocotools",
-           "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
+           "instances_blob", "rle_counts", "Annotations", "AnnotationRecords", "decode_annotations", "ANNOTATION", "CAPTION"]
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +123,6 @@ class CocoSource:
     schema: Schema
     categories: list[dict[str, Any]]
     kind: str
-
-
-need_pycocotools = pycocotools_mask  # (the name this module's users know)
 
 
 def _int_id(value: Any) -> bool:

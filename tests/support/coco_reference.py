@@ -14,9 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer.codecs.fields import Schema
-from packer.conversion.coco import (BOX_SLACK, CocoSource, captions_schema, instances_schema, need_pycocotools,
-                                    rle_counts)
+from packer.codecs.fields import Schema, pycocotools_mask
+from packer.conversion.coco import BOX_SLACK, CocoSource, captions_schema, instances_schema, rle_counts
 from packer.conversion.input_failures import InputFailure, bad_line
 from packer.conversion.inputs import FieldItem, safe_key
 from packer.errors import UsageError
@@ -230,7 +229,7 @@ def _masks(segs: Sequence[tuple[str, Any]], oh: int, ow: int, height: int, width
     """One compressed RLE per object at ``height`` x ``width``."""
     if not segs:
         return []
-    mask = need_pycocotools()
+    mask = pycocotools_mask()
     scaled = (height, width) != (oh, ow)
     sx, sy = width / ow, height / oh
     out = []
