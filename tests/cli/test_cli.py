@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -111,3 +114,16 @@ def test_demo(runner, tmp_path):
     assert r.exit_code == 0, r.output
     assert "12 samples" in r.output and "samples/s" in r.output
     assert (tmp_path / "d" / "images.lmdb" / "data.mdb").exists()
+
+
+@pytest.mark.parametrize("given, wanted", [(None, "1"), ("3", "3")])
+def test_cli_keeps_openblas_to_one_thread_unless_told(given: str | None, wanted: str) -> None:
+    """The CLI sets OpenBLAS to one thread before numpy loads (its threads spin at import, and no
+    command uses BLAS); a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = ("import os, sys, packer.cli; assert 'numpy' in sys.modules; "  # (the commands loaded it)
+            "print(os.environ['OPENBLAS_NUM_THREADS'])")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == wanted
