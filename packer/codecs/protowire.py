@@ -159,15 +159,37 @@ def _datum_tail(label: int, encoded: bool) -> bytes:
 _FIELD4_TAG = encode_varint(4 << 3 | LENGTH)
 
 def decode_datum(buf: bytes | memoryview) -> Datum:
-    """Parse a Caffe ``Datum``; unknown fields are skipped, malformed bytes raise ValueError."""
+    """Parse a Caffe ``Datum``; unknown fields are skipped, malformed bytes raise ValueError.
+
+    ``iter_fields``'s rules in one loop (no generator, one-byte varints inline): every stored
+    image is parsed on read, and this is a quarter of an LMDB fetch's CPU otherwise."""
     channels = height = width = label = 0
     encoded = False
-    data: bytes | memoryview = b""
-    for number, wtype, value in iter_fields(buf):
-        if number == 4 and wtype == LENGTH:
-            data = value
-        elif wtype == VARINT:
-            if number == 1:
+    start = end = 0
+    n = len(buf)
+    pos = 0
+    while pos < n:
+        tag = buf[pos]
+        pos += 1
+        if tag & 0x80:
+            tag, pos = decode_varint(buf, pos - 1)
+        number, wtype = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wtype == VARINT or wtype == LENGTH:
+            if pos >= n:
+                raise ValueError("truncated varint")
+            value = buf[pos]
+            pos += 1
+            if value & 0x80:
+                value, pos = decode_varint(buf, pos - 1)
+            if wtype == LENGTH:
+                if pos + value > n:
+                    raise ValueError("length-delimited field runs past the end")
+                if number == 4:
+                    start, end = pos, pos + value
+                pos += value
+            elif number == 1:
                 channels = _int32(value)
             elif number == 2:
                 height = _int32(value)
@@ -177,4 +199,10 @@ def decode_datum(buf: bytes | memoryview) -> Datum:
                 label = _int32(value)
             elif number == 7:
                 encoded = bool(value)
-    return Datum(bytes(data), label, height, width, channels, encoded)
+        elif wtype == FIXED64 or wtype == FIXED32:
+            pos += 8 if wtype == FIXED64 else 4
+            if pos > n:
+                raise ValueError(f"truncated fixed{64 if wtype == FIXED64 else 32}")
+        else:
+            raise ValueError(f"unsupported wire type {wtype}")
+    return Datum(bytes(buf[start:end]), label, height, width, channels, encoded)

@@ -241,9 +241,8 @@ class PackedDataset(torch.utils.data.Dataset):
             return None
 
     def _decode_with(self, fn: Callable[[Any], Any], rec: Record, index: int) -> Any:
-        where = f"{self.path} sample {index}"
-        data = raw_record(rec, "numpy", where=where) if rec.fmt == "raw" else rec.data
+        data = raw_record(rec, "numpy", where=f"{self.path} sample {index}") if rec.fmt == "raw" else rec.data
         try:
             return fn(data)
         except ValueError as e:
-            raise CorruptData(where, str(e)) from e
+            raise CorruptData(f"{self.path} sample {index}", str(e)) from e

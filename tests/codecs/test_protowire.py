@@ -53,3 +53,33 @@ def test_garbage_raises_valueerror_or_parses(buf):
 def test_malformed_raise(buf):
     with pytest.raises(ValueError):
         decode_datum(buf)
+
+
+def _datum_by_fields(buf: bytes) -> tuple:
+    """The Datum ``iter_fields`` (the generic parser) reads from ``buf``: the reference."""
+    got = {1: 0, 2: 0, 3: 0, 5: 0, 7: 0}
+    data = b""
+    for number, wtype, value in iter_fields(buf):
+        if number == 4 and wtype == 2:
+            data = bytes(value)
+        elif wtype == 0 and number in got:
+            got[number] = value
+    i32 = [(v & 0xFFFFFFFF) - ((v & 0x80000000) << 1) for v in (got[5], got[2], got[3], got[1])]
+    return (data, *i32, bool(got[7]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=64),
+                 datums.map(lambda d: encode_datum(d[0], d[1], d[2], d[3], d[4], encoded=d[5])),
+                 st.tuples(datums, st.binary(max_size=12)).map(
+                     lambda t: encode_datum(*t[0][:5], encoded=t[0][5]) + t[1])))
+def test_decode_datum_reads_what_iter_fields_reads(buf):
+    """decode_datum's one loop accepts, refuses and reads exactly what the generic parser does."""
+    try:
+        want = _datum_by_fields(buf)
+    except ValueError:
+        with pytest.raises(ValueError):
+            decode_datum(buf)
+        return
+    assert tuple(decode_datum(buf)) == want
+    assert tuple(decode_datum(memoryview(buf))) == want

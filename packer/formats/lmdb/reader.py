@@ -34,6 +34,7 @@ class LmdbReader(Reader):
     def __init__(self, path: str | os.PathLike, *, check_crc: bool = True, version: int | None = None):
         super().__init__(path, check_crc=check_crc, version=version)
         self._mdb = data_file(self.path)  # the data.mdb this reader's manifest describes
+        self._file = str(self.path / "data.mdb")  # (what an error names: made once, not per read)
         self._tied: lmdb.Environment | None = None  # the environment ``_tie`` last checked
         self._check_unchanged()  # that data.mdb was in the output the manifest came from
 
@@ -71,7 +72,7 @@ class LmdbReader(Reader):
                 differ = [i for i in {0, n - 1}
                           if (v := txn.get(lmdb_key(i))) is None or crc32c(v) != int(crcs[i])]
             if len(differ) == len({0, n - 1}):
-                raise CorruptData(str(self.path / "data.mdb"),
+                raise CorruptData(self._file,
                                   "not this output's data.mdb: the stored CRC32C of samples "
                                   f"{sorted(differ)} differ (replaced without its manifest?)")
         self._tied = env
@@ -111,12 +112,12 @@ class LmdbReader(Reader):
             if data_file(self.path) != self._mdb:
                 raise  # read_value follows the file and reads again
             self._check_unchanged()  # its environment closed because the output was replaced: say so
-            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})",
+            raise CorruptData(self._file, f"LMDB read failed ({e})",
                               position=f"sample {index}") from e
         if value is None:
-            raise CorruptData(str(self.path / "data.mdb"), "missing key", position=f"sample {index}",
+            raise CorruptData(self._file, "missing key", position=f"sample {index}",
                               key=lmdb_key(index).decode())
-        self._check_crc32c(value, index, file=self.path / "data.mdb")
+        self._check_crc32c(value, index, file=self._file)
         return value
 
     def _fallback_key(self, index: int) -> str:
@@ -129,7 +130,7 @@ class LmdbReader(Reader):
         try:
             d = decode_datum(value)
         except ValueError as e:
-            raise CorruptData(str(self.path / "data.mdb"), f"malformed Datum ({e})",
+            raise CorruptData(self._file, f"malformed Datum ({e})",
                               position=f"sample {index}", key=self._key_name(index)) from e
         fmt = sniff_format(d.data) if d.encoded else "raw"
         return Record(d.data, d.label, fmt, d.height, d.width, d.channels)
@@ -140,7 +141,7 @@ class LmdbReader(Reader):
             txn = self._env().begin(buffers=False)
         except lmdb.Error as e:
             self._check_unchanged()
-            raise CorruptData(str(self.path / "data.mdb"), f"LMDB read failed ({e})") from e
+            raise CorruptData(self._file, f"LMDB read failed ({e})") from e
         with txn:
             for i in indices:
                 yield self.read(i, txn)
@@ -163,7 +164,7 @@ class LmdbReader(Reader):
         # keys past the stored positions: a later version's, or an append's until it publishes
         if entries < stored or (entries > stored and not partial_path(self.path).exists()
                                 and not self._later_versions()):
-            yield CorruptData(str(self.path / "data.mdb"),
+            yield CorruptData(self._file,
                               f"{entries} entries, manifest says {stored}")
 
     def _later_versions(self) -> bool:
