@@ -223,8 +223,10 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     if kind != "folder":
         # an append matches inputs by file path, size and mtime: a source's samples are members of
         # shards (tar members, rows), which have none of their own
-        _appendable(out, append or append_to is not None,
-                    f"dataset sources ({kind}: tar shards, Hugging Face or Parquet inputs)")
+        if append_to is not None:  # a split append plans from files; a source's samples are members of them
+            raise UsageError(f"append_to (a split append) is for image folders and lists, not dataset sources "
+                             f"({kind}) yet (docs/append.md); append with one job (append=True)")
+        _appendable(out, append, "", format=format)
         from packer.commands.pack_sources import pack_source
 
         def build_source(path: str, claim: Any) -> Any:
@@ -234,8 +236,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
 
         sources = source_paths(src, kind)
         sources["read"] += _sources(src, class_index=class_index)["read"]
-        return _checked(_into(out, build_source, resume=resume, overwrite=overwrite, break_lock=break_lock,
-                              sources=sources), max_failures)
+        return _checked(_into(out, build_source, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
+                              sources=sources, append=append), max_failures)
 
     def build(path: str, claim: Any) -> Any:
         return pack_images(src, path, format=format, check=check, resize=resize, raw=raw, shuffle=shuffle,

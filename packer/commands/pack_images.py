@@ -120,9 +120,6 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         if resize.format != "keep":
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
-    if run_opts.append and listing is not None:  # packer.api refuses it first; a direct call too
-        raise UsageError("--append is not supported for dataset sources (tar shards, Hugging Face or "
-                         "Parquet inputs) yet (docs/append.md): it matches inputs by file size and mtime")
     if append_to is not None:
         _check_split_append(append_to, out, shuffle, run_opts, listing)
     appending = run_opts.append and Path(out).exists()

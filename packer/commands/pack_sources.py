@@ -36,7 +36,8 @@ def pack_source(src: str | os.PathLike, out: str | os.PathLike, *, kind: str, fo
     ``exts`` says which members are images)."""
     if input_options.list_path is not None or input_options.csv_path is not None:
         raise UsageError(f"--list and --csv do not apply to a {kind} source")
-    check_output_arg(out, resume=run_options.resume, overwrite=run_options.overwrite)
+    if not run_options.append:  # (an append continues OUT: pack_images checks it)
+        check_output_arg(out, resume=run_options.resume, overwrite=run_options.overwrite)
     try:
         listing = list_source(src, kind, exts=parse_exts(input_options.exts), class_index=input_options.class_index,
                               failures=[])
@@ -44,6 +45,9 @@ def pack_source(src: str | os.PathLike, out: str | os.PathLike, *, kind: str, fo
                       input_options=input_options, run_options=run_options, claim=claim, listing=listing)
         if listing.schema is None:
             return pack_images(src, out, raw=raw, shuffle=shuffle, **common)
+        if run_options.append:
+            raise UsageError(f"--append is for plain image sources (an image and a label) yet, not this {kind} "
+                             f"source's fields {', '.join(listing.schema.names)} (docs/append.md)")
         if raw or shuffle is not None:
             raise UsageError(f"raw and shuffle apply to plain image packs; this {kind} source has the fields "
                              f"{', '.join(listing.schema.names)}")

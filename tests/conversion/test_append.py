@@ -201,29 +201,113 @@ def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
         packer.pack(src, "https://example.invalid/x.lmdb", append=True)
 
 
-@pytest.mark.parametrize("kind", ["wds", "hf", "parquet"])
-def test_dataset_sources_are_refused_and_their_packs_left_as_they_are(kind, trees, tmp_path):
-    """An append tells inputs by their file's size and mtime: a source's samples are tar members
-    or rows of shared files, so a source is refused before any work, whether OUT exists or not."""
+def _source_parts(kind: str, trees: dict[str, Path], root: Path) -> list[Path]:
+    """The 60 old images as dataset-source files (a fresh pack's order), cut in 4 parts: tar shards
+    (``.cls`` labels, or class folders in the member names) or Parquet files of a ClassLabel."""
+    from tests.support.sources import write_hf, write_shards
+
+    if kind != "parquet":
+        return write_shards(trees["old"], root / "all", per_shard=15, cls=kind == "wds-cls")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(write_hf(trees["old"], root / "whole.parquet", parquet=True, caption=False))
+    (root / "all").mkdir()
+    for k in range(4):
+        pq.write_table(table.slice(15 * k, 15), root / "all" / f"train-{k:05d}.parquet", row_group_size=4)
+    return sorted((root / "all").iterdir())
+
+
+@pytest.mark.parametrize("fmt", FORMATS_)
+@pytest.mark.parametrize("kind", ["wds-cls", "wds-folders", "parquet"])
+def test_a_source_grown_by_files_appends_like_one_run(kind, fmt, trees, tmp_path):
+    """A dataset source grows by new files (tar shards, Parquet files): an append packs their
+    samples, tells the stored ones by their container's size and mtime (the resume's identity),
+    and reads exactly like packing the grown source in one run; the stored bytes stay."""
+    pytest.importorskip("webdataset")
+    pytest.importorskip("datasets")
+    parts = _source_parts(kind, trees, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in parts[:3]:
+        shutil.copy2(p, src / p.name)
+    out, ref = out_path(tmp_path, fmt), out_path(tmp_path, fmt, "ref")
+    packer.pack(src, out, format=fmt, workers=0, **layout(fmt))
+    before, first = stored_hashes(out, fmt), samples(out)
+    shutil.copy2(parts[3], src / parts[3].name)
+    report = packer.pack(src, out, format=fmt, workers=0, append=True, **layout(fmt))
+    assert (report.status, report.version, report.added, report.count) == ("appended", 2, 15, 60)
+    packer.pack(src, ref, format=fmt, workers=0, **layout(fmt))
+    if kind == "wds-folders":  # a fresh pack orders class-folder members by class: new ones come last here
+        assert sorted(samples(out)) == sorted(samples(ref)) and samples(out)[:45] == first
+    else:
+        assert samples(out) == samples(ref)
+    assert open_reader(out).classes == open_reader(ref).classes
+    if fmt != "hdf5":
+        after = stored_hashes(out, fmt)
+        assert {k: after[k] for k in before} == before
+    assert samples(out, version=1) == first and packer.verify(out).ok
+    assert packer.pack(src, out, format=fmt, workers=0, append=True, **layout(fmt)).status == "current"
+
+
+def test_a_rewritten_shard_is_reported_changed_and_prune_packs_it_anew(trees, tmp_path):
+    pytest.importorskip("webdataset")
+    parts = _source_parts("wds-cls", trees, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in parts:
+        shutil.copy2(p, src / p.name)
+    out = out_path(tmp_path, "lmdb")
+    packer.pack(src, out, format="lmdb", workers=0)
+    first = samples(out)
+    (src / parts[1].name).write_bytes(parts[1].read_bytes())  # the same members, a new mtime
+    report = packer.pack(src, out, format="lmdb", workers=0, append=True)
+    assert report.status == "current" and "15 stored inputs changed since they were packed, kept" in report.summary()
+    assert samples(out) == first
+    report = packer.pack(src, out, format="lmdb", workers=0, append=True, prune=True)
+    assert report.status == "appended" and report.added == 15 and report.count == 60
+    got = samples(out)
+    assert sorted(got) == sorted(first) and got[:15] == first[:15] and got[-15:] == first[15:30]
+    assert packer.verify(out).ok
+
+
+@pytest.mark.parametrize("kind", ["wds", "hf"])
+def test_sources_with_fields_and_split_appends_of_sources_are_refused(kind, trees, tmp_path):
+    """A source whose samples have fields (a caption, a JSON) is not appended to yet, nor is a
+    source split across jobs (``append_to``): refused, the pack left as it is."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
     from tests.support.sources import write_hf, write_shards
 
     if kind == "wds":
         src = tmp_path / "wds"
-        write_shards(trees["old"], src, per_shard=16)
+        write_shards(trees["old"], src, per_shard=16, extra=True)
     else:
-        src = write_hf(trees["old"], tmp_path / ("data.parquet" if kind == "parquet" else kind),
-                       parquet=kind == "parquet")
+        src = write_hf(trees["old"], tmp_path / "hf")
     out = out_path(tmp_path, "lmdb")
-    with pytest.raises(UsageError, match=rf"not supported for dataset sources \({kind}: "):
-        packer.pack(src, out, format="lmdb", workers=0, append=True)
-    assert not out.exists()
     packer.pack(src, out, format="lmdb", workers=0)
     before = samples(out)
+    with pytest.raises(UsageError, match="--append is for plain image sources"):
+        packer.pack(src, out, format="lmdb", workers=0, append=True)
     r = CliRunner().invoke(main, ["to-lmdb", str(src), str(out), "--workers", "0", "--append"])
-    assert r.exit_code != 0 and "not supported for dataset sources" in r.output, r.output
+    assert r.exit_code != 0 and "--append is for plain image sources" in r.output, r.output
+    with pytest.raises(UsageError, match=r"append_to \(a split append\) is for image folders and lists"):
+        packer.pack(src, out_path(tmp_path, "lmdb", "part"), format="lmdb", workers=0, append_to=out,
+                    num_shards=2, shard_index=0)
     assert samples(out) == before and open_reader(out).manifest.version == 1
+
+
+def test_the_cli_appends_new_shards(trees, tmp_path):
+    pytest.importorskip("webdataset")
+    parts = _source_parts("wds-cls", trees, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy2(parts[0], src / parts[0].name)
+    out = out_path(tmp_path, "records")
+    assert CliRunner().invoke(main, ["to-records", str(src), str(out), "--workers", "0"]).exit_code == 0
+    shutil.copy2(parts[1], src / parts[1].name)
+    r = CliRunner().invoke(main, ["to-records", str(src), str(out), "--workers", "0", "--append"])
+    assert r.exit_code == 0 and "version 2: 15 samples added" in r.output, r.output
+    assert len(open_reader(out)) == 30 and packer.verify(out).ok
 
 
 def test_an_export_is_not_appended_to(trees, tmp_path):

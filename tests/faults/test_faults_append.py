@@ -218,3 +218,41 @@ def test_an_unfinished_rewrite_beside_the_output_is_not_taken_for_an_append(buil
     r = run_packer(*_argv("records", src, out, "--append"))
     assert r.returncode == 1 and "is an unfinished run that rewrites the output, not an append" in r.stderr, r.stderr
     assert sorted(p.name for p in partial.iterdir()) == before and len(open_reader(out)) == OLD
+
+
+@pytest.fixture(scope="module")
+def built_shards(inputs, tmp_path_factory):
+    """``built`` for a WebDataset source grown by a shard: ``(src, v1, reference)`` per format."""
+    pytest.importorskip("webdataset")
+    from tests.support.sources import write_shards
+
+    root, done = tmp_path_factory.mktemp("append-shards"), {}
+    tree = root / "tree"
+    shutil.copytree(inputs["old"], tree, copy_function=shutil.copy2)
+    shutil.copytree(inputs["late"], tree / "class_3", copy_function=shutil.copy2)
+    shards = write_shards(tree, root / "all", per_shard=6, cls=True)  # 17 samples: 3 shards
+
+    def get(fmt: str) -> tuple[Path, Path, list]:
+        if fmt not in done:
+            src = root / fmt / "src"
+            src.mkdir(parents=True)
+            for s in shards[:2]:
+                shutil.copy2(s, src / s.name)
+            v1 = _out(root / fmt, fmt, "v1")
+            assert run_packer(*_argv(fmt, src, v1)).returncode == 0
+            shutil.copy2(shards[2], src / shards[2].name)
+            ref = _copy(v1, root / fmt / "ref")
+            r = run_packer(*_argv(fmt, src, ref, "--append"))
+            assert r.returncode == 0, r.stderr
+            done[fmt] = (src, v1, _samples(ref))
+        return done[fmt]
+
+    return get
+
+
+@pytest.mark.parametrize("point", ["add:3", "close:0", pytest.param("journal:2", marks=pytest.mark.slow),
+                                   pytest.param("publish:2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_source_append_killed_keeps_the_last_version_and_completes(fmt, point, built_shards, tmp_path):
+    """The same for a dataset source grown by a tar shard (its samples told by the shard's stat)."""
+    assert _killed_then_completed(fmt, built_shards, tmp_path, point)
