@@ -162,8 +162,9 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             continued. A missing ``out`` is packed as by a plain run. Image packs of a folder
             or list file, and field packs (``coco``, ``manifest``: a sample is new unless its
             image file and annotations or row values are as packed; new COCO categories get
-            the labels after the pack's); not dataset sources; at a URL, image packs in records
-            only (new objects uploaded, the manifest swapped last).
+            the labels after the pack's), and packs of a dataset source grown by files (new tar
+            shards or Parquet files: a sample is new unless its container file is as packed);
+            at a URL, image packs in records only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
         append_to: a split append (docs/append.md, "Split appends"): ``out`` is part
@@ -221,8 +222,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         raise UsageError("list_path names files under a folder; source_format must be 'folder' or None with it")
     kind = "folder" if list_path is not None else detect_source(src, source_format)
     if kind != "folder":
-        # an append matches inputs by file path, size and mtime: a source's samples are members of
-        # shards (tar members, rows), which have none of their own
+        # an append tells a source's samples by their container file's size and mtime (their identity)
         if append_to is not None:  # a split append plans from files; a source's samples are members of them
             raise UsageError(f"append_to (a split append) is for image folders and lists, not dataset sources "
                              f"({kind}) yet (docs/append.md); append with one job (append=True)")

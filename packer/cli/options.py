@@ -91,8 +91,8 @@ def conversion_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Add the inputs not in OUT yet after its samples, as its next version (the "
                            "samples there stay byte for byte; the options must be the pack's; new "
                            "classes get the next labels); rerun to complete an interrupted append. "
-                           "Image, frame and video packs, and field packs of a grown --coco file or --manifest "
-                           "(see docs/append.md).")(fn)
+                           "Image, frame and video packs, field packs of a grown --coco file or --manifest, and "
+                           "dataset sources grown by shards or files (see docs/append.md).")(fn)
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing output.")(fn)
     fn = click.option("--resume", is_flag=True,
                       help="Continue an interrupted run with the same options and inputs (a differing "

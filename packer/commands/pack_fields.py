@@ -205,9 +205,6 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     writer_options = dict(writer_options or {})
     if run_opts.commit_every is not None:
         writer_options["commit_every"] = run_opts.commit_every
-    if run_opts.append and listing is not None:  # packer.api refuses it first; a direct call too
-        raise UsageError("--append is not supported for dataset sources (tar shards, Hugging Face or "
-                         "Parquet inputs) yet (docs/append.md): it matches inputs by file size and mtime")
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
         if inputs.num_shards > 1:

@@ -45,9 +45,6 @@ def pack_source(src: str | os.PathLike, out: str | os.PathLike, *, kind: str, fo
                       input_options=input_options, run_options=run_options, claim=claim, listing=listing)
         if listing.schema is None:
             return pack_images(src, out, raw=raw, shuffle=shuffle, **common)
-        if run_options.append:
-            raise UsageError(f"--append is for plain image sources (an image and a label) yet, not this {kind} "
-                             f"source's fields {', '.join(listing.schema.names)} (docs/append.md)")
         if raw or shuffle is not None:
             raise UsageError(f"raw and shuffle apply to plain image packs; this {kind} source has the fields "
                              f"{', '.join(listing.schema.names)}")

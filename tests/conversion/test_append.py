@@ -203,14 +203,17 @@ def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
 
 def _source_parts(kind: str, trees: dict[str, Path], root: Path) -> list[Path]:
     """The 60 old images as dataset-source files (a fresh pack's order), cut in 4 parts: tar shards
-    (``.cls`` labels, or class folders in the member names) or Parquet files of a ClassLabel."""
+    (``.cls`` labels, class folders in the member names, or fields: a caption, a JSON, an array)
+    or Parquet files of a ClassLabel (and a caption: a field pack)."""
     from tests.support.sources import write_hf, write_shards
 
-    if kind != "parquet":
-        return write_shards(trees["old"], root / "all", per_shard=15, cls=kind == "wds-cls")
+    if kind.startswith("wds"):
+        return write_shards(trees["old"], root / "all", per_shard=15, cls=kind == "wds-cls",
+                            extra=kind == "wds-fields")
     import pyarrow.parquet as pq
 
-    table = pq.read_table(write_hf(trees["old"], root / "whole.parquet", parquet=True, caption=False))
+    table = pq.read_table(write_hf(trees["old"], root / "whole.parquet", parquet=True,
+                                   caption=kind == "parquet-captions"))
     (root / "all").mkdir()
     for k in range(4):
         pq.write_table(table.slice(15 * k, 15), root / "all" / f"train-{k:05d}.parquet", row_group_size=4)
@@ -218,11 +221,12 @@ def _source_parts(kind: str, trees: dict[str, Path], root: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS_)
-@pytest.mark.parametrize("kind", ["wds-cls", "wds-folders", "parquet"])
+@pytest.mark.parametrize("kind", ["wds-cls", "wds-folders", "wds-fields", "parquet", "parquet-captions"])
 def test_a_source_grown_by_files_appends_like_one_run(kind, fmt, trees, tmp_path):
     """A dataset source grows by new files (tar shards, Parquet files): an append packs their
     samples, tells the stored ones by their container's size and mtime (the resume's identity),
-    and reads exactly like packing the grown source in one run; the stored bytes stay."""
+    and reads exactly like packing the grown source in one run; the stored bytes stay. Image
+    packs and field packs (captions, JSON, arrays) alike."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
     parts = _source_parts(kind, trees, tmp_path)
@@ -271,9 +275,9 @@ def test_a_rewritten_shard_is_reported_changed_and_prune_packs_it_anew(trees, tm
 
 
 @pytest.mark.parametrize("kind", ["wds", "hf"])
-def test_sources_with_fields_and_split_appends_of_sources_are_refused(kind, trees, tmp_path):
-    """A source whose samples have fields (a caption, a JSON) is not appended to yet, nor is a
-    source split across jobs (``append_to``): refused, the pack left as it is."""
+def test_a_split_append_of_a_source_is_refused(kind, trees, tmp_path):
+    """A source split across jobs (``append_to``) is not appended to yet: refused before any
+    work, the pack left as it is."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
     from tests.support.sources import write_hf, write_shards
@@ -283,17 +287,15 @@ def test_sources_with_fields_and_split_appends_of_sources_are_refused(kind, tree
         write_shards(trees["old"], src, per_shard=16, extra=True)
     else:
         src = write_hf(trees["old"], tmp_path / "hf")
-    out = out_path(tmp_path, "lmdb")
+    out, part = out_path(tmp_path, "lmdb"), out_path(tmp_path, "lmdb", "part")
     packer.pack(src, out, format="lmdb", workers=0)
     before = samples(out)
-    with pytest.raises(UsageError, match="--append is for plain image sources"):
-        packer.pack(src, out, format="lmdb", workers=0, append=True)
-    r = CliRunner().invoke(main, ["to-lmdb", str(src), str(out), "--workers", "0", "--append"])
-    assert r.exit_code != 0 and "--append is for plain image sources" in r.output, r.output
     with pytest.raises(UsageError, match=r"append_to \(a split append\) is for image folders and lists"):
-        packer.pack(src, out_path(tmp_path, "lmdb", "part"), format="lmdb", workers=0, append_to=out,
-                    num_shards=2, shard_index=0)
-    assert samples(out) == before and open_reader(out).manifest.version == 1
+        packer.pack(src, part, format="lmdb", workers=0, append_to=out, num_shards=2, shard_index=0)
+    r = CliRunner().invoke(main, ["to-lmdb", str(src), str(part), "--workers", "0", "--append-to", str(out),
+                                  "--num-shards", "2", "--shard-index", "0"])
+    assert r.exit_code != 0 and "is for image folders and lists" in r.output, r.output
+    assert not part.exists() and samples(out) == before and open_reader(out).manifest.version == 1
 
 
 def test_the_cli_appends_new_shards(trees, tmp_path):
