@@ -170,8 +170,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         append_to: a split append (docs/append.md, "Split appends"): ``out`` is part
             ``shard_index`` of ``num_shards`` of the inputs ``append_to`` lacks (planned as
             ``append`` plans them, new classes labelled after its own), to be added to it as its
-            next version by ``merge(parts, append_to, append=True)``. Image packs of a folder or
-            list file, local paths.
+            next version by ``merge(parts, append_to, append=True)``. Image packs of a folder, a
+            list file or a dataset source, local paths.
 
     Returns:
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``; an append's
@@ -223,19 +223,16 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
     kind = "folder" if list_path is not None else detect_source(src, source_format)
     if kind != "folder":
         # an append tells a source's samples by their container file's size and mtime (their identity)
-        if append_to is not None:  # a split append plans from files; a source's samples are members of them
-            raise UsageError(f"append_to (a split append) is for image folders and lists, not dataset sources "
-                             f"({kind}) yet (docs/append.md); append with one job (append=True)")
         _appendable(out, append, "", format=format)
         from packer.commands.pack_sources import pack_source
 
         def build_source(path: str, claim: Any) -> Any:
             return pack_source(src, path, kind=kind, format=format, check=check, resize=resize, raw=raw,
                                shuffle=shuffle, writer_options=writer_options, input_options=inputs, run_options=run,
-                               claim=claim)
+                               claim=claim, append_to=append_to)
 
         sources = source_paths(src, kind)
-        sources["read"] += _sources(src, class_index=class_index)["read"]
+        sources["read"] += _sources(src, class_index=class_index)["read"] + [append_to]
         return _checked(_into(out, build_source, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
                               sources=sources, append=append), max_failures)
 

@@ -121,7 +121,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     if append_to is not None:
-        _check_split_append(append_to, out, shuffle, run_opts, listing)
+        _check_split_append(append_to, out, shuffle, run_opts)
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
         if inputs.num_shards > 1 or shuffle is not None:
@@ -203,16 +203,15 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
 
 
 def _check_split_append(append_to: str | os.PathLike, out: str | os.PathLike, shuffle: int | None,
-                        run_opts: RunOptions, listing: SourceListing | None) -> None:
+                        run_opts: RunOptions) -> None:
     """Refuse a split append (``append_to``) where it does not apply, before any work."""
     from packer.remote.url import is_url
 
     if run_opts.append or run_opts.prune:
         raise UsageError("--append-to packs a part of a split append into OUT (a new part): not with "
                          "--append or --prune")
-    if shuffle is not None or listing is not None:
-        raise UsageError("--append-to: not with --shuffle or dataset sources (an append packs files "
-                         "in input order)")
+    if shuffle is not None:
+        raise UsageError("--append-to: not with --shuffle (an append packs the inputs in input order)")
     if is_url(append_to) or is_url(out):
         raise UsageError("--append-to: the output appended to and the part are local paths "
                          "(append to a local copy, then upload it)")

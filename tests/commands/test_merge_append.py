@@ -156,3 +156,29 @@ def test_parts_of_an_output_that_holds_every_input_add_no_version(trees, tmp_pat
     report = packer.merge(parts, out, append=True)
     assert report.version == 1 and "nothing to append" in report.summary()
     assert open_reader(out).manifest.version == 1 and len(open_reader(out)) == 30
+
+
+@pytest.mark.parametrize("fmt", FORMATS_)
+def test_a_split_append_of_new_tar_shards_reads_like_one_append(fmt, trees, tmp_path):
+    """A WebDataset source grown by shards, appended by 3 jobs and merged: as one ``--append``."""
+    pytest.importorskip("webdataset")
+    from tests.support.sources import write_shards
+
+    shards = write_shards(trees["old"], tmp_path / "all", per_shard=6, cls=True)
+    src = tmp_path / "wds"
+    src.mkdir()
+    for s in shards[:-2]:
+        shutil.copy2(s, src / s.name)
+    out, ref = out_path(tmp_path, fmt), out_path(tmp_path, fmt, "ref")
+    packer.pack(src, out, format=fmt, workers=0, **layout(fmt))
+    packer.pack(src, ref, format=fmt, workers=0, **layout(fmt))
+    first = samples(out)
+    for s in shards[-2:]:
+        shutil.copy2(s, src / s.name)
+    packer.pack(src, ref, format=fmt, workers=0, append=True, **layout(fmt))
+    parts = split(src, out, fmt, tmp_path)
+    assert sum(len(open_reader(p)) for p in parts) == len(samples(ref)) - len(first)
+    report = packer.merge(parts, out, append=True)
+    assert report.version == 2 and samples(out) == samples(ref) and samples(out, version=1) == first
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+    assert packer.pack(src, out, format=fmt, workers=0, append=True, **layout(fmt)).status == "current"

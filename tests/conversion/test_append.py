@@ -275,9 +275,9 @@ def test_a_rewritten_shard_is_reported_changed_and_prune_packs_it_anew(trees, tm
 
 
 @pytest.mark.parametrize("kind", ["wds", "hf"])
-def test_a_split_append_of_a_source_is_refused(kind, trees, tmp_path):
-    """A source split across jobs (``append_to``) is not appended to yet: refused before any
-    work, the pack left as it is."""
+def test_a_split_append_of_a_field_source_is_refused(kind, trees, tmp_path):
+    """A source with fields split across jobs (``append_to``) is not appended to yet: refused,
+    the pack left as it is (a field pack's split append is one job's ``--append``)."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
     from tests.support.sources import write_hf, write_shards
@@ -290,11 +290,11 @@ def test_a_split_append_of_a_source_is_refused(kind, trees, tmp_path):
     out, part = out_path(tmp_path, "lmdb"), out_path(tmp_path, "lmdb", "part")
     packer.pack(src, out, format="lmdb", workers=0)
     before = samples(out)
-    with pytest.raises(UsageError, match=r"append_to \(a split append\) is for image folders and lists"):
+    with pytest.raises(UsageError, match=r"append_to \(a split append\) is for image packs, not this"):
         packer.pack(src, part, format="lmdb", workers=0, append_to=out, num_shards=2, shard_index=0)
     r = CliRunner().invoke(main, ["to-lmdb", str(src), str(part), "--workers", "0", "--append-to", str(out),
                                   "--num-shards", "2", "--shard-index", "0"])
-    assert r.exit_code != 0 and "is for image folders and lists" in r.output, r.output
+    assert r.exit_code != 0 and "is for image packs, not this" in r.output, r.output
     assert not part.exists() and samples(out) == before and open_reader(out).manifest.version == 1
 
 
