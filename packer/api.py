@@ -170,8 +170,8 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         append_to: a split append (docs/append.md, "Split appends"): ``out`` is part
             ``shard_index`` of ``num_shards`` of the inputs ``append_to`` lacks (planned as
             ``append`` plans them, new classes labelled after its own), to be added to it as its
-            next version by ``merge(parts, append_to, append=True)``. Image packs of a folder, a
-            list file or a dataset source, local paths.
+            next version by ``merge(parts, append_to, append=True)``. Image and field packs of a
+            folder, a list file, a COCO file, a manifest or a dataset source, local paths.
 
     Returns:
         The run's ``Report`` (``summary()``, ``count``, ``failed``, ``failures``; an append's
@@ -192,9 +192,6 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         raise UsageError("shard_size, samples_per_shard and name apply to format='records' only")
     writer_options = records if format == "records" else None
 
-    if append_to is not None and (coco is not None or manifest is not None):
-        raise UsageError("append_to (a split append) is for image packs, not coco= or manifest= yet "
-                         "(docs/append.md); append with one job (append=True)")
     if coco is not None or manifest is not None:
         if list_path is not None or class_index is not None or raw or shuffle is not None:
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
@@ -208,10 +205,10 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
         def build_fields(path: str, claim: Any) -> Any:
             return pack_fields(src, path, format=format, coco=coco, manifest=manifest, schema=schema,
                                drop_empty=drop_empty, check=check, resize=resize, writer_options=writer_options,
-                               input_options=inputs, run_options=run, claim=claim)
+                               input_options=inputs, run_options=run, claim=claim, append_to=append_to)
 
         # the annotation file or manifest names its images: the root is read, not walked
-        sources = {"walked": [], "read": [src, coco, manifest]}
+        sources = {"walked": [], "read": [src, coco, manifest, append_to]}
         return _checked(_into(out, build_fields, resume=resume or append, overwrite=overwrite, break_lock=break_lock,
                               sources=sources, append=append), max_failures)
     if schema is not None or drop_empty:

@@ -84,6 +84,8 @@ def _check_base(out: Path, reader: Reader, parts: Sequence[Reader], planned: dic
     for what, a, b in (("format", m.format, first.manifest.format), ("kind", m.kind, first.manifest.kind)):
         if a != b:
             raise UsageError(f"{first.path}: {what} {b!r} differs from {out}'s {a!r}")
+    if (m.schema or None) != (first.manifest.schema or None):
+        raise UsageError(f"{first.path}: its fields differ from {out}'s; the parts of a split append hold its fields")
     if list(first.classes[:len(m.classes)]) != list(m.classes):
         raise UsageError(f"{first.path}: its classes do not begin with {out}'s (an existing label never changes)")
 
@@ -150,6 +152,9 @@ def _append(out: Path, parts: Sequence[Reader], reader: Reader, text: str, merge
     if writer.resume_state_path().exists():  # an interrupted --append's (or rewrite's) work: never ours to drop
         raise UsageError(f"{out}: an interrupted run's {writer.resume_state_path().parent.name} is beside it; "
                          "finish that run (rerun it with --append or --resume), then merge")
+    writer.schema = getattr(parts[0], "schema", None)  # a field pack's parts: its fields, as merge_parts
+    if writer.schema is not None:
+        writer.manifest_extra = dict(parts[0].manifest.extra)
     writer.append_to = AppendBase(reader, text)
     if claim is not None:
         writer.guard = claim.partial(writer.workdir, writer.journal_dir)

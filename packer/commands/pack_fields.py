@@ -175,7 +175,8 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
                 schema: Mapping[str, Any] | Schema | None = None, drop_empty: bool = False, check: str = "full",
                 resize: ResizeSpec | None = None, writer_options: dict[str, Any] | None = None,
                 input_options: InputOptions = InputOptions(), run_options: RunOptions = RunOptions(),
-                claim: Claim | None = None, listing: SourceListing | None = None) -> Report:
+                claim: Claim | None = None, listing: SourceListing | None = None,
+                append_to: str | os.PathLike | None = None) -> Report:
     """Pack a COCO annotation file (``coco``) or a sample manifest (``manifest``) over the images
     under ``root`` into ``out`` (see the module doc and docs/fields.md); or, with ``listing``,
     the samples of a dataset source (tar shards, a Hugging Face dataset, Parquet files:
@@ -184,7 +185,9 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     ``run_options.append``: pack the samples ``out`` lacks as its next version (docs/append.md,
     "Field packs"): a sample is in ``out`` when its key is and its image file (size, mtime) and
     annotations or row values (the item's ``label``, their digest) are as packed; the fields must
-    be the pack's, a COCO file's new categories get the labels after the pack's.
+    be the pack's, a COCO file's new categories get the labels after the pack's. ``append_to``:
+    a split append (docs/append.md, "Split appends"): plan that append to ``append_to`` from the
+    whole file or listing and pack this part's share of the new samples into ``out``.
     ``schema``: a manifest's ``{column: type}`` (inferred from its first row when None);
     ``drop_empty``: leave out COCO images without annotations. ``input_options``: ``num_shards``,
     ``shard_index``, ``exts``; ``run_options``: how the run goes (``packer.api.pack`` builds both).
@@ -205,6 +208,10 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     writer_options = dict(writer_options or {})
     if run_opts.commit_every is not None:
         writer_options["commit_every"] = run_opts.commit_every
+    if append_to is not None:
+        from packer.commands.pack_images import check_split_append
+
+        check_split_append(append_to, out, None, run_opts)
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
         if inputs.num_shards > 1:
@@ -213,7 +220,7 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
             run_opts = dataclasses.replace(run_opts, append=False, prune=False, resume=partial_path(out).exists())
     else:
         check_output_arg(out, resume=run_opts.resume, overwrite=run_opts.overwrite)
-    packed = _pack_manifest(out) if appending else None
+    packed = _pack_manifest(append_to if append_to is not None else out) if appending or append_to else None
     source = str(coco if coco is not None else manifest if manifest is not None else root)
     bad: list[InputFailure] = []
     extra: dict[str, Any] = {}
@@ -237,6 +244,7 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     if not items:
         raise UsageError(f"{source}: no samples" + (f" ({len(bad)} unusable, e.g. {bad[0]})" if bad else ""))
     whole = listed(items, bad, {"list": source} if listing is None else {}) if inputs.num_shards > 1 else None
+    every = items  # (a split append plans from all of them)
     items = partition(items, inputs.num_shards, inputs.shard_index)
     recorded: dict[str, Any] = {
         "format": format, "check": check, "src": source_name(root), "list": source if listing is None else None,
@@ -257,7 +265,14 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     writer.manifest_extra = extra
     recorded["writer"] = writer_settings(writer, writer_options)
     plan = None
-    if packed is not None:  # the samples not in OUT yet (by image file and annotations or row values)
+    if append_to is not None:  # every job plans the same append from the whole file; this one packs its share
+        _check_fields(append_to, packed, schema_obj, extra)
+        split = plan_append(append_to, every, classes, format=format, fields=True,
+                            options={k: v for k, v in recorded.items() if k != "listing"})
+        items, writer.classes = partition(split.items, inputs.num_shards, inputs.shard_index), list(split.classes)
+        recorded["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
+        split.base.reader.close()
+    elif packed is not None:  # the samples not in OUT yet (by image file and annotations or row values)
         _check_fields(out, packed, schema_obj, extra)
         plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune, fields=True)
         if plan.empty:

@@ -27,7 +27,7 @@ from packer.conversion.inputs import (InputFailure, Item, SourceListing, image_i
                                      run_failures, shuffle_items)
 from packer.conversion.inputs import listing as listed
 
-__all__ = ["ImageJob", "pack_images", "source_name"]
+__all__ = ["ImageJob", "pack_images", "check_split_append", "source_name"]
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
             raise UsageError("--format does not apply to --raw (pixels are stored decoded)")
         writer_options["pixels_shape"] = (resize.size[1], resize.size[0], 3)
     if append_to is not None:
-        _check_split_append(append_to, out, shuffle, run_opts)
+        check_split_append(append_to, out, shuffle, run_opts)
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
         if inputs.num_shards > 1 or shuffle is not None:
@@ -202,7 +202,7 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     return report
 
 
-def _check_split_append(append_to: str | os.PathLike, out: str | os.PathLike, shuffle: int | None,
+def check_split_append(append_to: str | os.PathLike, out: str | os.PathLike, shuffle: int | None,
                         run_opts: RunOptions) -> None:
     """Refuse a split append (``append_to``) where it does not apply, before any work."""
     from packer.remote.url import is_url

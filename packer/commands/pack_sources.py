@@ -34,7 +34,7 @@ def pack_source(src: str | os.PathLike, out: str | os.PathLike, *, kind: str, fo
                 append_to: str | os.PathLike | None = None) -> Report:
     """Pack the ``kind`` source ``src`` (``wds``, ``hf`` or ``parquet``) into ``out``; the
     options as ``pack_images`` takes them (``input_options.class_index`` numbers the labels,
-    ``exts`` says which members are images; ``append_to``: a split append of an image pack)."""
+    ``exts`` says which members are images; ``append_to``: a split append)."""
     if input_options.list_path is not None or input_options.csv_path is not None:
         raise UsageError(f"--list and --csv do not apply to a {kind} source")
     if not run_options.append:  # (an append continues OUT: pack_images checks it)
@@ -46,14 +46,10 @@ def pack_source(src: str | os.PathLike, out: str | os.PathLike, *, kind: str, fo
                       input_options=input_options, run_options=run_options, claim=claim, listing=listing)
         if listing.schema is None:
             return pack_images(src, out, raw=raw, shuffle=shuffle, append_to=append_to, **common)
-        if append_to is not None:
-            raise UsageError(f"append_to (a split append) is for image packs, not this {kind} source's fields "
-                             f"{', '.join(listing.schema.names)} yet (docs/append.md); append with one job "
-                             "(append=True)")
         if raw or shuffle is not None:
             raise UsageError(f"raw and shuffle apply to plain image packs; this {kind} source has the fields "
                              f"{', '.join(listing.schema.names)}")
-        report = pack_fields(src, out, **common)
+        report = pack_fields(src, out, append_to=append_to, **common)
         report.labels = listing.note
         return report
     finally:

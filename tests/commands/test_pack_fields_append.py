@@ -286,3 +286,49 @@ def test_the_cli_appends_a_coco_file(coco, tmp_path):
     assert r.exit_code == 0 and "version 2: 2 samples added" in r.output, r.output
     r = CliRunner().invoke(main, ["inspect", str(out)])
     assert r.exit_code == 0 and "cat18" in r.output, r.output
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_a_split_coco_append_reads_like_one_append(fmt, coco, tmp_path):
+    """A grown COCO file appended by 2 jobs (``append_to``; part 0 through the CLI), merged with
+    ``merge --append``: every field of every sample, the categories, as one ``--append``."""
+    out, ref = out_path(tmp_path, fmt), out_path(tmp_path, fmt, "ref")
+    pack(coco["root"], out, fmt, coco=coco["old"])
+    pack(coco["root"], ref, fmt, coco=coco["old"])
+    first = dicts(out)
+    pack(coco["root"], ref, fmt, coco=coco["full"], append=True)
+    parts = [out_path(tmp_path, fmt, f"part{i}") for i in range(2)]
+    more = ["--samples-per-shard", "2"] if fmt == "records" else ["--commit-every", "2"]
+    r = CliRunner().invoke(main, [f"to-{fmt}", str(coco["root"]), str(parts[0]), "--coco", str(coco["full"]),
+                                  "--workers", "0", "--append-to", str(out), "--num-shards", "2",
+                                  "--shard-index", "0", *more])
+    assert r.exit_code == 0, r.output
+    pack(coco["root"], parts[1], fmt, coco=coco["full"], append_to=out, num_shards=2, shard_index=1)
+    assert [len(open_reader(p)) for p in parts] == [1, 1]  # each job packed its share of the new images
+    report = packer.merge(parts, out, append=True)
+    assert report.version == 2 and dicts(out) == dicts(ref) and dicts(out, version=1) == first
+    got, want = packer.PackedDataset(out), packer.PackedDataset(ref)
+    assert got.classes == want.classes and got.categories == want.categories
+    assert packer.verify(out).ok
+    assert pack(coco["root"], out, fmt, coco=coco["full"], append=True).status == "current"
+
+
+def test_a_split_manifest_append_and_parts_of_other_fields(tmp_path):
+    """A grown manifest's split append merges as one ``--append``; parts whose fields are not the
+    pack's are refused by the job, before any work."""
+    root = tmp_path / "root"
+    rows = _rows(root, 7)
+    out, ref = out_path(tmp_path, "lmdb"), out_path(tmp_path, "lmdb", "ref")
+    pack(root, out, "lmdb", manifest=write_rows(tmp_path / "rows.jsonl", rows[:5]))
+    pack(root, ref, "lmdb", manifest=write_rows(tmp_path / "rows.jsonl", rows[:5]))
+    grown = write_rows(tmp_path / "rows.jsonl", rows)
+    pack(root, ref, "lmdb", manifest=grown, append=True)
+    parts = [out_path(tmp_path, "lmdb", f"part{i}") for i in range(3)]
+    for i, part in enumerate(parts):
+        pack(root, part, "lmdb", manifest=grown, append_to=out, num_shards=3, shard_index=i)
+    assert packer.merge(parts, out, append=True).version == 2 and dicts(out) == dicts(ref)
+    other = write_rows(tmp_path / "other.jsonl", [{**r, "score": str(r["score"])} for r in rows])
+    with pytest.raises(UsageError, match="differ from the pack's"):
+        pack(root, out_path(tmp_path, "lmdb", "bad"), "lmdb", manifest=other, append_to=out, num_shards=2,
+             shard_index=0)
+    assert not out_path(tmp_path, "lmdb", "bad").exists()

@@ -274,28 +274,26 @@ def test_a_rewritten_shard_is_reported_changed_and_prune_packs_it_anew(trees, tm
     assert packer.verify(out).ok
 
 
-@pytest.mark.parametrize("kind", ["wds", "hf"])
-def test_a_split_append_of_a_field_source_is_refused(kind, trees, tmp_path):
-    """A source with fields split across jobs (``append_to``) is not appended to yet: refused,
-    the pack left as it is (a field pack's split append is one job's ``--append``)."""
+@pytest.mark.parametrize("kind", ["wds-fields", "parquet-captions"])
+def test_a_split_append_of_a_field_source_reads_like_one_append(kind, trees, tmp_path):
+    """A source with fields grown by a file, appended by 2 jobs (``append_to``) and merged."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
-    from tests.support.sources import write_hf, write_shards
-
-    if kind == "wds":
-        src = tmp_path / "wds"
-        write_shards(trees["old"], src, per_shard=16, extra=True)
-    else:
-        src = write_hf(trees["old"], tmp_path / "hf")
-    out, part = out_path(tmp_path, "lmdb"), out_path(tmp_path, "lmdb", "part")
-    packer.pack(src, out, format="lmdb", workers=0)
-    before = samples(out)
-    with pytest.raises(UsageError, match=r"append_to \(a split append\) is for image packs, not this"):
-        packer.pack(src, part, format="lmdb", workers=0, append_to=out, num_shards=2, shard_index=0)
-    r = CliRunner().invoke(main, ["to-lmdb", str(src), str(part), "--workers", "0", "--append-to", str(out),
-                                  "--num-shards", "2", "--shard-index", "0"])
-    assert r.exit_code != 0 and "is for image packs, not this" in r.output, r.output
-    assert not part.exists() and samples(out) == before and open_reader(out).manifest.version == 1
+    parts = _source_parts(kind, trees, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in parts[:3]:
+        shutil.copy2(p, src / p.name)
+    out, ref = out_path(tmp_path, "records"), out_path(tmp_path, "records", "ref")
+    packer.pack(src, out, format="records", workers=0)
+    packer.pack(src, ref, format="records", workers=0)
+    shutil.copy2(parts[3], src / parts[3].name)
+    packer.pack(src, ref, format="records", workers=0, append=True)
+    jobs = [out_path(tmp_path, "records", f"part{i}") for i in range(2)]
+    for i, job in enumerate(jobs):
+        packer.pack(src, job, format="records", workers=0, append_to=out, num_shards=2, shard_index=i)
+    assert packer.merge(jobs, out, append=True).version == 2
+    assert samples(out) == samples(ref) and packer.verify(out).ok
 
 
 def test_the_cli_appends_new_shards(trees, tmp_path):
