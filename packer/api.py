@@ -164,7 +164,7 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             image file and annotations or row values are as packed; new COCO categories get
             the labels after the pack's), and packs of a dataset source grown by files (new tar
             shards or Parquet files: a sample is new unless its container file is as packed);
-            at a URL, image packs in records only (new objects uploaded, the manifest swapped last).
+            at a URL, records outputs only (new objects uploaded, the manifest swapped last).
         prune: with ``append``: the next version leaves out the samples whose inputs are gone or
             changed (otherwise they are reported and kept).
         append_to: a split append (docs/append.md, "Split appends"): ``out`` is part
@@ -197,9 +197,6 @@ def pack(src: PathLike, out: PathLike, *, format: str = "lmdb", list_path: Optio
             raise UsageError("list_path, class_index, raw and shuffle do not apply to coco= or manifest=")
         if source_format not in (None, "folder"):
             raise UsageError("source_format does not apply to coco= or manifest= (their images are files under src)")
-        from packer.remote.url import is_url
-
-        _appendable(out, append and is_url(out), "field packs (coco=, manifest=) at a URL")
         from packer.commands.pack_fields import pack_fields
 
         def build_fields(path: str, claim: Any) -> Any:

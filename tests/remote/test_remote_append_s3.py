@@ -200,3 +200,36 @@ def test_an_output_replaced_under_the_append_is_not_overwritten(bucket, tmp_path
     with pytest.raises(UsageError, match="no longer the version this append continues"):
         staged.upload()
     assert len(_remote(url, s3, tmp_path / "c")) == 6  # the other writer's output, as it published it
+
+
+def test_a_coco_pack_at_s3_grows_with_its_annotation_file(bucket, tmp_path, s3):
+    """A field pack (COCO) at a URL takes --append as an image pack does: its grown annotation
+    file's new images go up as new objects, the manifest last; it reads like one pack of the
+    grown file, every field of every sample, and its old shard objects stay byte for byte."""
+    pytest.importorskip("pycocotools")
+    from tests.commands.test_pack_fields_append import dicts
+    from tests.support.coco import make_coco
+
+    files = make_coco(tmp_path / "coco", n_images=8)
+    full = files["instances"]
+    import json
+
+    doc = json.loads(full.read_text())
+    keep = {im["id"] for im in doc["images"][:6]}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**doc, "images": doc["images"][:6],
+                               "annotations": [a for a in doc["annotations"] if a["image_id"] in keep]}))
+    root, url = tmp_path / "coco", f"{bucket}/coco.records"
+    assert _cli("to-records", root, url, "--coco", old, *LAYOUT).exit_code == 0
+    before = _objects(url, s3)
+    r = _cli("to-records", root, url, "--coco", full, *LAYOUT, "--append")
+    assert r.exit_code == 0 and "version 2: 2 samples added" in r.output, r.output
+    ref = tmp_path / "ref.records"
+    packer.pack(root, ref, format="records", coco=full, samples_per_shard=4, workers=0)
+    local = tmp_path / "mirror.records"
+    fs, base = url_filesystem(url, s3.storage_options)
+    fs.get(base, str(local), recursive=True)
+    assert dicts(local) == dicts(ref)
+    after = _objects(url, s3)
+    assert {n: after[n] for n in before if ".tfrecord" in n} == {n: v for n, v in before.items() if ".tfrecord" in n}
+    assert len(_remote(url, s3, tmp_path / "c")) == 8
