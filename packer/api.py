@@ -274,7 +274,8 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
                   commit_every: int = 1000, workers: Optional[int] = None, executor: str = "local",
                   max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                   shard_index: int = 0, timeout: float = 600.0, strict: bool = False, force: bool = False,
-                  break_lock: bool = False, append: bool = False, prune: bool = False) -> DecodeReport:
+                  break_lock: bool = False, append: bool = False, prune: bool = False,
+                  append_to: Optional[PathLike] = None) -> DecodeReport:
     """Pre-decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``), or frames packed into ``lmdb``, ``hdf5`` or ``records``.
 
@@ -307,6 +308,9 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
         append, prune: add the videos not in ``out`` yet after its own, as its next version, and
             leave out of it the videos gone or changed (``prune``), as for ``pack``
             (docs/append.md): the options that decide the frames must be the pack's.
+        append_to: a split append, as for ``pack``: ``out`` is part ``shard_index`` of
+            ``num_shards`` of the videos ``append_to`` lacks, added to it by
+            ``merge(parts, append_to, append=True)``; local paths.
 
     Returns:
         The run's ``DecodeReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
@@ -329,9 +333,10 @@ def decode_frames(src: PathLike, out: PathLike, *, to: str = "frames", list_path
 
     def build(path: str, claim: Any) -> Any:
         return decode(src, path, to=to, list_out=list_out, frame_options=frames, flow_options=flows,
-                      input_options=inputs, run_options=run, claim=claim)
+                      input_options=inputs, run_options=run, claim=claim, append_to=append_to)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
+    sources["read"].append(append_to)  # (a split append reads the output it plans against)
     return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock, sources=sources,
                           extra_outputs=[list_out]), max_failures)
 
@@ -345,7 +350,8 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                 copy: bool = False, commit_every: int = 100, workers: Optional[int] = None, executor: str = "local",
                 max_failures: int = 0, resume: bool = False, overwrite: bool = False, num_shards: int = 1,
                 shard_index: int = 0, timeout: float = 600.0, strict: bool = False,
-                break_lock: bool = False, append: bool = False, prune: bool = False) -> VideoPackReport:
+                break_lock: bool = False, append: bool = False, prune: bool = False,
+                append_to: Optional[PathLike] = None) -> VideoPackReport:
     """Re-encode every video under ``src`` for training and pack it, as video, into ``out``.
 
     The library form of ``packer pack-videos``. Each video becomes one sample: H.264 (or HEVC, AV1) in MP4
@@ -377,6 +383,7 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
             strict, break_lock: as for ``pack``.
         timeout: seconds one video may take before its worker is killed (0: no limit).
         append, prune: add the videos not in ``out`` yet, as for ``decode_frames`` (docs/append.md).
+        append_to: a split append, as for ``decode_frames``.
 
     Returns:
         The run's ``VideoPackReport`` (a Report with ``videos``, ``partial``, ``disk_bytes``).
@@ -396,9 +403,11 @@ def pack_videos(src: PathLike, out: PathLike, *, to: str = "records", list_path:
                      break_lock=break_lock, append=append, prune=prune)
 
     def build(path: str, claim: Any) -> Any:
-        return pack_v(src, path, to=to, pack_options=pack, input_options=inputs, run_options=run, claim=claim)
+        return pack_v(src, path, to=to, pack_options=pack, input_options=inputs, run_options=run, claim=claim,
+                      append_to=append_to)
 
     sources = _sources(src, list_path=list_path, csv_path=csv_path, class_index=class_index)
+    sources["read"].append(append_to)  # (a split append reads the output it plans against)
     return _checked(_into(out, build, resume=resume or append, overwrite=overwrite, break_lock=break_lock, sources=sources),
                     max_failures)
 

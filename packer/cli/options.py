@@ -223,11 +223,16 @@ def image_pack_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--check", type=click.Choice(["full", "header", "none"]), default="full",
                       show_default=True, help="How much of each image to decode to decide it is good "
                                               "(with a resize every image is fully decoded).")(fn)
-    fn = click.option("--append-to", type=click.Path(), default=None, metavar="PACK",
-                      help="A split append: OUT becomes part --shard-index of --num-shards of the inputs "
-                           "PACK lacks (new classes labelled after its own); `packer merge PARTS... PACK "
-                           "--append` adds the parts to PACK as its next version (docs/append.md).")(fn)
+    fn = append_to_option(fn)
     return field_options(input_options(conversion_options(fn)))
+
+
+def append_to_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--append-to PACK``: a split append's job (image, field and video commands)."""
+    return click.option("--append-to", type=click.Path(), default=None, metavar="PACK",
+                        help="A split append: OUT becomes part --shard-index of --num-shards of the inputs "
+                             "PACK lacks (new classes labelled after its own); `packer merge PARTS... PACK "
+                             "--append` adds the parts to PACK as its next version (docs/append.md).")(fn)
 
 
 def _schema_option(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, str] | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from packer.cli.options import commit_option, conversion_call, conversion_options, library_call, main
+from packer.cli.options import (append_to_option, commit_option, conversion_call, conversion_options, library_call,
+                                main)
 from packer.conversion.options import DEFAULT_VIDEO_EXTS
 from packer.formats import FORMATS
 
@@ -61,6 +62,7 @@ from packer.formats import FORMATS
 @click.option("--flow-tmpl", default=None, help="Flow file names: direction, then number "
               "(default {}_{:05d}.EXT).")
 @conversion_options
+@append_to_option
 @commit_option
 @library_call
 def decode_frames_cmd(src, out, to, list_out, **options):
@@ -113,6 +115,7 @@ def decode_frames_cmd(src, out, to, list_out, **options):
 @click.option("--commit-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Videos per durable commit (what a --resume after a kill redoes at most).")
 @conversion_options
+@append_to_option
 @library_call
 def pack_videos_cmd(src, out, to, **options):
     """Re-encode videos for training and pack them as video (H.264, fixed GOP, frame index).

@@ -43,7 +43,7 @@ from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_im
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
            "list_videos", "run_record", "source_entry", "partial_note", "video_report", "appending",
-           "plan_video_append", "current_report", "append_labels"]
+           "plan_video_append", "plan_video_split", "current_report", "append_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +215,12 @@ class DecodeReport(Report):
         return sum(1 for f in self.failures if f.get("stage") != "partial")
 
 
-def list_videos(src: str | os.PathLike, inputs: InputOptions) -> tuple[list[VideoItem], list[str],
-                                                                        list[InputFailure], Optional[dict[str, Any]]]:
+def list_videos(src: str | os.PathLike, inputs: InputOptions, *, every: Optional[list] = None
+                ) -> tuple[list[VideoItem], list[str], list[InputFailure], Optional[dict[str, Any]]]:
     """(this shard's video items, class names, unusable list/CSV lines, the whole listing a part
     of a split run was cut from (None for one run: merge compares them)) of ``src``; UsageError
-    when no video is left. Says where the labels came from."""
+    when no video is left. Says where the labels came from. ``every``: a list that gets every
+    item, before the shard's are cut (a split append plans from them all)."""
     bad: list[InputFailure] = []  # list/CSV lines that cannot be items: recorded, not dropped
     items, classes = video_items(src, list_path=inputs.list_path, csv_path=inputs.csv_path,
                                  class_index=inputs.class_index, exts=inputs.exts, failures=bad)
@@ -227,8 +228,10 @@ def list_videos(src: str | os.PathLike, inputs: InputOptions) -> tuple[list[Vide
         log.info("%s: labels: %s", src, classes.note)
     whole = (listing(items, bad, {"list": inputs.list_path, "csv": inputs.csv_path,
                                   "class_index": inputs.class_index}) if inputs.num_shards > 1 else None)
+    if every is not None:
+        every.extend(items)
     items = partition(items, inputs.num_shards, inputs.shard_index)
-    if not items:
+    if not items and every is None:  # (a split append's share may be empty: an empty part merges)
         raise UsageError(f"{src}: no input videos found" + (f" ({len(bad)} unusable lines, e.g. {bad[0]})" if bad else ""))
     return items, classes, bad, whole
 
@@ -311,6 +314,26 @@ def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: A
     _refuse_taken(out, to, plan)
     writer.classes = list(plan.classes)
     return plan
+
+
+def plan_video_split(append_to: str | os.PathLike, out: Path, every: list[VideoItem], classes: Any, writer: Any, *,
+                     to: str, holds: str, run_opts: RunOptions, inputs: InputOptions) -> list[VideoItem]:
+    """A split append's share (``append_to``, docs/append.md "Split appends"): the videos the
+    output ``append_to`` lacks, planned from ``every`` video as ``--append`` plans them, cut to
+    this job's share; ``writer`` gets the grown classes and records the version planned against."""
+    from packer.commands.pack_images import check_split_append
+
+    check_split_append(append_to, out, None, run_opts)
+    options = writer.created_by.get("options") or {}
+    split = plan_append(append_to, every, classes, format=to, listed=inputs.list_path is not None, holds=holds,
+                        options={k: v for k, v in options.items() if k != "listing"})
+    try:
+        _refuse_taken(Path(append_to), to, split)
+    finally:
+        split.base.reader.close()
+    writer.classes = list(split.classes)
+    options["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
+    return partition(split.items, inputs.num_shards, inputs.shard_index)
 
 
 def _refuse_taken(out: Path, to: str, plan: AppendPlan) -> None:
@@ -418,9 +441,12 @@ class FrameOptions:
 def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "frames",
                   list_out: str | os.PathLike | None = None, frame_options: FrameOptions = FrameOptions(),
                   flow_options: FlowOptions = FlowOptions(), input_options: InputOptions = InputOptions(),
-                  run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None) -> DecodeReport:
+                  run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None,
+                  append_to: str | os.PathLike | None = None) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
+    ``append_to``: a split append (``plan_video_split``): this job's share of the videos that
+    output lacks.
 
     ``frame_options``: what each video becomes; ``flow_options`` (``task="flow"|"both"``: optical
     flow too, listed in ``rawframes_flow.txt``); ``input_options``: which inputs; ``run_options``:
@@ -441,7 +467,8 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
         raise UsageError("--list-out applies to frame folders (--to frames) only")
     timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
     append, run_opts = appending(out, run_opts, inputs)
-    items, classes, bad, whole = list_videos(src, inputs)
+    every: Optional[list] = [] if append_to is not None else None
+    items, classes, bad, whole = list_videos(src, inputs, every=every)
     job = dataclasses.replace(frames.job(), flow=flow)
     out = Path(out)
     recorded = run_record(to, src, inputs, run_opts, frames.recorded(), commit_every=1000, classes=classes,
@@ -456,6 +483,9 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             writer_options.update(flow_tmpl=flow.flow_tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
+    if append_to is not None:
+        items = plan_video_split(append_to, out, every, classes, writer, to=to, holds="frames", run_opts=run_opts,
+                                 inputs=inputs)
     plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="frames", run_opts=run_opts,
                              inputs=inputs, claim=claim)
     if plan is not None and plan.empty:

@@ -38,7 +38,7 @@ from packer.formats.sidecars import partial_path
 from packer.manifest import created_by
 from packer.remote.url import is_url, redact
 
-__all__ = ["MergeReport", "merge_parts", "open_parts", "part_of", "part_paths", "read_failures", "remove_partial",
+__all__ = ["MergeReport", "combined_videos", "merge_parts", "open_parts", "part_of", "part_paths", "read_failures", "remove_partial",
            "run_options", "writer_of"]
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,8 @@ def run_options(reader: Reader) -> dict[str, Any]:
     return options
 
 
-def _combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
+def combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
+    """The parts' ``videos`` entries in order, each ``start`` counted from the first part's first sample."""
     videos, before = [], 0
     for r in readers:
         for v in r.manifest.videos:
@@ -335,7 +336,7 @@ def _merge_parts(parts: Sequence[str | os.PathLike], out: str | os.PathLike, *, 
         raise UsageError(f"{planned.path}: is a part of a split append to {base.get('path')} (its version "
                          f"{base.get('version')}); add the parts to it with merge --append")
     failures = [f for r in readers for f in read_failures(r)]
-    videos = _combined_videos(readers)
+    videos = combined_videos(readers)
     options = run_options(readers[0]) if not any_parts else {}
     made_by = created_by(options)
     made_by["merged_from"] = [str(r.path) for r in readers]

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from packer.claim import Claim
-from packer.commands.merge import (MergeReport, open_parts, part_paths, read_failures, remove_partial, run_options,
-                                   writer_of)
+from packer.commands.merge import (MergeReport, combined_videos, open_parts, part_paths, read_failures,
+                                   remove_partial, run_options, writer_of)
 from packer.conversion.append import open_base
 from packer.errors import OutputClaimed, UsageError
 from packer.formats import Reader
@@ -166,12 +166,17 @@ def _append(out: Path, parts: Sequence[Reader], reader: Reader, text: str, merge
     log.info("appending %d parts (%d samples) to %s", len(parts), total, out)
     try:
         writer.open()
+        videos_before = len(reader.manifest.videos)  # a sample's video_index: a position in the version's videos
         with tqdm(total=total, unit="sample", desc="merge --append", dynamic_ncols=True, disable=None) as bar:
             for r in parts:
                 for i in range(len(r)):
-                    writer.add(r.sample(i))
+                    sample = r.sample(i)
+                    if "video_index" in sample.extra:
+                        sample.extra["video_index"] += videos_before
+                    writer.add(sample)
                     bar.update(1)
-        version = writer.close(failures=failures)
+                videos_before += len(r.manifest.videos)
+        version = writer.close(failures=failures, videos=combined_videos(parts))
     except OutputClaimed:
         writer.abort()
         raise  # the partial is not (or no longer) this run's to remove

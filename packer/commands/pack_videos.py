@@ -30,7 +30,8 @@ from packer.conversion.options import VIDEO_RUN, InputOptions, RunOptions
 from packer.conversion.runner import WorkResult, run
 from packer.conversion.video_inputs import VideoItem
 from packer.commands.decode_frames import (DecodeReport, append_labels, appending, current_report, list_videos,
-                                           partial_note, plan_video_append, run_record, source_entry, video_report)
+                                           partial_note, plan_video_append, plan_video_split, run_record, source_entry,
+                                           video_report)
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
 from packer.errors import CorruptSample, UsageError
@@ -245,7 +246,8 @@ class VideoPackReport(DecodeReport):
 
 def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "records",
                 pack_options: VideoPackOptions = VideoPackOptions(), input_options: InputOptions = InputOptions(),
-                run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None) -> VideoPackReport:
+                run_options: RunOptions = VIDEO_RUN, claim: Claim | None = None,
+                append_to: str | os.PathLike | None = None) -> VideoPackReport:
     """Re-encode every video under ``src`` and pack it, as video, into ``out`` (``to``: a packed
     format: ``records``, ``lmdb`` or ``hdf5``; or ``files``: plain MP4 files in a tree mirroring the
     inputs plus the mmaction2 video list ``videos.txt``, ``packer.formats.videofiles``).
@@ -255,7 +257,9 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     (``packer.api.pack_videos``). Bad videos, and videos whose re-encoded stream
     does not decode to its indexed frame count, are recorded in ``failures.jsonl``; partial
     decodes of the source are kept and recorded with ``stage: "partial"``. ``claim``: the run's
-    claim on ``out`` (taken by ``packer.api``), which guards the publish.
+    claim on ``out`` (taken by ``packer.api``), which guards the publish. ``append_to``: a split
+    append (``packer.commands.decode_frames.plan_video_split``): this job's share of the videos
+    that output lacks.
     """
     pack, inputs, run_opts = pack_options, input_options, run_options
     if to not in FORMATS and to not in VIDEO_FILE_FORMATS:
@@ -265,12 +269,16 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
         raise UsageError("--copy keeps the source streams in a pack (--to records, lmdb or hdf5), not --to files")
     timeout = run_opts.timeout if run_opts.timeout is not None and run_opts.timeout > 0 else None
     append, run_opts = appending(out, run_opts, inputs)
-    items, classes, bad, whole = list_videos(src, inputs)
+    every: Optional[list] = [] if append_to is not None else None
+    items, classes, bad, whole = list_videos(src, inputs, every=every)
     out = Path(out)
     recorded = run_record(to, src, inputs, run_opts, pack.recorded(), commit_every=100, classes=classes,
                           whole=whole)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         commit_every=run_opts.commit_every or 100)
+    if append_to is not None:
+        items = plan_video_split(append_to, out, every, classes, writer, to=to, holds="videos", run_opts=run_opts,
+                                 inputs=inputs)
     plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="videos", run_opts=run_opts,
                              inputs=inputs, claim=claim)
     if plan is not None and plan.empty:

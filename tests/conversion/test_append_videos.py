@@ -192,3 +192,61 @@ def test_a_video_dataset_opened_before_an_append_keeps_its_version(trees, tmp_pa
     convert("pack-videos", src, out, "records", append=True)
     assert len(ds) == 4 and all(np.array_equal(ds[i][0].numpy(), first[i]) for i in range(4))
     assert len(packer.PackedVideoDataset(out, clip_len=2)) == 6
+
+
+SPLIT_CASES = [("decode-frames", "lmdb"), ("pack-videos", "records"), ("decode-frames", "frames"),
+               pytest.param(("pack-videos", "files"), marks=pytest.mark.slow),
+               pytest.param(("decode-frames", "hdf5"), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "-".join(c))
+def test_a_split_video_append_reads_like_one_append(case, trees, tmp_path):
+    """The new videos split across 2 jobs (``append_to``; decode-frames' part 0 through the CLI) and added with
+    ``merge --append``: sample for sample, video entry for video entry and clip for clip what
+    one ``--append`` gives, version 1 kept."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    cmd, to = case
+    src = fresh(tmp_path, trees)
+    out, ref = out_path(tmp_path, to), out_path(tmp_path, to, "ref")
+    convert(cmd, src, out, to)
+    convert(cmd, src, ref, to)
+    first = samples(out)
+    grow(src, trees)
+    convert(cmd, src, ref, to, append=True)
+    parts = [out_path(tmp_path, to, f"part{i}") for i in range(2)]
+    if cmd == "decode-frames":  # (pack-videos' CLI always resizes: convert() keeps the size)
+        r = CliRunner().invoke(main, [cmd, str(src), str(parts[0]), "--to", to, "--workers", "0", "--append-to",
+                                      str(out), "--num-shards", "2", "--shard-index", "0"])
+        assert r.exit_code == 0, r.output
+    else:
+        convert(cmd, src, parts[0], to, append_to=out, num_shards=2, shard_index=0)
+    convert(cmd, src, parts[1], to, append_to=out, num_shards=2, shard_index=1)
+    assert [[v["key"] for v in open_reader(p).manifest.videos] for p in parts] == [["class_1/clip_1_9.mp4"],
+                                                                             ["class_2/clip_2_0.mp4"]]
+    report = packer.merge(parts, out, append=True)
+    assert report.version == 2 and report.videos == 6
+    assert samples(out) == samples(ref)
+    assert open_reader(out).manifest.videos == open_reader(ref).manifest.videos
+    assert open_reader(out).classes == open_reader(ref).classes == ["class_0", "class_1", "class_2"]
+    assert clips(out) == clips(ref) and samples(out, version=1) == first
+    assert packer.verify(out).ok
+    assert convert(cmd, src, out, to, append=True).status == "current"
+
+
+def test_a_merged_video_records_output_keeps_its_layout_and_takes_an_append(trees, tmp_path):
+    """A video run's records shards follow its commit size: a merge of its parts keeps that
+    layout and records it, so an ``--append`` to the merged output is not refused for it."""
+    src = fresh(tmp_path, trees)
+    parts = [out_path(tmp_path, "records", f"part{i}") for i in range(2)]
+    for i, part in enumerate(parts):
+        convert("pack-videos", src, part, "records", num_shards=2, shard_index=i, commit_every=1)
+    out = out_path(tmp_path, "records")
+    packer.merge(parts, out)
+    assert open_reader(out).manifest.created_by["options"]["samples_per_shard"] == 1
+    assert len(open_reader(out).manifest.shards) == 4
+    grow(src, trees)
+    report = convert("pack-videos", src, out, "records", append=True, commit_every=1)
+    assert report.status == "appended" and report.videos == 6 and packer.verify(out).ok

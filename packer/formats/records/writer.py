@@ -9,7 +9,7 @@ import re
 import struct
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from packer.codecs.fields import BLOB_FMT
 from packer.codecs.tfexample import encode_example, example_pieces
@@ -20,6 +20,7 @@ from packer.fileio import fsync_path, parse_bytes, place
 from packer.formats.records.layout import (DEFAULT_SHARD_SIZE, SHARD_RE, SHARDS_JOURNAL, sha256_file,
                                            shard_name)
 from packer.formats.segments import SegmentShard, remove_segment_files
+from packer.formats.reader import Reader
 from packer.formats.sample import Sample, Stored
 from packer.formats.sidecars import write_keys
 from packer.formats.writer import Segments, Writer
@@ -89,6 +90,14 @@ class RecordsWriter(Writer):
         self._writeback = Writeback()  # starts the disk on a shard as it grows (the fsync stays)
 
     # -- rollover: close the current shard before a record that would not fit ---------------
+    @classmethod
+    def merge_options(cls, parts: Sequence[Reader]) -> dict[str, Any]:
+        """A merge keeps the parts' shard layout (``shard_size``, ``samples_per_shard``, ``name``:
+        what they recorded; a video run's shards follow its commit size), so the merged output
+        records the layout an ``--append`` to it compares."""
+        options = parts[0].manifest.created_by.get("options") or {}
+        return {k: options[k] for k in ("shard_size", "samples_per_shard", "name") if options.get(k) is not None}
+
     @staticmethod
     def prepare(sample: Sample) -> tuple[bytes, int]:
         """The framed record and the CRC32C of its payload (the image bytes copied once)."""
