@@ -124,9 +124,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
         check_split_append(append_to, out, shuffle, run_opts)
     appending = run_opts.append and Path(out).exists()
     if run_opts.append:
-        if inputs.num_shards > 1 or shuffle is not None:
-            raise UsageError("--append packs the new inputs in one run, in input order: not with "
-                             "--num-shards or --shuffle")
+        if inputs.num_shards > 1:
+            raise UsageError("--append packs the new inputs in one run: not with --num-shards (a split append "
+                             "takes --append-to)")
         if not appending:  # nothing to append to yet: a plain run (continuing an interrupted one)
             run_opts = dataclasses.replace(run_opts, append=False, prune=False,
                                            resume=partial_path(out).exists())

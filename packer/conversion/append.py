@@ -11,8 +11,9 @@ changed input is then packed anew). Nothing stored is ever rewritten (docs/appen
 What an append may not change is refused before any work, naming it: the format, an option
 that changes a sample's bytes (the fingerprint's options: resize, quality, check mode, format,
 extensions, shard layout), an existing label (new classes get the labels after the pack's;
-a ``--class-index`` must number the pack's classes as the pack does), a shuffled pack and a
-part of a split run. A field pack (``--coco``, ``--manifest``) is appended to with its grown
+a ``--class-index`` must number the pack's classes as the pack does; a ``--shuffle`` pack is
+appended to with its seed, its new inputs in the order that seed's permutation of all the inputs
+gives them) and a part of a split run. A field pack (``--coco``, ``--manifest``) is appended to with its grown
 annotation file or manifest (``fields``): an item's label is then its identity (a digest of its
 annotations or row values, ``packer.commands.pack_fields``), compared as an image's label is,
 and the file's own sha256 may differ. A video output (``decode-frames``, ``pack-videos``) is appended
@@ -118,9 +119,6 @@ def _refuse_kind(out: Path, reader: Reader, format: str, holds: str = "images", 
     if bool(m.schema) != fields:
         raise UsageError(f"{out}: is a field pack; append to it with --coco or --manifest, as it was made"
                          if m.schema else f"{out}: holds {_HOLDS[held][0]}, not the samples of --coco or --manifest")
-    if options.get("shuffle") is not None:
-        raise UsageError(f"{out}: was packed with --shuffle (one permutation of the inputs it was made "
-                         "from); it cannot be appended to: pack it again")
     if int(options.get("num_shards") or 1) > 1:
         raise UsageError(f"{out}: is part {options.get('shard_index')} of a split run (--num-shards "
                          f"{options.get('num_shards')}); merge the parts, then append to the merged output")

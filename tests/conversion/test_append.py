@@ -177,6 +177,34 @@ def test_an_option_that_changes_the_bytes_must_match(option, value, line, trees,
     assert (out / "packer.json").read_bytes() == before and not (out / "versions").exists()
 
 
+@pytest.mark.parametrize("fmt", FORMATS_)
+def test_a_shuffled_pack_grows_in_its_seeds_order(fmt, trees, tmp_path):
+    """A ``--shuffle SEED`` pack takes ``--append --shuffle SEED``: the stored samples stay where
+    they are and the new ones follow in the order SEED's permutation of all the inputs gives
+    them; another seed, or none, is refused naming it."""
+    from packer.conversion.inputs import image_items, shuffle_items
+
+    src = fresh(tmp_path, trees)
+    out = out_path(tmp_path, fmt)
+    packer.pack(src, out, format=fmt, workers=0, shuffle=5, **layout(fmt))
+    first, before = samples(out), stored_hashes(out, fmt)
+    grow(src, trees, cls="class_1")
+    for seed, shown in ((None, r"\(unset\)"), (6, "6")):
+        with pytest.raises(UsageError, match=f"--shuffle: 5 -> {shown}"):
+            packer.pack(src, out, format=fmt, workers=0, append=True, shuffle=seed, **layout(fmt))
+    report = packer.pack(src, out, format=fmt, workers=0, append=True, shuffle=5, **layout(fmt))
+    assert (report.status, report.added, report.count) == ("appended", 10, 70)
+    got = samples(out)
+    new = {f"class_1/late_{i:04d}.jpg" for i in range(10)}
+    every = [it.key for it in shuffle_items(image_items(src)[0], 5)]
+    assert got[:60] == first and [s[0] for s in got[60:]] == [k for k in every if k in new]
+    if fmt != "hdf5":
+        after = stored_hashes(out, fmt)
+        assert {k: after[k] for k in before} == before
+    assert packer.verify(out).ok
+    assert packer.pack(src, out, format=fmt, workers=0, append=True, shuffle=5, **layout(fmt)).status == "current"
+
+
 def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
     src = fresh(tmp_path, trees)
     out = out_path(tmp_path, "lmdb")
@@ -187,12 +215,10 @@ def test_what_cannot_be_appended_to_is_refused(trees, tmp_path):
         packer.pack(src, out, format="lmdb", append=True, overwrite=True)
     with pytest.raises(UsageError, match="--prune goes with --append"):
         packer.pack(src, out, format="lmdb", prune=True)
-    with pytest.raises(UsageError, match="not with --num-shards or --shuffle"):
+    with pytest.raises(UsageError, match="not with --num-shards"):
+        packer.pack(src, out, format="lmdb", append=True, num_shards=2, shard_index=0)
+    with pytest.raises(UsageError, match=r"--shuffle: \(unset\) -> 3"):
         packer.pack(src, out, format="lmdb", append=True, shuffle=3)
-    shuffled = out_path(tmp_path, "lmdb", "shuffled")
-    packer.pack(src, shuffled, format="lmdb", workers=0, shuffle=1)
-    with pytest.raises(UsageError, match="--shuffle"):
-        packer.pack(src, shuffled, format="lmdb", workers=0, append=True)
     part = out_path(tmp_path, "lmdb", "part")
     packer.pack(src, part, format="lmdb", workers=0, num_shards=2, shard_index=1)
     with pytest.raises(UsageError, match="merge the parts, then append to the merged output"):
