@@ -250,8 +250,8 @@ def test_what_a_field_append_may_not_change_is_refused(coco, tmp_path):
     packer.pack(coco["root"], images, format="lmdb", workers=0)
     with pytest.raises(UsageError, match="not the samples of --coco or --manifest"):
         packer.pack(coco["root"], images, format="lmdb", workers=0, coco=coco["full"], append=True)
-    with pytest.raises(UsageError, match="not supported for field packs .* at a URL"):
-        packer.pack(coco["root"], "s3://bucket/train", format="records", coco=coco["full"], append=True)
+    with pytest.raises(UsageError, match="to a URL is not supported yet for lmdb outputs"):
+        packer.pack(coco["root"], "s3://bucket/train", format="lmdb", coco=coco["full"], append=True)
     assert open_reader(out).manifest.version == version
 
 
