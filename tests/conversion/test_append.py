@@ -246,6 +246,17 @@ def _source_parts(kind: str, trees: dict[str, Path], root: Path) -> list[Path]:
     return sorted((root / "all").iterdir())
 
 
+def _source(kind: str, trees: dict[str, Path], root: Path, copied: int) -> tuple[Path, list[Path]]:
+    """``root/src``: a source of the first ``copied`` of ``_source_parts``' files (mtimes kept);
+    and all the parts, to grow it by."""
+    parts = _source_parts(kind, trees, root)
+    src = root / "src"
+    src.mkdir()
+    for p in parts[:copied]:
+        shutil.copy2(p, src / p.name)
+    return src, parts
+
+
 @pytest.mark.parametrize("fmt", FORMATS_)
 @pytest.mark.parametrize("kind", ["wds-cls", "wds-folders", "wds-fields", "parquet", "parquet-captions"])
 def test_a_source_grown_by_files_appends_like_one_run(kind, fmt, trees, tmp_path):
@@ -255,11 +266,7 @@ def test_a_source_grown_by_files_appends_like_one_run(kind, fmt, trees, tmp_path
     packs and field packs (captions, JSON, arrays) alike."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
-    parts = _source_parts(kind, trees, tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    for p in parts[:3]:
-        shutil.copy2(p, src / p.name)
+    src, parts = _source(kind, trees, tmp_path, 3)
     out, ref = out_path(tmp_path, fmt), out_path(tmp_path, fmt, "ref")
     packer.pack(src, out, format=fmt, workers=0, **layout(fmt))
     before, first = stored_hashes(out, fmt), samples(out)
@@ -281,11 +288,7 @@ def test_a_source_grown_by_files_appends_like_one_run(kind, fmt, trees, tmp_path
 
 def test_a_rewritten_shard_is_reported_changed_and_prune_packs_it_anew(trees, tmp_path):
     pytest.importorskip("webdataset")
-    parts = _source_parts("wds-cls", trees, tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    for p in parts:
-        shutil.copy2(p, src / p.name)
+    src, parts = _source("wds-cls", trees, tmp_path, 4)
     out = out_path(tmp_path, "lmdb")
     packer.pack(src, out, format="lmdb", workers=0)
     first = samples(out)
@@ -305,11 +308,7 @@ def test_a_split_append_of_a_field_source_reads_like_one_append(kind, trees, tmp
     """A source with fields grown by a file, appended by 2 jobs (``append_to``) and merged."""
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
-    parts = _source_parts(kind, trees, tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    for p in parts[:3]:
-        shutil.copy2(p, src / p.name)
+    src, parts = _source(kind, trees, tmp_path, 3)
     out, ref = out_path(tmp_path, "records"), out_path(tmp_path, "records", "ref")
     packer.pack(src, out, format="records", workers=0)
     packer.pack(src, ref, format="records", workers=0)
@@ -324,10 +323,7 @@ def test_a_split_append_of_a_field_source_reads_like_one_append(kind, trees, tmp
 
 def test_the_cli_appends_new_shards(trees, tmp_path):
     pytest.importorskip("webdataset")
-    parts = _source_parts("wds-cls", trees, tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    shutil.copy2(parts[0], src / parts[0].name)
+    src, parts = _source("wds-cls", trees, tmp_path, 1)
     out = out_path(tmp_path, "records")
     assert CliRunner().invoke(main, ["to-records", str(src), str(out), "--workers", "0"]).exit_code == 0
     shutil.copy2(parts[1], src / parts[1].name)
