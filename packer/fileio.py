@@ -202,25 +202,30 @@ def visible_files(top: str | os.PathLike, unlisted: Callable[[OSError], None],
         if rel and skip is not None and skip([entry.name for entry in entries]):
             continue
         folders = []
+        prefix = rel + os.sep if rel else ""  # (os.path.join of a name: a listing has millions)
         for entry in entries:
             name = entry.name
             if name.startswith("."):
                 continue
-            sub = os.path.join(rel, name) if rel else name
             try:
                 is_dir = entry.is_dir()
             except OSError:
                 is_dir = False
             if is_dir:
                 if not entry.is_symlink():  # as os.walk(followlinks=False): listed, not entered
-                    folders.append(sub)
+                    folders.append(prefix + name)
                 continue
-            if irregular is not None and not _regular(entry):
-                kind = _entry_kind(entry)
-                if kind is not None:
-                    irregular(sub, kind)
-                    continue
-            found.append(sub)
+            if irregular is not None:
+                try:
+                    regular = entry.is_file()
+                except OSError:
+                    regular = False
+                if not regular:
+                    kind = _entry_kind(entry)
+                    if kind is not None:
+                        irregular(prefix + name, kind)
+                        continue
+            found.append(prefix + name)
         stack.extend(sorted(folders, reverse=True))  # popped in sorted order, depth first
     return found
 
@@ -243,13 +248,6 @@ def parse_bytes(value: int | str) -> int:
     if size < 1:
         raise UsageError(f"size must be positive, not {value!r}")
     return size
-def _regular(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_file()
-    except OSError:
-        return False
-
-
 def _entry_kind(entry: os.DirEntry) -> str | None:
     """What a directory entry that is not a regular file is, followed through a symlink; None
     for a dangling symlink (or one that cannot be followed): it stays an input and fails its read."""

@@ -26,6 +26,8 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +50,7 @@ PART_OPTIONS = frozenset({"num_shards", "shard_index", "listing"})
 # (and a field pack's annotation file or manifest, which an append gives grown: its samples are
 # compared one by one instead, ``plan_append``)
 IGNORED = PART_OPTIONS | COMMIT_OPTIONS | {"source_sha256"}
+_KEY, _LABEL = attrgetter("key"), attrgetter("label")
 
 
 @dataclass
@@ -155,6 +158,8 @@ def _classes(out: Path, old: list[str], classes: Sequence[str], items: Sequence[
     fresh = sorted(name for name in set(classes) if name not in known)
     label_of = {**known, **{name: len(old) + k for k, name in enumerate(fresh)}}
     relabel = [label_of[name] for name in classes]
+    if relabel == list(range(len(relabel))):  # (the usual case: no item's label changes, no pass)
+        return list(old) + fresh, list(items)
     return list(old) + fresh, [it if relabel[it.label] == it.label else _relabelled(it, relabel[it.label])
                                for it in items]
 
@@ -204,20 +209,24 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
     keys, firsts, spans = _units(reader, holds)
     table = reader.sources()
     stored = dict(zip(keys, firsts))
-    get = stored.get
-    at = [get(it.key, -1) for it in items]
-    found = [i for i, p in enumerate(at) if p >= 0]
+    # (in C loops over the items, which may be millions: no Python object made per item twice)
+    at = np.fromiter(map(stored.get, map(_KEY, items), repeat(-1)), dtype=np.int64, count=len(items))
+    found = np.flatnonzero(at >= 0)
     is_changed = np.zeros(len(items), dtype=bool)
-    if table is not None and found:  # the identity --resume compares: size, mtime, label
-        now = item_stats([items[i] for i in found])
-        then = table[[at[i] for i in found]]
-        labels = np.fromiter([items[i].label for i in found], dtype=np.int64, count=len(found))
+    if table is not None and len(found):  # the identity --resume compares: size, mtime, label
+        there = [items[i] for i in found.tolist()]
+        now = item_stats(there)
+        then = table[at[found]]
+        labels = np.fromiter(map(_LABEL, there), dtype=np.int64, count=len(there))
         is_changed[found] = (then[:, 0] != now[:, 0]) | (then[:, 1] != now[:, 1]) | (then[:, 2] != labels)
-    changed = [items[i].key for i in np.flatnonzero(is_changed)]
-    todo = [it for i, it in enumerate(items) if at[i] < 0 or (prune and is_changed[i])]
+    changed = [items[i].key for i in np.flatnonzero(is_changed).tolist()]
+    packed = at < 0
+    if prune:
+        packed |= is_changed
+    todo = [items[i] for i in np.flatnonzero(packed).tolist()]
     removed: list[str] = []
     if len(found) < len(keys):  # (every stored input still there: the usual case, no pass)
-        seen = {items[i].key for i in found}
+        seen = {items[i].key for i in found.tolist()}
         removed = [k for k in keys if k not in seen]
     keep = None
     drop: set[int] = set()

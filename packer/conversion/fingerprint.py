@@ -27,6 +27,7 @@ import inspect
 import json
 import os
 import struct
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -57,6 +58,7 @@ INPUTS_NAME = ".inputs.json"
 # is packed (from the read's own fstat: no separate pass over millions of files first).
 INPUT_STATS_NAME = ".inputs.stat"
 _STAT = struct.Struct("<qq")
+_PATH = attrgetter("path")
 
 
 def writer_settings(writer: Any, given: dict[str, Any]) -> dict[str, Any]:
@@ -124,8 +126,9 @@ def item_stats(items: Sequence[Any]) -> "np.ndarray":
     when none has an ``identity()`` of its own (the usual files), else item by item."""
     import numpy as np
 
-    if not any(getattr(it, "identity", None) is not None for it in items):
-        return file_stats([it.path for it in items])
+    # (an item's identity() is its class's method: asked of each class once, not of each item)
+    if not any(getattr(kind, "identity", None) is not None for kind in set(map(type, items))):
+        return file_stats(list(map(_PATH, items)))
     return np.array([item_stat(it) for it in items], dtype=np.int64).reshape(-1, 2)
 
 

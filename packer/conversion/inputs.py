@@ -69,9 +69,9 @@ def has_ext(name: str, exts: Sequence[str]) -> bool:
 def _with_ext(names: Iterable[str], exts: Sequence[str]) -> list[str]:
     """The ``names`` that ``has_ext`` takes, in order; for the usual extensions (ASCII, without
     dots) one ``endswith`` per name, the same test in C (a listing has millions of names)."""
-    if all(e.isascii() and "." not in e for e in exts):
-        dotted = tuple("." + e for e in exts)
-        return [name for name in names if name.lower().endswith(dotted)]
+    if all(e.isascii() and "." not in e and e == e.lower() for e in exts):
+        dotted = tuple("." + e for e in exts)  # (exts are lower case: most names end in one as they are)
+        return [name for name in names if name.endswith(dotted) or name.lower().endswith(dotted)]
     return [name for name in names if has_ext(name, exts)]
 
 

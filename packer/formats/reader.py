@@ -16,7 +16,7 @@ from packer.codecs.fields import Schema
 from packer.errors import CorruptData, FormatError, OutputChanged, PackerError
 from packer.formats.sample import Record, Sample
 from packer.formats.sidecars import (CHECKSUMS_FILE, KEYS_FILE, SOURCES_FILE, array_checksum, keys_checksum,
-                                     load_checksums, load_keys, load_sources)
+                                     load_checksums, load_sources, read_keys)
 from packer.integrity import crc32c
 from packer.heap import tune_heap
 from packer.manifest import MANIFEST_NAME, VERSIONS_DIR, Manifest
@@ -70,6 +70,7 @@ class Reader(abc.ABC):
         self._pid: int | None = None
         self._keys: Sequence[str] | None = None
         self._stored_keys: Sequence[str] | None = None
+        self._keys_file_crc: str | None = None  # the CRC32C of keys.json's bytes (read_keys)
         self._crcs: "np.ndarray | None" = None
         self._schema: Schema | None = None
         self._set_selection()
@@ -205,15 +206,18 @@ class Reader(abc.ABC):
             self._check_unchanged()  # the keys of the output the manifest came from
             keys = stored if self._select is None else [stored[int(p)] for p in self.positions()]
             source = self._keys_source()
-            if source is not None:
-                self._check_integrity("keys", keys_checksum(keys), source)
+            if source is not None:  # (the file's own CRC when it is the keys as written: no encoding again)
+                crc = self._keys_file_crc if keys is stored else None
+                self._check_integrity("keys", crc if crc is not None and crc == self.manifest.integrity.get("keys")
+                                      else keys_checksum(keys), source)
             self._stored_keys, self._keys = stored, keys
         return self._keys
 
     def _load_keys(self) -> Sequence[str]:
         """The keys by stored position (``manifest.physical`` of them): ``keys.json`` unless the
         format stores them itself."""
-        return load_keys(self.path, self.manifest.physical, grown=self.grown)
+        keys, self._keys_file_crc = read_keys(self.path, self.manifest.physical, grown=self.grown)
+        return keys
 
     def sources(self) -> "np.ndarray | None":
         """Per stored position of this version: the source file's size and mtime (ns) as it was

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["KEYS_FILE", "CHECKSUMS_FILE", "SOURCES_FILE", "KEYS_JOURNAL", "CRC_JOURNAL", "partial_path",
-           "write_failures", "write_keys", "load_keys", "write_checksums", "load_checksums", "keys_checksum",
+           "write_failures", "write_keys", "load_keys", "read_keys", "write_checksums", "load_checksums", "keys_checksum",
            "array_checksum", "fsync_append", "write_sources", "load_sources", "SOURCE_COLUMNS"]
 
 KEYS_JOURNAL = ".keys.journal"
@@ -52,15 +52,27 @@ def load_keys(directory: Path, count: int, *, grown: bool = False) -> list[str]:
     """Read ``keys.json``; CorruptData naming it when unreadable or not ``count`` keys long.
     ``grown``: the output was appended to since (or at) the version read: the file may hold
     the keys of later stored positions after the first ``count`` (only those are returned)."""
+    return read_keys(directory, count, grown=grown)[0]
+
+
+def read_keys(directory: Path, count: int, *, grown: bool = False) -> tuple[list[str], str | None]:
+    """``load_keys``, and the CRC32C of the file's bytes (as ``keys_checksum`` writes it) when the
+    file holds only the keys returned (None when it holds more): for keys ``write_keys`` wrote,
+    their ``keys_checksum``, got without encoding them again."""
+    from packer.integrity import crc32c
+
     p = Path(directory) / KEYS_FILE
     try:
-        keys = json.loads(p.read_text(encoding="utf-8"))
+        raw = p.read_bytes()
+        keys = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise CorruptData(str(p), f"cannot read keys ({e})") from e
     if not isinstance(keys, list) or len(keys) < count or (len(keys) > count and not grown):
         raise CorruptData(str(p), f"holds {len(keys) if isinstance(keys, list) else 'no'} keys, "
                                   f"manifest says {count}")
-    return keys[:count] if len(keys) > count else keys
+    if len(keys) > count:
+        return keys[:count], None
+    return keys, f"{crc32c(raw):08x}"
 
 
 def keys_checksum(keys: Sequence[str]) -> str:

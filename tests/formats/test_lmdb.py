@@ -115,3 +115,21 @@ def test_deleted_output_releases_its_cached_environment(image_folder, tmp_path):
     LmdbReader(other).read(0)
     cached = {path for path, _ in lmdb_env._ENVS}
     assert str(gone) not in cached and str(other) in cached
+
+
+def test_keys_are_checked_by_the_files_own_crc_or_encoded_again(packed):
+    """read_keys gives the CRC32C of keys.json's bytes, the manifest's keys checksum when the file
+    is the keys as written; the same keys written otherwise (another JSON spacing) still check,
+    encoded again; other keys do not."""
+    from packer.formats.sidecars import keys_checksum, read_keys
+
+    names = json.loads((packed / "keys.json").read_text())
+    keys, crc = read_keys(packed, len(names))
+    assert keys == names and crc == keys_checksum(names) == LmdbReader(packed).manifest.integrity["keys"]
+    assert read_keys(packed, len(names) - 1, grown=True) == (names[:-1], None)
+    (packed / "keys.json").write_text(json.dumps(names, indent=1))
+    r = LmdbReader(packed)
+    assert list(r.keys) == names and r._keys_file_crc != r.manifest.integrity["keys"]
+    (packed / "keys.json").write_text(json.dumps([names[1], names[0], *names[2:]]))
+    with pytest.raises(CorruptData, match="keys checksum mismatch"):
+        LmdbReader(packed).keys
