@@ -227,10 +227,14 @@ def upload_version(local: str | os.PathLike, url: str, *, storage_options: dict[
             if name in REWRITTEN:
                 up.put(name, path)
                 done(name)
+        # last, the swap: over the manifest this append continues only. Where the storage takes a
+        # conditional write (S3) the server refuses it once another writer swapped its own in
+        # since the ETag was read; elsewhere the re-read just before it narrows that window.
+        etag = up.etag(MANIFEST_NAME)
         if _get(up, MANIFEST_NAME) != raw:
             raise UsageError(f"{redact(url)}: changed during the upload (another writer?); this version's "
                              "manifest was not published")
-        up.put(MANIFEST_NAME, main, force=True)  # last: the swap, now the new version is read
+        up.put(MANIFEST_NAME, main, force=True, if_match=etag)
         done(MANIFEST_NAME)
     up.journal_path.unlink(missing_ok=True)
     log.info("%s", up.report.summary())

@@ -34,7 +34,7 @@ from packer.fileio import visible_files
 from packer.formats import FormatSpec, ShardFiles, single_file_spec
 from packer.manifest import MANIFEST_NAME, atomic_write_bytes
 from packer.remote.cache import default_cache_dir
-from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy, file_sha256, retrying
+from packer.remote.fetch import RemoteError, RemoteMissing, RetryPolicy, file_sha256, http_status, retrying
 from packer.remote.source import SUMS_NAME
 from packer.remote.url import cache_key, is_url, join_url, redact, scrub, secrets_of, url_filesystem
 
@@ -137,20 +137,51 @@ class _Uploader:
             return False
         return int(there.get("size", -1)) == size
 
-    def put(self, name: str, path: Path, sha256: str | None = None, *, force: bool = False) -> str:
-        """Upload ``path`` as ``name`` unless already there with this content; its sha256."""
+    def etag(self, name: str) -> str | None:
+        """The ETag of the object ``name`` where the storage takes a write conditional on it (S3's
+        ``If-Match``), read fresh; None elsewhere."""
+        if not set(_protocols(self.fs)) & {"s3", "s3a"}:
+            return None
+        remote = join_url(self.rdir, name)
+        self.fs.invalidate_cache(remote)
+        return self._retry(name, lambda: self.fs.info(remote)).get("ETag")
+
+    def put(self, name: str, path: Path, sha256: str | None = None, *, force: bool = False,
+            if_match: str | None = None) -> str:
+        """Upload ``path`` as ``name`` unless already there with this content; its sha256.
+        ``if_match``: the ``etag`` the object must still have, or the server refuses the write
+        (``UsageError``: another writer replaced it since)."""
         size = path.stat().st_size
         sha256 = sha256 or file_sha256(path)
         if not force and self.uploaded(name, size, sha256):
             self.report.skipped.append(name)
             return sha256
-        self._retry(name, lambda: self.fs.put_file(str(path), join_url(self.rdir, name), **self.put_options))
+        if if_match is None:
+            self._retry(name, lambda: self.fs.put_file(str(path), join_url(self.rdir, name), **self.put_options))
+        else:
+            data = path.read_bytes()
+            self._retry(name, lambda: self._put_if(name, data, if_match))
         with self.lock:
             self.journal[name] = {"bytes": size, "sha256": sha256}
             atomic_write_bytes(self.journal_path, json.dumps(self.journal).encode())
             self.report.uploaded.append(name)
             self.report.bytes += size
         return sha256
+
+    def _put_if(self, name: str, data: bytes, etag: str) -> None:
+        remote = join_url(self.rdir, name)
+        try:
+            self.fs.pipe_file(remote, data, IfMatch=etag)
+        except OSError as e:
+            cause = e.__cause__ if e.__cause__ is not None else e
+            code = (getattr(cause, "response", None) or {}).get("Error", {}).get("Code")
+            if code != "PreconditionFailed" and http_status(cause) != 412:
+                raise
+            self.fs.invalidate_cache(remote)
+            if self.fs.cat_file(remote) == data:  # our own write, which landed before a retry of it
+                return
+            raise UsageError(f"{redact(join_url(self.udir, name))}: another writer replaced it while this one "
+                             "was being written (the storage refused the conditional write); not overwritten") from e
 
     def remove_main(self) -> None:
         """Delete the remote manifest (or single file): what was there stops being a dataset."""
@@ -359,3 +390,8 @@ def staged_output(out: str | os.PathLike, *, resume: bool = False, overwrite: bo
             _Uploader(local, url, storage_options, RetryPolicy()).remove_main()
     complete = resume and there and marker.exists() and not local.exists()
     return StagedOutput(url, local, storage_options=storage_options, complete=complete)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

@@ -202,6 +202,56 @@ def test_an_output_replaced_under_the_append_is_not_overwritten(bucket, tmp_path
     assert len(_remote(url, s3, tmp_path / "c")) == 6  # the other writer's output, as it published it
 
 
+def test_a_manifest_swapped_in_after_the_last_check_is_not_overwritten(bucket, tmp_path, s3, trees, monkeypatch):
+    """Another writer's manifest landing between the append's last re-read and its own swap: S3
+    refuses the append's conditional write (If-Match on the ETag it read), so the other
+    version stays as published, and the append says so instead of overwriting it."""
+    from packer.remote import upload
+
+    src, url = _src(tmp_path, trees), f"{bucket}/swapped.records"
+    assert _cli("to-records", src, url, *LAYOUT).exit_code == 0
+    _grow(src, trees)
+    staged = staged_append(url)
+    pack_images(src, staged.local, format="records", writer_options={"samples_per_shard": 4},
+                run_options=RunOptions(workers=0, append=True))
+    fs, base = url_filesystem(url, s3.storage_options)
+    theirs = fs.cat_file(f"{base}/packer.json").replace(b'"count"', b'"count" ', 1)  # same data, other bytes
+    put = upload._Uploader.put
+
+    def swapped_first(self, name, path, *args, **kw):
+        if name == "packer.json":
+            fs.pipe_file(f"{base}/packer.json", theirs)
+        return put(self, name, path, *args, **kw)
+
+    monkeypatch.setattr(upload._Uploader, "put", swapped_first)
+    with pytest.raises(UsageError, match="another writer replaced it"):
+        staged.upload()
+    fs.invalidate_cache()
+    assert fs.cat_file(f"{base}/packer.json") == theirs
+
+
+def test_a_conditional_swap_retried_after_it_landed_succeeds(bucket, tmp_path, s3, trees, monkeypatch):
+    """The swap's write lands but its answer is lost, and the retry is refused by S3 (the ETag is
+    now the append's own): the append reads its own manifest there and goes on."""
+    from packer.remote import upload
+
+    src, url = _src(tmp_path, trees), f"{bucket}/retried.records"
+    assert _cli("to-records", src, url, *LAYOUT).exit_code == 0
+    _grow(src, trees)
+    put_if, lost = upload._Uploader._put_if, []
+
+    def answer_lost(self, name, data, etag):
+        put_if(self, name, data, etag)
+        if not lost:
+            lost.append(name)
+            raise ConnectionResetError("the answer was lost")
+
+    monkeypatch.setattr(upload._Uploader, "_put_if", answer_lost)
+    r = _cli("to-records", src, url, *LAYOUT, "--append")
+    assert r.exit_code == 0, r.output
+    assert lost == ["packer.json"] and _remote(url, s3, tmp_path / "c").manifest.version == 2
+
+
 def test_a_coco_pack_at_s3_grows_with_its_annotation_file(bucket, tmp_path, s3):
     """A field pack (COCO) at a URL takes --append as an image pack does: its grown annotation
     file's new images go up as new objects, the manifest last; it reads like one pack of the
