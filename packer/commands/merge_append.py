@@ -31,7 +31,7 @@ from packer.commands.merge import (MergeReport, combined_videos, open_parts, par
 from packer.conversion.append import open_base
 from packer.errors import OutputClaimed, UsageError
 from packer.formats import Reader
-from packer.formats.versions import AppendBase
+from packer.formats.versions import AppendBase, next_video_index
 from packer.manifest import created_by
 from packer.remote.url import is_url
 
@@ -166,7 +166,7 @@ def _append(out: Path, parts: Sequence[Reader], reader: Reader, text: str, merge
     log.info("appending %d parts (%d samples) to %s", len(parts), total, out)
     try:
         writer.open()
-        videos_before = len(reader.manifest.videos)  # a sample's video_index: a position in the version's videos
+        videos_before = next_video_index(reader.manifest.videos)  # a sample's video_index, as --append numbers it
         with tqdm(total=total, unit="sample", desc="merge --append", dynamic_ncols=True, disable=None) as bar:
             for r in parts:
                 for i in range(len(r)):

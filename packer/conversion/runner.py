@@ -32,6 +32,7 @@ from packer.conversion.options import RunOptions
 from packer.formats import Writer, open_reader
 from packer.formats.sample import Sample
 from packer.formats.sidecars import partial_path
+from packer.formats.versions import next_video_index
 from packer.heap import tune_heap
 from packer.manifest import atomic_write_bytes
 from packer.conversion.inputs import InputFailure, Item
@@ -340,8 +341,8 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
     bad_lines = [{**f.record(), "index": -1, "at": 0} for f in input_failures]
     st = (_resume_state(items, work_fn, writer, executor, fp, bad_lines, append, refuse=opts.resume) if resuming
           else _State(failures=bad_lines))
-    if append is not None:  # a video's frames carry its position among all the version's videos
-        st.videos_before = len(append.base.manifest.videos)
+    if append is not None:  # a video's frames carry its index among the version's videos, never one taken
+        st.videos_before = next_video_index(append.base.manifest.videos)
     if resuming and not st.resumed:  # nothing to continue: a fresh run, which takes each file's stat as it reads
         stats = input_rows(items)
         fp = Fingerprint(format=writer.format_name, classes=writer.classes, options=options, stats=stats)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from packer.formats.reader import Reader
 
-__all__ = ["AppendBase", "next_version", "next_videos", "merge_ranges", "version_path", "summary", "save_versions",
+__all__ = ["AppendBase", "next_version", "next_videos", "merge_ranges", "version_path", "summary", "save_versions", "video_index", "next_video_index",
            "keep_base"]
 
 
@@ -129,13 +129,29 @@ def next_version(base: AppendBase, added: Manifest, *, keys: Sequence[str], sour
         parts=[])
 
 
+def video_index(videos: Sequence[dict[str, Any]], position: int) -> int:
+    """The ``video_index`` the samples of ``videos[position]`` store (a records output's
+    ``video/index``): its ``index`` where a ``--prune`` moved it, else its position."""
+    return int(videos[position].get("index", position))
+
+
+def next_video_index(videos: Sequence[dict[str, Any]]) -> int:
+    """The ``video_index`` an append's first new video takes: one past every one the version's
+    samples store, so that none is taken twice, even after a ``--prune`` left videos out."""
+    return max((video_index(videos, i) for i in range(len(videos))), default=-1) + 1
+
+
 def next_videos(base: AppendBase, added: Sequence[dict[str, Any]], kept: int) -> list[dict[str, Any]]:
     """The ``videos`` entries of the version after ``base``: the base version's that it keeps,
     then ``added`` (the new samples' own, ``start`` counted from their first), each ``start`` a
-    sample position of the new version; ``kept``: how many of the base's samples it keeps."""
+    sample position of the new version; ``kept``: how many of the base's samples it keeps. An
+    entry whose samples store another ``video_index`` than its new position says which
+    (``index``): a ``--prune`` moves entries up, and the new ones are numbered after every
+    index the base's samples store (``next_video_index``), as the runner numbers them."""
     if not base.manifest.videos and not added:
         return []
-    videos = [dict(v) for v in base.manifest.videos]
+    first_new = next_video_index(base.manifest.videos)
+    videos = [{**v, "index": video_index(base.manifest.videos, i)} for i, v in enumerate(base.manifest.videos)]
     if base.keep is not None and videos:  # a --prune: the videos wholly kept, their starts moved up
         import numpy as np
 
@@ -150,7 +166,11 @@ def next_videos(base: AppendBase, added: Sequence[dict[str, Any]], kept: int) ->
             if k >= 0 and p < stops[k]:
                 moved.append({**v, "start": int(starts[k] + p - firsts[k])})
         videos = moved
-    return videos + [{**v, "start": int(v["start"]) + kept} for v in added]
+    videos += [{**v, "start": int(v["start"]) + kept, "index": first_new + j} for j, v in enumerate(added)]
+    for i, v in enumerate(videos):  # (the usual case, nothing moved: no entry carries one)
+        if v["index"] == i:
+            del v["index"]
+    return videos
 
 
 def keep_base(out: Path, base: AppendBase) -> None:

@@ -250,3 +250,4 @@ def test_a_merged_video_records_output_keeps_its_layout_and_takes_an_append(tree
     grow(src, trees)
     report = convert("pack-videos", src, out, "records", append=True, commit_every=1)
     assert report.status == "appended" and report.videos == 6 and packer.verify(out).ok
+

@@ -136,3 +136,51 @@ def test_a_video_dataset_opened_before_an_append_reads_only_its_version(kind, bu
     assert _samples(out) == reference and passes >= 1
     again = packer.FrameDataset(out, **kw) if kind[1] == "frames" else packer.PackedVideoDataset(out, **kw)
     assert len(again) == 6
+
+
+def _indices_hold(out: Path) -> list[int]:
+    """Every video entry's samples store its ``video_index`` (the entry's ``index``, else its
+    position), and no two entries share one; the indices, in entry order."""
+    from packer.formats.versions import video_index
+
+    r = open_reader(out)
+    try:
+        videos = r.manifest.videos
+        got = []
+        for p, v in enumerate(videos):
+            want = video_index(videos, p)
+            stored = {r.sample(i).extra["video_index"] for i in range(int(v["start"]), int(v["start"]) + int(v["length"]))}
+            assert stored == {want}, (v["key"], stored, want)
+            got.append(want)
+        assert len(set(got)) == len(got)
+        return got
+    finally:
+        r.close()
+
+
+def test_a_records_video_index_names_its_entry_after_a_prune(tmp_path):
+    """A records frame pack's ``video/index`` is stored once, in the version a video was packed
+    in; a ``--prune`` moves entries up, so each moved entry says which index its samples carry
+    (``index``), and the videos of later appends take indices never used before."""
+    from tests.conversion.test_append_videos import convert, grow
+
+    trees = _trees(tmp_path)
+    src = trees["old"]
+    out = tmp_path / "out.records"
+    convert("decode-frames", src, out, "records")
+    assert _indices_hold(out) == [0, 1, 2, 3] and all("index" not in v for v in open_reader(out).manifest.videos)
+    sorted(src.rglob("clip_0_0.*"))[0].unlink()
+    grow(src, trees)
+    assert convert("decode-frames", src, out, "records", append=True, prune=True).version == 2
+    assert _indices_hold(out) == [1, 2, 3, 4, 5]
+    write_video(src / "class_2" / "clip_2_5.mp4", frames=3, size=SIZE, seed=95)
+    assert convert("decode-frames", src, out, "records", append=True).version == 3
+    assert _indices_hold(out) == [1, 2, 3, 4, 5, 6] and packer.verify(out).ok
+
+
+def _trees(root: Path) -> dict[str, Path]:
+    """``old``: 4 tiny videos in 2 classes; ``late``: one more in ``class_1`` and one of a new class."""
+    old = write_video_folder(root / "old", per_class=2, classes=2, frames=5, size=SIZE)
+    write_video(root / "late" / "class_1" / "clip_1_9.mp4", frames=6, size=SIZE, seed=91)
+    write_video(root / "late" / "class_2" / "clip_2_0.mp4", frames=4, size=SIZE, seed=92)
+    return {"old": old, "late": root / "late"}
