@@ -283,11 +283,12 @@ def run_options(reader: Reader) -> dict[str, Any]:
 
 
 def combined_videos(readers: Sequence[Reader]) -> list[dict[str, Any]]:
-    """The parts' ``videos`` entries in order, each ``start`` counted from the first part's first sample."""
+    """The parts' ``videos`` entries in order, each ``start`` counted from the first part's first
+    sample (and no ``index``: the merged samples are numbered by their entries' positions)."""
     videos, before = [], 0
     for r in readers:
         for v in r.manifest.videos:
-            videos.append({**v, "start": int(v["start"]) + before})
+            videos.append({**{k: x for k, x in v.items() if k != "index"}, "start": int(v["start"]) + before})
         before += len(r)
     return videos
 

@@ -24,7 +24,7 @@ from packer.formats.reader import Reader
 from packer.formats.sample import Sample
 from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, SOURCE_COLUMNS, array_checksum, fsync_append,
                                      keys_checksum, partial_path, write_failures, write_sources)
-from packer.formats.versions import AppendBase, keep_base, next_version, save_versions
+from packer.formats.versions import AppendBase, keep_base, next_version, save_versions, video_index
 from packer.manifest import FAILURES_NAME, VERSIONS_DIR, Manifest
 
 __all__ = ["Writer", "Segments"]
@@ -393,10 +393,13 @@ class Writer(abc.ABC):
         videos_before = 0
         with writer:
             for reader in parts:
+                # a sample's video_index: its entry's position in the merged videos (a part's own
+                # index may differ from its entry's position: ``packer.formats.versions.video_index``)
+                entry_of = {video_index(reader.manifest.videos, p): p for p in range(len(reader.manifest.videos))}
                 for i in range(len(reader)):
                     sample = reader.sample(i)
-                    if "video_index" in sample.extra:  # a position in the manifest's videos
-                        sample.extra["video_index"] += videos_before
+                    if "video_index" in sample.extra:
+                        sample.extra["video_index"] = videos_before + entry_of[sample.extra["video_index"]]
                     writer.add(sample)
                     if progress is not None:
                         progress(1)

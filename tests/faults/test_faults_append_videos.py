@@ -176,6 +176,13 @@ def test_a_records_video_index_names_its_entry_after_a_prune(tmp_path):
     write_video(src / "class_2" / "clip_2_5.mp4", frames=3, size=SIZE, seed=95)
     assert convert("decode-frames", src, out, "records", append=True).version == 3
     assert _indices_hold(out) == [1, 2, 3, 4, 5, 6] and packer.verify(out).ok
+    other = tmp_path / "other.records"
+    for c in range(3):
+        write_video(tmp_path / "more" / f"class_{c}" / f"zz_{c}.mp4", frames=3, size=SIZE, seed=70 + c)
+    convert("decode-frames", tmp_path / "more", other, "records")
+    merged = tmp_path / "merged.records"  # a merge renumbers every frame by its entry's position
+    packer.merge([out, other], merged, any_parts=True)
+    assert _indices_hold(merged) == list(range(9)) and packer.verify(merged).ok
 
 
 def _trees(root: Path) -> dict[str, Path]:
