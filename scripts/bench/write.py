@@ -1420,6 +1420,7 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
                        f"{statistics.median(walls):.2f}x", f">= {goal}x" if goal else ""])
         targets += [target(f"{label}, per CPU-second at the margin, median of rounds", statistics.median(per), goal),
                     target(f"{label}, per CPU-second at the margin, least of rounds", min(per), None),
+                    target(f"{label}, per CPU-second at the margin, most of rounds", max(per), None),
                     target(f"{label}, wall at the margin, median of rounds", statistics.median(walls), None)]
     print(f"Each row a fresh process (packer's CLI with its defaults, the bare loops as `python -c`), on "
           f"{args.images} and the first {args.base} images (~475x500 photo-like JPEGs) and {args.clips} and "
