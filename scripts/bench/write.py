@@ -17,8 +17,8 @@ Sections (the first argument; ``all`` runs write, full, frames, breakdown and fr
 * ``startup``: ``packer --help`` against ``python -c "import click"`` and a 1-image and a small
   ``to-lmdb``, each a fresh process: what starting packer costs.
 * ``margin``: the per-sample CPU at the margin, each row a fresh process as a user runs it:
-  ``to-lmdb`` and ``to-records --check header`` (defaults) on 2,000 images and on the first 100
-  of them, against the bare loops (records: also one that keeps each shard's sha256, as
+  ``to-lmdb`` and ``to-records --check header`` (defaults) on 20,000 images and on the first
+  1,000 of them (all in the page cache), against the bare loops (records: also one that keeps each shard's sha256, as
   ``to-records`` does for its manifest), and ``decode-frames --short-side 256`` on 24 and 2
   copies of the 340x256 clip against the bare OpenCV loop; the two runs' difference over the
   difference in samples, so start-up and imports cancel.
