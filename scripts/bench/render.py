@@ -209,7 +209,8 @@ README_FIGURES: tuple[Row, ...] = (
         _model_wall("write", "to-records default / bare append loop"), "{0:.2f}x / {1:.2f}x", ">= 0.8x", "writing.md#measured"),
     Row("at the margin, fresh processes, 20,000 vs the first 1,000 images: `to-lmdb --check header` / "
         "`to-records --check header` / `decode-frames --short-side 256` vs their bare loops (read + CRC32C + put; "
-        "+ append + sha256 + fsync; OpenCV decode-resize-encode), per CPU-second, median of rounds (range)",
+        "+ append + sha256 + fsync; OpenCV decode-resize-encode), per CPU-second, median of rounds (range); "
+        "`to-lmdb`'s median moves about the target from run to run",
         tuple(("write", "margin", f"{pair}, per CPU-second at the margin, {which} of rounds")
               for pair in _MARGIN for which in ("median", "least", "most")),
         " / ".join(f"{{{3 * k}:.2f}}x ({{{3 * k + 1}:.2f}}-{{{3 * k + 2}:.2f}})" for k in range(3)), ">= 0.9x",
