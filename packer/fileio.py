@@ -31,9 +31,18 @@ variable ``PACKER_MAX_INPUT_BYTES`` sets another). A bigger file is refused as u
 recorded failure) before it is read, so no input can take a worker's memory."""
 
 
+# ``os.environ``'s own table where it has one (POSIX: encoded keys and values, which setting or
+# deleting a variable through ``os.environ`` updates): a miss there is a dict lookup, where
+# ``os.environ.get`` of an unset variable raises and catches a KeyError (~2 µs, on every input read)
+_ENVIRON = getattr(os.environ, "_data", None)
+_CAP_KEY = os.environ.encodekey("PACKER_MAX_INPUT_BYTES") if _ENVIRON is not None else None
+
+
 def max_input_bytes() -> int:
     """The cap on one whole-file read: ``PACKER_MAX_INPUT_BYTES`` when set (bytes), else
     ``MAX_INPUT_BYTES``. Read at each call, so worker processes see the parent's setting."""
+    if _ENVIRON is not None and _CAP_KEY not in _ENVIRON:
+        return MAX_INPUT_BYTES
     raw = os.environ.get("PACKER_MAX_INPUT_BYTES")
     if not raw:
         return MAX_INPUT_BYTES

@@ -10,6 +10,7 @@ is cut back to its position so the result still equals an uninterrupted run) and
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from packer.conversion.executors.base import WorkResult, as_result
 from packer.conversion.options import RunOptions
 from packer.formats import Writer, open_reader
 from packer.formats.sample import Sample
+from packer.formats.segments import StoredSamples
 from packer.formats.sidecars import partial_path
 from packer.formats.versions import next_video_index
 from packer.heap import tune_heap
@@ -275,6 +277,22 @@ def _store(index: int, item: Item, outcome: Outcome, writer: Writer, st: _State)
         log.warning("%s: %s", item.path, outcome.reason)
 
 
+def _add_stored(index: int, samples: StoredSamples, items: Sequence[Item], writer: Writer,
+                processed: Callable[[Any], None], record: Callable[[Any], None] | None) -> int:
+    """Inputs ``index`` on, which gave one stored sample each (``samples``), added at once: their
+    input rows and checkpoint rows first, then the samples (``Writer.add_stored``; a durable
+    commit among them takes the rows up to it). Returns how many inputs."""
+    n, count = len(samples), writer.count
+    if record is not None:
+        stats = samples.stats()
+        if None in stats:  # a work that read no file: a stat then
+            stats = [stat or item_stat(items[index + k]) for k, stat in enumerate(stats)]
+        record(itertools.chain.from_iterable(stats))
+    processed(itertools.chain.from_iterable(zip(range(index, index + n), range(count + 1, count + n + 1))))
+    writer.add_stored(samples)
+    return n
+
+
 def run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, *,
         executor: Executor | None = None, options: RunOptions | None = None, desc: str = "packing",
         unit: str = "img", sample_unit: str | None = None, input_failures: Sequence[InputFailure] = (),
@@ -372,19 +390,24 @@ def _run(items: Sequence[Item], work_fn: Callable[[Item], Any], writer: Writer, 
             # surviving container is work for the garbage collector)
             processed, add, update = cp.pending.extend, writer.add, None if bar.disable else bar.update
             record = None if seen is None else seen.extend
-            for index, outcome in enumerate(executor.map(work_fn, items[st.items_done:]), st.items_done):
-                value = outcome.value
-                if outcome.ok and type(value) is Sample:  # the common case, as _store does it
-                    add(value)
-                    if record is not None:
-                        record(value.source_stat or item_stat(items[index]))
+            index = st.items_done
+            for outcome in executor.map_runs(work_fn, items[st.items_done:]):
+                if type(outcome) is StoredSamples:  # inputs whose samples the workers stored
+                    done = _add_stored(index, outcome, items, writer, processed, record)
                 else:
-                    _store(index, items[index], outcome, writer, st)
-                    if record is not None:
-                        record(item_stat(items[index]))
-                processed((index, writer.count))
+                    value, done = outcome.value, 1
+                    if outcome.ok and type(value) is Sample:  # the common case, as _store does it
+                        add(value)
+                        if record is not None:
+                            record(value.source_stat or item_stat(items[index]))
+                    else:
+                        _store(index, items[index], outcome, writer, st)
+                        if record is not None:
+                            record(item_stat(items[index]))
+                    processed((index, writer.count))
+                index += done
                 if update is not None:
-                    update(1)
+                    update(done)
                 if sample_unit is not None and time.monotonic() - shown > 0.5:
                     shown = time.monotonic()
                     bar.set_postfix_str(f"{(writer.count - st.samples) / (shown - start):.0f} {sample_unit}/s",

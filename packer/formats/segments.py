@@ -30,13 +30,15 @@ the atomic publish are those of a single writer.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
-from packer.formats.sample import Stored  # noqa: F401 (re-exported: what a stored sample carries)
+from packer.formats.sample import Sample, Stored
 
-__all__ = ["SegmentShard", "Stored", "SegmentWriteError", "SEGMENT_PREFIX", "is_segment_file", "segment_file",
-           "segment_index_file", "remove_segment_files"]
+__all__ = ["SegmentShard", "Stored", "StoredSamples", "SegmentWriteError", "SEGMENT_PREFIX", "is_segment_file",
+           "segment_file", "segment_index_file", "remove_segment_files"]
 
 SEGMENT_PREFIX = ".seg-"
 
@@ -76,6 +78,51 @@ class SegmentShard:
     count: int
     bytes: int
     sha256: str
+
+
+@dataclass
+class StoredSamples:
+    """Samples workers stored, of consecutive inputs that gave one sample each (no manifest entry,
+    no note), handed to the writer at once (``Writer.add_stored``): what a segment's inputs give
+    back in the usual case, without a ``Sample`` per input.
+
+    ``rows``: per sample ``(key, fmt, label, height, width, channels, extra or None, CRC32C, data
+    size, part file number, source_stat, offset in the part file)``, in input order; ``parts``: the
+    part files by number (a ``SegmentShard`` each); ``ends``: ``(n, part)`` for each part file
+    whose last sample is among the rows, ``n`` the rows up to and including it, in order.
+    """
+
+    rows: list[tuple]
+    parts: list[SegmentShard]
+    ends: list[tuple[int, int]]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def keys(self) -> list[str]:
+        return [r[0] for r in self.rows]
+
+    def crcs(self) -> list[int]:
+        return [r[7] for r in self.rows]
+
+    def stats(self) -> list[Any]:
+        """Per sample the ``source_stat`` its input's work read (None where it read none)."""
+        return [r[10] for r in self.rows]
+
+    def size(self, start: int = 0, stop: int | None = None) -> int:
+        """The data bytes of rows ``start:stop``."""
+        return sum(r[8] for r in itertools.islice(self.rows, start, stop))
+
+    def head(self, n: int) -> "StoredSamples":
+        """The first ``n`` samples."""
+        return StoredSamples(self.rows[:n], self.parts, [(e, k) for e, k in self.ends if e <= n])
+
+    def samples(self) -> Iterator[Sample]:
+        """Each row as the ``Sample`` it stands for (``data`` empty, ``prepared`` its ``Stored``)."""
+        parts, last = self.parts, {n - 1: k for n, k in self.ends}
+        for j, (key, fmt, label, h, w, c, extra, crc, size, k, stat, at) in enumerate(self.rows):
+            yield Sample(key, b"", fmt, label, h, w, c, extra if extra is not None else {},
+                         Stored(crc, size, parts[k] if last.get(j) == k else None, parts[k], at), stat)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from packer.errors import CorruptData, UsageError, WriteError
 from packer.fileio import remove_path
@@ -26,6 +26,9 @@ from packer.formats.sidecars import (CRC_JOURNAL, KEYS_JOURNAL, SOURCE_COLUMNS, 
                                      keys_checksum, partial_path, write_failures, write_sources)
 from packer.formats.versions import AppendBase, keep_base, next_version, save_versions, video_index
 from packer.manifest import FAILURES_NAME, VERSIONS_DIR, Manifest
+
+if TYPE_CHECKING:
+    from packer.formats.segments import StoredSamples
 
 __all__ = ["Writer", "Segments"]
 
@@ -198,6 +201,38 @@ class Writer(abc.ABC):
         self._pending_bytes = pending = self._pending_bytes + len(sample.data)
         if count - self.durable >= self.commit_every or pending >= self.commit_bytes:
             self.flush()
+
+    def add_stored(self, samples: StoredSamples) -> None:
+        """Append samples worker processes already stored (``packer.formats.segments``), in order,
+        as ``add`` would one by one. Where the part files are the output's own files
+        (``segments.indexed``: records' shards) only their keys and CRC32Cs are taken, at once, and
+        each part file is adopted at its last sample (``_adopt_part``: a durable commit); else (an
+        HDF5 writer copies each sample in from its part) each sample goes to ``add``."""
+        layout = type(self).segments
+        if layout is None or not layout.indexed:
+            for sample in samples.samples():
+                self.add(sample)
+            return
+        self._complete_open()
+        keys, crcs, start = samples.keys(), samples.crcs(), 0
+        for end, part in [*samples.ends, (len(samples), None)]:
+            if end > start:
+                self.keys += keys[start:end]
+                self.crcs += crcs[start:end]
+                self.count += end - start
+                self._pending_bytes += samples.size(start, end)
+                start = end
+            if part is not None:
+                self._adopt_part(samples.parts[part])
+
+    def _complete_open(self) -> None:
+        """Before samples workers stored are added: what the writer has open of its own (a
+        resumed shard) completed. A format with indexed ``segments`` says how."""
+
+    def _adopt_part(self, part: Any) -> None:
+        """Make a worker's completed part file (a ``SegmentShard``) the output's next file: the
+        durable commit (a format with indexed ``segments``)."""
+        raise NotImplementedError(f"{self.format_name}: its part files are not its output's files")
 
     def flush(self) -> None:
         """Make every added sample durable, then journal keys/CRCs and report the durable count."""

@@ -274,6 +274,43 @@ def test_a_file_changed_between_check_and_write_is_a_failure(src, tmp_path):
     assert e.value.stage == "read" and "changed" in e.value.reason
 
 
+def test_a_segments_results_come_back_as_runs_and_outcomes_in_input_order():
+    """What a records segment hands the runner: each stretch of one-sample inputs as one
+    ``StoredSamples`` (its part files' ends among them), every other input (a failure, several
+    samples) as its Outcome; expanded, the same stored samples one per input, each part file
+    completed by its last sample."""
+    from packer.conversion.executors.base import WorkResult
+    from packer.conversion.plans.sharded import _join, _one_by_one, _Result
+    from packer.formats.segments import SegmentShard, StoredSamples
+
+    def row(key, part, at):
+        return (key, "jpeg", 1, 4, 5, 3, None, 7, 10, part, (10, 99), at)
+
+    parts = [SegmentShard(f"p{k}", f"i{k}", n, 100, "") for k, n in enumerate((3, 3))]
+    # inputs: a, b, (fails), c+d (one input, two samples), e, f
+    rows = [row("a", 0, 0), row("b", 0, 10), row("c", 0, 20), row("d", 1, 0), row("e", 1, 10), row("f", 1, 20)]
+    result = _Result(6, rows, {2: (False, "decode", "bad"), 3: (True, 2, None, None)}, parts)
+    runs = list(result.runs())
+    assert [type(r).__name__ for r in runs] == ["StoredSamples", "Outcome", "Outcome", "StoredSamples"]
+    assert runs[0].keys() == ["a", "b"] and runs[0].ends == [] and runs[1].stage == "decode"
+    assert runs[3].keys() == ["e", "f"] and runs[3].ends == [(2, 1)] and runs[3].stats() == [(10, 99)] * 2
+    assert isinstance(runs[2].value, WorkResult) and [s.key for s in runs[2].value.samples] == ["c", "d"]
+    assert runs[2].value.samples[0].prepared.shard is parts[0]  # c ends part 0
+    one = list(_one_by_one(result.runs()))
+    assert len(one) == 6 and [o.ok for o in one] == [True, True, False, True, True, True]
+    last = [o.value.prepared.shard for o in one if o.ok and not isinstance(o.value, WorkResult)]
+    assert last == [None, None, None, parts[1]]  # a, b, e, f: f ends part 1
+    assert one[0].value.extra == {} and one[0].value.data == b"" and one[0].value.source_stat == (10, 99)
+    assert runs[3].head(1).ends == [] and runs[3].head(2).ends == [(2, 1)]
+    assert isinstance(runs[3].head(1), StoredSamples) and runs[3].size() == 20
+    # a crashed segment rerun input by input: the parts' rows and files renumbered into one
+    joined = _join([_Result(1, [row("a", 0, 0)], {}, parts[:1]), _Result(1, [], {0: (False, "crash", "x")}, []),
+                    _Result(1, [row("b", 0, 0)], {}, parts[1:])])
+    runs = list(joined.runs())
+    assert [r.keys() if isinstance(r, StoredSamples) else r.stage for r in runs] == [["a"], "crash", ["b"]]
+    assert runs[2].rows[0][9] == 1
+
+
 def test_staged_outcomes_come_in_input_order(src):
     items, _ = image_items(src)
     job = VerdictJob(ImageJob(check="full"))

@@ -128,22 +128,27 @@ def test_a_part_file_damaged_before_the_writer_copies_it_stops_the_run(sources, 
     from packer.conversion.plans.sharded import ShardedExecutor
     from packer.errors import CorruptData
     from packer.formats.hdf5 import HDF5Writer
+    from packer.formats.segments import StoredSamples
 
     items, classes = image_items(sources["images"])
     damaged: list = []
 
     class Damaging(ShardedExecutor):
-        def map(self, fn, items):
-            for k, outcome in enumerate(super().map(fn, items)):
-                if k >= 6 and outcome.ok and not damaged:  # past the first commits (of 4 samples)
-                    stored = outcome.value.prepared
-                    with open(stored.part.path, "r+b") as f:
-                        f.seek(stored.offset + stored.size // 2)
-                        byte = f.read(1)[0]
-                        f.seek(stored.offset + stored.size // 2)
-                        f.write(bytes([byte ^ 0x01]))
-                    damaged.append((outcome.value.key, stored.part.path))
-                yield outcome
+        def map_runs(self, fn, items):  # what the runner takes: runs of stored samples, other outcomes
+            k = 0
+            for run in super().map_runs(fn, items):
+                samples = list(run.samples()) if isinstance(run, StoredSamples) else [run.value] if run.ok else []
+                for sample in samples:
+                    if k >= 6 and not damaged:  # past the first commits (of 4 samples)
+                        stored = sample.prepared
+                        with open(stored.part.path, "r+b") as f:
+                            f.seek(stored.offset + stored.size // 2)
+                            byte = f.read(1)[0]
+                            f.seek(stored.offset + stored.size // 2)
+                            f.write(bytes([byte ^ 0x01]))
+                        damaged.append((sample.key, stored.part.path))
+                    k += 1
+                yield run
 
     out = tmp_path / "o.h5"
     writer = HDF5Writer(out, classes=classes, commit_every=4)

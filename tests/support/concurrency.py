@@ -33,16 +33,18 @@ def pause():
 def wrap(owner, name):
     real = getattr(owner, name)
     def hooked(*a, **k):
-        if name != "add":
+        if name not in ("add", "add_stored"):
             pause()
         result = real(*a, **k)
-        if name == "add":
+        if name in ("add", "add_stored"):
             pause()
         return result
     setattr(owner, name, hooked)
 if at in ("add", "close"):
     import packer.formats.writer as w
     wrap(w.Writer, at)
+    if at == "add":  # samples workers stored, handed over at once
+        wrap(w.Writer, "add_stored")
 elif at.startswith("call:"):
     _, mod, attr = at.split(":")
     wrap(importlib.import_module(mod), attr)

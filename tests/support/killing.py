@@ -25,7 +25,7 @@ from tests.support import REPO, zygote
 from scripts.timing import scaled
 
 
-# Kill points: "add:N" (after N samples handed to the writer), "journal:N" (before the Nth
+# Kill points: "add:N" (after N samples handed to the writer, one by one or at once), "journal:N" (before the Nth
 # journal append; an export's: before its Nth shard is journaled), "close:0" (every input done,
 # before the writer starts publishing), "rename:0" (before the final rename), "renamed:0" (right after it), "publish:N" (before the Nth os.replace or os.link of an
 # --append's publish, which renames and links files one by one: Writer._close_appended).
@@ -41,6 +41,14 @@ if hold:  # past N samples the writer waits for the kill: the run cannot end bef
         while self.count >= held_at:
             time.sleep(3600)
     held.Writer.add = wait_for_the_kill
+    held_stored = held.Writer.add_stored
+    def wait_for_the_kill_stored(self, samples):  # samples handed over at once: up to the Nth
+        if self.count + len(samples) >= held_at:
+            held_stored(self, samples.head(max(held_at - self.count, 0)))
+            while True:
+                time.sleep(3600)
+        held_stored(self, samples)
+    held.Writer.add_stored = wait_for_the_kill_stored
 spec = os.environ.get("PACKER_TEST_KILL", "")
 if spec:
     where, n = spec.split(":"); n = int(n)
@@ -55,6 +63,13 @@ if spec:
             if self.count >= n:
                 die()
         base.Writer.add = hooked_add
+        add_stored = base.Writer.add_stored
+        def hooked_add_stored(self, samples):  # samples handed over at once: up to the Nth, then die
+            if self.count + len(samples) >= n:
+                add_stored(self, samples.head(max(n - self.count, 0)))
+                die()
+            add_stored(self, samples)
+        base.Writer.add_stored = hooked_add_stored
     elif where == "journal":
         import importlib
         calls = [0]

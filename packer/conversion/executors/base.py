@@ -67,6 +67,14 @@ class Executor:
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
         raise NotImplementedError
 
+    def map_runs(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """``map`` as the conversion loop takes it: an executor whose workers store the samples
+        themselves may hand back consecutive inputs that gave one stored sample each as one
+        ``packer.formats.segments.StoredSamples`` (``Writer.add_stored`` takes them at once, with
+        no ``Outcome`` or ``Sample`` per input); every other input as its ``Outcome``. The
+        default: ``map``."""
+        return self.map(fn, items)
+
     def close(self) -> None:
         """Release workers."""
 

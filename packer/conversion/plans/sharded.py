@@ -6,14 +6,19 @@ runs each in a worker of a ``RangePool`` as a ``SegmentTask``: the per-item work
 sample's stored bytes (the writer's ``Segments.record``: a framed TFRecord, or the bytes
 themselves) appended to the worker's own part file in the writer's ``segment_dir`` (through a
 1 MB buffer, its writeback started every 4 MB: ``packer.writeback``; for records a shard,
-sha256'd as it goes and indexed); fsync at the end. Outcomes come back per input, in order,
-holding *stored* samples (no bytes); the writer takes each part file over in input order
-(``packer.formats.segments``). The runner, the checkpoint, failure records and ``--resume``
-work as with any executor.
+sha256'd as it goes and indexed); fsync at the end. What comes back is small: a row of plain
+values per stored sample (no bytes), and the inputs that did not give one sample each. The
+runner gets a records segment's consecutive one-sample inputs as one ``StoredSamples``
+(``map_runs``), which the writer takes at once (``Writer.add_stored``: it only extends its key
+and CRC32C lists and adopts each shard file where it ends), the rest (and an HDF5 writer's
+samples) as ``Outcome``s; the writer takes each part file over in input order
+(``packer.formats.segments``). The checkpoint,
+failure records and ``--resume`` work as with any executor.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 import threading
@@ -26,8 +31,9 @@ from packer.conversion.executors.base import Executor, Outcome, call_safely
 from packer.conversion.plans.ranges import RangePool, even_ranges
 from packer.conversion.executors.base import WorkResult, as_result
 from packer.errors import WriteError
-from packer.formats.segments import SegmentShard, SegmentWriteError, segment_file, segment_index_file
-from packer.formats.sample import Sample, Stored
+from packer.formats.segments import (SegmentShard, SegmentWriteError, StoredSamples, segment_file,
+                                     segment_index_file)
+from packer.formats.sample import Sample
 from packer.writeback import WRITE_BUFFER, Writeback
 
 __all__ = ["ShardedExecutor", "SegmentTask", "segment_size"]
@@ -119,8 +125,8 @@ class _Segment:
 class SegmentTask:
     """Runs in a worker: the work of inputs ``start:stop``, stored into the worker's own shards.
 
-    Returns one ``Outcome`` per input (ok ones hold a ``WorkResult`` of stored samples), or a
-    ``SegmentWriteError`` when the shard cannot be written.
+    Returns a ``_Result`` (a row per stored sample, the inputs that did not give one plain
+    sample each), or a ``SegmentWriteError`` when the shard cannot be written.
     """
 
     def __init__(self, work_fn: Any, *, workdir: str | os.PathLike, shard_size: int, prepare: Any,
@@ -136,76 +142,100 @@ class SegmentTask:
         # the writer's pid in the names: a worker orphaned by a killed run never shares a file
         # with the run that resumes it (and stops at its next input, below)
         seg = _Segment(self.workdir, f"{self.owner}-{start:012d}-{stop:012d}", self.shard_size, self.indexed)
-        done: list[tuple] = []  # per input, plain tuples: they cross back cheaply
+        rows: list[tuple] = []  # per stored sample, plain values: they cross back cheaply
+        odd: dict[int, tuple] = {}  # inputs (by position) that did not give one plain sample
+        append, prepare, work_fn, store = rows.append, self.prepare, self.work_fn, seg.append
         try:
             for i in range(start, stop):
                 if os.getppid() != self.owner:  # the run that wanted this segment is gone
                     seg.abandon()
                     os._exit(1)
-                outcome = call_safely(self.work_fn, items[i])
+                outcome = call_safely(work_fn, items[i])
                 if not outcome.ok:
-                    done.append((False, outcome.stage, outcome.reason))
+                    odd[i - start] = (False, outcome.stage, outcome.reason)
                     continue
-                result = as_result(outcome.value)
-                stored = []
-                for s in result.samples:
-                    record, crc = self.prepare(s)
-                    k, at = seg.append(record)
-                    stored.append((s.key, s.fmt, s.label, s.height, s.width, s.channels, s.extra, crc,
-                                   len(s.data), k, s.source_stat, at))
-                done.append((True, stored, result.entry, result.note))
+                value = outcome.value
+                if type(value) is Sample:  # the usual input: one sample
+                    samples = (value,)
+                else:
+                    result = as_result(value)
+                    samples = result.samples
+                    if len(samples) != 1 or result.entry is not None or result.note is not None:
+                        odd[i - start] = (True, len(samples), result.entry, result.note)
+                for s in samples:
+                    record, crc = prepare(s)
+                    k, at = store(record)
+                    append((s.key, s.fmt, s.label, s.height, s.width, s.channels, s.extra or None, crc,
+                            len(s.data), k, s.source_stat, at))
             seg.close_shard()
         except OSError as e:
             seg.abandon()
             return SegmentWriteError(f"{self.workdir}: write failed ({e.strerror or e})")
-        return _Result(done, seg.done)
+        return _Result(stop - start, rows, odd, seg.done)
 
 
 @dataclass
 class _Result:
-    """What a segment hands back: per input ``(True, stored samples, entry, note)`` or
+    """What a segment hands back: its number of inputs; a row per stored sample in input order
+    (``StoredSamples.rows``); the inputs, by position, that did not give one sample without a
+    manifest entry or note: ``(True, samples, entry, note)`` (their rows are among the rows) or
     ``(False, stage, reason)``; the shard files it completed, by number."""
 
-    inputs: list[tuple]
+    count: int
+    rows: list[tuple]
+    odd: dict[int, tuple]
     shards: list[SegmentShard]
 
-    def outcomes(self) -> Iterator[Outcome]:
-        """Per input an Outcome of stored samples (a lone ``Sample`` for the usual input of one
-        sample, no manifest entry, no note); the last sample of each file adopts it."""
-        last = {}
-        for i, entry in enumerate(self.inputs):
-            if entry[0]:
-                for j, s in enumerate(entry[1]):
-                    last[s[9]] = (i, j)
-        shards = self.shards
-        for i, entry in enumerate(self.inputs):
+    def runs(self) -> Iterator[Outcome | StoredSamples]:
+        """In input order: each stretch of inputs that gave one plain sample each as one
+        ``StoredSamples``, every other input as its ``Outcome`` (a ``WorkResult`` of stored
+        samples, or a failure). The last sample of each file adopts it."""
+        ends = list(itertools.accumulate(s.count for s in self.shards))  # rows up to each file's end
+        done = rows = 0  # inputs and rows so far
+        for i in [*sorted(self.odd), self.count]:
+            if i > done:  # inputs done..i-1: a row each
+                yield self._stored(rows, rows + i - done, ends)
+                rows += i - done
+            if i == self.count:
+                return
+            entry, done = self.odd[i], i + 1
             if not entry[0]:
                 yield Outcome(False, stage=entry[1], reason=entry[2])
                 continue
-            samples = [Sample(key, b"", fmt, label, h, w, c, extra,
-                              Stored(crc, size, shards[k] if last[k] == (i, j) else None, shards[k], at), stat)
-                       for j, (key, fmt, label, h, w, c, extra, crc, size, k, stat, at) in enumerate(entry[1])]
-            if len(samples) == 1 and entry[2] is None and entry[3] is None:
-                yield Outcome(True, samples[0])
-            else:
-                yield Outcome(True, WorkResult(samples, entry[2], entry[3]))
+            samples = list(self._stored(rows, rows + entry[1], ends).samples())
+            rows += entry[1]
+            yield Outcome(True, WorkResult(samples, entry[2], entry[3]))
+
+    def _stored(self, start: int, stop: int, ends: list[int]) -> StoredSamples:
+        return StoredSamples(self.rows[start:stop], self.shards,
+                             [(n - start, k) for k, n in enumerate(ends) if start < n <= stop])
 
 
 def _crashed(start: int, stop: int, why: str) -> _Result:
-    return _Result([(False, "crash", why) for _ in range(start, stop)], [])
+    return _Result(stop - start, [], {i: (False, "crash", why) for i in range(stop - start)}, [])
 
 
 def _join(parts: list[Any]) -> Any:
     """A crashed segment rerun one input per range: its parts' results as one (files renumbered)."""
-    inputs, shards = [], []
+    count, rows, odd, shards = 0, [], {}, []
     for part in parts:
         if isinstance(part, SegmentWriteError):
             return part
         base = len(shards)
         shards += part.shards
-        inputs += [e if not e[0] else (True, [(*s[:9], s[9] + base, *s[10:]) for s in e[1]], e[2], e[3])
-                   for e in part.inputs]
-    return _Result(inputs, shards)
+        rows += [(*r[:9], r[9] + base, *r[10:]) for r in part.rows]
+        odd.update((count + i, e) for i, e in part.odd.items())
+        count += part.count
+    return _Result(count, rows, odd, shards)
+
+
+def _one_by_one(runs: Iterable[Outcome | StoredSamples]) -> Iterator[Outcome]:
+    """``runs`` with each ``StoredSamples`` as an Outcome per input."""
+    for x in runs:
+        if type(x) is StoredSamples:
+            yield from (Outcome(True, s) for s in x.samples())
+        else:
+            yield x
 
 
 class ShardedExecutor(Executor):
@@ -234,6 +264,9 @@ class ShardedExecutor(Executor):
         self.start_method = start_method
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome]:
+        return _one_by_one(self.map_runs(fn, items))
+
+    def map_runs(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Outcome | StoredSamples]:
         items = list(items)
         if not items:
             return
@@ -258,7 +291,10 @@ class ShardedExecutor(Executor):
                     closing.start()
                 if isinstance(result, SegmentWriteError):
                     raise WriteError(result.message)
-                yield from result.outcomes()
+                # records: a segment's one-sample inputs at once. An HDF5 writer copies each sample
+                # in from its part and commits every --commit-every samples: one by one, as it was
+                # (handed over at once, a kill-and-resume test tripped HDF5; see docs/writing.md)
+                yield from result.runs() if layout.indexed else _one_by_one(result.runs())
         finally:
             if closing is None:
                 pool.close()

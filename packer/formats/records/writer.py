@@ -131,16 +131,22 @@ class RecordsWriter(Writer):
     def _add_stored(self, sample: Sample, stored: Stored) -> None:
         """A sample a worker stored (``packer.formats.segments``); the last one of its
         shard file adopts the file: the durable commit."""
-        if self._fh is not None:  # a shard this writer has open (a resumed one): complete it first
+        self._complete_open()
+        super().add(sample)  # ``_write`` stores nothing: the bytes are in the worker's file
+        self._pending_bytes += stored.size
+        if stored.shard is not None:
+            self._adopt_part(stored.shard)
+
+    def _adopt_part(self, part: SegmentShard) -> None:
+        self._adopting = part  # (``_commit`` adopts it)
+        self.flush()
+
+    def _complete_open(self) -> None:
+        if self._fh is not None:
             if self.count > self.durable:
                 self.flush()
             else:
                 self._commit()
-        super().add(sample)  # ``_write`` stores nothing: the bytes are in the worker's file
-        self._pending_bytes += stored.size
-        if stored.shard is not None:
-            self._adopting = stored.shard
-            self.flush()
 
     def _adopt(self, shard: SegmentShard) -> None:
         """Make a worker's completed shard file and its index (both fsynced) the next shard."""
