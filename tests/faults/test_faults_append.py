@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -53,15 +54,29 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 def built(inputs, tmp_path_factory):
     """``built(fmt) -> (src, v1, reference)``: the grown source tree, the output of the old
     inputs (version 1) and an uninterrupted append's result, made once per format."""
-    root, done = tmp_path_factory.mktemp("append-built"), {}
+    root = tmp_path_factory.mktemp("append-built")
+
+    def old(src: Path) -> None:
+        shutil.copytree(inputs["old"], src, copy_function=shutil.copy2)
+
+    def grow(src: Path) -> None:
+        shutil.copytree(inputs["late"], src / "class_3", copy_function=shutil.copy2)
+
+    return _builder(root, old, grow)
+
+
+def _builder(root: Path, old: Any, grow: Any) -> Any:
+    """``get(fmt) -> (src, v1, reference)``, made once per format: ``old(src)`` makes the source,
+    packed as version 1; ``grow(src)`` grows it; the reference is an uninterrupted append."""
+    done: dict[str, tuple[Path, Path, list]] = {}
 
     def get(fmt: str) -> tuple[Path, Path, list]:
         if fmt not in done:
             src = root / fmt / "src"
-            shutil.copytree(inputs["old"], src, copy_function=shutil.copy2)
+            old(src)
             v1 = _out(root / fmt, fmt, "v1")
             assert run_packer(*_argv(fmt, src, v1)).returncode == 0
-            shutil.copytree(inputs["late"], src / "class_3", copy_function=shutil.copy2)
+            grow(src)
             ref = _copy(v1, root / fmt / "ref")
             r = run_packer(*_argv(fmt, src, ref, "--append"))
             assert r.returncode == 0, r.stderr
@@ -226,28 +241,18 @@ def built_shards(inputs, tmp_path_factory):
     pytest.importorskip("webdataset")
     from tests.support.sources import write_shards
 
-    root, done = tmp_path_factory.mktemp("append-shards"), {}
+    root = tmp_path_factory.mktemp("append-shards")
     tree = root / "tree"
     shutil.copytree(inputs["old"], tree, copy_function=shutil.copy2)
     shutil.copytree(inputs["late"], tree / "class_3", copy_function=shutil.copy2)
     shards = write_shards(tree, root / "all", per_shard=6, cls=True)  # 17 samples: 3 shards
 
-    def get(fmt: str) -> tuple[Path, Path, list]:
-        if fmt not in done:
-            src = root / fmt / "src"
-            src.mkdir(parents=True)
-            for s in shards[:2]:
-                shutil.copy2(s, src / s.name)
-            v1 = _out(root / fmt, fmt, "v1")
-            assert run_packer(*_argv(fmt, src, v1)).returncode == 0
-            shutil.copy2(shards[2], src / shards[2].name)
-            ref = _copy(v1, root / fmt / "ref")
-            r = run_packer(*_argv(fmt, src, ref, "--append"))
-            assert r.returncode == 0, r.stderr
-            done[fmt] = (src, v1, _samples(ref))
-        return done[fmt]
+    def old(src: Path) -> None:
+        src.mkdir(parents=True)
+        for s in shards[:2]:
+            shutil.copy2(s, src / s.name)
 
-    return get
+    return _builder(root, old, lambda src: shutil.copy2(shards[2], src / shards[2].name))
 
 
 @pytest.mark.parametrize("point", ["add:3", "close:0", pytest.param("journal:2", marks=pytest.mark.slow),

@@ -186,13 +186,20 @@ def test_what_an_append_at_a_url_may_not_do_is_refused(bucket, tmp_path, s3, tre
     assert _remote(f"{bucket}/new.records", s3, tmp_path / "c").manifest.version == 1
 
 
-def test_an_output_replaced_under_the_append_is_not_overwritten(bucket, tmp_path, s3, trees, monkeypatch):
-    src, url = _src(tmp_path, trees), f"{bucket}/raced.records"
+def _appended_in_staging(src, url, trees):
+    """``url`` packed from ``src``, the tree grown, and the append made in its staging mirror,
+    not uploaded yet (``staged.upload()`` does that)."""
     assert _cli("to-records", src, url, *LAYOUT).exit_code == 0
     _grow(src, trees)
     staged = staged_append(url)
     pack_images(src, staged.local, format="records", writer_options={"samples_per_shard": 4},
                 run_options=RunOptions(workers=0, append=True))
+    return staged
+
+
+def test_an_output_replaced_under_the_append_is_not_overwritten(bucket, tmp_path, s3, trees, monkeypatch):
+    src, url = _src(tmp_path, trees), f"{bucket}/raced.records"
+    staged = _appended_in_staging(src, url, trees)
     other = write_image_folder(tmp_path / "other", count=6, classes=2, size=(24, 32), seed=9)
     with monkeypatch.context() as host:  # another host (its own staging folder) replaces the output
         host.setenv("PACKER_STAGING_DIR", str(tmp_path / "other-host"))
@@ -209,11 +216,7 @@ def test_a_manifest_swapped_in_after_the_last_check_is_not_overwritten(bucket, t
     from packer.remote import upload
 
     src, url = _src(tmp_path, trees), f"{bucket}/swapped.records"
-    assert _cli("to-records", src, url, *LAYOUT).exit_code == 0
-    _grow(src, trees)
-    staged = staged_append(url)
-    pack_images(src, staged.local, format="records", writer_options={"samples_per_shard": 4},
-                run_options=RunOptions(workers=0, append=True))
+    staged = _appended_in_staging(src, url, trees)
     fs, base = url_filesystem(url, s3.storage_options)
     theirs = fs.cat_file(f"{base}/packer.json").replace(b'"count"', b'"count" ', 1)  # same data, other bytes
     put = upload._Uploader.put
