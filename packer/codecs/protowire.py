@@ -16,6 +16,7 @@ __all__ = [
     "iter_fields",
     "Datum",
     "encode_datum",
+    "datum_pieces",
     "decode_datum",
 ]
 
@@ -126,10 +127,18 @@ class Datum(NamedTuple):
 def encode_datum(data: bytes, label: int, height: int, width: int, channels: int,
                  encoded: bool = True) -> bytes:
     """Serialize a Caffe ``Datum`` in field-number order, as protobuf's own serializer does."""
-    # field 4 spelled out: ``data`` is copied once, not twice; the fields around it come from
-    # small caches (a dataset has few distinct shapes and labels)
-    return b"".join((_datum_head(channels, height, width), _FIELD4_TAG, encode_varint(len(data)), data,
-                     _datum_tail(label, encoded)))
+    return b"".join(datum_pieces(data, label, height, width, channels, encoded))
+
+
+def datum_pieces(data: bytes, label: int, height: int, width: int, channels: int,
+                 encoded: bool = True) -> tuple[bytes, bytes, bytes]:
+    """``encode_datum``'s bytes in three pieces, (the fields before ``data``, ``data``, the fields
+    after it), to be written one after the other where a joined copy would cost a copy of
+    ``data`` (``packer.conversion.plans.shm``)."""
+    # field 4 spelled out; the fields around it come from small caches (a dataset has few
+    # distinct shapes and labels)
+    return (_datum_head(channels, height, width) + _FIELD4_TAG + encode_varint(len(data)), data,
+            _datum_tail(label, encoded))
 
 
 def _datum_head(channels: int, height: int, width: int) -> bytes:

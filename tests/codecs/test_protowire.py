@@ -83,3 +83,14 @@ def test_decode_datum_reads_what_iter_fields_reads(buf):
         return
     assert tuple(decode_datum(buf)) == want
     assert tuple(decode_datum(memoryview(buf))) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(datums)
+def test_datum_pieces_join_to_the_datum(d):
+    """The pieces a writer puts one after the other are the Datum's bytes, the data in the middle."""
+    from packer.codecs.protowire import datum_pieces
+
+    data, label, h, w, c, enc = d
+    pieces = datum_pieces(data, label, h, w, c, encoded=enc)
+    assert b"".join(pieces) == encode_datum(data, label, h, w, c, encoded=enc) and pieces[1] == data

@@ -133,3 +133,21 @@ def test_keys_are_checked_by_the_files_own_crc_or_encoded_again(packed):
     (packed / "keys.json").write_text(json.dumps([names[1], names[0], *names[2:]]))
     with pytest.raises(CorruptData, match="keys checksum mismatch"):
         LmdbReader(packed).keys
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "raw", "blob"])
+def test_prepare_pieces_join_to_the_prepared_value(fmt):
+    """The shared-memory plan writes ``prepare_pieces`` one after the other: joined, they are
+    ``prepare``'s value, with its CRC32C (a field pack's blob: no pieces, ``prepare`` itself)."""
+    from packer.codecs.fields import BLOB_FMT
+    from packer.formats.lmdb.writer import LmdbWriter
+    from packer.formats.sample import Sample
+
+    data = bytes(range(256)) * 40
+    sample = Sample("k", data, BLOB_FMT if fmt == "blob" else fmt, 7, 30, 40, 3)
+    got = LmdbWriter.prepare_pieces(sample)
+    if fmt == "blob":
+        assert got is None
+        return
+    pieces, at, crc = got
+    assert (b"".join(pieces), crc) == LmdbWriter.prepare(sample) and pieces[at] == data

@@ -79,7 +79,8 @@ class Plan:
         if self.mode == "shm":
             from packer.conversion.plans.shm import SharedMemoryExecutor
 
-            return SharedMemoryExecutor(workers=self.workers, prepare=type(writer).prepare, views=True)
+            return SharedMemoryExecutor(workers=self.workers, prepare=type(writer).prepare, views=True,
+                                        pieces=getattr(type(writer), "prepare_pieces", None))
         raise ValueError(f"unknown plan mode {self.mode!r} (inline, pool, staged, sharded, shm)")
 
     def job_for(self, job: Any) -> Any:

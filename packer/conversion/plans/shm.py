@@ -55,8 +55,9 @@ class _Task:
     """Runs in a worker: ``fn`` then ``prepare`` for each item of a range, bytes into ``slot``."""
 
     def __init__(self, fn: Callable[[Any], Any], prepare: Callable[[Sample], Any] | None, ring: mmap.mmap,
-                 slot_bytes: int):
+                 slot_bytes: int, pieces: Callable[[Sample], Any] | None = None):
         self.fn, self.prepare, self.ring, self.slot_bytes = fn, prepare, ring, slot_bytes
+        self.pieces = pieces
 
     def __call__(self, items: Sequence[Any], start: int, stop: int, slot: int) -> list[Any]:
         pos = slot * self.slot_bytes
@@ -67,7 +68,22 @@ class _Task:
             if not outcome.ok or not isinstance(outcome.value, _Prepared):
                 out.append(outcome)  # a failure, or a result that is not one sample: pickled
                 continue
-            sample, prepared = outcome.value.sample, outcome.value.prepared
+            sample, prepared, pieces = outcome.value.sample, outcome.value.prepared, outcome.value.pieces
+            if pieces is not None:  # the value in pieces, written one after the other: no joined copy
+                parts, data_at, crc = pieces
+                total = sum(len(part) for part in parts)
+                if pos + total <= end:
+                    at, data_ref = pos, None
+                    for k, part in enumerate(parts):
+                        if k == data_at:
+                            data_ref = (at, len(part))
+                        self.ring[at:at + len(part)] = part
+                        at += len(part)
+                    out.append((sample.key, sample.fmt, sample.label, sample.height, sample.width, sample.channels,
+                                sample.extra, data_ref, (pos, total), (crc,), sample.source_stat))
+                    pos = at
+                    continue
+                prepared = (b"".join(parts), crc)  # (the slot is full: as ``prepare`` gives it)
             value = prepared[0] if isinstance(prepared, tuple) and isinstance(prepared[0], (bytes, bytearray)) else None
             data, n = sample.data, len(sample.data)
             inner = _find_inside(value, data) if value is not None else -1
@@ -93,6 +109,9 @@ class _Task:
         value = self.fn(item)
         if not isinstance(value, Sample):
             return value  # several samples, a video's result: shipped whole
+        pieces = self.pieces(value) if self.pieces is not None else None
+        if pieces is not None:
+            return _Prepared(value, None, pieces)
         return _Prepared(value, self.prepare(value) if self.prepare is not None else None)
 
 
@@ -100,6 +119,7 @@ class _Task:
 class _Prepared:
     sample: Sample
     prepared: Any
+    pieces: Any = None  # the writer's ``prepare_pieces``: (pieces, which is the sample's bytes, CRC32C)
 
 
 def _find_inside(value: bytes, data: Any) -> int:
@@ -130,6 +150,8 @@ class SharedMemoryExecutor(Executor):
     Args:
         workers: worker processes (>= 1).
         prepare: the writer class's ``prepare`` (None: only the work runs in the workers).
+        pieces: the writer class's ``prepare_pieces``, where it has one: the value written into
+            the mapping piece by piece (no joined copy of the sample's bytes).
         views: hand the writer views into the mapping (its ``add`` copies them) instead of bytes.
         chunk_size: items per range.
         window: ranges in flight per worker.
@@ -139,7 +161,8 @@ class SharedMemoryExecutor(Executor):
     name = "shm"
 
     def __init__(self, *, workers: int, prepare: Callable[[Sample], Any] | None = None, views: bool = False,
-                 chunk_size: int = 32, window: int = 2, slot_bytes: int = 8 << 20):
+                 chunk_size: int = 32, window: int = 2, slot_bytes: int = 8 << 20,
+                 pieces: Callable[[Sample], Any] | None = None):
         # (the same shape as StagedExecutor's knob checks; the knobs differ, so each says its own)
         if workers < 1 or chunk_size < 1 or window < 1 or slot_bytes < 1:
             raise ValueError("workers, chunk_size, window and slot_bytes must be >= 1")
@@ -147,6 +170,7 @@ class SharedMemoryExecutor(Executor):
             raise ValueError("shared-memory workers need the fork start method (Linux)")
         self.workers = workers
         self.prepare = prepare
+        self.pieces = pieces
         self.views = views
         self.chunk_size = chunk_size
         self.window = window
@@ -159,7 +183,7 @@ class SharedMemoryExecutor(Executor):
             return
         ring = mmap.mmap(-1, self.slots * self.slot_bytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0))
         base = memoryview(ring)
-        pool = RangePool(workers=self.workers, task=_Task(fn, self.prepare, ring, self.slot_bytes), items=items,
+        pool = RangePool(workers=self.workers, task=_Task(fn, self.prepare, ring, self.slot_bytes, self.pieces), items=items,
                          on_crash=crashed_items, join=concat_items, window=self.window, start_method="fork",
                          slots=self.slots, detach=lambda shipped: [_detached(e, base) for e in shipped])
         bounds = even_ranges(len(items), self.chunk_size)

@@ -6,7 +6,7 @@ from typing import Any
 import lmdb
 
 from packer.codecs.fields import BLOB_FMT
-from packer.codecs.protowire import encode_datum
+from packer.codecs.protowire import datum_pieces, encode_datum
 from packer.errors import WriteError
 from packer.formats.lmdb.env import close_env, lmdb_key
 from packer.formats.sample import Sample
@@ -72,6 +72,20 @@ class LmdbWriter(Writer):
         value = encode_datum(sample.data, sample.label, sample.height, sample.width,
                              sample.channels, encoded=sample.fmt != "raw")
         return value, crc32c(value)
+
+    @staticmethod
+    def prepare_pieces(sample: Sample) -> tuple[tuple[bytes, ...], int, int] | None:
+        """``prepare``'s value in pieces (joined, they are that value), the index of the piece
+        that is the sample's bytes, and the CRC32C of the value; None where the value is the
+        sample's bytes themselves (a field pack's blob)."""
+        if sample.fmt == BLOB_FMT:
+            return None
+        pieces = datum_pieces(sample.data, sample.label, sample.height, sample.width, sample.channels,
+                              encoded=sample.fmt != "raw")
+        crc = 0
+        for piece in pieces:
+            crc = crc32c(piece, crc)
+        return pieces, 1, crc
 
     def _write(self, index: int, sample: Sample) -> int:
         value, crc = sample.prepared or self.prepare(sample)
