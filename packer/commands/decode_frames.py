@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 import cv2
 
 from packer.claim import Claim
-from packer.conversion.append import AppendPlan, plan_append
+from packer.conversion.append import AppendPlan, plan_append, plan_split
 from packer.conversion.runner import Report, WorkResult, check_output_arg, run
 from packer.errors import UsageError
 from packer.conversion.executors import make_executor
@@ -43,7 +43,7 @@ from packer.commands.flow_frames import TASKS, FlowOptions, FlowProcess, flow_im
 
 __all__ = ["FrameJob", "FrameOptions", "FlowOptions", "TASKS", "DecodeReport", "decode_frames", "output_formats", "disk_used",
            "list_videos", "run_record", "source_entry", "partial_note", "video_report", "appending",
-           "plan_video_append", "plan_video_split", "current_report", "append_labels"]
+           "plan_video_append", "plan_video_run", "current_report", "append_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -316,24 +316,24 @@ def plan_video_append(out: Path, items: list[VideoItem], classes: Any, writer: A
     return plan
 
 
-def plan_video_split(append_to: str | os.PathLike, out: Path, every: list[VideoItem], classes: Any, writer: Any, *,
-                     to: str, holds: str, run_opts: RunOptions, inputs: InputOptions) -> list[VideoItem]:
-    """A split append's share (``append_to``, docs/append.md "Split appends"): the videos the
-    output ``append_to`` lacks, planned from ``every`` video as ``--append`` plans them, cut to
-    this job's share; ``writer`` gets the grown classes and records the version planned against."""
-    from packer.commands.pack_images import check_split_append
+def plan_video_run(out: Path, items: list[VideoItem], every: Optional[list[VideoItem]], classes: Any, writer: Any, *,
+                   append: bool, append_to: str | os.PathLike | None, to: str, holds: str, run_opts: RunOptions,
+                   inputs: InputOptions, claim: Claim | None) -> tuple[list[VideoItem], AppendPlan | None]:
+    """The videos a video run packs and its ``--append`` plan (``plan_video_append``; None: not
+    an append): ``items``, the new ones of an append, or a split append's share of the videos
+    the output ``append_to`` lacks (planned from ``every`` video; ``writer`` gets the grown
+    classes and records the version planned against)."""
+    if append_to is not None:
+        from packer.commands.pack_images import check_split_append
 
-    check_split_append(append_to, out, None, run_opts)
-    options = writer.created_by.get("options") or {}
-    split = plan_append(append_to, every, classes, format=to, listed=inputs.list_path is not None, holds=holds,
-                        options={k: v for k, v in options.items() if k != "listing"})
-    try:
-        _refuse_taken(Path(append_to), to, split)
-    finally:
-        split.base.reader.close()
-    writer.classes = list(split.classes)
-    options["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
-    return partition(split.items, inputs.num_shards, inputs.shard_index)
+        check_split_append(append_to, out, None, run_opts)
+        items, writer.classes, writer.created_by["options"]["append_to"] = plan_split(
+            append_to, every or [], classes, format=to, listed=inputs.list_path is not None, holds=holds,
+            options=writer.created_by.get("options") or {}, num_shards=inputs.num_shards,
+            shard_index=inputs.shard_index, check=lambda split: _refuse_taken(Path(append_to), to, split))
+    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds=holds, run_opts=run_opts,
+                             inputs=inputs, claim=claim)
+    return (plan.items if plan is not None else items), plan
 
 
 def _refuse_taken(out: Path, to: str, plan: AppendPlan) -> None:
@@ -445,7 +445,7 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
                   append_to: str | os.PathLike | None = None) -> DecodeReport:
     """Decode every video under ``src`` into ``out``: mmaction2 frame folders plus
     ``rawframes.txt`` (``to="frames"``) or frames packed into any registered format.
-    ``append_to``: a split append (``plan_video_split``): this job's share of the videos that
+    ``append_to``: a split append (``plan_video_run``): this job's share of the videos that
     output lacks.
 
     ``frame_options``: what each video becomes; ``flow_options`` (``task="flow"|"both"``: optical
@@ -483,14 +483,11 @@ def decode_frames(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "
             writer_options.update(flow_tmpl=flow.flow_tmpl)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         **writer_options)
-    if append_to is not None:
-        items = plan_video_split(append_to, out, every, classes, writer, to=to, holds="frames", run_opts=run_opts,
-                                 inputs=inputs)
-    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="frames", run_opts=run_opts,
-                             inputs=inputs, claim=claim)
+    todo, plan = plan_video_run(out, items, every, classes, writer, append=append, append_to=append_to, to=to,
+                                holds="frames", run_opts=run_opts, inputs=inputs, claim=claim)
     if plan is not None and plan.empty:
         return current_report(DecodeReport, out, plan, len(items))
-    items = plan.items if plan is not None else items
+    items = todo
     if frame_folders and run_opts.executor == "local" and run_opts.workers != 0:
         # the workers write the frame files themselves: no frame's bytes cross to this process
         job = dataclasses.replace(job, write_into=str(writer.workdir), filename_tmpl=frames.template,

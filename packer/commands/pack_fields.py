@@ -24,7 +24,7 @@ from packer.codecs.image import CHECK_MODES, jpeg_orientation, probe
 from packer.codecs.jpeg_header import jpeg_header
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import ImageJob, _discard_partial, source_name
-from packer.conversion.append import plan_append
+from packer.conversion.append import plan_append, plan_split
 from packer.conversion.executors import make_executor
 from packer.conversion.fingerprint import item_stat, writer_settings
 from packer.conversion.inputs import (FieldItem, InputFailure, Item, SourceItem, SourceListing, partition,
@@ -267,11 +267,9 @@ def pack_fields(root: str | os.PathLike, out: str | os.PathLike, *, format: str 
     plan = None
     if append_to is not None:  # every job plans the same append from the whole file; this one packs its share
         _check_fields(append_to, packed, schema_obj, extra)
-        split = plan_append(append_to, every, classes, format=format, fields=True,
-                            options={k: v for k, v in recorded.items() if k != "listing"})
-        items, writer.classes = partition(split.items, inputs.num_shards, inputs.shard_index), list(split.classes)
-        recorded["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
-        split.base.reader.close()
+        items, writer.classes, recorded["append_to"] = plan_split(
+            append_to, every, classes, format=format, fields=True, options=recorded,
+            num_shards=inputs.num_shards, shard_index=inputs.shard_index)
     elif packed is not None:  # the samples not in OUT yet (by image file and annotations or row values)
         _check_fields(out, packed, schema_obj, extra)
         plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune, fields=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.claim import Claim
-from packer.conversion.append import plan_append
+from packer.conversion.append import plan_append, plan_split
 from packer.conversion.runner import Report, check_output_arg, run
 from packer.fileio import remove_path
 from packer.formats.sidecars import partial_path
@@ -168,11 +168,9 @@ def pack_images(src: str | os.PathLike, out: str | os.PathLike, *, format: str =
     recorded["writer"] = writer_settings(writer, writer_options)
     plan = None
     if append_to is not None:  # every job plans the same append from the whole listing; this one packs its share
-        split = plan_append(append_to, every, classes, format=format, listed=inputs.list_path is not None,
-                            options={k: v for k, v in recorded.items() if k != "listing"})
-        items, writer.classes = partition(split.items, inputs.num_shards, inputs.shard_index), list(split.classes)
-        recorded["append_to"] = {"path": str(Path(append_to).resolve()), **split.base_identity()}
-        split.base.reader.close()
+        items, writer.classes, recorded["append_to"] = plan_split(
+            append_to, every, classes, format=format, listed=inputs.list_path is not None, options=recorded,
+            num_shards=inputs.num_shards, shard_index=inputs.shard_index)
     if appending:  # the inputs not in OUT yet, labelled as the pack labels them
         plan = plan_append(out, items, classes, format=format, options=recorded, prune=run_opts.prune,
                            listed=inputs.list_path is not None)

@@ -30,7 +30,7 @@ from packer.conversion.options import VIDEO_RUN, InputOptions, RunOptions
 from packer.conversion.runner import WorkResult, run
 from packer.conversion.video_inputs import VideoItem
 from packer.commands.decode_frames import (DecodeReport, append_labels, appending, current_report, list_videos,
-                                           partial_note, plan_video_append, plan_video_split, run_record, source_entry,
+                                           partial_note, plan_video_run, run_record, source_entry,
                                            video_report)
 from packer.conversion.inputs import run_failures
 from packer.conversion.diskspace import disk_used, human_bytes
@@ -258,7 +258,7 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
     does not decode to its indexed frame count, are recorded in ``failures.jsonl``; partial
     decodes of the source are kept and recorded with ``stage: "partial"``. ``claim``: the run's
     claim on ``out`` (taken by ``packer.api``), which guards the publish. ``append_to``: a split
-    append (``packer.commands.decode_frames.plan_video_split``): this job's share of the videos
+    append (``packer.commands.decode_frames.plan_video_run``): this job's share of the videos
     that output lacks.
     """
     pack, inputs, run_opts = pack_options, input_options, run_options
@@ -276,14 +276,11 @@ def pack_videos(src: str | os.PathLike, out: str | os.PathLike, *, to: str = "re
                           whole=whole)
     writer = writer_cls(out, classes=classes, kind="videos", created_by=created_by(recorded),
                         commit_every=run_opts.commit_every or 100)
-    if append_to is not None:
-        items = plan_video_split(append_to, out, every, classes, writer, to=to, holds="videos", run_opts=run_opts,
-                                 inputs=inputs)
-    plan = plan_video_append(out, items, classes, writer, append=append, to=to, holds="videos", run_opts=run_opts,
-                             inputs=inputs, claim=claim)
+    todo, plan = plan_video_run(out, items, every, classes, writer, append=append, append_to=append_to, to=to,
+                                holds="videos", run_opts=run_opts, inputs=inputs, claim=claim)
     if plan is not None and plan.empty:
         return current_report(VideoPackReport, out, plan, len(items))
-    items = plan.items if plan is not None else items
+    items = todo
     ex = make_executor(run_opts.executor, workers=run_opts.workers, timeout=timeout, isolate=True)
     closing = BackgroundClose(ex)
     try:

@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from packer.conversion.fingerprint import COMMIT_OPTIONS, Fingerprint, item_stats, option_differences
-from packer.conversion.inputs import Item
+from packer.conversion.inputs import Item, partition
 from packer.errors import PackerError, UsageError
 from packer.formats import Reader, open_reader
 from packer.formats.versions import AppendBase, merge_ranges
 
-__all__ = ["AppendPlan", "open_base", "plan_append", "PART_OPTIONS"]
+__all__ = ["AppendPlan", "open_base", "plan_append", "plan_split", "PART_OPTIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -239,3 +239,23 @@ def plan_append(out: str | os.PathLike, items: Sequence[Item], classes: Sequence
                       if keep is not None else {})
     return AppendPlan(base, todo, new_classes, removed=removed, changed=changed, prune=prune,
                       by_key=table is None)
+
+
+def plan_split(append_to: str | os.PathLike, every: Sequence[Item], classes: Sequence[str], *, format: str,
+               options: dict[str, Any], num_shards: int, shard_index: int, listed: bool = False,
+               holds: str = "images", fields: bool = False,
+               check: Callable[[AppendPlan], None] | None = None) -> tuple[list[Item], list[str], dict[str, Any]]:
+    """One job of a split append (docs/append.md, "Split appends"): every job plans appending
+    ``every`` input to ``append_to`` as ``plan_append`` does, and packs share ``shard_index`` of
+    ``num_shards`` of it. Returns that share, the grown classes, and what the part records of the
+    version planned against (``created_by.options.append_to``, which ``merge --append``
+    compares). ``check(plan)`` refuses what this kind of output may not take."""
+    split = plan_append(append_to, every, classes, format=format, listed=listed, holds=holds, fields=fields,
+                        options={k: v for k, v in options.items() if k != "listing"})
+    try:
+        if check is not None:
+            check(split)
+        record = {"path": str(Path(append_to).resolve()), **split.base_identity()}
+    finally:
+        split.base.reader.close()
+    return partition(split.items, num_shards, shard_index), list(split.classes), record
