@@ -2,11 +2,12 @@
 
 Did a change slow anything down? Every row runs ``packer`` as a user runs it, in a fresh
 interpreter started in each checkout (``python -m packer ...``, or a small reading script), on
-the same generated inputs, rounds interleaved and each round in a new order, so load from other
-users of a shared machine hits both checkouts alike. Each command runs on the whole input and on
-a tenth of it; the difference of the two CPU times (``os.wait4``: the process and its workers)
-over the difference of the inputs is its CPU per sample with start-up cancelled. Medians over
-the rounds; a ratio above 1 means this checkout spends more.
+the same generated inputs, rounds interleaved and each round in a new order, a row's two
+checkouts back to back, so load from other users of a shared machine hits both checkouts alike.
+Each command runs on the whole input and on a tenth of it; the difference of the two CPU times
+(``os.wait4``: the process and its workers) over the difference of the inputs is its CPU per
+sample with start-up cancelled. Medians over the rounds; a ratio above 1 means this checkout
+spends more.
 
     git worktree add ../base <commit>
     python -m scripts.bench.baseline --base-tree ../base               # ~10 min on 2 cores
@@ -29,12 +30,15 @@ from typing import Any
 from scripts.bench.common import (REPO, _run_interpreter, image_folder, machine_info, md_table, target,
                                   write_result, write_video_folder)
 
-READ = ("import sys, torch, packer\n"
-        "from packer.data import DecodeResizeCrop, uint8_collate\n"
-        "ds = packer.PackedDataset(sys.argv[1], decode=DecodeResizeCrop(256, 224))\n"
-        "n = int(sys.argv[2])\n"
-        "dl = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(n)), batch_size=64, collate_fn=uint8_collate)\n"
-        "print(sum(len(y) for _, y in dl))\n")
+_LOADER = ("import sys, torch, packer\n"
+           "from packer.data import {cls}, uint8_collate\n"
+           "ds = packer.PackedDataset(sys.argv[1], decode={cls}({args}))\n"
+           "n = int(sys.argv[2])\n"
+           "dl = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(n)), batch_size=64,\n"
+           "                                 collate_fn=uint8_collate)\n"
+           "print(sum(len(y) for _, y in dl))\n")
+READ = _LOADER.format(cls="DecodeResizeCrop", args="256, 224")
+TRAIN = _LOADER.format(cls="DecodeRandomResizedCrop", args="224, seed=0")
 STREAM = ("import sys, itertools, packer\n"
           "ds = packer.StreamingDataset(sys.argv[1], decode='bytes')\n"
           "print(sum(1 for _ in itertools.islice(ds, int(sys.argv[2]))))\n")
@@ -50,6 +54,7 @@ ROWS = {
     "pack-videos --short-side 128": ("pack", "videos", ["pack-videos", "--short-side", "128", "--workers", "0"],
                                      ".vrec"),
     "PackedDataset + DataLoader(num_workers=0)": ("read", "lmdb", [], ""),
+    "PackedDataset + DecodeRandomResizedCrop + DataLoader(num_workers=0)": ("train", "lmdb", [], ""),
     "StreamingDataset(decode='bytes')": ("stream", "lmdb", [], ""),
 }
 
@@ -88,7 +93,7 @@ def _row(tree: Path, name: str, inputs: dict[str, Path], n: int, out: Path) -> f
         src = inputs[f"{source}-{n}"]
         cmd = [sys.executable, "-m", "packer", argv[0], str(src), str(out) + suffix, *argv[1:]]
     else:
-        cmd = [sys.executable, "-c", READ if kind == "read" else STREAM, str(inputs["lmdb"]), str(n)]
+        cmd = [sys.executable, "-c", {"read": READ, "train": TRAIN, "stream": STREAM}[kind], str(inputs["lmdb"]), str(n)]
     text, code, usage = _run_interpreter(cmd, cwd=tree, env=env, timeout=1800)
     if code != 0:
         raise RuntimeError(f"{name} in {tree}: exit {code}")
@@ -133,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     per_sample: dict[str, dict[str, list[float]]] = {r: {t: [] for t in trees} for r in rows}
     rng = random.Random(0)
     for rnd in range(args.rounds):
-        order = [(r, t) for r in rows for t in trees]
-        rng.shuffle(order)
+        # rows in a new order each round, a row's two checkouts one right after the other (in a
+        # random order): a shared machine's speed drifts over a round, and the pair sees the same
+        order = [(r, t) for r in rng.sample(rows, len(rows)) for t in rng.sample(list(trees), len(trees))]
         for r, t in order:
             big, small = sizes[ROWS[r][1]]
             out = work / "out" / f"{t}-{r.split()[0]}"

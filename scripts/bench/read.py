@@ -69,6 +69,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -77,7 +78,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -1137,9 +1138,29 @@ def section_raw(args: argparse.Namespace, work: Path, skipped: dict[str, str]) -
             "markdown": "\n\n".join([head, rows_md(results, lmdb, ("source",)), targets_md(t)])}
 
 
+def _lmdb_floor(path: str, order: list[int]) -> Iterator[Any]:
+    """The least a checked read of a packer LMDB must do for each sample of ``order``, with
+    py-lmdb and no packer reader: copy the value out of the map (a check of bytes that can still
+    change under it checks nothing), its CRC32C against ``checksums.bin``, the Datum parsed and
+    its image decoded like the loaders' rows (``DecodeResizeCrop(256, 224)``)."""
+    from packer.codecs.protowire import decode_datum
+    from packer.formats.lmdb.env import lmdb_key, open_env
+    from packer.integrity import crc32c
+
+    crcs = np.fromfile(Path(path) / "checksums.bin", dtype="<u4").tolist()
+    decode = pipeline("packer")
+    with open_env(path).begin(buffers=False) as txn:  # (py-lmdb maps a file once per process)
+        for i in order:
+            value = txn.get(lmdb_key(i))
+            if crc32c(value) != crcs[i]:
+                raise ValueError(f"sample {i}: CRC32C mismatch")
+            yield decode(decode_datum(value).data)
+
+
 def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
     """CPU us per sample of each part, in this process, least of 3 passes: fetching the bytes from
-    each source (decode="bytes"), each decode on bytes in memory, the two CRC32Cs of a record."""
+    each source (decode="bytes"), each decode on bytes in memory, the two CRC32Cs of a record;
+    the whole ``dataset[i]`` of each source, least of 5 interleaved passes."""
     from packer import PackedDataset
     from packer.data.datasets import decode_record
     from packer.formats import open_reader
@@ -1149,9 +1170,9 @@ def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
     order = np.random.default_rng(1).permutation(len(spec["files"]))[:n].tolist()
     blobs = [Path(spec["files"][i]).read_bytes() for i in order]
 
-    def least(make: Callable[[], Iterable]) -> float:
+    def least(make: Callable[[], Iterable], passes: int = 3) -> float:
         best = math.inf
-        for _ in range(3):
+        for _ in range(passes):
             it = iter(make())
             t = time.process_time()
             for _ in it:
@@ -1167,12 +1188,19 @@ def child_costs(spec: dict[str, Any]) -> dict[str, Any]:
         ds = PackedDataset(path, decode="bytes")
         fetch[f"packer/{name}"] = least(lambda ds=ds: (ds[i] for i in order))
     # the whole dataset[i] the loaders' rows take (fetch, check, parse, decode + resize + crop):
-    # what the DataLoader rows' gap to the ceiling is made of, in one process
+    # what the DataLoader rows' gap to the ceiling is made of, in one process; passes interleaved
+    # (a row timed after the others would see the process's caches and heap as they left them)
     ceiling = InMemory([spec["files"][i] for i in order], [0] * n, pipeline("packer"))
-    item = {"ceiling": least(lambda: (ceiling[k] for k in range(n)))}
+    items: dict[str, Callable[[], Iterable]] = {"ceiling": lambda: (ceiling[k] for k in range(n))}
     for name, path in spec["paths"].items():
         ds = PackedDataset(path, decode=pipeline("packer"))
-        item[f"packer/{name}"] = least(lambda ds=ds: (ds[i] for i in order))
+        items[f"packer/{name}"] = lambda ds=ds: (ds[i] for i in order)
+    if "lmdb" in spec["paths"]:  # the least any checked LMDB read does, without packer's reader
+        items["lmdb floor (get, CRC32C, Datum parse)"] = lambda: _lmdb_floor(spec["paths"]["lmdb"], order)
+    item = {name: math.inf for name in items}
+    for _ in range(5):
+        for name, make in items.items():
+            item[name] = min(item[name], least(make, passes=1))
     out = {"samples": n, "decode_us": decode, "fetch_us": fetch, "item_us": item}
     if "records" in spec["paths"]:
         ds = PackedDataset(spec["paths"]["records"], decode="bytes", check_crc=False)
@@ -1210,7 +1238,7 @@ def section_costs(args: argparse.Namespace, work: Path, skipped: dict[str, str])
            f"records read + full decode." if "crc_us" in r else ""),
         md_table(["source", "fetch us", "img/CPU-s, packer decode", "img/CPU-s, Pillow", "vs ceiling (packer)"],
                  table),
-        "The whole `dataset[i]` of the loaders' rows (`DecodeResizeCrop(256, 224)`), the same passes:",
+        "The whole `dataset[i]` of the loaders' rows (`DecodeResizeCrop(256, 224)`), least of 5 passes taken in turn:",
         md_table(["source", "item us", "vs ceiling"],
                  [[k, f"{v:.1f}", f"{r['item_us']['ceiling'] / v:.3f}x"] for k, v in r["item_us"].items()])])
     return {"params": {"samples": n}, "results": r, "markdown": md}
@@ -1439,6 +1467,79 @@ def _crop_set(label: str, data: list[bytes], rounds: int, seed: int
 CROP_KINDS = {"rrc": "RandomResizedCrop(224)+flip", "centre": "Resize(256)+CenterCrop(224)"}
 
 
+_RST = re.compile(rb"\xff[\xd0-\xd7]")
+
+
+def _rows_from_restart(jpeg: bytes, r0: int, r1: int, mcu_h: int = 16) -> bytes:
+    """MCU rows ``r0`` to ``r1`` of a baseline JPEG with a restart marker after every MCU row, as
+    a JPEG of their own: the header with the SOF's height cut, the entropy data from the restart
+    before row ``r0`` to the one after row ``r1 - 1``, its markers renumbered from RST0."""
+    pos, sof = 2, -1
+    while True:  # the header's segments up to the start of scan
+        marker, length = jpeg[pos + 1], int.from_bytes(jpeg[pos + 2:pos + 4], "big")
+        if marker == 0xC0:
+            sof = pos + 5
+        pos += 2 + length
+        if marker == 0xDA:
+            break
+    restarts = [m.start() for m in _RST.finditer(jpeg, pos)]
+    start = pos if r0 == 0 else restarts[r0 - 1] + 2
+    end = restarts[r1 - 1] if r1 - 1 < len(restarts) else len(jpeg) - 2
+    body = bytearray(jpeg[start:end])
+    for k, m in enumerate(_RST.finditer(body)):
+        body[m.start() + 1] = 0xD0 + (k & 7)
+    height = min(int.from_bytes(jpeg[sof:sof + 2], "big"), r1 * mcu_h) - r0 * mcu_h
+    return jpeg[:sof] + height.to_bytes(2, "big") + jpeg[sof + 2:pos] + bytes(body) + b"\xff\xd9"
+
+
+def _restart_bound_md(data: list[bytes], rounds: int, seed: int) -> str:
+    """What restart markers in the stored JPEGs could save region decoding at most: the set
+    re-encoded (OpenCV, q90, 4:2:0) with a restart marker after every MCU row, each
+    ``DecodeRandomResizedCrop`` box decoded as now (the rows above it entropy-decoded and
+    dropped) and from a stream cut at the restart before it (one MCU row above and below kept,
+    for the chroma upsampling's context); pixels compared with the full decode."""
+    import cv2
+
+    from packer.codecs import jpeg_region
+    from packer.data.decode import DecodeRandomResizedCrop, window
+
+    rrc = DecodeRandomResizedCrop(224, seed=seed)
+    jobs = []
+    for i, d in enumerate(data):
+        bgr = cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR)
+        h, w = bgr.shape[:2]
+        ok, enc = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_RST_INTERVAL, -(-w // 16)])
+        box, _ = rrc.sample(h, w, np.random.default_rng([seed, i]))
+        y0, x0, y1, x1 = window(box, h, w, 224, 224)
+        r0, r1 = max(0, y0 // 16 - 1), min(-(-h // 16), -(-y1 // 16) + 1)
+        full = cv2.cvtColor(cv2.imdecode(enc, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)  # the re-encoded image's
+        jobs.append((enc.tobytes(), (y0, x0, y1, x1), (r0, r1), full))
+
+    def now(job: tuple) -> Any:
+        jpeg, (y0, x0, y1, x1) = job[:2]
+        return jpeg_region.decode_region(jpeg, x0, y0, x1 - x0, y1 - y0)
+
+    def cut(job: tuple) -> Any:
+        (y0, x0, y1, x1), (r0, _), cut_jpeg = job[1], job[2], job[4]
+        return jpeg_region.decode_region(cut_jpeg, x0, y0 - 16 * r0, x1 - x0, y1 - y0)
+
+    jobs = [(*job, _rows_from_restart(job[0], *job[2])) for job in jobs]
+    same = sum(np.array_equal(f(job), job[3][job[1][0]:job[1][2], job[1][1]:job[1][3]])
+               for job in jobs for f in (now, cut))
+    per = _cpu_ms_rounds({"now": lambda i: now(jobs[i]), "cut": lambda i: cut(jobs[i]),
+                          "full": lambda i: jpeg_region.decode_region(jobs[i][0], 0, 0, jobs[i][3].shape[1],
+                                                                      jobs[i][3].shape[0]),
+                          "cutting": lambda i: _rows_from_restart(jobs[i][0], *jobs[i][2])}, len(jobs), rounds)
+    ms = {k: statistics.median(v) for k, v in per.items()}
+    return (f"Restart markers, the bound ({len(jobs)} of these JPEGs re-encoded with a restart marker after every "
+            f"MCU row, the same boxes; pixels equal to the full decode in {same} of {2 * len(jobs)} box decodes): "
+            f"the whole image {ms['full']:.3f} ms, the box as `DecodeRandomResizedCrop` decodes it "
+            f"{ms['now']:.3f} ms, the box from the restart before it {ms['cut']:.3f} ms (cutting the stream in "
+            f"Python, not counted: {ms['cutting']:.3f} ms). Skipping the rows above the box saves "
+            f"{ms['now'] - ms['cut']:.3f} ms an image; the rest is the entropy decoding of the box's own rows "
+            "at the image's full width, which no restart layout short of one per MCU can skip.")
+
+
 def _pre_resize_md(seed: int, per_size: int = 3) -> str:
     from PIL import Image
 
@@ -1480,9 +1581,9 @@ def section_crops(args: argparse.Namespace, work: Path, skipped: dict[str, str])
     ms, vs = {}, {}
     if not cpu_limits():
         skipped["CPU limit rows"] = "simplejpeg is not installed (the turbo extra)"
-    for label, data in _crop_sets(args.crop_count, 0).items():
+    for k, (label, data) in enumerate(_crop_sets(args.crop_count, 0).items()):
         md, ms[label], vs[label] = _crop_set(label, data, args.crop_rounds, 0)
-        parts.append(md)
+        parts.append(md if k else md + "\n\n" + _restart_bound_md(data, args.crop_rounds, 0))
     parts.append(_pre_resize_md(0, per_size=1 if args.quick else 3))  # --quick: one image per size, 1 of 3 CPU-s
     t = [target(f"{what} vs torchvision's {tv} (PIL), {label}, CPU per image", m[f"{key} torchvision"] / m[f"{key} roi"])
          for label, m in ms.items()

@@ -488,9 +488,9 @@ def _count_frames(video: str) -> int:
 # == breakdown ======================================================================================
 def _breakdown_imports() -> None:
     """The package pieces the breakdown switches off, imported once (module globals)."""
-    global pim, runner, jpeg_header, encode_datum, read_file, base_writer, LmdbWriter
+    global pim, runner, jpeg_header, encode_datum, datum_pieces, encode_varint, read_file, base_writer, LmdbWriter
     from packer.codecs.jpeg_header import jpeg_header
-    from packer.codecs.protowire import encode_datum
+    from packer.codecs.protowire import datum_pieces, encode_datum, encode_varint
     from packer.commands import pack_images as pim
     from packer.conversion import runner
     from packer.fileio import read_file
@@ -606,10 +606,37 @@ def breakdown_main(argv: list[str]) -> None:
                     txn.put(b"%08d" % i, value, append=True)
         env.close()
 
+    def flat_in_place() -> None:
+        """``flat``, each file read into one reused buffer 64 bytes in and the Datum's other pieces
+        written around it: the Datum's copy of the image (and each read's new bytes) gone."""
+        env = lmdb.open(str(out / "flat.lmdb"), map_size=1 << 34, subdir=True, meminit=True, readahead=False)
+        room, buf = 64, bytearray(1 << 24)
+        view = memoryview(buf)
+        crcs = []
+        for start in range(0, n, 1000):
+            with env.begin(write=True) as txn:
+                for i in range(start, min(start + 1000, n)):
+                    it = cached[0][i]
+                    fd = os.open(it.path, os.O_RDONLY)
+                    try:
+                        size = os.fstat(fd).st_size
+                        k = os.readv(fd, [view[room:room + size + 1]])
+                    finally:
+                        os.close(fd)
+                    h, w, c = jpeg_header(view[room:room + k])
+                    head, _, tail = datum_pieces(b"", it.label, h, w, c)
+                    head = head[:-1] + encode_varint(k)  # (the empty data's length replaced by the image's)
+                    a, b = room - len(head), room + k + len(tail)
+                    buf[a:room], buf[room + k:b] = head, tail
+                    crcs.append(crc32c(view[a:b]))
+                    txn.put(b"%08d" % i, view[a:b], append=True)
+        env.close()
+
     rows = {"bare read + CRC32C + put loop": lambda: bare_lmdb(files, out / "bare.lmdb"),
             "to-lmdb --check header (default)": pack}
     rows.update({f"  without the {p}": without(p) for p in ("listing", "journals", "checkpoint", "fingerprint")})
     rows["its per-sample work in one flat loop"] = flat
+    rows["  the same, each file read into one reused buffer with the Datum around it"] = flat_in_place
     whole = least(rows, args.reps, n, outputs=(out / "p.lmdb", out / "bare.lmdb", out / "flat.lmdb"))
 
     # the per-run cost: a run on 10 of the images (claim, input table, journals, checkpoints,
@@ -1364,10 +1391,10 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
     # the same environment on both sides: packer's CLI starts OpenBLAS with one thread (its threads
     # spin ~0.1 CPU-s at import); the bare loops import numpy too, and get the same
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    got: dict[tuple[str, int], list[tuple[float, float]]] = {r: [] for r in runs}
+    got: dict[tuple[str, int], list[tuple[float, float, float]]] = {r: [] for r in runs}
     fresh = itertools.count()
 
-    def run(name: str, which: int) -> tuple[float, float]:
+    def run(name: str, which: int) -> tuple[float, float, float]:
         kind, make = jobs[name]
         src, n = sizes[kind][which]
         o = out / f"{next(fresh)}{suffix[kind]}"
@@ -1380,7 +1407,7 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
         if os.waitstatus_to_exitcode(status):
             raise RuntimeError(f"{name} failed: {' '.join(cmd)}")
         remove_path(o)
-        return wall, ru.ru_utime + ru.ru_stime
+        return wall, ru.ru_utime + ru.ru_stime, ru.ru_stime
 
     for r in runs:  # the first run of each writes the .pyc files and warms the page cache
         run(*r)
@@ -1395,15 +1422,24 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
         """(CPU s, wall s) per sample at the margin in round ``k``."""
         kind = jobs[name][0]
         dn = sizes[kind][0][1] - sizes[kind][1][1]
-        (w1, c1), (w0, c0) = got[(name, 0)][k], got[(name, 1)][k]
+        (w1, c1, _), (w0, c0, _) = got[(name, 0)][k], got[(name, 1)][k]
         return (c1 - c0) / dn, (w1 - w0) / dn
+
+    def system(name: str, k: int) -> float:
+        """System CPU s per sample at the margin in round ``k`` (the kernel's share of ``margin``)."""
+        dn = sizes[jobs[name][0]][0][1] - sizes[jobs[name][0]][1][1]
+        return (got[(name, 0)][k][2] - got[(name, 1)][k][2]) / dn
 
     table, figures, targets = [], {}, []
     for name in jobs:
         cpu = [margin(name, k)[0] for k in range(args.reps)]
         wall = [margin(name, k)[1] for k in range(args.reps)]
-        figures[name] = {"cpu_us": [1e6 * c for c in cpu], "wall_us": [1e6 * w for w in wall]}
+        sys_s = [system(name, k) for k in range(args.reps)]
+        figures[name] = {"cpu_us": [1e6 * c for c in cpu], "wall_us": [1e6 * w for w in wall],
+                         "system_us": [1e6 * c for c in sys_s]}
         table.append([name, f"{1e6 * statistics.median(cpu):,.0f} ({1e6 * min(cpu):,.0f}-{1e6 * max(cpu):,.0f})",
+                      f"{1e6 * statistics.median(c - y for c, y in zip(cpu, sys_s)):,.0f}",
+                      f"{1e6 * statistics.median(sys_s):,.0f}",
                       f"{statistics.median(1 / c for c in cpu):,.0f}",
                       f"{1e6 * statistics.median(wall):,.0f}"])
     ratios = []
@@ -1428,8 +1464,8 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
           f"the two runs over the difference in samples (start-up cancels). {args.reps} interleaved rounds; "
           f"CPU: the process and its children. {os.cpu_count()} cores; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end.\n")
-    print(md_table(["row", "CPU µs per sample at the margin, median (range)", "samples per CPU-second",
-                    "wall µs per sample at the margin"], table))
+    print(md_table(["row", "CPU µs per sample at the margin, median (range)", "of it user, median",
+                    "of it system, median", "samples per CPU-second", "wall µs per sample at the margin"], table))
     print()
     print(md_table(["ratio (samples per CPU-second)", "median of rounds", "range", "wall, median", "target"], ratios))
     print("\n" + targets_md(targets))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,8 +84,11 @@ def check_in_process(sections: dict, missing: list[str]) -> None:
     costs = sections["costs"]["results"]
     assert set(costs["decode_us"]) == {"packer", "pillow", "train", "tensor"}  # crc_us: records only
     assert {"ceiling", "folder", "packer/lmdb"} <= set(costs["fetch_us"])
+    assert costs["item_us"]["lmdb floor (get, CRC32C, Datum parse)"] > 0
     assert sections["shuffle"]["mixing"]["default (block shuffle)"]["ratio"] > 0
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
+    same = re.search(r"pixels equal to the full decode in (\d+) of (\d+) box decodes", sections["crops"]["markdown"])
+    assert same and same[1] == same[2] != "0"  # the restart-marker bound decodes the boxes exactly
     assert all(t["value"] > 0 for t in sections["crops"]["targets"])
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
 
