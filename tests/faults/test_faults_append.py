@@ -1,10 +1,10 @@
 """An append never costs the version before it, and no reader ever sees a mix of two versions.
 
-* A SIGKILL at any point of an ``--append`` (mid-batch, during a commit, and before each rename
-  or link of its publish, one by one) leaves the output readable as the previous version (or,
-  past the manifest's replace, as the whole new one), ``packer verify`` passing; rerunning the
-  ``--append`` (or ``--append --resume``) completes it to what an uninterrupted append gives,
-  with nothing left behind.
+* A SIGKILL at any point of an ``--append`` (mid-batch, during a commit, before each rename or
+  link of its publish, one by one, and at seeded random moments from outside) leaves the output
+  readable as the previous version (or, past the manifest's replace, as the whole new one),
+  ``packer verify`` passing; rerunning the ``--append`` (or ``--append --resume``) completes it
+  to what an uninterrupted append gives, with nothing left behind.
 * A reader opened before an append, reading during and after it (the append in another
   process), returns only its own version's samples or ``OutputChanged``; it goes on reading its
   version after the publish, and a reader opened after reads the new one.
@@ -13,9 +13,11 @@
 """
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from packer.cli import main
 from packer.errors import OutputChanged
 from packer.formats import FORMATS, open_reader
 from tests.support.inputs import write_image_folder
-from tests.support.killing import packer_cmd, packer_env, run_packer
+from tests.support.killing import packer_cmd, packer_env, run_and_kill, run_packer
 
 FMTS = sorted(FORMATS)
 OLD, NEW = 12, 5
@@ -166,6 +168,36 @@ def test_an_append_killed_at_each_step_of_its_publish_completes(fmt, built, tmp_
         steps += 1
         assert steps < 40
     assert steps >= 4  # data or shards, sidecars, versions/, the manifest (HDF5: parts, head)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FMTS)
+def test_an_append_killed_at_random_moments_completes(fmt, tmp_path):
+    """A ``kill -9`` at seeded random moments of an append (inside a commit, a flush, the
+    publish), not only at its points: the output reads as version 1 or 2, whole, verified, and
+    the rerun (``--append``, or ``--append --resume``) ends at an uninterrupted append's result."""
+    src = write_image_folder(tmp_path / "src", count=160, classes=3, size=(48, 64))
+    v1 = _out(tmp_path, fmt, "v1")
+    assert run_packer(*_argv(fmt, src, v1)).returncode == 0
+    shutil.copytree(write_image_folder(tmp_path / "late", count=160, classes=1, size=(48, 64), seed=5) / "class_0",
+                    src / "class_3", copy_function=shutil.copy2)
+    before, ref = _samples(v1), _copy(v1, tmp_path / "ref")
+    start = time.monotonic()
+    assert run_packer(*_argv(fmt, src, ref, "--append")).returncode == 0
+    took, reference = time.monotonic() - start, _samples(ref)
+    rng, killed = random.Random(1), 0
+    for k in range(4):
+        out, moment = _copy(v1, tmp_path / f"t{k}"), rng.uniform(0.0, took)
+        start = time.monotonic()
+        killed += run_and_kill(packer_cmd(*_argv(fmt, src, out, "--append")), lambda: time.monotonic() - start > moment)
+        assert _samples(out) in (before, reference) and _samples(out, version=1) == before
+        _verified(out)
+        again = run_packer(*_argv(fmt, src, out, "--append", *(("--resume",) if k % 2 else ())))
+        assert again.returncode == 0, again.stderr
+        assert _samples(out) == reference and _samples(out, version=1) == before
+        _verified(out)
+        assert _leftovers(out) == []
+    assert killed
 
 
 def test_a_different_append_over_an_interrupted_one(built, tmp_path):

@@ -1,15 +1,18 @@
-"""Crash safety: SIGKILL every conversion command at many points, rerun with ``--resume``, and
-the output is identical to an uninterrupted run, with no temporary files left and
-``packer verify`` passing."""
+"""Crash safety: SIGKILL every conversion command at many points (the writer's own, and seeded
+random moments from outside), rerun with ``--resume``, and the output is identical to an
+uninterrupted run, with no temporary files left and ``packer verify`` passing."""
 from __future__ import annotations
 
+import random
 import signal
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from packer.cli import main
 from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, snapshot
+from tests.support.inputs import write_image_folder
 from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
@@ -53,6 +56,27 @@ def test_kill_from_outside_with_workers_twice_then_resume(conv, sources, referen
     # The kill lands between two polls of the checkpoint: a small job can publish in that time,
     # and then OUT is whole. Either way the resume below must end identical to a lone run.
     finish_and_check(conv, src, out, references(conv)[0], workers=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conv", [c for c in CONVERSIONS if c.source == "images"], ids=lambda c: c.id)
+def test_killed_at_random_moments_then_resumed(conv, tmp_path):
+    """A ``kill -9`` at seeded random moments of the run, not only at the writer's points: inside
+    a commit, an LMDB or HDF5 flush, a journal write, the publish. Every ``--resume`` ends
+    identical to an uninterrupted run, verified, nothing left behind."""
+    src = write_image_folder(tmp_path / "src", count=240, classes=3, size=(48, 64))
+    ref = conv.out(tmp_path, "ref")
+    start = time.monotonic()
+    assert run_packer(*conv.argv(src, ref, "--workers", 0)).returncode == 0
+    took, reference = time.monotonic() - start, snapshot(conv, ref)
+    rng, killed = random.Random(0), 0
+    for k in range(4):
+        out, moment = conv.out(tmp_path, f"t{k}"), rng.uniform(0.0, took)
+        start = time.monotonic()
+        killed += run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 0)),
+                               lambda: time.monotonic() - start > moment)
+        finish_and_check(conv, src, out, reference)
+    assert killed  # (a run that ends before its moment is only resumed as a finished output)
 
 
 @pytest.mark.parametrize("point", ["journal:2", pytest.param("rename:0", marks=pytest.mark.slow),
