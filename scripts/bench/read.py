@@ -1509,6 +1509,8 @@ def _restart_bound_md(data: list[bytes], rounds: int, seed: int) -> str:
         bgr = cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR)
         h, w = bgr.shape[:2]
         ok, enc = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_RST_INTERVAL, -(-w // 16)])
+        if not ok:
+            raise RuntimeError(f"OpenCV could not re-encode image {i} with restart markers")
         box, _ = rrc.sample(h, w, np.random.default_rng([seed, i]))
         y0, x0, y1, x1 = window(box, h, w, 224, 224)
         r0, r1 = max(0, y0 // 16 - 1), min(-(-h // 16), -(-y1 // 16) + 1)

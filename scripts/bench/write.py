@@ -1418,23 +1418,18 @@ def margin_main(argv: list[str]) -> dict[str, Any]:
             got[r].append(run(*r))
     shutil.rmtree(out, ignore_errors=True)
 
-    def margin(name: str, k: int) -> tuple[float, float]:
-        """(CPU s, wall s) per sample at the margin in round ``k``."""
+    def margin(name: str, k: int) -> tuple[float, float, float]:
+        """(CPU s, wall s, of the CPU the system's s) per sample at the margin in round ``k``."""
         kind = jobs[name][0]
         dn = sizes[kind][0][1] - sizes[kind][1][1]
-        (w1, c1, _), (w0, c0, _) = got[(name, 0)][k], got[(name, 1)][k]
-        return (c1 - c0) / dn, (w1 - w0) / dn
-
-    def system(name: str, k: int) -> float:
-        """System CPU s per sample at the margin in round ``k`` (the kernel's share of ``margin``)."""
-        dn = sizes[jobs[name][0]][0][1] - sizes[jobs[name][0]][1][1]
-        return (got[(name, 0)][k][2] - got[(name, 1)][k][2]) / dn
+        (w1, c1, s1), (w0, c0, s0) = got[(name, 0)][k], got[(name, 1)][k]
+        return (c1 - c0) / dn, (w1 - w0) / dn, (s1 - s0) / dn
 
     table, figures, targets = [], {}, []
     for name in jobs:
         cpu = [margin(name, k)[0] for k in range(args.reps)]
         wall = [margin(name, k)[1] for k in range(args.reps)]
-        sys_s = [system(name, k) for k in range(args.reps)]
+        sys_s = [margin(name, k)[2] for k in range(args.reps)]
         figures[name] = {"cpu_us": [1e6 * c for c in cpu], "wall_us": [1e6 * w for w in wall],
                          "system_us": [1e6 * c for c in sys_s]}
         table.append([name, f"{1e6 * statistics.median(cpu):,.0f} ({1e6 * min(cpu):,.0f}-{1e6 * max(cpu):,.0f})",

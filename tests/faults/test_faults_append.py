@@ -28,7 +28,7 @@ from packer.cli import main
 from packer.errors import OutputChanged
 from packer.formats import FORMATS, open_reader
 from tests.support.inputs import write_image_folder
-from tests.support.killing import packer_cmd, packer_env, run_and_kill, run_packer
+from tests.support.killing import after, packer_cmd, packer_env, run_and_kill, run_packer
 
 FMTS = sorted(FORMATS)
 OLD, NEW = 12, 5
@@ -187,9 +187,8 @@ def test_an_append_killed_at_random_moments_completes(fmt, tmp_path):
     took, reference = time.monotonic() - start, _samples(ref)
     rng, killed = random.Random(1), 0
     for k in range(4):
-        out, moment = _copy(v1, tmp_path / f"t{k}"), rng.uniform(0.0, took)
-        start = time.monotonic()
-        killed += run_and_kill(packer_cmd(*_argv(fmt, src, out, "--append")), lambda: time.monotonic() - start > moment)
+        out = _copy(v1, tmp_path / f"t{k}")
+        killed += run_and_kill(packer_cmd(*_argv(fmt, src, out, "--append")), after(rng.uniform(0.0, took)))
         assert _samples(out) in (before, reference) and _samples(out, version=1) == before
         _verified(out)
         again = run_packer(*_argv(fmt, src, out, "--append", *(("--resume",) if k % 2 else ())))

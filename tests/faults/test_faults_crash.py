@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, snapshot
 from tests.support.inputs import write_image_folder
-from tests.support.killing import checkpoint_at_least, packer_cmd, run_and_kill, run_packer
+from tests.support.killing import after, checkpoint_at_least, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
 # two journals of one commit, with every input done before the publish starts, just before the
@@ -71,10 +71,8 @@ def test_killed_at_random_moments_then_resumed(conv, tmp_path):
     took, reference = time.monotonic() - start, snapshot(conv, ref)
     rng, killed = random.Random(0), 0
     for k in range(4):
-        out, moment = conv.out(tmp_path, f"t{k}"), rng.uniform(0.0, took)
-        start = time.monotonic()
-        killed += run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 0)),
-                               lambda: time.monotonic() - start > moment)
+        out = conv.out(tmp_path, f"t{k}")
+        killed += run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 0)), after(rng.uniform(0.0, took)))
         finish_and_check(conv, src, out, reference)
     assert killed  # (a run that ends before its moment is only resumed as a finished output)
 

@@ -168,6 +168,12 @@ def checkpoint_at_least(state: Path, samples: int, field: str = "samples") -> Ca
     return reached
 
 
+def after(seconds: float) -> Callable[[], bool]:
+    """A condition: ``seconds`` have passed since it was made (a kill at a chosen moment of a run)."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
+
+
 def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float | None = None,
                  env: dict[str, str] | None = None, hold_at: int | None = None) -> bool:
     """Start ``cmd``; SIGKILL its process group once ``until()`` holds (or after ``timeout``,
