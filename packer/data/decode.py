@@ -185,10 +185,11 @@ def window(box: tuple[float, float, float, float], height: int, width: int, out_
            out_w: int) -> tuple[int, int, int, int]:
     """(y0, x0, y1, x1): the pixels of a ``height x width`` image that resampling ``box`` to
     ``out_h x out_w`` reads (the box's whole pixels, plus a margin for a fractional box)."""
-    top, left, bh, bw = (float(v) for v in box)
+    top, left, bh, bw = box
+    top, left, bh, bw = float(top), float(left), float(bh), float(bw)
     fy, fx = _factors(bh, bw, out_h, out_w)
-    whole = all(_is_int(v) for v in (top, left, bh, bw))
-    my, mx = (0, 0) if whole and fy == fx == 1 else (fy + 1, fx + 1)
+    whole = fy == fx == 1 and _is_int(top) and _is_int(left) and _is_int(bh) and _is_int(bw)
+    my, mx = (0, 0) if whole else (fy + 1, fx + 1)
     y0, x0 = max(0, math.floor(top + 1e-9) - my), max(0, math.floor(left + 1e-9) - mx)
     y1 = min(height, math.ceil(top + bh - 1e-9) + my)
     x1 = min(width, math.ceil(left + bw - 1e-9) + mx)
@@ -210,21 +211,26 @@ def resample_box(arr: np.ndarray, box: tuple[float, float, float, float], out_h:
     y0, x0, y1, x1 = window(box, arr.shape[0], arr.shape[1], out_h, out_w)
     if y1 <= y0 or x1 <= x0:
         raise ValueError(f"box {box} does not overlap the {arr.shape[0]}x{arr.shape[1]} image")
-    win = arr[y0:y1, x0:x1]
-    top, left = top - y0, left - x0
+    return _resample_window(arr[y0:y1, x0:x1], top - y0, left - x0, bh, bw, out_h, out_w, flip)
+
+
+def _resample_window(win: np.ndarray, top: float, left: float, bh: float, bw: float, out_h: int,
+                     out_w: int, flip: bool) -> np.ndarray:
+    """``resample_box`` on the box's ``window`` already cut out (the box in its coordinates)."""
     fy, fx = _factors(bh, bw, out_h, out_w)
-    if not all(_is_int(v) for v in (top, left, bh, bw)):
+    whole = _is_int(top) and _is_int(left) and _is_int(bh) and _is_int(bw)
+    if not whole:
         by, bx = _blur_sigma(bh / out_h), _blur_sigma(bw / out_w)
         if by > 0 or bx > 0:
             win = cv2.sepFilter2D(win, -1, _gauss3(bx), _gauss3(by))
     if fy > 1 or fx > 1:
         win = _area_reduce(win, fy, fx)
         top, left, bh, bw = top / fy, left / fx, bh / fy, bw / fx
-    sy, sx = bh / out_h, bw / out_w
-    if (_is_int(top) and _is_int(left) and _is_int(bh) and _is_int(bw)
-            and round(top) == 0 and round(left) == 0 and win.shape[:2] == (round(bh), round(bw))):
+        whole = _is_int(top) and _is_int(left) and _is_int(bh) and _is_int(bw)
+    if whole and round(top) == 0 and round(left) == 0 and win.shape[:2] == (round(bh), round(bw)):
         out = cv2.resize(win, (out_w, out_h), interpolation=_LINEAR)
     else:
+        sy, sx = bh / out_h, bw / out_w
         if win.shape[2] == 3:
             win = cv2.cvtColor(win, _RGB2RGBA)
         m = np.array([[sx, 0.0, left + 0.5 * sx - 0.5], [0.0, sy, top + 0.5 * sy - 0.5]])
@@ -327,9 +333,8 @@ def decode_box(data: Any, choose: Chooser, out_h: int, out_w: int) -> np.ndarray
         if jpeg_region.available() and imaging.DECODER != "pillow":
             y0, x0, y1, x1 = window(sbox, sh, sw, out_h, out_w)
             roi = jpeg_region.decode_region(data, x0, y0, x1 - x0, y1 - y0, scale=k)
-            if roi is not None:
-                return resample_box(roi, (sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3]),
-                                    out_h, out_w, flip=flip)
+            if roi is not None:  # the window itself: resample it as resample_box would
+                return _resample_window(roi, sbox[0] - y0, sbox[1] - x0, sbox[2], sbox[3], out_h, out_w, flip)
         else:
             arr = decode_scaled(data, k)
             if arr.shape[:2] == (sh, sw):
