@@ -53,6 +53,29 @@ def _collate(batch):
     return [(t.shape, l) for t, l in batch]
 
 
+def test_a_batch_releases_each_record_before_the_next_read(packed):
+    """``__getitems__`` (what a DataLoader calls) holds no record once its sample is made, so the
+    next read can reuse its memory (a zip over the reads kept each one alive through the next:
+    ~8 µs more of ~45 a 150 KB raw sample). Watched from the reader's side, as each read is
+    handed over."""
+    import sys
+
+    ds = PackedDataset(packed, decode="bytes")
+    read_many, held = ds.reader.read_many, []
+
+    def watched(indices):
+        previous = None
+        for rec in read_many(indices):
+            if previous is not None:  # referenced here and by getrefcount's argument only
+                held.append(sys.getrefcount(previous) - 2)
+            previous = rec
+            yield rec
+
+    ds.reader.read_many = watched
+    got = ds.__getitems__(list(range(8)))
+    assert len(got) == 8 and held == [0] * 7
+
+
 def test_dataloader_workers(packed):
     ds = PackedDataset(packed, decode="tensor")
     _ = ds[0]  # the parent has opened its handle before the workers start
