@@ -47,6 +47,9 @@ def check_loaders(sections: dict, missing: list[str]) -> None:
             assert proc["wall_s"] > 0 and proc["user_s"] + proc["sys_s"] > 0 and proc["minflt"] > 0
             assert e["best"]["window"]["user_s"] >= 0 and e["minflt"] >= 0
     assert loaders[("packer/lmdb", "packer", "Loader", 2)]["samples_per_s"] > 0
+    assert loaders[("floor/lmdb", "packer", "DataLoader", 0)]["samples_per_s"] > 0  # the bound, a row of its own
+    target = {t["name"]: t for t in sections["loaders"]["targets"]}["packer/lmdb vs the LMDB floor, DataLoader 0 workers"]
+    assert target["target"] == 0.95 and target["value"] > 0
     assert loaders[("packer/lmdb", "packer (tuned heap)", "Loader", 2)]["samples_per_s"] > 0
     names = [t["name"] for t in sections["loaders"]["targets"]]
     assert "packer/lmdb vs in-memory ceiling, DataLoader 0 workers" in names
@@ -77,7 +80,7 @@ def check_training_formats_raw(sections: dict, missing: list[str]) -> None:
     formats = {e["row"]["source"] for e in sections["formats"]["results"] if "samples_per_s" in e}
     assert formats == {"ceiling", "packer/lmdb"}
     assert {e["row"]["source"] for e in sections["raw"]["results"] if "samples_per_s" in e} == {
-        "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224"}
+        "packer/lmdb-jpeg224", "packer/hdf5-jpeg224", "packer/hdf5-raw224", "floor/hdf5-raw224"}
 
 
 def check_in_process(sections: dict, missing: list[str]) -> None:
@@ -89,6 +92,8 @@ def check_in_process(sections: dict, missing: list[str]) -> None:
     assert "| pipeline | CPU ms/image | speed-up |" in sections["crops"]["markdown"]
     same = re.search(r"pixels equal to the full decode in (\d+) of (\d+) box decodes", sections["crops"]["markdown"])
     assert same and same[1] == same[2] != "0"  # the restart-marker bound decodes the boxes exactly
+    # the timed region decode gives the full decode's output, bit for bit (no DCT-scaled box here)
+    assert set(sections["crops"]["equal_to_full_decode"].values()) == {1.0}
     assert all(t["value"] > 0 for t in sections["crops"]["targets"])
     assert 0 < sections["prefetch"]["results"]["ratio"] < 1
 
@@ -353,7 +358,8 @@ def test_render_fills_the_readme_figures_from_the_newest_full_run_of_each(tmp_pa
     peers = next(v for k, v in rows.items() if k.startswith("packer's default `Loader`"))
     assert peers[1] == "4.00x (4.00-4.00) / 4.00x (4.00-4.00); wall 4.00x (4.00-4.00) / 4.00x (4.00-4.00)", peers
     assert peers[3] == "2026-01-02", peers
-    assert rows["HDF5 `--raw` pixels vs LMDB-JPEG at 224x224, one process"][1] == NOT_MEASURED
+    raw = next(v for k, v in rows.items() if k.startswith("HDF5 `--raw` pixels at 224x224"))
+    assert raw[1] == NOT_MEASURED, raw
     faults = next(v for k, v in rows.items() if k.startswith("fault-injection cases"))
     assert faults[1].isdigit() and int(faults[1]) > 0
     assert check() == 0
