@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import random
 import shutil
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from packer.cli import main
 from packer.errors import OutputChanged
 from packer.formats import FORMATS, open_reader
 from tests.support.inputs import write_image_folder
-from tests.support.killing import after, packer_cmd, packer_env, run_and_kill, run_packer
+from tests.support.killing import kill_at_random_moments, packer_cmd, packer_env, run_and_kill, run_packer
 
 FMTS = sorted(FORMATS)
 OLD, NEW = 12, 5
@@ -185,18 +184,20 @@ def test_an_append_killed_at_random_moments_completes(fmt, tmp_path):
     start = time.monotonic()
     assert run_packer(*_argv(fmt, src, ref, "--append")).returncode == 0
     took, reference = time.monotonic() - start, _samples(ref)
-    rng, killed = random.Random(1), 0
-    for k in range(4):
-        out = _copy(v1, tmp_path / f"t{k}")
-        killed += run_and_kill(packer_cmd(*_argv(fmt, src, out, "--append")), after(rng.uniform(0.0, took)))
+
+    def run(n: int, until) -> bool:
+        out = _copy(v1, tmp_path / f"t{n}")
+        killed = run_and_kill(packer_cmd(*_argv(fmt, src, out, "--append")), until)
         assert _samples(out) in (before, reference) and _samples(out, version=1) == before
         _verified(out)
-        again = run_packer(*_argv(fmt, src, out, "--append", *(("--resume",) if k % 2 else ())))
+        again = run_packer(*_argv(fmt, src, out, "--append", *(("--resume",) if n % 2 else ())))
         assert again.returncode == 0, again.stderr
         assert _samples(out) == reference and _samples(out, version=1) == before
         _verified(out)
         assert _leftovers(out) == []
-    assert killed
+        return killed
+
+    kill_at_random_moments(run, took, seed=1)
 
 
 def test_a_different_append_over_an_interrupted_one(built, tmp_path):

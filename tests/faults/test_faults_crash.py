@@ -3,7 +3,6 @@ random moments from outside), rerun with ``--resume``, and the output is identic
 uninterrupted run, with no temporary files left and ``packer verify`` passing."""
 from __future__ import annotations
 
-import random
 import signal
 import time
 
@@ -13,7 +12,7 @@ from click.testing import CliRunner
 from packer.cli import main
 from tests.support.faults import CONVERSIONS, Conversion, leftovers, one_fast, snapshot
 from tests.support.inputs import write_image_folder
-from tests.support.killing import after, checkpoint_at_least, packer_cmd, run_and_kill, run_packer
+from tests.support.killing import checkpoint_at_least, kill_at_random_moments, packer_cmd, run_and_kill, run_packer
 
 # Where the writer dies: mid-batch, during a commit (data durable, journal not), between the
 # two journals of one commit, with every input done before the publish starts, just before the
@@ -69,12 +68,14 @@ def test_killed_at_random_moments_then_resumed(conv, tmp_path):
     start = time.monotonic()
     assert run_packer(*conv.argv(src, ref, "--workers", 0)).returncode == 0
     took, reference = time.monotonic() - start, snapshot(conv, ref)
-    rng, killed = random.Random(0), 0
-    for k in range(4):
-        out = conv.out(tmp_path, f"t{k}")
-        killed += run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 0)), after(rng.uniform(0.0, took)))
-        finish_and_check(conv, src, out, reference)
-    assert killed  # (a run that ends before its moment is only resumed as a finished output)
+
+    def run(n: int, until) -> bool:
+        out = conv.out(tmp_path, f"t{n}")
+        killed = run_and_kill(packer_cmd(*conv.argv(src, out, "--workers", 0)), until)
+        finish_and_check(conv, src, out, reference)  # (a run that ended first: resumed as a finished output)
+        return killed
+
+    kill_at_random_moments(run, took, seed=0)
 
 
 @pytest.mark.parametrize("point", ["journal:2", pytest.param("rename:0", marks=pytest.mark.slow),

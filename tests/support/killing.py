@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -172,6 +173,27 @@ def after(seconds: float) -> Callable[[], bool]:
     """A condition: ``seconds`` have passed since it was made (a kill at a chosen moment of a run)."""
     deadline = time.monotonic() + seconds
     return lambda: time.monotonic() > deadline
+
+
+def kill_at_random_moments(run: Callable[[int, Callable[[], bool]], bool], took: float, seed: int, *,
+                           kills: int = 4, tries: int = 6) -> None:
+    """``kills`` seeded random moments of a run that took ``took`` seconds uninterrupted, each
+    ending in a kill. ``run(n, until)`` is the ``n``-th try: a fresh output, a run killed once
+    ``until()`` holds, its output checked; True when the run was killed. A run that ends before
+    its moment (the machine sped up since ``took`` was timed: two busy workers' suite) is
+    checked all the same and tried again at half the moment, so the moments never all pass
+    after the runs they were meant for."""
+    rng, n = random.Random(seed), 0
+    for _ in range(kills):
+        moment = rng.uniform(0.0, took)
+        for _ in range(tries):
+            n += 1
+            if run(n, after(moment)):
+                break
+            moment /= 2
+        else:
+            raise AssertionError(f"{tries} runs all ended before their moment (the last {moment * 2:.4f} s; "
+                                 f"the uninterrupted run took {took:.3f} s)")
 
 
 def run_and_kill(cmd: list[str], until: Callable[[], bool], timeout: float | None = None,
