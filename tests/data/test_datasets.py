@@ -8,12 +8,13 @@ from PIL import Image, ImageOps
 from torch.utils.data import ConcatDataset, DataLoader
 
 from packer import PackedDataset
-from packer.errors import UsageError
+from packer.errors import CorruptData, UsageError
 from packer.formats import FORMATS
 from packer.codecs.resize import ResizeSpec
 from packer.commands.pack_images import pack_images
 from packer.conversion.options import RunOptions
 from tests.support import FIXTURE_IMAGES
+from tests.support.inputs import write_image_folder
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
@@ -74,6 +75,24 @@ def test_a_batch_releases_each_record_before_the_next_read(packed):
     ds.reader.read_many = watched
     got = ds.__getitems__(list(range(8)))
     assert len(got) == 8 and held == [0] * 7
+
+
+def test_an_undecodable_stored_image_names_the_pack_and_sample(tmp_path):
+    """A JPEG whose header passes ``--check header`` but whose body is cut short is stored (its
+    CRC32C is the stored bytes'); decoding it is a CorruptData naming the pack and the sample,
+    one by one and in a DataLoader's batch."""
+    src = write_image_folder(tmp_path / "src", count=4, classes=1)
+    victim = sorted((src / "class_0").iterdir())[2]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:data.index(b"\xff\xda") + 60])  # the header whole, the scan cut
+    out = tmp_path / "cut.lmdb"
+    pack_images(src, out, format="lmdb", check="header", run_options=RunOptions(workers=0))
+    ds = PackedDataset(out, decode="tensor")
+    at = ds.keys.index(f"class_0/{victim.name}")
+    assert ds[at - 1][0].shape[0] == 3
+    for read in (lambda: ds[at], lambda: ds.__getitems__([0, at])):
+        with pytest.raises(CorruptData, match=rf"cut\.lmdb sample {at}: "):
+            read()
 
 
 def test_dataloader_workers(packed):
