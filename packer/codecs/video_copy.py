@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs.video_pack import (KEY, NONREF, StreamIndex, _check, _run, _sequential, nonref_test, pack_stream,
+from packer.codecs.video_pack import (KEY, NONREF, StreamIndex, _check, _run, _sequential, nonref_test, pack_stream, plan_runs,
                                       to_rgb)
 
 __all__ = ["copy_stream", "check_random_access", "CopyResult", "rotate_upright"]
@@ -137,7 +137,8 @@ def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex,
         current = StreamIndex(index.packets, flags, index.extradata, index.decoder, index.fps)
         out: dict[int, np.ndarray] = {}
         try:
-            _run(mp4, current, current.decode_order, start, end - 1, set(range(start, end)), out)
+            for run in plan_runs(current, range(start, end)):  # one run: the next keyframe ends it
+                _run(mp4, current, run, out)
             ok = all(_digest_rgb(out[f]) == reference[f] for f in range(start, end))
         except Exception:  # a fresh decoder that cannot start here (ValueError, FFmpegError)
             ok = False

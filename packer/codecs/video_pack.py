@@ -28,7 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import cv2
 import numpy as np
@@ -433,31 +433,73 @@ def _check(frame, number: int) -> None:
         raise ValueError(f"the decoder returned frame {frame.pts} where the index expects {number}")
 
 
-def _run(mp4: memoryview, index: StreamIndex, order: np.ndarray, first: int, last: int, want: set[int],
-         out: dict[int, np.ndarray], slots: Optional[list[int]] = None) -> None:
-    """Decode what frames ``first`` (a keyframe) to ``last`` need with a fresh decoder, keeping
-    ``want``: in decode order every reference frame up to the last decode position of the range,
-    and the wanted non-reference frames; then the frames out are the fed ones in presentation order.
-    ``slots``: frames go into this thread's scratch array (``_scratch``), at ``slots[0]`` of
-    ``slots[1]`` rows (the count of all wanted frames) onward."""
-    ctx = _decoder(index)
-    d0 = int(index.packets[first, 2])
-    d1 = int(index.packets[first:last + 1, 2].max())
-    fed = [int(f) for f in order[d0:d1 + 1] if not index.flags[f] & NONREF or int(f) in want]
+class Run(NamedTuple):
+    """What one fresh decoder is fed for a run of wanted frames: ``fed``, frame numbers in decode
+    order (every reference frame from the keyframe up to the run's last decode position, plus
+    the wanted non-reference frames), and ``want``, the frames the run keeps."""
+
+    fed: list[int]
+    want: frozenset[int]
+
+
+def plan_runs(index: StreamIndex, frames: Sequence[int]) -> list[Run]:
+    """The decoder runs that give ``frames`` (0-based, any order, repeats allowed): one per run
+    of wanted frames that no later keyframe interrupts, each starting at the keyframe at or
+    before its first frame. The one home of packet selection: the CPU decode and the GPU's
+    (``packer.data.gpu``) feed exactly these packets."""
+    wanted = sorted(set(int(f) for f in frames))
+    if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
+        raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")
+    keys, order = index.keyframes, index.decode_order
+    runs = []
+    i = 0
+    while i < len(wanted):
+        first = int(keys[np.searchsorted(keys, wanted[i], side="right") - 1])
+        # one run: every wanted frame before the next keyframe past the last one taken is on the way
+        j = i
+        while j + 1 < len(wanted):
+            nxt = int(keys[np.searchsorted(keys, wanted[j + 1], side="right") - 1])
+            if nxt > wanted[j]:  # a keyframe after the last wanted: start afresh there
+                break
+            j += 1
+        want = frozenset(wanted[i:j + 1])
+        d0 = int(index.packets[first, 2])
+        d1 = int(index.packets[first:wanted[j] + 1, 2].max())
+        runs.append(Run([int(f) for f in order[d0:d1 + 1] if not index.flags[f] & NONREF or int(f) in want], want))
+        i = j + 1
+    return runs
+
+
+def feed_run(ctx: Any, packets: Sequence[Any], run: Run) -> list[tuple[int, Any]]:
+    """Feed ``packets`` (run.fed's, as ``_packet`` makes them) to decoder ``ctx`` and drain it:
+    the wanted (frame number, frame) pairs in presentation order. ValueError when the decoder
+    gives another count of frames than it was fed, or a frame where the index does not put it."""
     frames = []
-    for f in fed:
-        frames.extend(ctx.decode(_packet(mp4, index, f)))
+    for packet in packets:
+        frames.extend(ctx.decode(packet))
     frames.extend(ctx.decode(None))
-    if len(frames) != len(fed):
-        raise ValueError(f"decoding {len(fed)} packets of frames {first}..{last} gave {len(frames)} frames")
-    for f, frame in zip(sorted(fed), frames):
+    if len(frames) != len(run.fed):
+        raise ValueError(f"decoding {len(run.fed)} packets of frames {min(run.fed)}..{max(run.fed)} "
+                         f"gave {len(frames)} frames")
+    out = []
+    for f, frame in zip(sorted(run.fed), frames):
         _check(frame, f)
-        if f in want:
-            if slots is None:
-                out[f] = to_rgb(frame)
-            else:
-                out[f] = to_rgb(frame, _scratch(slots[1], frame.height, frame.width)[slots[0]])
-                slots[0] += 1
+        if f in run.want:
+            out.append((f, frame))
+    return out
+
+
+def _run(mp4: memoryview, index: StreamIndex, run: Run, out: dict[int, np.ndarray],
+         slots: Optional[list[int]] = None) -> None:
+    """Decode ``run`` with a fresh decoder into ``out`` (frame number -> RGB array). ``slots``:
+    frames go into this thread's scratch array (``_scratch``), at ``slots[0]`` of ``slots[1]``
+    rows (the count of all wanted frames) onward."""
+    for f, frame in feed_run(_decoder(index), [_packet(mp4, index, f) for f in run.fed], run):
+        if slots is None:
+            out[f] = to_rgb(frame)
+        else:
+            out[f] = to_rgb(frame, _scratch(slots[1], frame.height, frame.width)[slots[0]])
+            slots[0] += 1
 
 
 def decode_frames_at(blob: bytes | memoryview, frames: Sequence[int], *, reuse: bool = False) -> list[np.ndarray]:
@@ -474,24 +516,11 @@ def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence
     array this thread reuses, valid until its next ``reuse`` decode (for a caller that copies
     them out at once, as a clip's assembly does)."""
     mp4 = memoryview(mp4)
-    wanted = sorted(set(int(f) for f in frames))
-    if wanted and (wanted[0] < 0 or wanted[-1] >= index.frames):
-        raise IndexError(f"frames {wanted[0]}..{wanted[-1]} outside 0..{index.frames - 1}")
+    runs = plan_runs(index, frames)
     out: dict[int, np.ndarray] = {}
-    keys, order = index.keyframes, index.decode_order
-    slots = [0, len(wanted)] if reuse else None
-    i = 0
-    while i < len(wanted):
-        start = int(keys[np.searchsorted(keys, wanted[i], side="right") - 1])
-        # one run: every wanted frame before the next keyframe past the last one taken is on the way
-        j = i
-        while j + 1 < len(wanted):
-            nxt = int(keys[np.searchsorted(keys, wanted[j + 1], side="right") - 1])
-            if nxt > wanted[j]:  # a keyframe after the last wanted: start afresh there
-                break
-            j += 1
-        _run(mp4, index, order, start, wanted[j], set(wanted[i:j + 1]), out, slots)
-        i = j + 1
+    slots = [0, sum(len(r.want) for r in runs)] if reuse else None
+    for run in runs:
+        _run(mp4, index, run, out, slots)
     return [out[int(f)] for f in frames]
 
 
