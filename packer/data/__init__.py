@@ -7,17 +7,20 @@ checks it). Modules by concept: ``datasets`` (PackedDataset), ``streaming``
 ``device`` (DevicePrefetcher, DeviceCache, normalization, uint8_collate), ``batch_memory``
 (DataLoader workers' reused shared-memory batch buffers), ``elastic`` (a resumable
 DistributedSampler), ``video`` (clip sampling and the video datasets), ``samplers``
-(mmaction2's frame samplers), ``mixing`` (batch class-mixing measures).
+(mmaction2's frame samplers), ``mixing`` (batch class-mixing measures), ``gpu`` (decoding
+on the GPU: nvJPEG, NVDEC, and their CPU fallback).
 """
 from packer.data.datasets import PackedDataset
 from packer.data.decode import DecodeRandomResizedCrop, DecodeResizeCrop, PilRandomResizedCrop, PilResizeCrop
 from packer.data.device import (IMAGENET_MEAN, IMAGENET_STD, CacheBatches, DeviceCache, DevicePrefetcher, Normalize,
                                 uint8_collate)
 from packer.data.elastic import DistributedSampler
+from packer.data.gpu import GpuClipDecode, GpuImageDecode
 from packer.data.loader import Loader, LoaderError, LoaderOptions
 from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
 from packer.data.streaming import StreamingDataset
-from packer.data.video import ClipOptions, ClipSampling, FrameDataset, PackedVideoDataset, sample_frames
+from packer.data.video import (ClipOptions, ClipPackets, ClipSampling, FrameDataset, PackedVideoDataset, collate_clips,
+                               sample_frames)
 
 __all__ = [
     # datasets
@@ -27,6 +30,8 @@ __all__ = [
     "uint8_collate", "IMAGENET_MEAN", "IMAGENET_STD",
     # decoding
     "DecodeResizeCrop", "DecodeRandomResizedCrop", "PilResizeCrop", "PilRandomResizedCrop",
+    # decoding on the GPU
+    "GpuImageDecode", "GpuClipDecode", "ClipPackets", "collate_clips",
     # video clips
     "ClipSampling", "ClipOptions", "sample_frames", "SampleFrames", "DenseSampleFrames", "UntrimmedSampleFrames",
 ]

@@ -432,6 +432,17 @@ class _RandomCrop:
         box = sample_box(height, width, rng, scale=self.scale, ratio=self.ratio)
         return box, bool(self.flip > 0 and rng.random() < self.flip)
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of what the transform returns."""
+        return self.size
+
+    def chooser(self, rng: Optional[np.random.Generator] = None) -> Chooser:
+        """The box-and-flip choice for one call, drawn from ``rng`` (None: this process's
+        generator): what ``decode_box`` takes, and what the GPU decode (``packer.data.gpu``) draws."""
+        rng = rng if rng is not None else self.generator()
+        return lambda h, w: self.sample(h, w, rng)
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.size}, scale={self.scale}, ratio={self.ratio}, "
                 f"flip={self.flip}, seed={self.seed})")
@@ -452,9 +463,7 @@ class DecodeRandomResizedCrop(_RandomCrop):
     """
 
     def __call__(self, data: Any, rng: Optional[np.random.Generator] = None) -> torch.Tensor:
-        rng = rng if rng is not None else self.generator()
-        out = decode_box(data, lambda h, w: self.sample(h, w, rng), *self.size)
-        return torch.from_numpy(to_chw3(out))
+        return torch.from_numpy(to_chw3(decode_box(data, self.chooser(rng), *self.size)))
 
 
 class PilRandomResizedCrop(_RandomCrop):
@@ -521,6 +530,18 @@ class _ResizeCrop:
         self.short_side = short_side
         self.crop = crop
 
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of what the transform returns."""
+        return self.crop, self.crop
+
+    def chooser(self, rng: Optional[np.random.Generator] = None) -> Chooser:
+        """The centre box for any image (``rng`` is not used: nothing is drawn)."""
+        return self._choose
+
+    def _choose(self, height: int, width: int) -> tuple[Box, bool]:
+        return center_box(height, width, self.short_side, self.crop), False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.short_side}, {self.crop})"
 
@@ -535,9 +556,6 @@ class DecodeResizeCrop(_ResizeCrop):
         short_side: the short side the image is (notionally) resized to.
         crop: the side of the centre square that is kept.
     """
-
-    def _choose(self, height: int, width: int) -> tuple[Box, bool]:
-        return center_box(height, width, self.short_side, self.crop), False
 
     def __call__(self, data: Any) -> torch.Tensor:
         out = decode_box(data, self._choose, self.crop, self.crop)

@@ -49,7 +49,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import cv2
 import numpy as np
@@ -58,7 +58,8 @@ import torch
 from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
 from packer.codecs.video_copy import rotate_upright
-from packer.codecs.video_pack import CODECS, KEY, StreamIndex, decode_frames_at, decode_indexed, index_mp4
+from packer.codecs.video_pack import (CODECS, KEY, Run, StreamIndex, decode_frames_at, decode_indexed, index_mp4,
+                                      plan_runs, unpack_stream)
 from packer.data import batch_memory
 from packer.data.datasets import require_holds
 from packer.errors import CorruptData, OutputChanged, PackerError, UsageError
@@ -70,8 +71,8 @@ from packer.remote import open_reader
 
 __all__ = ["ClipRequest", "split_request", "RawframeInfo", "parse_rawframes", "sample_frames",
            "sampling_options", "train_offsets", "clip_frames", "bound_clips", "ClipSampling", "ClipOptions",
-           "random_resized_crop_box", "assemble_clip", "LAYOUTS", "MODALITIES", "OUT_OF_BOUND", "RNG",
-           "FrameDataset", "PackedVideoDataset"]
+           "random_resized_crop_box", "assemble_clip", "ClipPackets", "collate_clips", "DECODE_ON", "LAYOUTS",
+           "MODALITIES", "OUT_OF_BOUND", "RNG", "FrameDataset", "PackedVideoDataset"]
 
 class ClipRequest(NamedTuple):
     """Fetch sample ``index`` as a clip of ``num_frames`` x ``crop_size``^2 (None = dataset default);
@@ -135,6 +136,7 @@ def parse_rawframes(list_file: str | os.PathLike, *, with_offset: bool = False) 
     return infos
 
 LAYOUTS = ("TCHW", "CTHW")
+DECODE_ON = ("cpu", "gpu")  # where PackedVideoDataset's clips are decoded (gpu: by packer.data.gpu)
 MODALITIES = ("RGB", "Flow")
 OUT_OF_BOUND = ("loop", "repeat_last")
 RNG = Union[np.random.RandomState, Any]  # np.random.RandomState, or the np.random module itself
@@ -317,13 +319,15 @@ def random_resized_crop_box(height: int, width: int, rng: RNG, *, area_range=(0.
 
 
 def assemble_clip(frames: list[np.ndarray], order: np.ndarray, *, clip_len: int, layout: str = "TCHW",
-                  crop_size: Optional[int] = None, rng: Optional[RNG] = None) -> np.ndarray:
+                  crop_size: Optional[int] = None, rng: Optional[RNG] = None,
+                  box: Optional[tuple[int, int, int, int]] = None) -> np.ndarray:
     """Frames (distinct HxWxC uint8 arrays) in ``order`` -> one channels-first uint8 array.
 
     ``layout="TCHW"``: ``(len(order), C, H, W)``; ``"CTHW"``: ``(C, clip_len, H, W)`` for one
     clip, ``(clips, C, clip_len, H, W)`` for several. With ``crop_size`` every frame is cropped
     the same way and resized to a square: a random-resized crop when ``rng`` is given
-    (training), the centre square otherwise. Each distinct frame is cropped and split into
+    (training), the centre square otherwise; ``box`` (top, left, height, width): that crop,
+    drawn earlier (``packer.data.gpu``'s clips). Each distinct frame is cropped and split into
     channel planes once (OpenCV's SIMD split beats a strided transpose copy by 2x).
     """
     h, w = frames[0].shape[:2]
@@ -331,7 +335,9 @@ def assemble_clip(frames: list[np.ndarray], order: np.ndarray, *, clip_len: int,
         raise ValueError("frames of one clip differ in size")
     channels = frames[0].shape[2] if frames[0].ndim == 3 else 1
     if crop_size:
-        if rng is not None:
+        if box is not None:
+            top, left, ch, cw = box
+        elif rng is not None:
             top, left, ch, cw = random_resized_crop_box(h, w, rng)
         else:
             side = min(h, w)
@@ -374,6 +380,43 @@ def _split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 def _clip_options(options: Optional[ClipOptions], fields: dict[str, Any]) -> ClipOptions:
     return dataclasses.replace(options, **fields) if options is not None else ClipOptions(**fields)
+
+
+@dataclass(frozen=True)
+class ClipPackets:
+    """One clip as its loader worker chose it, not yet decoded: the packets of each decoder run
+    (``plan_runs``' selection, in decode order), which decoded frame goes where, and the crop.
+
+    ``order``: per clip position, the index of its frame among the runs' wanted frames (sorted);
+    ``crop``: the random crop box (top, left, height, width) on the upright frame, None for the
+    centre square (with ``crop_size``) or no crop; ``size``: the upright frame (height, width)
+    the manifest records, which every decoded frame must have."""
+
+    where: str
+    decoder: str
+    extradata: bytes
+    runs: tuple[Run, ...]
+    packets: tuple[bytes, ...]  # every run's fed packets, run after run
+    order: np.ndarray
+    clip_len: int
+    layout: str
+    crop_size: Optional[int]
+    crop: Optional[tuple[int, int, int, int]]
+    rotation: int
+    size: tuple[int, int]
+
+    def run_packets(self) -> list[tuple[Run, tuple[bytes, ...]]]:
+        """Each run with its packets."""
+        out, at = [], 0
+        for run in self.runs:
+            out.append((run, self.packets[at:at + len(run.fed)]))
+            at += len(run.fed)
+        return out
+
+
+def collate_clips(batch: Sequence[tuple[ClipPackets, Any]]) -> tuple[list[ClipPackets], Any]:
+    """A ``DataLoader``/``Loader`` batch of ``(ClipPackets, target)`` -> (the list, the targets collated)."""
+    return [c for c, _ in batch], torch.utils.data.default_collate([t for _, t in batch])
 
 
 # -- the shared dataset part ------------------------------------------------------------------
@@ -543,8 +586,11 @@ class FrameDataset(_ClipDataset):
                  num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
                  crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
                  multi_class: Optional[bool] = None, num_classes: Optional[int] = None,
-                 version: Optional[int] = None):
+                 version: Optional[int] = None, decode_on: str = "cpu"):
         clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
+        if decode_on not in DECODE_ON:
+            raise UsageError(f"decode_on must be one of {DECODE_ON}, not {decode_on!r}")
+        self.decode_on = decode_on
         super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
         modality = self.modality
         self.root = Path(root)
@@ -701,6 +747,9 @@ class PackedVideoDataset(_ClipDataset):
     (a ``packer.remote.RemoteOptions``: cache folder, access mode, retries; docs/remote.md), and
     ``version``: of an output that was appended to, the version to read (None: the latest;
     docs/append.md); the dataset reads its version's videos whatever is appended later.
+    ``decode_on="gpu"`` (a ``pack-videos`` output): ``__getitem__`` chooses the clip and its
+    packets without decoding and returns ``(ClipPackets, target)``, for ``GpuClipDecode`` to
+    decode on the GPU (``packer.data.gpu``; batch with ``collate_fn=collate_clips``).
     ``num_classes`` defaults to the manifest's class count; ``SampleFrames(target_fps=...)`` uses
     each video's stored fps.
     """
@@ -711,8 +760,11 @@ class PackedVideoDataset(_ClipDataset):
                  num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
                  crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
                  multi_class: Optional[bool] = None, num_classes: Optional[int] = None,
-                 version: Optional[int] = None):
+                 version: Optional[int] = None, decode_on: str = "cpu"):
         clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
+        if decode_on not in DECODE_ON:
+            raise UsageError(f"decode_on must be one of {DECODE_ON}, not {decode_on!r}")
+        self.decode_on = decode_on
         self.path = str(path)
         self.reader = open_reader(path, check_crc=check_crc, remote=remote, version=version)
         given = {**(dataclasses.asdict(options) if options is not None else {}), **clip_fields}
@@ -745,11 +797,45 @@ class PackedVideoDataset(_ClipDataset):
             raise UsageError(f"{path}: {len(empty)} videos hold no {modality} frames (e.g. {empty[0]!r})"
                              + ("; decode with --task flow or both" if flow else ""))
         self.keys = [v["key"] for v in videos]
+        if decode_on == "gpu":
+            if not self.encoded:
+                raise UsageError(f"{path}: decode_on='gpu' decodes pack-videos outputs (video streams), "
+                                 "not frame packs")
+            if transform is not None:
+                raise UsageError("decode_on='gpu' returns packets: apply the transform to GpuClipDecode's clips")
+        self._sizes = [(int(v.get("height") or 0), int(v.get("width") or 0)) for v in videos]
 
     @property
     def classes(self) -> list[str]:
         """Class names, index = label."""
         return self.reader.classes
+
+    def __getitem__(self, key: Union[int, ClipRequest]) -> tuple[Any, Any]:
+        if self.decode_on == "cpu":
+            return super().__getitem__(key)
+        req = self._request(key)
+        index = req.index
+        rng = self._rng(index, req.epoch)
+        inds = self._indices(req, rng)  # the CPU path's draws, in its order: frames, then the crop
+        unique, inverse = np.unique(inds, return_inverse=True)
+        crop_size = req.crop_size or self.crop_size
+        size = self._sizes[index]
+        box = random_resized_crop_box(*size, rng) if crop_size and not self.sampling.test_mode else None
+        start = self._videos[index][0]
+        rec = self.reader.read(start)
+        try:
+            mp4, stream = ((memoryview(rec.data), self._plain_index(index, rec.data)) if self.plain
+                           else unpack_stream(rec.data))
+            runs = tuple(plan_runs(stream, [int(i) for i in unique]))
+        except (ValueError, IndexError) as e:
+            raise CorruptData(self._where(index), f"sample {start}: {e}") from None
+        packets = tuple(bytes(mp4[int(stream.packets[f, 0]):int(stream.packets[f, 0]) + int(stream.packets[f, 1])])
+                        for run in runs for f in run.fed)
+        _, label = self._video(index)
+        clip = ClipPackets(self._where(index), stream.decoder, stream.extradata, runs, packets, inverse.reshape(-1),
+                           req.num_frames or self.sampling.clip_len, self.layout, crop_size, box,
+                           0 if self.plain else self._rotation[index], size)
+        return clip, self._target(label)
 
     def __len__(self) -> int:
         return len(self._videos)

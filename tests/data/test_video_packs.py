@@ -8,7 +8,6 @@ real fixtures (H.264 with B-frames, XviD, Matroska, HEVC, a rotated mov; AV1 is 
 from __future__ import annotations
 
 import shutil
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,8 @@ from packer.codecs.video_pack import (NONREF, EncodeOptions, VideoEncoder, decod
                                       pack_stream, unpack_stream)
 from packer.data.video import PackedVideoDataset  # noqa: E402
 from packer.formats import open_reader  # noqa: E402
-from tests.support.numbered_video import (SAMPLERS, SYNTH_FRAMES, SYNTH_H, SYNTH_W, check_clips,  # noqa: E402
-                                          numbered, read_number)
+from tests.support.numbered_video import (SAMPLERS, SYNTH_FRAMES, check_clips,  # noqa: E402
+                                          numbered, read_number, write_numbered)
 
 # xdist: one worker runs this module, so its packs (module fixtures, seconds each) are built once
 pytestmark = pytest.mark.xdist_group("video_packs")
@@ -35,16 +34,7 @@ VIDEOS = Path(__file__).resolve().parents[1] / "fixtures" / "videos"
 def synth_src(tmp_path_factory) -> Path:
     """``src/numbers/count.mp4``: H.264 with B-frames (the source side), each frame's number drawn in."""
     src = tmp_path_factory.mktemp("synth") / "src"
-    (src / "numbers").mkdir(parents=True)
-    with av.open(str(src / "numbers" / "count.mp4"), "w") as out:
-        s = out.add_stream("libx264", rate=Fraction(25))
-        s.width, s.height, s.pix_fmt = SYNTH_W, SYNTH_H, "yuv420p"
-        s.codec_context.options = {"crf": "12", "bf": "3", "g": "60"}
-        for i in range(SYNTH_FRAMES):
-            for p in s.encode(av.VideoFrame.from_ndarray(numbered(i), format="bgr24")):
-                out.mux(p)
-        for p in s.encode(None):
-            out.mux(p)
+    write_numbered(src / "numbers" / "count.mp4")
     return src
 
 

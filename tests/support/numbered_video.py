@@ -2,6 +2,9 @@
 the samplers every frame-exact test runs, and the check that clips equal a reference decode."""
 from __future__ import annotations
 
+from fractions import Fraction
+from pathlib import Path
+
 import numpy as np
 
 from packer.data.samplers import DenseSampleFrames, SampleFrames, UntrimmedSampleFrames
@@ -29,6 +32,24 @@ def numbered(i: int) -> np.ndarray:
     for b in range(BITS):
         img[:BLOCK, b * BLOCK:(b + 1) * BLOCK] = 255 if (i >> b) & 1 else 0
     return img
+
+
+def write_numbered(path: Path, frames: int = SYNTH_FRAMES) -> Path:
+    """An MP4 at ``path`` of ``frames`` ``numbered`` frames: H.264 with B-frames (three between
+    references, a keyframe every 60), as a source video is coded; crf 12."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("libx264", rate=Fraction(25))
+        s.width, s.height, s.pix_fmt = SYNTH_W, SYNTH_H, "yuv420p"
+        s.codec_context.options = {"crf": "12", "bf": "3", "g": "60"}
+        for i in range(frames):
+            for p in s.encode(av.VideoFrame.from_ndarray(numbered(i), format="bgr24")):
+                out.mux(p)
+        for p in s.encode(None):
+            out.mux(p)
+    return path
 
 
 def read_number(rgb: np.ndarray) -> int:
