@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The GPU path's device check (issue 34): the CUDA tests' results and four measurements, as JSON.
+"""The GPU path's device check (issues 34, 45): the CUDA tests' results and five measurements, as JSON.
 
 ``scripts/device_check.sh OUTDIR`` runs the tests and then this script; by hand::
 
@@ -23,6 +23,12 @@ the targets are GPU targets and are then not judged: ``"met": null``):
    speeds. ``wait_fraction`` = 1 - (model alone) / (loop): the share of the loop the GPU waits
    for data. Target < 5% where the loader alone is faster than the model ("fast enough on
    paper"); ``bottleneck`` names the slower side.
+5. ``gpu_decode`` (issue 45): ``GpuImageDecode`` (nvJPEG) on batches of JPEG bytes against
+   DataLoader workers (all cores) running ``DecodeRandomResizedCrop``, images per wall and per
+   CPU second, host CPU ms per batch, and its pixels against the CPU transform's; ``GpuClipDecode``
+   (NVDEC) on TSN-8 and dense-32 clips of a ``pack-videos`` LMDB against the CPU path and against
+   decoding the source MP4s (mmaction2's PyAVDecode way), clips per wall and per CPU second, and
+   the frames against the CPU path's.
 """
 from __future__ import annotations
 
@@ -51,10 +57,14 @@ from packer.data.device import Normalize  # noqa: E402
 
 TARGETS = {"host_cost": 0.5, "normalize": 10.0, "wait": 0.05}
 GPU_SIZES = {"batch": 256, "size": 224, "batches": 8, "cpu_reps": 3, "dev_reps": 20, "steps": 20,
-             "images": 512, "jpeg": (256, 320), "resize": 256, "width": 64, "threads": None}
+             "images": 512, "jpeg": (256, 320), "resize": 256, "width": 64, "threads": None,
+             "decode_jpeg": (375, 500), "decode_images": 1024, "decode_batch": 256, "decode_passes": 3,
+             "decode_workers": os.cpu_count(), "decode_videos": 8, "decode_repeats": 4, "clip_batch": 8}
 # Without CUDA: small, and one torch thread (intra-op threads on a busy 2-core CI box thrash).
 CPU_SIZES = {"batch": 8, "size": 48, "batches": 3, "cpu_reps": 20, "dev_reps": 20, "steps": 3,
-             "images": 32, "jpeg": (64, 80), "resize": 56, "width": 16, "threads": 1}
+             "images": 32, "jpeg": (64, 80), "resize": 56, "width": 16, "threads": 1,
+             "decode_jpeg": (96, 128), "decode_images": 16, "decode_batch": 8, "decode_passes": 1,
+             "decode_workers": 0, "decode_videos": 1, "decode_repeats": 1, "clip_batch": 2}
 
 
 # -- timing helpers ------------------------------------------------------------------------------
@@ -329,6 +339,139 @@ def step_loop(device: torch.device, sizes: dict, workdir: Path) -> dict:
     }
 
 
+# -- 5. GPU decode (issue 45) -----------------------------------------------------------------------
+VIDEO_FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "videos" / "mmaction2_test.mp4"
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its reaped children (loader workers once they exit)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measured(run: Callable[[], int], device: torch.device) -> dict:
+    """``run()`` (returns the items it produced) timed: items per wall second and per CPU second."""
+    sync(device)
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    n = run()
+    sync(device)
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    return {"items": n, "per_s": n / wall, "per_cpu_s": n / cpu if cpu > 0 else None, "wall_s": round(wall, 3)}
+
+
+def _drain(loader: Iterable[Any], fn: Callable[[Any], torch.Tensor]) -> int:
+    n = 0
+    for batch in loader:
+        n += len(fn(batch))
+    return n
+
+
+def gpu_decode(device: torch.device, sizes: dict, workdir: Path) -> dict:
+    """nvJPEG and NVDEC (``packer.data.gpu``) against the CPU path on this machine's cores:
+    correctness on the measured data, images/s and clips/s per wall and per CPU second."""
+    from torch.utils.data import DataLoader, Subset
+
+    from packer.api import pack_videos
+    from packer.data import DecodeRandomResizedCrop, PackedVideoDataset
+    from packer.data.gpu import GpuClipDecode, GpuImageDecode, nvdec_available, nvjpeg_available
+    from packer.data.video import collate_clips
+
+    workers = sizes["decode_workers"] or 0
+    out: dict[str, Any] = {"nvjpeg": nvjpeg_available(device), "nvdec": device.type == "cuda" and nvdec_available(),
+                           "cpu_workers": workers}
+    # images: a batch's JPEG bytes -> GpuImageDecode, against DataLoader workers running the CPU transform
+    lmdb = synthetic_lmdb(workdir / "img", {**sizes, "jpeg": sizes["decode_jpeg"], "images": sizes["decode_images"]})
+    n, s = sizes["decode_batch"], sizes["size"]
+    raw = PackedDataset(lmdb, decode="bytes")
+    batches = [[raw[i][0] for i in range(k, min(k + n, len(raw)))] for k in range(0, len(raw), n)]
+    gpu = GpuImageDecode(DecodeRandomResizedCrop(s, seed=0), device=device)
+    first = gpu(batches[0])
+    cpu = DecodeRandomResizedCrop(s, seed=0)
+    diff = (first.cpu().int() - torch.stack([cpu(x) for x in batches[0]]).int()).abs().float()
+    out["images"] = {
+        "jpeg": list(sizes["decode_jpeg"]), "batch": n, "output": s, "on_device": gpu.on_device,
+        "vs_cpu_transform": {"mean_abs": float(diff.mean()), "max_abs": float(diff.max())},
+        "device": measured(lambda: sum(len(gpu(b)) for b in batches * sizes["decode_passes"]), device),
+        "cpu_path": measured(lambda: _drain(DataLoader(
+            PackedDataset(lmdb, decode=DecodeRandomResizedCrop(s, seed=0)), batch_size=n, num_workers=workers),
+            lambda b: b[0]), torch.device("cpu")),
+    }
+    c0 = time.process_time()
+    for b in batches:
+        gpu(b)
+    sync(device)
+    out["images"]["host_cpu_ms_per_batch"] = (time.process_time() - c0) / len(batches) * 1e3
+    out["images"]["refused_by_the_device"] = gpu.refused
+    out["images"]["device_vs_cpu_path"] = out["images"]["device"]["per_s"] / out["images"]["cpu_path"]["per_s"]
+    # video: pack-videos of the fixture (copies), TSN-8 and dense-32 clips three ways
+    src = workdir / "vid" / "src"
+    for k in range(sizes["decode_videos"]):
+        (src / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{k % 2}" / f"v{k}.mp4").write_bytes(VIDEO_FIXTURE.read_bytes())
+    pack = workdir / "vid" / "pack.lmdb"
+    pack_videos(src, pack, to="lmdb", workers=0)  # in this process: no fork after CUDA started
+    decoder = GpuClipDecode(device=device)
+    cases = {"tsn8": dict(clip_len=1, num_clips=8, crop_size=224),
+             "dense32": dict(clip_len=32, frame_interval=2, num_clips=1, test_mode=True, crop_size=224)}
+    out["video"] = {"videos": sizes["decode_videos"], "nvdec": decoder.nvdec}
+    for name, kw in cases.items():
+        on_cpu = PackedVideoDataset(pack, seed=1, **kw)
+        on_gpu = PackedVideoDataset(pack, seed=1, decode_on="gpu", **kw)
+        # correctness on this data: the CPU path's clip, frame for frame, without the crop's resize
+        plain = {k: v for k, v in kw.items() if k != "crop_size"}
+        want, got = PackedVideoDataset(pack, seed=1, **plain)[0][0], decoder(
+            [PackedVideoDataset(pack, seed=1, decode_on="gpu", **plain)[0][0]])[0].cpu()
+        d = (got.int() - want.int()).abs()
+        clips = list(range(len(on_cpu))) * sizes["decode_repeats"]
+        bs = sizes["clip_batch"]
+        out["video"][name] = {
+            "vs_cpu_path": {"max_abs": int(d.max()), "mean_abs": float(d.float().mean()),
+                            "same_shape": list(got.shape) == list(want.shape)},
+            "clips": len(clips),
+            "device": measured(lambda: _drain(DataLoader(Subset(on_gpu, clips), batch_size=bs, num_workers=min(8, workers),
+                                                         collate_fn=collate_clips), lambda b: decoder(b[0])), device),
+            "cpu_path": measured(lambda: _drain(DataLoader(Subset(on_cpu, clips), batch_size=bs, num_workers=workers),
+                                                lambda b: b[0]), torch.device("cpu")),
+            "source_video": measured(lambda: _drain(DataLoader(
+                SourceClips([str(p) for p in sorted(src.rglob("*.mp4"))], on_cpu, clips), batch_size=bs,
+                num_workers=workers), lambda b: b), torch.device("cpu")),
+        }
+        v = out["video"][name]
+        v["device_vs_cpu_path"] = v["device"]["per_s"] / v["cpu_path"]["per_s"]
+        v["device_vs_source_video"] = v["device"]["per_s"] / v["source_video"]["per_s"]
+    out["video"]["fallbacks_to_cpu"] = decoder.fallbacks
+    out["dali"] = "not measured: DALI is not on the device machines and its wheel is over what a device call carries"
+    return out
+
+
+class SourceClips(torch.utils.data.Dataset):
+    """The same clips decoded from the source MP4s as mmaction2's ``PyAVDecode`` does: every frame
+    from the start up to the last one needed, the wanted ones kept (the decode a pack avoids)."""
+
+    def __init__(self, paths: list[str], dataset: Any, clips: list[int]):
+        self.paths, self.dataset, self.clips = paths, dataset, clips
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def __getitem__(self, k: int) -> int:
+        import av
+
+        i = self.clips[k]
+        want = set(int(f) for f in self.dataset.clip_indices(i))
+        kept = 0
+        with av.open(self.paths[i % len(self.paths)]) as c:
+            for n, frame in enumerate(c.decode(video=0)):
+                if n in want:
+                    frame.to_ndarray(format="rgb24")
+                    kept += 1
+                if n >= max(want):
+                    break
+        return kept
+
+
 # -- test results ----------------------------------------------------------------------------------
 def test_summary(paths: list[Path], cuda: bool) -> dict:
     """Counts from pytest's junit XML files, the failures by name, and how many CUDA tests passed
@@ -398,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             ("normalize", lambda: normalize_throughput(device, sizes)),
             ("h2d", lambda: h2d(device, sizes)),
             ("step_loop", lambda: step_loop(device, sizes, Path(tmp))),
+            ("gpu_decode", lambda: gpu_decode(device, sizes, Path(tmp))),
         ]
         for name, fn in steps:
             print(f"device_check: {name} ...", flush=True)
@@ -425,7 +569,7 @@ def summary(r: dict) -> str:
              f"({t['cuda_passed']} CUDA tests passed)"]
     lines += [f"  skipped {n}: {why}" for why, n in t["skip_reasons"].items()]
     lines += [f"  FAILED {name}" for name in t["failures"]]
-    for name in ("host_cost", "normalize", "h2d", "step_loop"):
+    for name in ("host_cost", "normalize", "h2d", "step_loop", "gpu_decode"):
         v = r.get(name, {})
         if "error" in v:
             lines.append(f"{name}: ERROR {v['error']}")
@@ -444,6 +588,20 @@ def summary(r: dict) -> str:
                      f"{sl['loader_alone_ms_per_batch']:.1f} ms/batch; the device waits {sl['loader']['wait_fraction']:.1%} "
                      f"(in memory {sl['in_memory']['wait_fraction']:.1%}); bottleneck: {sl['bottleneck']} "
                      f"[target: {sl['met']}]")
+    gd = r.get("gpu_decode", {})
+    if "images" in gd:
+        im = gd["images"]
+        lines.append(f"images (nvJPEG {gd['nvjpeg']}): {im['device']['per_s']:.0f}/s on the device vs "
+                     f"{im['cpu_path']['per_s']:.0f}/s on {gd['cpu_workers']} CPU workers = {im['device_vs_cpu_path']:.2f}x; "
+                     f"host {im['host_cpu_ms_per_batch']:.1f} ms/batch; vs the CPU transform mean "
+                     f"{im['vs_cpu_transform']['mean_abs']:.2f}")
+    for name in ("tsn8", "dense32"):
+        v = gd.get("video", {}).get(name)
+        if v:
+            lines.append(f"{name} (NVDEC {gd['video']['nvdec']}): {v['device']['per_s']:.1f} clips/s vs CPU path "
+                         f"{v['cpu_path']['per_s']:.1f} ({v['device_vs_cpu_path']:.2f}x), source videos "
+                         f"{v['source_video']['per_s']:.1f} ({v['device_vs_source_video']:.2f}x); max diff "
+                         f"{v['vs_cpu_path']['max_abs']}")
     return "\n".join(lines)
 
 

@@ -3,11 +3,12 @@
 #   scripts/device_check.sh OUTDIR
 # 1. the CUDA tests (tests/data/test_cuda_path.py and the CUDA tests of the other test files),
 #    junit XML -> OUTDIR/tests.xml, log -> OUTDIR/tests.log;
-# 2. scripts/device_check.py: host cost, normalization throughput, H2D bandwidth, the step loop
-#    -> OUTDIR/report.json (with the tests' summary), log -> OUTDIR/bench.log.
+# 2. scripts/device_check.py: host cost, normalization throughput, H2D bandwidth, the step loop,
+#    GPU decode (nvJPEG, NVDEC: issue 45) -> OUTDIR/report.json (with the tests' summary), log ->
+#    OUTDIR/bench.log.
 # Without CUDA the same steps run on the CPU fallback (report: "device": "cpu", "cuda": false).
 # A few minutes on one GPU, seconds on a CPU. Hard limits, seconds: DEVICE_CHECK_TEST_LIMIT
-# (default 180) and DEVICE_CHECK_BENCH_LIMIT (default 150). DEVICE_CHECK_K narrows the tests
+# (default 180) and DEVICE_CHECK_BENCH_LIMIT (default 240). DEVICE_CHECK_K narrows the tests
 # (a pytest -k expression; default "cuda or cpu", all of them).
 # Installs nothing that is present. A missing Python package is installed from a wheel in
 # DEVICE_CHECK_WHEELS (default: .whl in the repository) into a temporary folder, with no
@@ -28,7 +29,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # module:distribution for each package the tests and the benchmark import
 NEEDED="torch:torch numpy:numpy PIL:pillow cv2:opencv-python-headless lmdb:lmdb h5py:h5py crc32c:crc32c
-tqdm:tqdm pebble:pebble click:click pytest:pytest"
+tqdm:tqdm pebble:pebble click:click pytest:pytest av:av hypothesis:hypothesis"
 # One interpreter imports them all (torch's import alone is ~1.5 CPU-s): "missing: DIST..." names
 # each that fails to import and, when none does, the next line says which torch it got. A probe
 # that dies before its "missing:" line (a crashing import) falls back to one interpreter each.
@@ -99,8 +100,8 @@ tail -n 15 "$OUT/tests.log"
 [ $TESTS -eq 124 ] && echo "device_check: the tests ran past their limit" >&2
 
 # 2. measurements
-echo "device_check: measurements, at most ${DEVICE_CHECK_BENCH_LIMIT:-150} s"
-timeout -k 10 "${DEVICE_CHECK_BENCH_LIMIT:-150}" "$PY" scripts/device_check.py --out "$OUT" \
+echo "device_check: measurements, at most ${DEVICE_CHECK_BENCH_LIMIT:-240} s"
+timeout -k 10 "${DEVICE_CHECK_BENCH_LIMIT:-240}" "$PY" scripts/device_check.py --out "$OUT" \
     --junit "$OUT/tests.xml" 2>&1 | tee "$OUT/bench.log"
 BENCH=${PIPESTATUS[0]}
 [ "$BENCH" -eq 124 ] && echo "device_check: the measurements ran past their limit (report.json holds the steps done)" >&2

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "device_check.sh"
-SECTIONS = {"host_cost", "normalize", "h2d", "step_loop"}
+SECTIONS = {"host_cost", "normalize", "h2d", "step_loop", "gpu_decode"}
 
 
 def run_check(out: Path, **env: str) -> subprocess.CompletedProcess:
@@ -48,6 +48,13 @@ def test_device_check_runs_on_the_cpu_and_says_so(tmp_path):
     assert 0 <= loop["loader"]["wait_fraction"] < 1 and 0 <= loop["in_memory"]["wait_fraction"] < 1
     assert loop["bottleneck"] in ("device (the model step)", "loader (the CPU side)")
     assert loop["bottleneck"].startswith("device") == loop["loader_fast_enough"]
+    gd = r["gpu_decode"]  # the CPU fallback: the CPU path's own pixels, bit for bit
+    assert gd["nvjpeg"] is False and gd["nvdec"] is False
+    assert gd["images"]["vs_cpu_transform"]["max_abs"] == 0 and gd["images"]["device"]["per_s"] > 0
+    for case in ("tsn8", "dense32"):
+        v = gd["video"][case]
+        assert v["vs_cpu_path"] == {"max_abs": 0, "mean_abs": 0.0, "same_shape": True}
+        assert v["device"]["per_s"] > 0 and v["cpu_path"]["per_s"] > 0 and v["source_video"]["per_s"] > 0
     # GPU targets are not judged on the CPU
     assert set(r["targets"]) == {"host_cost", "normalize", "wait", "wait_in_memory"}
     assert all(v is None for v in r["targets"].values())
