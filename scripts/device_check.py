@@ -442,7 +442,8 @@ def gpu_decode(device: torch.device, sizes: dict, workdir: Path) -> dict:
         v["device_vs_cpu_path"] = v["device"]["per_s"] / v["cpu_path"]["per_s"]
         v["device_vs_source_video"] = v["device"]["per_s"] / v["source_video"]["per_s"]
     out["video"]["fallbacks_to_cpu"] = decoder.fallbacks
-    out["dali"] = "not measured: DALI is not on the device machines and its wheel is over what a device call carries"
+    out["dali"] = ("not measured: DALI is not on the device machines, and installed it takes 788 MB, over the "
+                   "64 MiB a device call carries")
     return out
 
 

@@ -10,6 +10,8 @@ H.264 decoder for NVDEC). The CUDA tests at the end run where a GPU is present
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +159,15 @@ def test_a_header_that_lies_about_the_size_takes_the_cpu_route(images):
 
     gpu = GpuImageDecode(DecodeResizeCrop(72, 64), device="cpu", decoder=Smaller())
     assert torch.equal(gpu([images["baseline"]])[0], DecodeResizeCrop(72, 64)(images["baseline"]))
+
+
+def test_nothing_gpu_only_is_imported_until_a_gpu_decode_is_asked_for():
+    code = ("import sys, torch, packer, packer.data, packer.data.gpu\n"
+            "from packer.data import GpuImageDecode, DecodeResizeCrop\n"
+            "GpuImageDecode(DecodeResizeCrop(), device='cpu')\n"
+            "print([m for m in ('torchvision', 'av') if m in sys.modules], torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "False"]
 
 
 def test_only_the_fast_transforms_geometry_is_kept():
