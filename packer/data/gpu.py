@@ -95,24 +95,26 @@ def _nvjpeg(device: torch.device) -> JpegDecoder:
 
 def resize_box(img: torch.Tensor, box: Box, flip: bool, out_h: int, out_w: int, *,
                short_side: Optional[int] = None) -> torch.Tensor:
-    """``3 x H x W`` uint8 -> ``3 x out_h x out_w`` uint8 on its device, as torchvision on tensors:
-    a whole-pixel box (RandomResizedCrop's) is cut, then resized; with ``short_side`` the whole
-    image is resized to it (``Resize``), then the centre ``out_h x out_w`` is cut (``CenterCrop``).
-    Bilinear with antialiasing; mirrored left-right when ``flip``."""
-    x = img[None].float()
+    """``3 x H x W`` uint8 (or ``N x 3 x H x W``, every image the same box) -> ``3 x out_h x out_w``
+    uint8 (``N x ...``) on its device, as torchvision on tensors: a whole-pixel box
+    (RandomResizedCrop's) is cut, then resized; with ``short_side`` the whole image is resized to
+    it (``Resize``), then the centre ``out_h x out_w`` is cut (``CenterCrop``). Bilinear with
+    antialiasing; mirrored left-right when ``flip``."""
+    x = img.float() if img.dim() == 4 else img[None].float()
     if short_side is None:
         top, left, h, w = (int(v) for v in box)
         x = x[:, :, top:top + h, left:left + w]
         if (h, w) != (out_h, out_w):
             x = F.interpolate(x, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)
     else:
-        rh, rw = resized_size(img.shape[1], img.shape[2], short_side)
+        rh, rw = resized_size(img.shape[-2], img.shape[-1], short_side)
         x = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True, align_corners=False)
         top, left = int(round((rh - out_h) / 2.0)), int(round((rw - out_w) / 2.0))
         x = x[:, :, top:top + out_h, left:left + out_w]
     if flip:
         x = x.flip(-1)
-    return x[0].round_().clamp_(0, 255).to(torch.uint8)
+    x = x.round_().clamp_(0, 255).to(torch.uint8)
+    return x if img.dim() == 4 else x[0]
 
 
 class GpuImageDecode:
@@ -206,23 +208,24 @@ def _yuv_matrix(matrix: str, full_range: bool) -> tuple[float, float, float, flo
 
 
 def nv12_to_rgb(y: torch.Tensor, uv: torch.Tensor, *, matrix: str = "bt601", full_range: bool = False) -> torch.Tensor:
-    """NV12 planes (``H x W`` luma, ``H/2 x W/2 x 2`` interleaved chroma, uint8, any device) ->
-    ``3 x H x W`` uint8 RGB on the same device, each chroma sample over its 2x2 block (the nearest
-    chroma of swscale's unscaled converter, which the CPU path uses), rounded to nearest."""
+    """NV12 planes (``... x H x W`` luma, ``... x H/2 x W/2 x 2`` interleaved chroma, uint8, any
+    device; ``...``: frames, if any) -> ``... x 3 x H x W`` uint8 RGB on the same device, each chroma
+    sample over its 2x2 block (the nearest chroma of swscale's unscaled converter, which the CPU
+    path uses), rounded to nearest."""
     off, ys, rv, gu, gv, bu = _yuv_matrix(matrix, full_range)
-    h, w = y.shape
-    c = uv.float().sub_(128.0).repeat_interleave(2, dim=0).repeat_interleave(2, dim=1)[:h, :w]
+    h, w = y.shape[-2:]
+    c = uv.float().sub_(128.0).repeat_interleave(2, dim=-3).repeat_interleave(2, dim=-2)[..., :h, :w, :]
     u, v = c[..., 0], c[..., 1]
     luma = y.float().sub_(off).mul_(ys)
-    rgb = torch.stack((luma + rv * v, luma + gu * u + gv * v, luma + bu * u))
+    rgb = torch.stack((luma + rv * v, luma + gu * u + gv * v, luma + bu * u), dim=-3)
     return rgb.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def arrange_clip(frames: list[torch.Tensor], order: np.ndarray, *, clip_len: int, layout: str) -> torch.Tensor:
-    """``C x H x W`` frames in ``order`` -> the clip in the dataset's layout, as ``assemble_clip``
-    lays it out: ``TCHW`` -> ``(T, C, H, W)``; ``CTHW`` -> ``(clips, C, clip_len, H, W)``, or
-    ``(C, clip_len, H, W)`` for one clip."""
-    clip = torch.stack([frames[int(k)] for k in order])
+def arrange_clip(frames: torch.Tensor, order: np.ndarray, *, clip_len: int, layout: str) -> torch.Tensor:
+    """Distinct frames (``N x C x H x W``) taken in ``order`` -> the clip in the dataset's layout, as
+    ``assemble_clip`` lays it out: ``TCHW`` -> ``(T, C, H, W)``; ``CTHW`` -> ``(clips, C, clip_len,
+    H, W)``, or ``(C, clip_len, H, W)`` for one clip."""
+    clip = frames[torch.as_tensor(order, dtype=torch.long, device=frames.device)]
     if layout == "TCHW":
         return clip
     t, c, h, w = clip.shape
@@ -326,17 +329,22 @@ class GpuClipDecode:
             finally:
                 ctx.flush_buffers()  # drained: ready for the next run's keyframe
             for f, frame in got:
-                decoded[f] = self._rgb(frame)
-        frames = [decoded[f] for f in sorted(decoded)]
+                decoded[f] = self._planes(frame)
+        planes = [decoded[f] for f in sorted(decoded)]
+        if any(p[2:] != planes[0][2:] for p in planes):
+            raise _NotNV12("frames of one clip with different colour tags")
+        # the clip's distinct frames at once: one conversion, one crop
+        frames = nv12_to_rgb(torch.stack([p[0] for p in planes]), torch.stack([p[1] for p in planes]),
+                             matrix=planes[0][2], full_range=planes[0][3])
         if c.rotation:
             k = {90: 3, 180: 2, 270: 1}[c.rotation % 360]  # rotate_upright's turns (np.rot90 on H, W)
-            frames = [torch.rot90(f, k, dims=(1, 2)) for f in frames]
-        _check_size(tuple(frames[0].shape[1:]), c.size)
+            frames = torch.rot90(frames, k, dims=(2, 3))
+        _check_size(tuple(frames.shape[2:]), c.size)
         if c.crop_size:
             h, w = c.size
             side = min(h, w)
             box = c.crop or ((h - side) // 2, (w - side) // 2, side, side)
-            frames = [resize_box(f, box, False, c.crop_size, c.crop_size) for f in frames]
+            frames = resize_box(frames, box, False, c.crop_size, c.crop_size)
         return arrange_clip(frames, c.order, clip_len=c.clip_len, layout=c.layout)
 
     def _context(self, decoder: str, extradata: bytes) -> Any:
@@ -361,8 +369,8 @@ class GpuClipDecode:
             cache[(decoder, extradata)] = ctx
         return ctx
 
-    def _rgb(self, frame: Any) -> torch.Tensor:
-        """A decoded frame as ``3 x H x W`` uint8 RGB on the device."""
+    def _planes(self, frame: Any) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
+        """A decoded frame's NV12 planes on the device (no copy for a CUDA frame), its matrix and range."""
         matrix, full = _frame_matrix(frame)
         name = frame.format.name
         try:
@@ -379,7 +387,7 @@ class GpuClipDecode:
             raise _NotNV12(f"planes {tuple(y.shape)} {y.dtype}, {tuple(uv.shape)}")
         if y.device != self.device:
             y, uv = y.to(self.device), uv.to(self.device)
-        return nv12_to_rgb(y, uv, matrix=matrix, full_range=full)
+        return y, uv, matrix, full
 
 
 class _NotNV12(Exception):

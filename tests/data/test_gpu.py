@@ -36,6 +36,7 @@ from packer.errors import CorruptData, UsageError  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from tests.support.jpeg_layouts import Layout, build  # noqa: E402
 from tests.support.numbered_video import SAMPLERS, SYNTH_H, SYNTH_W, read_number, write_numbered  # noqa: E402
+from tests.support.tagged_video import TAGS as STREAM_TAGS, write_tagged  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("video_packs")  # the video packs below take seconds to build
 
@@ -304,6 +305,23 @@ def test_gpu_decoding_is_for_video_streams(video_pack, tmp_path):
             GpuClipDecode(device="cpu", nvdec=True)
         else:
             raise UsageError("NVDEC is present")
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "re-encoded"])
+def test_the_device_path_reads_each_streams_colour_tags(tmp_path, copy):
+    """Streams tagged BT.709, full range, both and neither, kept as coded and re-encoded: the
+    device path converts each with its own matrix and range (a wrong one is off by 10-20 levels)."""
+    src = tmp_path / "src"
+    for name, tags in STREAM_TAGS.items():
+        write_tagged(src / name / f"{name}.mp4", *tags)
+    out = tmp_path / "pack.lmdb"
+    report = pack_videos(src, out, to="lmdb", copy=copy, short_side=None, gop=8, workers=0)
+    assert report.videos == len(STREAM_TAGS) and not report.failures
+    decoder = GpuClipDecode(device="cpu", nvdec=True, hwaccel=None)
+    worst = 0
+    for want, got, _ in clips_both_ways(out, SAMPLERS["dense-sample"], decoder):
+        worst = max(worst, int((got.int() - want.int()).abs().max()))
+    assert worst <= VIDEO_RGB_MAX + 1 and decoder.fallbacks == 0
 
 
 # -- NV12 -> RGB against swscale (what the CPU path uses) ------------------------------------------
