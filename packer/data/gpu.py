@@ -167,10 +167,10 @@ class GpuImageDecode:
             else:
                 out[i].copy_(torch.from_numpy(to_chw3(decode_box(data, choose, out_h, out_w))))
         if on_device:
-            self._decode_on_device(on_device, out)
+            self._decode_on_device(on_device, out, choose)
         return out
 
-    def _decode_on_device(self, items: list, out: torch.Tensor) -> None:
+    def _decode_on_device(self, items: list, out: torch.Tensor, choose: Any) -> None:
         out_h, out_w = out.shape[2:]
         try:
             images = self._decode([data for _, data, _, _ in items])
@@ -178,9 +178,10 @@ class GpuImageDecode:
             images = [self._decode_one(data) for _, data, _, _ in items]
         for (i, data, (box, flip), size), img in zip(items, images):
             if img is None or tuple(img.shape[1:]) != size:
-                # refused, or not the header's size: the CPU route decides, with the same box
+                # refused, or not the header's size: the CPU route decides, with the same box (a
+                # new one, as the CPU transform would draw, if the image is not the header's size)
                 self.refused += 1
-                chw = to_chw3(decode_box(data, lambda h, w: (box, flip), out_h, out_w))
+                chw = to_chw3(decode_box(data, _drawn(box, flip, size, choose), out_h, out_w))
                 out[i].copy_(torch.from_numpy(chw))
             else:
                 out[i] = resize_box(img, box, flip, out_h, out_w, short_side=self._short_side)
@@ -190,6 +191,12 @@ class GpuImageDecode:
             return self._decode([data])[0]
         except RuntimeError:
             return None
+
+
+def _drawn(box: Box, flip: bool, size: tuple[int, int], choose: Any) -> Any:
+    """A chooser that gives the box already drawn for an image of ``size``, and draws anew for any
+    other size (never a box outside the image)."""
+    return lambda h, w: (box, flip) if (h, w) == size else choose(h, w)
 
 
 # -- video ------------------------------------------------------------------------------------
