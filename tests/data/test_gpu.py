@@ -31,7 +31,7 @@ from packer.data import Loader, PackedDataset, PackedVideoDataset  # noqa: E402
 from packer.data.decode import DecodeRandomResizedCrop, DecodeResizeCrop, PilRandomResizedCrop, PilResizeCrop  # noqa: E402
 from packer.data.gpu import (GpuClipDecode, GpuImageDecode, nv12_to_rgb, nvdec_available,  # noqa: E402
                              nvjpeg_available)
-from packer.data.video import collate_clips  # noqa: E402
+from packer.data.video import ClipRequest, collate_clips  # noqa: E402
 from packer.errors import CorruptData, UsageError  # noqa: E402
 from packer.synth import natural_image  # noqa: E402
 from tests.support.jpeg_layouts import Layout, build  # noqa: E402
@@ -266,6 +266,21 @@ def test_the_device_path_gives_every_samplers_frames(video_pack, name, layout):
             assert float(diff.float().mean()) <= VIDEO_MEAN_TOL, (name, crop)
     assert len(decoder._local.contexts) == 1  # one decoder for both videos' streams, reused
     assert decoder.fallbacks == 0
+
+
+def test_multigrid_requests_take_their_own_clip_shape(video_pack):
+    """A multigrid sampler's ``ClipRequest`` keys (frames, interval, crop per sample, the epoch):
+    the packets path draws and shapes each clip as the CPU path does."""
+    cpu = PackedVideoDataset(video_pack, clip_len=8, frame_interval=2, crop_size=112, seed=9)
+    gpu = PackedVideoDataset(video_pack, clip_len=8, frame_interval=2, crop_size=112, seed=9, decode_on="gpu")
+    for decoder in (GpuClipDecode(device="cpu"), GpuClipDecode(device="cpu", nvdec=True, hwaccel=None)):
+        for req in (ClipRequest(0, 4, 4, 64, 1), ClipRequest(1, 16, 1, 96, 2), ClipRequest(1)):
+            want, got = cpu[req][0], decoder([gpu[req][0]])[0]
+            assert got.shape == want.shape
+            if not decoder.nvdec:
+                assert torch.equal(got, want)
+            else:
+                assert float((got.int() - want.int()).abs().float().mean()) <= VIDEO_MEAN_TOL
 
 
 def test_clip_packets_batch_through_loader_workers(video_pack):
