@@ -374,7 +374,7 @@ def gpu_decode(device: torch.device, sizes: dict, workdir: Path) -> dict:
     from torch.utils.data import DataLoader, Subset
 
     from packer.api import pack_videos
-    from packer.data import DecodeRandomResizedCrop, PackedVideoDataset
+    from packer.data import DecodeRandomResizedCrop, PackedVideoDataset, PilRandomResizedCrop
     from packer.data.gpu import GpuClipDecode, GpuImageDecode, nvdec_available, nvjpeg_available
     from packer.data.video import collate_clips
 
@@ -388,11 +388,16 @@ def gpu_decode(device: torch.device, sizes: dict, workdir: Path) -> dict:
     batches = [[raw[i][0] for i in range(k, min(k + n, len(raw)))] for k in range(0, len(raw), n)]
     gpu = GpuImageDecode(DecodeRandomResizedCrop(s, seed=0), device=device)
     first = gpu(batches[0])
-    cpu = DecodeRandomResizedCrop(s, seed=0)
-    diff = (first.cpu().int() - torch.stack([cpu(x) for x in batches[0]]).int()).abs().float()
+    cpu, pil = DecodeRandomResizedCrop(s, seed=0), PilRandomResizedCrop(s, seed=0)
+    on_cpu = torch.stack([cpu(x) for x in batches[0]])
+    reference = torch.stack([pil(x) for x in batches[0]])  # Pillow's, with the same boxes
+    diff = (first.cpu().int() - on_cpu.int()).abs().float()
     out["images"] = {
         "jpeg": list(sizes["decode_jpeg"]), "batch": n, "output": s, "on_device": gpu.on_device,
         "vs_cpu_transform": {"mean_abs": float(diff.mean()), "max_abs": float(diff.max())},
+        # the mean absolute difference from the Pillow reference: of this decode, of the CPU transform
+        "vs_pillow_reference": {"device": float((first.cpu().int() - reference.int()).abs().float().mean()),
+                                "cpu_transform": float((on_cpu.int() - reference.int()).abs().float().mean())},
         "device": measured(lambda: sum(len(gpu(b)) for b in batches * sizes["decode_passes"]), device),
         "cpu_path": measured(lambda: _drain(DataLoader(
             PackedDataset(lmdb, decode=DecodeRandomResizedCrop(s, seed=0)), batch_size=n, num_workers=workers),
@@ -594,8 +599,9 @@ def summary(r: dict) -> str:
         im = gd["images"]
         lines.append(f"images (nvJPEG {gd['nvjpeg']}): {im['device']['per_s']:.0f}/s on the device vs "
                      f"{im['cpu_path']['per_s']:.0f}/s on {gd['cpu_workers']} CPU workers = {im['device_vs_cpu_path']:.2f}x; "
-                     f"host {im['host_cpu_ms_per_batch']:.1f} ms/batch; vs the CPU transform mean "
-                     f"{im['vs_cpu_transform']['mean_abs']:.2f}")
+                     f"host {im['host_cpu_ms_per_batch']:.1f} ms/batch; mean difference from Pillow's "
+                     f"{im['vs_pillow_reference']['device']:.2f} (the CPU transform's "
+                     f"{im['vs_pillow_reference']['cpu_transform']:.2f})")
     for name in ("tsn8", "dense32"):
         v = gd.get("video", {}).get(name)
         if v:
