@@ -586,11 +586,8 @@ class FrameDataset(_ClipDataset):
                  num_clips: Optional[int] = None, test_mode: Optional[bool] = None, layout: Optional[str] = None,
                  crop_size: Optional[int] = None, seed: Optional[int] = None, modality: Optional[str] = None,
                  multi_class: Optional[bool] = None, num_classes: Optional[int] = None,
-                 version: Optional[int] = None, decode_on: str = "cpu"):
+                 version: Optional[int] = None):
         clip_fields, sampling_fields = _split_fields({k: v for k, v in locals().items() if k in _SHORTHANDS})
-        if decode_on not in DECODE_ON:
-            raise UsageError(f"decode_on must be one of {DECODE_ON}, not {decode_on!r}")
-        self.decode_on = decode_on
         super().__init__(sampling, sampling_fields, _clip_options(options, clip_fields), transform=transform)
         modality = self.modality
         self.root = Path(root)
@@ -804,6 +801,8 @@ class PackedVideoDataset(_ClipDataset):
             if transform is not None:
                 raise UsageError("decode_on='gpu' returns packets: apply the transform to GpuClipDecode's clips")
         self._sizes = [(int(v.get("height") or 0), int(v.get("width") or 0)) for v in videos]
+        if decode_on == "gpu" and not all(h and w for h, w in self._sizes):
+            raise UsageError(f"{path}: decode_on='gpu' draws crops from each video's size, which its manifest lacks")
 
     @property
     def classes(self) -> list[str]:
