@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 av = pytest.importorskip("av")
 
-from packer.api import pack_videos  # noqa: E402
+from packer.api import decode_frames, pack_videos  # noqa: E402
 from packer.codecs import image as imaging  # noqa: E402
 from packer.codecs.video_pack import to_rgb  # noqa: E402
 from packer.commands.pack_images import pack_images  # noqa: E402
@@ -315,11 +315,15 @@ def test_gpu_decoding_is_for_video_streams(video_pack, tmp_path):
         PackedVideoDataset(video_pack, decode_on="tpu")
     with pytest.raises(UsageError, match="transform"):
         PackedVideoDataset(video_pack, decode_on="gpu", transform=lambda x: x)
-    with pytest.raises(UsageError):  # no CUDA here: NVDEC cannot be required
-        if not nvdec_available():
-            GpuClipDecode(device="cpu", nvdec=True)
-        else:
-            raise UsageError("NVDEC is present")
+    with pytest.raises(UsageError, match="CUDA"):  # NVDEC decodes onto a CUDA device only
+        GpuClipDecode(device="cpu", nvdec=True)
+    src = tmp_path / "src"
+    write_numbered(src / "n" / "n.mp4", 12)
+    frames = tmp_path / "frames.lmdb"
+    assert not decode_frames(src, frames, to="lmdb", workers=0).failures
+    PackedVideoDataset(frames)  # a frame pack: its JPEG frames decode on the CPU
+    with pytest.raises(UsageError, match="frame packs"):
+        PackedVideoDataset(frames, decode_on="gpu")
 
 
 @pytest.mark.parametrize("copy", [True, False], ids=["copy", "re-encoded"])
