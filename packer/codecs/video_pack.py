@@ -28,7 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import cv2
 import numpy as np
@@ -470,23 +470,26 @@ def plan_runs(index: StreamIndex, frames: Sequence[int]) -> list[Run]:
     return runs
 
 
-def feed_run(ctx: Any, packets: Sequence[Any], run: Run) -> list[tuple[int, Any]]:
-    """Feed ``packets`` (run.fed's, as ``_packet`` makes them) to decoder ``ctx`` and drain it:
-    the wanted (frame number, frame) pairs in presentation order. ValueError when the decoder
-    gives another count of frames than it was fed, or a frame where the index does not put it."""
-    frames = []
-    for packet in packets:
-        frames.extend(ctx.decode(packet))
-    frames.extend(ctx.decode(None))
-    if len(frames) != len(run.fed):
-        raise ValueError(f"decoding {len(run.fed)} packets of frames {min(run.fed)}..{max(run.fed)} "
-                         f"gave {len(frames)} frames")
-    out = []
-    for f, frame in zip(sorted(run.fed), frames):
-        _check(frame, f)
-        if f in run.want:
-            out.append((f, frame))
-    return out
+def feed_run(ctx: Any, packets: Sequence[Any], run: Run) -> Iterator[tuple[int, Any]]:
+    """Feed ``packets`` (run.fed's, as ``_packet`` makes them) to decoder ``ctx`` and drain it,
+    yielding the wanted (frame number, frame) pairs in presentation order as they come out (a
+    frame not wanted is let go at once). ValueError, once the run is through, when the decoder
+    gave another count of frames than it was fed; at once for a frame the index does not put
+    where it came out."""
+    numbers = sorted(run.fed)
+    given = 0
+    for packet in [*packets, None]:  # None: drain
+        for frame in ctx.decode(packet):
+            if given == len(numbers):
+                raise ValueError(f"decoding {len(numbers)} packets of frames {numbers[0]}..{numbers[-1]} "
+                                 f"gave more frames")
+            f = numbers[given]
+            given += 1
+            _check(frame, f)
+            if f in run.want:
+                yield f, frame
+    if given != len(numbers):
+        raise ValueError(f"decoding {len(numbers)} packets of frames {numbers[0]}..{numbers[-1]} gave {given} frames")
 
 
 def _run(mp4: memoryview, index: StreamIndex, run: Run, out: dict[int, np.ndarray],

@@ -332,11 +332,10 @@ class GpuClipDecode:
         decoded: dict[int, torch.Tensor] = {}
         for run, packets in c.run_packets():
             try:
-                got = feed_run(ctx, _av_packets(av, run, packets), run)
+                for f, frame in feed_run(ctx, _av_packets(av, run, packets), run):
+                    decoded[f] = self._planes(frame)
             finally:
-                ctx.flush_buffers()  # drained: ready for the next run's keyframe
-            for f, frame in got:
-                decoded[f] = self._planes(frame)
+                ctx.flush_buffers()  # drained (or abandoned): ready for the next run's keyframe
         planes = [decoded[f] for f in sorted(decoded)]
         if any(p[2:] != planes[0][2:] for p in planes):
             raise _NotNV12("frames of one clip with different colour tags")

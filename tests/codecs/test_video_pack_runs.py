@@ -67,3 +67,41 @@ def test_frames_outside_the_stream_are_an_index_error():
         plan_runs(index, [3])
     with pytest.raises(IndexError):
         plan_runs(index, [-1])
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """A real H.264 stream (GOP 8, two B-frames) of 24 numbered frames, and its index."""
+    from packer.codecs.video_pack import EncodeOptions, VideoEncoder, pack_stream, unpack_stream
+    from tests.support.numbered_video import numbered
+
+    enc = VideoEncoder(EncodeOptions(gop=8), 25)
+    for i in range(24):
+        enc.add(numbered(i))
+    return unpack_stream(pack_stream(*enc.finish()))
+
+
+def fed(mp4, index, run, numbers=None):
+    from packer.codecs.video_pack import _decoder, _packet, feed_run
+
+    return list(feed_run(_decoder(index), [_packet(mp4, index, f) for f in (numbers or run.fed)], run))
+
+
+def test_feed_run_gives_the_wanted_frames_and_checks_the_decoder(stream):
+    from tests.support.numbered_video import read_number
+    from packer.codecs.video_pack import to_rgb
+
+    mp4, index = stream
+    (run,) = plan_runs(index, [9, 12, 13])
+    got = fed(mp4, index, run)
+    assert [f for f, _ in got] == [9, 12, 13] and [read_number(to_rgb(x)) for _, x in got] == [9, 12, 13]
+    with pytest.raises(ValueError, match="gave more frames"):  # a packet the run does not count
+        fed(mp4, index, run, run.fed + [run.fed[-1] + 1])
+    longer = type(run)(run.fed + [max(run.fed) + 1], run.want)
+    with pytest.raises(ValueError, match=r"gave \d+ frames"):  # counted a packet never fed
+        fed(mp4, index, longer, run.fed)
+    with pytest.raises(ValueError):  # a reference frame's packet missing: the frames come out shifted
+        fed(mp4, index, run, run.fed[:1] + run.fed[2:])
+    with pytest.raises(ValueError, match="returned frame"):  # the packets in another order than counted
+        swapped = type(run)([run.fed[0], *reversed(run.fed[1:])], run.want)
+        fed(mp4, index, swapped, swapped.fed[:1] + sorted(swapped.fed[1:], key=lambda f: -f))
