@@ -40,6 +40,7 @@ from tests.support.tagged_video import TAGS as STREAM_TAGS, write_tagged  # noqa
 
 pytestmark = pytest.mark.xdist_group("video_packs")  # the video packs below take seconds to build
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "videos"
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
@@ -341,6 +342,24 @@ def test_the_device_path_reads_each_streams_colour_tags(tmp_path, copy):
     for want, got, _ in clips_both_ways(out, SAMPLERS["dense-sample"], decoder):
         worst = max(worst, int((got.int() - want.int()).abs().max()))
     assert worst <= VIDEO_RGB_MAX + 1 and decoder.fallbacks == 0
+
+
+def test_the_device_path_turns_a_kept_rotated_stream_upright(tmp_path):
+    """A ``--copy`` stream with a container rotation (a phone's 90-degree .mov): its frames are
+    turned upright on the device as ``rotate_upright`` turns them on the CPU."""
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "r.mov").write_bytes((FIXTURES / "decord_video_90.mov").read_bytes())
+    out = tmp_path / "rotated.lmdb"
+    report = pack_videos(tmp_path / "src", out, to="lmdb", copy=True, workers=0)
+    assert report.videos == 1 and not report.failures
+    assert PackedVideoDataset(out)._rotation[0] in (90, 270)
+    decoder = GpuClipDecode(device="cpu", nvdec=True, hwaccel=None)
+    for want, got, _ in clips_both_ways(out, SAMPLERS["tsn-train"], decoder):
+        assert got.shape == want.shape and want.shape[-2] > want.shape[-1]  # upright: taller than wide
+        diff = (got.int() - want.int()).abs()  # a turn the wrong way round is off by tens of levels
+        assert int(diff.max()) <= VIDEO_RGB_MAX + 1 and float(diff.float().mean()) <= VIDEO_MEAN_TOL
+    assert decoder.fallbacks == 0
 
 
 # -- NV12 -> RGB against swscale (what the CPU path uses) ------------------------------------------
