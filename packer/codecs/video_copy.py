@@ -27,8 +27,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs.video_pack import (KEY, NONREF, StreamIndex, _check, _run, _sequential, nonref_test, pack_stream, plan_runs,
-                                      to_rgb)
+from packer.codecs.video_pack import (KEY, NONREF, StreamIndex, _check, _run, _sequential, nonref_test, pack_stream,
+                                      plan_runs, run_packets, to_rgb)
 
 __all__ = ["copy_stream", "check_random_access", "CopyResult", "rotate_upright"]
 
@@ -138,7 +138,7 @@ def check_random_access(stored: bytes, index: StreamIndex) -> tuple[StreamIndex,
         out: dict[int, np.ndarray] = {}
         try:
             for run in plan_runs(current, range(start, end)):  # one run: the next keyframe ends it
-                _run(mp4, current, run, out)
+                _run(current, run_packets(mp4, current, run), run, out)
             ok = all(_digest_rgb(out[f]) == reference[f] for f in range(start, end))
         except Exception:  # a fresh decoder that cannot start here (ValueError, FFmpegError)
             ok = False

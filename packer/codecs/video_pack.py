@@ -35,7 +35,8 @@ import numpy as np
 
 __all__ = ["VIDEO_FMT", "CODECS", "CODEC_DEFAULTS", "EncodeOptions", "encoder_options", "x264_asm", "nonref_test", "StreamIndex",
            "VideoEncoder", "pack_stream", "unpack_stream", "index_mp4", "decode_frames_at", "decode_indexed",
-           "decode_all", "count_frames", "to_rgb", "PackedVideo"]
+           "decode_all", "count_frames", "to_rgb", "PackedVideo", "Run", "plan_runs", "run_packets", "packet_bytes",
+           "av_packets", "feed_run"]
 
 VIDEO_FMT = "video"  # the Sample.fmt of a packed video (sniff_format names it from MAGIC)
 # --codec -> (encoder, decoder), all in PyAV's bundled FFmpeg
@@ -408,7 +409,9 @@ def _scratch(frames: int, height: int, width: int) -> np.ndarray:
     return have[:frames]
 
 
-def _decoder(index: StreamIndex):
+def _decoder(index: Any):
+    """A fresh decoder for ``index``'s stream (a ``StreamIndex``, or anything with its
+    ``decoder`` and ``extradata``: ``packer.data.video.ClipPackets``)."""
     import av
 
     ctx = av.CodecContext.create(index.decoder, "r")
@@ -418,13 +421,34 @@ def _decoder(index: StreamIndex):
     return ctx
 
 
-def _packet(mp4: memoryview, index: StreamIndex, frame: int):
+def packet_bytes(mp4: memoryview, index: StreamIndex, frame: int) -> bytes:
+    """The stored packet of frame ``frame``."""
+    off, size = int(index.packets[frame, 0]), int(index.packets[frame, 1])
+    return bytes(mp4[off:off + size])
+
+
+def run_packets(mp4: memoryview, index: StreamIndex, run: Run) -> list[bytes]:
+    """The stored packets ``run`` feeds, in its order."""
+    return [packet_bytes(mp4, index, f) for f in run.fed]
+
+
+def _av_packet(data: bytes, frame: int):
     import av
 
-    off, size = int(index.packets[frame, 0]), int(index.packets[frame, 1])
-    packet = av.Packet(bytes(mp4[off:off + size]))
+    packet = av.Packet(data)
     packet.pts = frame  # the index's frame number: checked on the way out (``_check``)
     return packet
+
+
+def _packet(mp4: memoryview, index: StreamIndex, frame: int):
+    return _av_packet(packet_bytes(mp4, index, frame), frame)
+
+
+def av_packets(run: Run, packets: Sequence[bytes]) -> list:
+    """``run``'s stored packets (``run_packets``) as PyAV packets, each carrying its frame number."""
+    if len(packets) != len(run.fed):
+        raise ValueError(f"{len(packets)} packets for a run of {len(run.fed)} frames")
+    return [_av_packet(data, f) for f, data in zip(run.fed, packets)]
 
 
 def _check(frame, number: int) -> None:
@@ -471,11 +495,11 @@ def plan_runs(index: StreamIndex, frames: Sequence[int]) -> list[Run]:
 
 
 def feed_run(ctx: Any, packets: Sequence[Any], run: Run) -> Iterator[tuple[int, Any]]:
-    """Feed ``packets`` (run.fed's, as ``_packet`` makes them) to decoder ``ctx`` and drain it,
-    yielding the wanted (frame number, frame) pairs in presentation order as they come out (a
-    frame not wanted is let go at once). ValueError, once the run is through, when the decoder
-    gave another count of frames than it was fed; at once for a frame the index does not put
-    where it came out."""
+    """Feed ``packets`` (run.fed's, each carrying its frame number: ``av_packets``) to decoder
+    ``ctx`` and drain it, yielding the wanted (frame number, frame) pairs in presentation order
+    as they come out (a frame not wanted is let go at once). ValueError, once the run is through,
+    when the decoder gave another count of frames than it was fed; at once for a frame the index
+    does not put where it came out."""
     numbers = sorted(run.fed)
     given = 0
     for packet in [*packets, None]:  # None: drain
@@ -492,12 +516,13 @@ def feed_run(ctx: Any, packets: Sequence[Any], run: Run) -> Iterator[tuple[int, 
         raise ValueError(f"decoding {len(numbers)} packets of frames {numbers[0]}..{numbers[-1]} gave {given} frames")
 
 
-def _run(mp4: memoryview, index: StreamIndex, run: Run, out: dict[int, np.ndarray],
+def _run(index: Any, packets: Sequence[bytes], run: Run, out: dict[int, np.ndarray],
          slots: Optional[list[int]] = None) -> None:
-    """Decode ``run`` with a fresh decoder into ``out`` (frame number -> RGB array). ``slots``:
-    frames go into this thread's scratch array (``_scratch``), at ``slots[0]`` of ``slots[1]``
-    rows (the count of all wanted frames) onward."""
-    for f, frame in feed_run(_decoder(index), [_packet(mp4, index, f) for f in run.fed], run):
+    """Decode ``run`` from its ``packets`` with a fresh decoder for ``index``'s stream (as
+    ``_decoder``) into ``out`` (frame number -> RGB array). ``slots``: frames go into this
+    thread's scratch array (``_scratch``), at ``slots[0]`` of ``slots[1]`` rows (the count of all
+    wanted frames) onward."""
+    for f, frame in feed_run(_decoder(index), av_packets(run, packets), run):
         if slots is None:
             out[f] = to_rgb(frame)
         else:
@@ -523,7 +548,7 @@ def decode_indexed(mp4: bytes | memoryview, index: StreamIndex, frames: Sequence
     out: dict[int, np.ndarray] = {}
     slots = [0, sum(len(r.want) for r in runs)] if reuse else None
     for run in runs:
-        _run(mp4, index, run, out, slots)
+        _run(index, run_packets(mp4, index, run), run, out, slots)
     return [out[int(f)] for f in frames]
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 from packer.codecs import image as imaging
 from packer.codecs.jpeg_meta import jpeg_meta
 from packer.codecs.video_copy import rotate_upright
-from packer.codecs.video_pack import Run, _decoder, feed_run, to_rgb
+from packer.codecs.video_pack import _run, av_packets, feed_run
 from packer.data.decode import Box, DecodeRandomResizedCrop, DecodeResizeCrop, decode_box, resized_size, to_chw3
 from packer.data.device import resolve_device
 from packer.data.video import ClipPackets, assemble_clip
@@ -311,13 +310,9 @@ class GpuClipDecode:
 
     # the CPU path: PackedVideoDataset's own decode and assembly
     def _on_cpu(self, c: ClipPackets) -> torch.Tensor:
-        import av
-
         decoded: dict[int, np.ndarray] = {}
-        index = _IndexView(c.decoder, c.extradata)
         for run, packets in c.run_packets():
-            for f, frame in feed_run(_decoder(index), _av_packets(av, run, packets), run):
-                decoded[f] = to_rgb(frame)
+            _run(c, packets, run, decoded)
         frames = rotate_upright([decoded[f] for f in sorted(decoded)], c.rotation)
         _check_size(frames[0].shape[:2], c.size)
         clip = assemble_clip(frames, c.order, clip_len=c.clip_len, layout=c.layout, crop_size=c.crop_size,
@@ -326,13 +321,11 @@ class GpuClipDecode:
 
     # the device path: NVDEC (or software), NV12 -> RGB, crop and resize on the device
     def _on_device(self, c: ClipPackets) -> torch.Tensor:
-        import av
-
         ctx = self._context(c.decoder, c.extradata)
         decoded: dict[int, torch.Tensor] = {}
         for run, packets in c.run_packets():
             try:
-                for f, frame in feed_run(ctx, _av_packets(av, run, packets), run):
+                for f, frame in feed_run(ctx, av_packets(run, packets), run):
                     decoded[f] = self._planes(frame)
             finally:
                 ctx.flush_buffers()  # drained (or abandoned): ready for the next run's keyframe
@@ -400,28 +393,11 @@ class _NotNV12(Exception):
     """A decoded frame the device conversion does not take (not 8-bit 4:2:0)."""
 
 
-@dataclass(frozen=True)
-class _IndexView:
-    """What ``video_pack._decoder`` reads of a ``StreamIndex``: the decoder and its extradata."""
-
-    decoder: str
-    extradata: bytes
-
-
 def _plane(plane: Any) -> torch.Tensor:
     """A PyAV frame plane as a tensor on its device, without a copy. The capsule is taken with no
     stream: PyAV refuses the one ``torch.from_dlpack`` passes for CUDA planes; FFmpeg writes its
     CUDA frames on the legacy default stream, where ``GpuClipDecode`` converts them."""
     return torch.from_dlpack(plane.__dlpack__())
-
-
-def _av_packets(av: Any, run: Run, packets: Sequence[bytes]) -> list:
-    out = []
-    for f, data in zip(run.fed, packets):
-        p = av.Packet(data)
-        p.pts = f  # the index's frame number: feed_run checks it on the way out
-        out.append(p)
-    return out
 
 
 def _check_size(got: tuple[int, ...], want: tuple[int, int]) -> None:

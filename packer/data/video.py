@@ -59,7 +59,7 @@ from packer.codecs.flow import decode_grey
 from packer.codecs.image import decode
 from packer.codecs.video_copy import rotate_upright
 from packer.codecs.video_pack import (CODECS, KEY, Run, StreamIndex, decode_frames_at, decode_indexed, index_mp4,
-                                      plan_runs, unpack_stream)
+                                      plan_runs, run_packets, unpack_stream)
 from packer.data import batch_memory
 from packer.data.datasets import require_holds
 from packer.errors import CorruptData, OutputChanged, PackerError, UsageError
@@ -828,8 +828,7 @@ class PackedVideoDataset(_ClipDataset):
             runs = tuple(plan_runs(stream, [int(i) for i in unique]))
         except (ValueError, IndexError) as e:
             raise CorruptData(self._where(index), f"sample {start}: {e}") from None
-        packets = tuple(bytes(mp4[int(stream.packets[f, 0]):int(stream.packets[f, 0]) + int(stream.packets[f, 1])])
-                        for run in runs for f in run.fed)
+        packets = tuple(p for run in runs for p in run_packets(mp4, stream, run))
         _, label = self._video(index)
         clip = ClipPackets(self._where(index), stream.decoder, stream.extradata, runs, packets, inverse.reshape(-1),
                            req.num_frames or self.sampling.clip_len, self.layout, crop_size, box,
