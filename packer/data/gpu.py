@@ -199,9 +199,11 @@ def _drawn(box: Box, flip: bool, size: tuple[int, int], choose: Any) -> Any:
 
 
 # -- video ------------------------------------------------------------------------------------
-# BT.601 and BT.709 luma weights (Kr, Kb); FFmpeg's AVColorSpace values that mean each
+# BT.601 and BT.709 luma weights (Kr, Kb)
 _KRKB = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722)}
-_BT709 = {1}  # AVCOL_SPC_BT709; unspecified (2) and the rest: BT.601, as swscale's default
+# FFmpeg's AVColorSpace values the device conversion takes: BT.709 (1), unspecified (2: BT.601,
+# swscale's default), BT.470BG (5) and SMPTE 170M (6), both BT.601
+_MATRICES = {1: "bt709", 2: "bt601", 5: "bt601", 6: "bt601"}
 
 
 def _yuv_matrix(matrix: str, full_range: bool) -> tuple[float, float, float, float, float, float]:
@@ -240,8 +242,13 @@ def arrange_clip(frames: torch.Tensor, order: np.ndarray, *, clip_len: int, layo
 
 
 def _frame_matrix(frame: Any) -> tuple[str, bool]:
-    """The matrix and range of a decoded frame, as swscale reads its tags (untagged: BT.601 limited)."""
-    return ("bt709" if int(frame.colorspace) in _BT709 else "bt601"), int(frame.color_range) == 2
+    """The matrix and range of a decoded frame, as swscale reads its tags (untagged: BT.601
+    limited; a yuvj format: full range). ``_NotNV12`` for a matrix the device conversion does not
+    have (BT.2020, SMPTE 240M, FCC, YCgCo: swscale has them; the CPU path converts those)."""
+    matrix = _MATRICES.get(int(frame.colorspace))
+    if matrix is None:
+        raise _NotNV12(f"colour matrix {int(frame.colorspace)}")
+    return matrix, int(frame.color_range) == 2 or frame.format.name.startswith("yuvj")
 
 
 class GpuClipDecode:
